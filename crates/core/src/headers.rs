@@ -1,0 +1,68 @@
+//! NATS header names of the protocol (docs/PROTOCOL.md, "Headers").
+
+/// The channel a request is made on.
+pub const CHANNEL: &str = "Msgtrail-Channel";
+/// The producer's request ID of an upload.
+pub const REQUEST_ID: &str = "Msgtrail-Request-Id";
+/// The topic of an upload or a delivered message.
+pub const TOPIC: &str = "Msgtrail-Topic";
+/// The upload attempt (1 for the first send, 2 for the first retry, …).
+pub const ATTEMPT: &str = "Msgtrail-Attempt";
+/// The message ID (on stored and delivered messages).
+pub const MESSAGE_ID: &str = "Msgtrail-Message-Id";
+/// The producer ID (on stored and delivered messages).
+pub const PRODUCER: &str = "Msgtrail-Producer";
+/// The producer's `service.name` (on stored messages).
+pub const PRODUCER_SERVICE: &str = "Msgtrail-Producer-Service";
+/// Prefix of attribute headers: `Msgtrail-Attr-category: refund`.
+pub const ATTR_PREFIX: &str = "Msgtrail-Attr-";
+/// The delivery attempt of a delivered message.
+pub const DELIVERY_ATTEMPT: &str = "Msgtrail-Delivery-Attempt";
+/// The token to settle a delivered message with.
+pub const ACK_TOKEN: &str = "Msgtrail-Ack-Token";
+/// The consumer group of a delivered message.
+pub const GROUP: &str = "Msgtrail-Group";
+/// The stream sequence of a delivered message.
+pub const STREAM_SEQ: &str = "Msgtrail-Stream-Seq";
+/// The machine-readable error code of an error reply (see [`crate::wire::ErrorCode`]).
+pub const ERROR: &str = "Msgtrail-Error";
+/// W3C trace context, passed through and linked, never required.
+pub const TRACEPARENT: &str = "traceparent";
+/// JetStream's deduplication header.
+pub const NATS_MSG_ID: &str = "Nats-Msg-Id";
+/// NATS service API: error text of an error reply.
+pub const NATS_SERVICE_ERROR: &str = "Nats-Service-Error";
+/// NATS service API: numeric error code of an error reply.
+pub const NATS_SERVICE_ERROR_CODE: &str = "Nats-Service-Error-Code";
+
+/// Maximum number of attributes on one message.
+pub const MAX_ATTRIBUTES: usize = 32;
+/// Maximum length of an attribute key (after the prefix).
+pub const MAX_ATTR_KEY_LEN: usize = 64;
+/// Maximum length of an attribute value.
+pub const MAX_ATTR_VALUE_LEN: usize = 256;
+
+/// Validates an attribute key: 1–64 of `A-Z a-z 0-9 _ -`, stored lowercase.
+pub fn validate_attr_key(key: &str) -> Result<String, String> {
+    if key.is_empty()
+        || key.len() > MAX_ATTR_KEY_LEN
+        || !key
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+    {
+        return Err(format!(
+            "invalid attribute key {key:?}: 1 to {MAX_ATTR_KEY_LEN} characters of A-Z a-z 0-9 _ -"
+        ));
+    }
+    Ok(key.to_ascii_lowercase())
+}
+
+/// Validates an attribute value: at most 256 bytes of printable text without line breaks.
+pub fn validate_attr_value(key: &str, value: &str) -> Result<(), String> {
+    if value.len() > MAX_ATTR_VALUE_LEN || value.chars().any(|c| c.is_control()) {
+        return Err(format!(
+            "invalid value for attribute {key:?}: at most {MAX_ATTR_VALUE_LEN} bytes without control characters"
+        ));
+    }
+    Ok(())
+}

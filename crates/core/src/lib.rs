@@ -1,0 +1,32 @@
+//! # msgtrail-core
+//!
+//! The vocabulary every msgtrail part shares. It does no I/O: the broker, the client SDK,
+//! the listener and the OpenTelemetry bridge all depend on it and on nothing of each other.
+//!
+//! ## Layout
+//! - [`ids`]: message IDs (UUIDv7), request IDs, client IDs, topics and their grammar.
+//! - [`trace_ids`]: the documented derivation of OpenTelemetry trace and span IDs from
+//!   message IDs, so every part computes the same IDs without propagating context.
+//! - [`stage`]: the stage model (P1–P4, C1–C8, X1/X2, N1, A1, R1, D1).
+//! - [`record`]: a stage record and its wire encoding (newline-delimited JSON batches).
+//! - [`subjects`]: the NATS subjects and stream names of the protocol.
+//! - [`headers`]: the NATS header names of the protocol.
+//! - [`wire`]: the JSON bodies of requests and replies, and the error codes.
+//! - [`time`]: wall-clock timestamps as Unix nanoseconds.
+//!
+//! docs/PROTOCOL.md at the repository root describes the same protocol for clients in
+//! other languages.
+
+pub mod headers;
+pub mod ids;
+pub mod record;
+pub mod stage;
+pub mod subjects;
+pub mod time;
+pub mod trace_ids;
+pub mod wire;
+
+pub use ids::{ClientId, IdError, MessageId, RequestId, Topic};
+pub use record::{RecordError, StageRecord};
+pub use stage::{Role, Stage};
+pub use wire::{ErrorCode, WireError};

@@ -1,0 +1,197 @@
+//! A stage record — one stage log of seed 000 — and its wire encoding.
+//!
+//! On the wire a record is one JSON object; a batch is newline-delimited JSON (one record per
+//! line), which is what clients send on the stage-report subject and what the broker writes
+//! to the stage stream, many records per NATS message. Absent fields are omitted.
+
+use crate::ids::{ClientId, MessageId, RequestId};
+use crate::stage::Stage;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// One stage log: what happened to which message, when, and who saw it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StageRecord {
+    /// The stage code.
+    pub stage: Stage,
+    /// When it happened, Unix nanoseconds (UTC), by the emitter's clock.
+    pub at: u64,
+    /// The message ID, once the broker has assigned one (from P2 on).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message_id: Option<MessageId>,
+    /// The producer's request ID (P1–P4, D1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<RequestId>,
+    /// The producer's ID.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub producer: Option<ClientId>,
+    /// The consumer's ID.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub consumer: Option<ClientId>,
+    /// The consumer group.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<ClientId>,
+    /// The topic of the message, or the topic filter of a subscription (N1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topic: Option<String>,
+    /// Upload attempt (P1, D1) or delivery attempt (C*, R1), from 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<u32>,
+    /// The message's sequence in the message stream (P3 and later).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream_seq: Option<u64>,
+    /// The outcome of the stage, where it has one: X2 `ok` | `failed`; A1 `opened` | `refused`
+    /// | `closed` | `expired`; R1 `redeliver` | `dead_letter`; C4/C8 `ack` | `nack` | `term`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<String>,
+    /// Free text: the error of a failed processing, the reason of a refusal, a subscription.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+    /// The OpenTelemetry `service.name` of the party that did the work.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service: Option<String>,
+    /// A W3C `traceparent` the producer passed with its upload (P1, P2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
+    /// The message's attributes (P2).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub attrs: BTreeMap<String, String>,
+    /// The payload size in bytes (P2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payload_size: Option<u64>,
+    /// The first bytes of the payload, base64 (P2; the broker's `--record-payload-bytes`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payload_head: Option<String>,
+}
+
+/// Why a stage record or batch could not be decoded.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RecordError {
+    /// A line was not a valid record.
+    #[error("stage record on line {line} is invalid: {source}")]
+    Invalid {
+        /// 1-based line number within the batch.
+        line: usize,
+        /// The JSON error.
+        source: serde_json::Error,
+    },
+}
+
+impl StageRecord {
+    /// A record of `stage` happening now, with every optional field empty.
+    pub fn now(stage: Stage) -> Self {
+        Self::at(stage, crate::time::now_nanos())
+    }
+
+    /// A record of `stage` happening at `at` (Unix nanoseconds).
+    pub fn at(stage: Stage, at: u64) -> Self {
+        StageRecord {
+            stage,
+            at,
+            message_id: None,
+            request_id: None,
+            producer: None,
+            consumer: None,
+            group: None,
+            topic: None,
+            attempt: None,
+            stream_seq: None,
+            outcome: None,
+            detail: None,
+            service: None,
+            traceparent: None,
+            attrs: BTreeMap::new(),
+            payload_size: None,
+            payload_head: None,
+        }
+    }
+
+    /// A stable key that identifies this record among redeliveries of the same batch: the
+    /// listener applies a record once per key.
+    pub fn dedup_key(&self) -> String {
+        format!(
+            "{}|{}|{}|{}|{}|{}|{}|{}",
+            self.stage,
+            self.at,
+            self.message_id.map(|m| m.to_string()).unwrap_or_default(),
+            self.request_id
+                .as_ref()
+                .map(|r| r.as_str())
+                .unwrap_or_default(),
+            self.producer
+                .as_ref()
+                .map(|r| r.as_str())
+                .unwrap_or_default(),
+            self.consumer
+                .as_ref()
+                .map(|r| r.as_str())
+                .unwrap_or_default(),
+            self.group.as_ref().map(|r| r.as_str()).unwrap_or_default(),
+            self.attempt.unwrap_or(0),
+        )
+    }
+
+    /// Encodes one record as a JSON line (without the newline).
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("a stage record always serializes")
+    }
+}
+
+/// Encodes records as newline-delimited JSON.
+pub fn encode_batch<'a>(records: impl IntoIterator<Item = &'a StageRecord>) -> Vec<u8> {
+    let mut out = Vec::new();
+    for r in records {
+        serde_json::to_writer(&mut out, r).expect("a stage record always serializes");
+        out.push(b'\n');
+    }
+    out
+}
+
+/// Decodes a newline-delimited JSON batch. Blank lines are skipped; the first invalid line
+/// fails the whole batch so that a sender learns exactly which line was wrong.
+pub fn decode_batch(bytes: &[u8]) -> Result<Vec<StageRecord>, RecordError> {
+    let mut out = Vec::new();
+    for (i, line) in bytes.split(|b| *b == b'\n').enumerate() {
+        if line.iter().all(|b| b.is_ascii_whitespace()) {
+            continue;
+        }
+        let rec = serde_json::from_slice(line).map_err(|source| RecordError::Invalid {
+            line: i + 1,
+            source,
+        })?;
+        out.push(rec);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batch_round_trip_omits_empty_fields() {
+        let mut a = StageRecord::at(Stage::UploadSent, 42);
+        a.request_id = Some(RequestId::new("r1").unwrap());
+        a.producer = Some(ClientId::new("p").unwrap());
+        a.attempt = Some(1);
+        let mut b = StageRecord::at(Stage::UploadReceived, 43);
+        b.message_id = Some(MessageId::new());
+        b.attrs.insert("category".into(), "refund".into());
+        let bytes = encode_batch([&a, &b]);
+        let text = String::from_utf8(bytes.clone()).unwrap();
+        assert_eq!(text.lines().count(), 2);
+        assert!(text
+            .starts_with(r#"{"stage":"P1","at":42,"request_id":"r1","producer":"p","attempt":1}"#));
+        assert_eq!(decode_batch(&bytes).unwrap(), vec![a, b]);
+    }
+
+    #[test]
+    fn invalid_lines_are_named() {
+        let err = decode_batch(b"{\"stage\":\"P1\",\"at\":1}\n{\"stage\":\"Q7\",\"at\":1}\n")
+            .unwrap_err();
+        assert!(err.to_string().contains("line 2"), "{err}");
+        let err = decode_batch(b"{\"stage\":\"P1\",\"at\":1,\"message_id\":\"x\"}").unwrap_err();
+        assert!(err.to_string().contains("line 1"), "{err}");
+    }
+}

@@ -1,0 +1,155 @@
+//! Trace and span IDs computed from message IDs, so that no part has to propagate context.
+//!
+//! The derivation is part of the protocol (docs/PROTOCOL.md, "Trace IDs"); any language can
+//! reproduce it with SHA-256:
+//!
+//! - **trace ID of a message** = the 16 bytes of its message ID (UUIDv7), unchanged.
+//! - **span ID of a hop** = the first 8 bytes of `SHA-256(message-id-bytes ‖ hop-key)`, where
+//!   `hop-key` is the UTF-8 text of [`Hop::key`] (`send`, `store`,
+//!   `deliver/<group>/<consumer>/<attempt>`, `process/<group>/<consumer>/<attempt>`). An
+//!   all-zero result (invalid in OpenTelemetry) becomes `00…01`.
+//! - **trace ID of an orphan upload** (a P1 that never reached the broker, so it has no
+//!   message ID) = the first 16 bytes of `SHA-256("msgtrail-orphan" ‖ 0x00 ‖ producer ‖ 0x00 ‖
+//!   request-id)`, with the same zero rule.
+
+use crate::ids::{ClientId, MessageId, RequestId};
+use sha2::{Digest, Sha256};
+
+/// One hop of a trajectory, the unit that becomes one span.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Hop<'a> {
+    /// Producer side of the upload: P1 → P4.
+    Send,
+    /// Broker side of the upload: P2 → P3.
+    Store,
+    /// One delivery attempt to one consumer: C1 → C4 (push) or C5 → C8 (pull).
+    Deliver {
+        /// Consumer group.
+        group: &'a str,
+        /// Consumer ID.
+        consumer: &'a str,
+        /// Delivery attempt, from 1.
+        attempt: u32,
+    },
+    /// The consumer processing one delivery: receive → ack, with X1/X2.
+    Process {
+        /// Consumer group.
+        group: &'a str,
+        /// Consumer ID.
+        consumer: &'a str,
+        /// Delivery attempt, from 1.
+        attempt: u32,
+    },
+}
+
+impl Hop<'_> {
+    /// The hop key hashed into the span ID.
+    pub fn key(&self) -> String {
+        match self {
+            Hop::Send => "send".to_owned(),
+            Hop::Store => "store".to_owned(),
+            Hop::Deliver {
+                group,
+                consumer,
+                attempt,
+            } => format!("deliver/{group}/{consumer}/{attempt}"),
+            Hop::Process {
+                group,
+                consumer,
+                attempt,
+            } => format!("process/{group}/{consumer}/{attempt}"),
+        }
+    }
+}
+
+/// The trace ID of a message: its 16 bytes.
+pub fn trace_id(message_id: &MessageId) -> [u8; 16] {
+    *message_id.as_bytes()
+}
+
+/// The span ID of one hop of a message (never all zero).
+pub fn span_id(message_id: &MessageId, hop: &Hop<'_>) -> [u8; 8] {
+    let mut h = Sha256::new();
+    h.update(message_id.as_bytes());
+    h.update(hop.key().as_bytes());
+    let digest = h.finalize();
+    let mut out = [0u8; 8];
+    out.copy_from_slice(&digest[..8]);
+    non_zero(&mut out);
+    out
+}
+
+/// The trace ID of an upload that has no message ID (a P1 that never reached the broker).
+pub fn orphan_trace_id(producer: &ClientId, request_id: &RequestId) -> [u8; 16] {
+    let mut h = Sha256::new();
+    h.update(b"msgtrail-orphan\0");
+    h.update(producer.as_str().as_bytes());
+    h.update([0u8]);
+    h.update(request_id.as_str().as_bytes());
+    let digest = h.finalize();
+    let mut out = [0u8; 16];
+    out.copy_from_slice(&digest[..16]);
+    non_zero(&mut out);
+    out
+}
+
+fn non_zero(bytes: &mut [u8]) {
+    if bytes.iter().all(|b| *b == 0) {
+        let last = bytes.len() - 1;
+        bytes[last] = 1;
+    }
+}
+
+/// Lowercase hex of a byte slice (trace and span IDs as OpenTelemetry prints them).
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn trace_id_is_the_message_id() {
+        let id: MessageId = "0193a5f2-7c1e-7b2a-9f10-3c4d5e6f7a8b".parse().unwrap();
+        assert_eq!(hex(&trace_id(&id)), "0193a5f27c1e7b2a9f103c4d5e6f7a8b");
+    }
+
+    #[test]
+    fn span_ids_are_stable_distinct_and_documented() {
+        let id: MessageId = "0193a5f2-7c1e-7b2a-9f10-3c4d5e6f7a8b".parse().unwrap();
+        let send = span_id(&id, &Hop::Send);
+        let store = span_id(&id, &Hop::Store);
+        let d1 = span_id(
+            &id,
+            &Hop::Deliver {
+                group: "g",
+                consumer: "c",
+                attempt: 1,
+            },
+        );
+        let d2 = span_id(
+            &id,
+            &Hop::Deliver {
+                group: "g",
+                consumer: "c",
+                attempt: 2,
+            },
+        );
+        assert_ne!(send, store);
+        assert_ne!(d1, d2);
+        assert_eq!(send, span_id(&id, &Hop::Send));
+        // Reference value, reproducible with:
+        // python3 -c "import hashlib,uuid;print(hashlib.sha256(uuid.UUID('0193a5f2-7c1e-7b2a-9f10-3c4d5e6f7a8b').bytes+b'send').hexdigest()[:16])"
+        assert_eq!(hex(&send), "48c7eb5f9750d85c");
+    }
+
+    #[test]
+    fn orphan_trace_ids_depend_on_producer_and_request() {
+        let p = ClientId::new("p1").unwrap();
+        let q = ClientId::new("p2").unwrap();
+        let r = RequestId::new("r-1").unwrap();
+        assert_ne!(orphan_trace_id(&p, &r), orphan_trace_id(&q, &r));
+        assert_eq!(orphan_trace_id(&p, &r), orphan_trace_id(&p, &r));
+    }
+}
