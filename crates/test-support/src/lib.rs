@@ -1,1 +1,12 @@
-//! placeholder
+//! # msgtrail-test-support
+//!
+//! Real parts for tests: a `nats-server` child process with JetStream, on a free loopback
+//! port, with its store in a temporary directory, killed and cleaned when dropped. `msgtrail
+//! dev` uses the same launcher.
+//!
+//! ## Layout
+//! - [`nats_server`]: finding the binary and running a server ([`NatsServer`]).
+
+pub mod nats_server;
+
+pub use nats_server::{find_nats_server, NatsServer, NatsServerError, NatsServerOptions};

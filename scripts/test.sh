@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The whole test suite: installs nats-server if missing, checks formatting and lints, then
+# runs every test of the workspace against real nats-server processes.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+NATS_SERVER_BIN=$(scripts/install-nats-server.sh | tail -n 1)
+export NATS_SERVER_BIN
+echo "using $NATS_SERVER_BIN ($("$NATS_SERVER_BIN" --version))"
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets --locked -- -D warnings
+cargo test --workspace --locked "$@"
