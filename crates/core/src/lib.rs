@@ -13,6 +13,8 @@
 //! - [`headers`]: the NATS header names of the protocol.
 //! - [`wire`]: the JSON bodies of requests and replies, and the error codes.
 //! - [`time`]: wall-clock timestamps as Unix nanoseconds.
+//! - [`trajectory`]: assembling one message's records into hops, latencies, shadow-message
+//!   state and a plain-words diagnosis (order-independent; the listener's query result).
 //!
 //! docs/PROTOCOL.md at the repository root describes the same protocol for clients in
 //! other languages.
@@ -24,6 +26,7 @@ pub mod stage;
 pub mod subjects;
 pub mod time;
 pub mod trace_ids;
+pub mod trajectory;
 pub mod wire;
 
 pub use ids::{ClientId, IdError, MessageId, RequestId, Topic};
