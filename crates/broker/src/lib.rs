@@ -1,1 +1,41 @@
-//! placeholder
+//! # msgtrail-broker
+//!
+//! The broker of seed 000, over NATS JetStream: producers and consumers open authenticated
+//! channels, producers upload messages that are stored once per request ID and get a UUIDv7
+//! message ID, consumer groups pull or are pushed matching messages and settle them, and every
+//! step is written as a stage record to the durable stage stream, which only the broker
+//! writes. It knows nothing of OpenTelemetry: the listener turns the records into traces.
+//!
+//! ## Layout
+//! - [`server`]: the NATS service, request dispatch, startup and graceful shutdown.
+//! - [`config`]: [`BrokerConfig`] and its defaults.
+//! - [`clients`]: the configured clients (IDs, nkeys, topic permissions).
+//! - [`channels`]: nkey challenge–response, channel open/keepalive/close, shared in a KV bucket.
+//! - [`upload`]: validation, ID assignment, storage and deduplication.
+//! - [`consume`]: consumer groups, fetch, settling, redelivery and dead letters.
+//! - [`push`]: push subscriptions, immediate or scheduled, with an in-flight bound.
+//! - [`token`]: self-contained ack tokens, so any broker can settle any delivery.
+//! - [`relay`]: checking and relaying the clients' own stage records.
+//! - [`stage_sink`]: the bounded, batching, never-blocking writer of the stage stream.
+//! - [`streams`]: the streams and buckets, created if missing.
+//! - [`metrics`]: counters, also in the service stats.
+//! - [`shutdown`]: the shutdown signal the tasks watch.
+
+pub mod channels;
+pub mod clients;
+pub mod config;
+pub mod consume;
+pub mod metrics;
+pub mod push;
+pub mod relay;
+pub mod server;
+pub mod shutdown;
+pub mod stage_sink;
+pub mod streams;
+pub mod token;
+pub mod upload;
+
+pub use clients::{ClientEntry, ClientRegistry, ClientsFile};
+pub use config::BrokerConfig;
+pub use metrics::Metrics;
+pub use server::{run, start, BrokerError, RunningBroker};

@@ -1,1 +1,5 @@
+//! # msgtrail-client
+//!
 //! placeholder
+pub mod connect;
+pub use connect::{ConnectError, NatsOptions};

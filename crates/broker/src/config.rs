@@ -1,0 +1,101 @@
+//! Broker configuration, validated once before anything is bound. Every default lives in
+//! [`BrokerConfig::default`].
+
+use crate::clients::ClientRegistry;
+use msgtrail_client::NatsOptions;
+use std::time::Duration;
+
+/// Everything the broker needs to run.
+#[derive(Debug, Clone)]
+pub struct BrokerConfig {
+    /// How to reach NATS.
+    pub nats: NatsOptions,
+    /// The broker's OpenTelemetry `service.name` (`OTEL_SERVICE_NAME`), carried on its
+    /// stage records.
+    pub service_name: String,
+    /// The clients that may open channels.
+    pub clients: ClientRegistry,
+    /// Replicas of the streams and buckets (1 for one server, 3 for a cluster).
+    pub replicas: usize,
+    /// Largest accepted payload in bytes.
+    pub max_payload: usize,
+    /// Largest accepted total header size in bytes.
+    pub max_header_bytes: usize,
+    /// JetStream duplicate window: a repeated request ID within it is stored once.
+    pub dedup_window: Duration,
+    /// How long messages are kept in the message stream.
+    pub message_max_age: Duration,
+    /// How long stage records are kept in the stage stream.
+    pub stage_max_age: Duration,
+    /// A delivery not settled within this time is redelivered.
+    pub ack_wait: Duration,
+    /// After this many deliveries a message is dead-lettered.
+    pub max_deliver: u32,
+    /// A channel without keepalive expires after this time.
+    pub channel_ttl: Duration,
+    /// A challenge nonce is valid this long.
+    pub nonce_ttl: Duration,
+    /// How many payload bytes the P2 record keeps (0 for none).
+    pub record_payload_bytes: usize,
+    /// Stage records buffered before new ones are dropped (and counted).
+    pub stage_buffer: usize,
+    /// Most records in one stage-stream message.
+    pub stage_batch_max: usize,
+    /// Longest a record waits for its batch to fill.
+    pub stage_batch_linger: Duration,
+    /// Turn stage recording off entirely (benchmarks only: msgtrail without its purpose).
+    pub record_stages: bool,
+    /// Time allowed for in-flight work at shutdown.
+    pub shutdown_grace: Duration,
+}
+
+impl Default for BrokerConfig {
+    fn default() -> Self {
+        BrokerConfig {
+            nats: NatsOptions::url("nats://127.0.0.1:4222"),
+            service_name: "msgtrail-broker".to_owned(),
+            clients: ClientRegistry::default(),
+            replicas: 1,
+            max_payload: 512 * 1024,
+            max_header_bytes: 8 * 1024,
+            dedup_window: Duration::from_secs(120),
+            message_max_age: Duration::from_secs(7 * 24 * 3600),
+            stage_max_age: Duration::from_secs(7 * 24 * 3600),
+            ack_wait: Duration::from_secs(30),
+            max_deliver: 5,
+            channel_ttl: Duration::from_secs(60),
+            nonce_ttl: Duration::from_secs(30),
+            record_payload_bytes: 256,
+            stage_buffer: 100_000,
+            stage_batch_max: 256,
+            stage_batch_linger: Duration::from_millis(20),
+            record_stages: true,
+            shutdown_grace: Duration::from_secs(10),
+        }
+    }
+}
+
+impl BrokerConfig {
+    /// Checks the values that would fail later in confusing ways.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.replicas == 0 || self.replicas > 5 {
+            return Err(format!("replicas must be 1 to 5, got {}", self.replicas));
+        }
+        if self.max_deliver == 0 {
+            return Err("max deliver must be at least 1".into());
+        }
+        if self.ack_wait < Duration::from_millis(100) {
+            return Err("ack wait must be at least 100 ms".into());
+        }
+        if self.dedup_window.is_zero() {
+            return Err("dedup window must be positive".into());
+        }
+        if self.stage_batch_max == 0 || self.stage_buffer == 0 {
+            return Err("stage batch and buffer sizes must be positive".into());
+        }
+        if self.channel_ttl < Duration::from_secs(1) {
+            return Err("channel ttl must be at least 1 s".into());
+        }
+        Ok(())
+    }
+}

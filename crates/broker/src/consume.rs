@@ -1,0 +1,737 @@
+//! Consumption: consumer groups on JetStream, pull (`fetch`), settling (`ack`), redelivery
+//! and dead letters. Push subscriptions (push.rs) deliver through the same [`Deliverer`].
+//!
+//! Each (group, topic filter, attribute filter) is one durable JetStream pull consumer named
+//! `g-<group>-<hash>`: consumers of one group share its messages, and every group has its own
+//! consumer, so every group gets every message. JetStream cannot filter on headers, so
+//! attribute filters are applied here: a message that does not match is acked on the group's
+//! consumer (it is not for this subscription) and never delivered.
+//!
+//! Records: C5 (pull sent) / C1 (push sent) per delivery, R1 `redeliver` when a delivery is a
+//! redelivery, C8 / C4 when the broker gets the settle (outcome ack | nack | term), R1
+//! `dead_letter` on term, on a nack of the last allowed attempt, and when JetStream reports
+//! the maximum deliveries reached after ack timeouts; N1 for a fetch that matched nothing.
+
+use crate::channels::{Channel, Channels};
+use crate::clients::may_subscribe;
+use crate::config::BrokerConfig;
+use crate::metrics::Metrics;
+use crate::stage_sink::StageSink;
+use crate::token::AckToken;
+use async_nats::jetstream::{self, consumer::pull, consumer::AckPolicy, consumer::DeliverPolicy};
+use base64::Engine;
+use futures::StreamExt;
+use msgtrail_core::headers as h;
+use msgtrail_core::ids::validate_topic_filter;
+use msgtrail_core::subjects::{
+    dead_letter_subject, message_subject, topic_of_subject, MESSAGE_STREAM,
+};
+use msgtrail_core::wire::{
+    AckKind, AckRequest, Delivery, FetchReply, FetchRequest, Subscription, NO_MATCHING_MESSAGE,
+};
+use msgtrail_core::{ClientId, ErrorCode, MessageId, Role, Stage, StageRecord, WireError};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Longest a fetch may wait.
+pub const MAX_FETCH_WAIT: Duration = Duration::from_secs(30);
+/// Most messages one fetch may return.
+pub const MAX_FETCH: u32 = 1000;
+/// How far after a message ID's timestamp a fetch by ID searches the stream.
+const FIND_BY_ID_WINDOW_MS: u64 = 10_000;
+/// How long an idle group consumer is kept by JetStream.
+const GROUP_INACTIVE: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// Delivers messages to consumers and settles them.
+#[derive(Clone)]
+pub struct Deliverer {
+    /// JetStream.
+    pub js: jetstream::Context,
+    /// The message stream.
+    pub stream: jetstream::stream::Stream,
+    /// Channels.
+    pub channels: Channels,
+    /// The stage sink.
+    pub sink: StageSink,
+    /// Counters.
+    pub metrics: Arc<Metrics>,
+    /// Configuration.
+    pub config: Arc<BrokerConfig>,
+    /// Core NATS client (for settles and push).
+    pub client: async_nats::Client,
+    consumers: Arc<Mutex<HashMap<String, jetstream::consumer::PullConsumer>>>,
+}
+
+impl std::fmt::Debug for Deliverer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Deliverer")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A message taken from JetStream, parsed.
+#[derive(Debug)]
+pub(crate) struct Taken {
+    pub message_id: MessageId,
+    pub topic: String,
+    pub producer: ClientId,
+    pub attrs: BTreeMap<String, String>,
+    pub payload: bytes::Bytes,
+    pub attempt: u32,
+    pub stream_seq: u64,
+    pub ack_subject: String,
+}
+
+/// FNV-1a 64, to name group consumers after their subscription.
+fn fnv64(parts: &[&str]) -> u64 {
+    let mut h: u64 = 0xcbf29ce484222325;
+    for p in parts {
+        for b in p.bytes().chain(std::iter::once(0u8)) {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x100000001b3);
+        }
+    }
+    h
+}
+
+/// The durable consumer name of a subscription.
+pub fn durable_name(sub: &Subscription) -> String {
+    let mut parts: Vec<&str> = vec![&sub.topic];
+    for (k, v) in &sub.filter {
+        parts.push(k);
+        parts.push(v);
+    }
+    format!("g-{}-{:016x}", sub.group, fnv64(&parts))
+}
+
+/// The group of a durable consumer name (`g-<group>-<hash>`).
+pub fn group_of_durable(name: &str) -> Option<&str> {
+    name.strip_prefix("g-")
+        .and_then(|s| s.rsplit_once('-'))
+        .map(|(g, _)| g)
+}
+
+fn matches_filter(filter: &BTreeMap<String, String>, attrs: &BTreeMap<String, String>) -> bool {
+    filter.iter().all(|(k, v)| attrs.get(k) == Some(v))
+}
+
+impl Deliverer {
+    /// A deliverer over the given parts.
+    pub fn new(
+        js: jetstream::Context,
+        stream: jetstream::stream::Stream,
+        channels: Channels,
+        sink: StageSink,
+        metrics: Arc<Metrics>,
+        config: Arc<BrokerConfig>,
+        client: async_nats::Client,
+    ) -> Self {
+        Deliverer {
+            js,
+            stream,
+            channels,
+            sink,
+            metrics,
+            config,
+            client,
+            consumers: Arc::new(Mutex::new(HashMap::new())),
+        }
+    }
+
+    /// Validates a subscription for a consumer channel.
+    pub(crate) fn check_subscription(
+        &self,
+        channel: &Channel,
+        sub: &Subscription,
+    ) -> Result<(), WireError> {
+        validate_topic_filter(&sub.topic)
+            .map_err(|e| WireError::new(ErrorCode::InvalidTopic, e.to_string()))?;
+        if !may_subscribe(&channel.topics, &sub.topic) {
+            return Err(WireError::new(
+                ErrorCode::NotPermitted,
+                format!(
+                    "consumer {} may not consume topic filter {}",
+                    channel.client_id, sub.topic
+                ),
+            ));
+        }
+        if sub.filter.len() > h::MAX_ATTRIBUTES {
+            return Err(WireError::new(
+                ErrorCode::InvalidAttribute,
+                "too many attribute filters",
+            ));
+        }
+        for (k, v) in &sub.filter {
+            let key = h::validate_attr_key(k)
+                .map_err(|e| WireError::new(ErrorCode::InvalidAttribute, e))?;
+            if &key != k {
+                return Err(WireError::new(
+                    ErrorCode::InvalidAttribute,
+                    format!("attribute filter key {k:?} must be lowercase"),
+                ));
+            }
+            h::validate_attr_value(k, v)
+                .map_err(|e| WireError::new(ErrorCode::InvalidAttribute, e))?;
+        }
+        Ok(())
+    }
+
+    /// The group's durable consumer for a subscription, created on first use.
+    pub(crate) async fn group_consumer(
+        &self,
+        sub: &Subscription,
+    ) -> Result<jetstream::consumer::PullConsumer, WireError> {
+        let name = durable_name(sub);
+        if let Some(c) = self
+            .consumers
+            .lock()
+            .expect("consumer cache poisoned")
+            .get(&name)
+        {
+            return Ok(c.clone());
+        }
+        let config = pull::Config {
+            durable_name: Some(name.clone()),
+            filter_subject: message_subject(&sub.topic),
+            ack_policy: AckPolicy::Explicit,
+            ack_wait: self.config.ack_wait,
+            max_deliver: i64::from(self.config.max_deliver),
+            deliver_policy: DeliverPolicy::All,
+            inactive_threshold: GROUP_INACTIVE,
+            num_replicas: self.config.replicas,
+            ..Default::default()
+        };
+        let consumer = self.create_consumer(config).await?;
+        self.consumers
+            .lock()
+            .expect("consumer cache poisoned")
+            .insert(name, consumer.clone());
+        Ok(consumer)
+    }
+
+    async fn create_consumer(
+        &self,
+        config: pull::Config,
+    ) -> Result<jetstream::consumer::PullConsumer, WireError> {
+        let name = config.durable_name.clone().unwrap_or_default();
+        self.stream
+            .get_or_create_consumer::<pull::Config>(&name, config)
+            .await
+            .map_err(|e| {
+                WireError::new(
+                    ErrorCode::Unavailable,
+                    format!("cannot create consumer {name}: {e}"),
+                )
+            })
+    }
+
+    /// Takes up to `max` messages from `consumer`, waiting up to `wait` for the first.
+    /// Messages not matching `filter` are acked and skipped.
+    pub(crate) async fn take(
+        &self,
+        consumer: &jetstream::consumer::PullConsumer,
+        filter: &BTreeMap<String, String>,
+        only: Option<(MessageId, u64)>,
+        max: usize,
+        wait: Duration,
+    ) -> Result<Vec<Taken>, WireError> {
+        let unavailable = |e: &dyn std::fmt::Display| {
+            WireError::new(ErrorCode::Unavailable, format!("fetch failed: {e}"))
+        };
+        let deadline = tokio::time::Instant::now() + wait;
+        let mut out = Vec::new();
+        loop {
+            // Whatever is there now, without waiting.
+            let mut batch = consumer
+                .fetch()
+                .max_messages(max - out.len())
+                .messages()
+                .await
+                .map_err(|e| unavailable(&e))?;
+            let mut got = 0;
+            while let Some(m) = batch.next().await {
+                let m = m.map_err(|e| unavailable(&e))?;
+                got += 1;
+                if let Some(t) = self.accept(m, filter, only).await {
+                    out.push(t);
+                }
+            }
+            if !out.is_empty() || out.len() >= max {
+                return Ok(out);
+            }
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                return Ok(out);
+            }
+            if got > 0 {
+                continue;
+            }
+            // Nothing there: wait for one message, up to the deadline.
+            let remaining = (deadline - now).max(Duration::from_millis(10));
+            let mut one = consumer
+                .batch()
+                .max_messages(1)
+                .expires(remaining)
+                .messages()
+                .await
+                .map_err(|e| unavailable(&e))?;
+            let mut woke = false;
+            while let Some(m) = one.next().await {
+                let m = m.map_err(|e| unavailable(&e))?;
+                woke = true;
+                if let Some(t) = self.accept(m, filter, only).await {
+                    out.push(t);
+                }
+            }
+            if !out.is_empty() || (!woke && tokio::time::Instant::now() >= deadline) {
+                return Ok(out);
+            }
+        }
+    }
+
+    /// Parses a JetStream message; acks and drops it if it is not for this subscription.
+    async fn accept(
+        &self,
+        m: jetstream::Message,
+        filter: &BTreeMap<String, String>,
+        only: Option<(MessageId, u64)>,
+    ) -> Option<Taken> {
+        let info = m.info().ok()?;
+        let (seq, attempt) = (info.stream_sequence, info.delivered.max(1) as u32);
+        let ack_subject = m.reply.as_ref()?.to_string();
+        let hs = m.headers.clone().unwrap_or_default();
+        let get = |n: &str| hs.get(n).map(|v| v.as_str().to_owned());
+        let parsed = (|| {
+            let message_id: MessageId = get(h::MESSAGE_ID)?.parse().ok()?;
+            let producer = ClientId::new(get(h::PRODUCER)?).ok()?;
+            let topic = topic_of_subject(m.subject.as_str())?.to_owned();
+            let mut attrs = BTreeMap::new();
+            for (name, values) in hs.iter() {
+                let name: &str = name.as_ref();
+                if let Some(k) = name.strip_prefix(h::ATTR_PREFIX) {
+                    if let Some(v) = values.first() {
+                        attrs.insert(k.to_owned(), v.as_str().to_owned());
+                    }
+                }
+            }
+            Some((message_id, producer, topic, attrs))
+        })();
+        let wanted = match (&parsed, only) {
+            (Some((id, ..)), Some((want, want_seq))) => *id == want && seq == want_seq,
+            (Some((.., attrs)), None) => matches_filter(filter, attrs),
+            (None, _) => false,
+        };
+        if !wanted {
+            // Not for this subscription (or not a msgtrail message): settle it for the group.
+            let _ = m.ack().await;
+            return None;
+        }
+        let (message_id, producer, topic, attrs) = parsed?;
+        Some(Taken {
+            message_id,
+            topic,
+            producer,
+            attrs,
+            payload: m.payload.clone(),
+            attempt,
+            stream_seq: seq,
+            ack_subject,
+        })
+    }
+
+    /// Records the delivery (C1 or C5, and R1 for a redelivery) and builds its token.
+    pub(crate) fn delivered(
+        &self,
+        t: &Taken,
+        group: &ClientId,
+        consumer: &ClientId,
+        push: Option<&str>,
+    ) -> String {
+        Metrics::inc(&self.metrics.deliveries);
+        let token = AckToken {
+            m: t.message_id,
+            g: group.clone(),
+            c: consumer.clone(),
+            n: t.attempt,
+            q: t.stream_seq,
+            t: t.topic.clone(),
+            p: push.is_some(),
+            s: push.map(str::to_owned),
+            a: t.ack_subject.clone(),
+        };
+        if t.attempt > 1 {
+            Metrics::inc(&self.metrics.redeliveries);
+            let mut r1 = self.record(Stage::Redelivery, &token);
+            r1.outcome = Some("redeliver".into());
+            r1.detail = Some(format!(
+                "delivery attempt {} of {}: the previous delivery was nacked or not acked within the ack wait ({} ms)",
+                t.attempt,
+                self.config.max_deliver,
+                self.config.ack_wait.as_millis()
+            ));
+            self.sink.record(r1);
+        }
+        let stage = if push.is_some() {
+            Stage::PushSent
+        } else {
+            Stage::PullSent
+        };
+        self.sink.record(self.record(stage, &token));
+        token.encode()
+    }
+
+    fn record(&self, stage: Stage, token: &AckToken) -> StageRecord {
+        let mut r = StageRecord::now(stage);
+        r.message_id = Some(token.m);
+        r.consumer = Some(token.c.clone());
+        r.group = Some(token.g.clone());
+        r.attempt = Some(token.n);
+        r.topic = Some(token.t.clone());
+        r.stream_seq = Some(token.q);
+        r.service = Some(self.config.service_name.clone());
+        r
+    }
+
+    /// `fetch`: pull matching messages, or answer with a no-matching-message notice.
+    pub async fn fetch(&self, req: FetchRequest) -> Result<FetchReply, WireError> {
+        let channel = self
+            .channels
+            .lookup_role(&req.channel, Role::Consumer)
+            .await?;
+        let sub = &req.subscription;
+        self.check_subscription(&channel, sub)?;
+        if req.max == 0 || req.max > MAX_FETCH {
+            return Err(WireError::new(
+                ErrorCode::BadRequest,
+                format!("max must be 1 to {MAX_FETCH}, got {}", req.max),
+            ));
+        }
+        let wait = Duration::from_millis(req.wait_ms).min(MAX_FETCH_WAIT);
+        let taken = match sub.message_id {
+            Some(id) => self.take_by_id(sub, id, wait).await?,
+            None => {
+                let consumer = self.group_consumer(sub).await?;
+                self.take(&consumer, &sub.filter, None, req.max as usize, wait)
+                    .await?
+            }
+        };
+        if taken.is_empty() {
+            self.no_match(&channel, sub);
+            return Ok(FetchReply {
+                messages: vec![],
+                notice: Some(NO_MATCHING_MESSAGE.into()),
+            });
+        }
+        let messages = taken
+            .into_iter()
+            .map(|t| {
+                let ack_token = self.delivered(&t, &sub.group, &channel.client_id, None);
+                Delivery {
+                    message_id: t.message_id,
+                    topic: t.topic,
+                    attributes: t.attrs,
+                    payload: base64::engine::general_purpose::STANDARD.encode(&t.payload),
+                    delivery_attempt: t.attempt,
+                    stream_seq: t.stream_seq,
+                    producer: t.producer,
+                    group: sub.group.clone(),
+                    ack_token,
+                }
+            })
+            .collect();
+        Ok(FetchReply {
+            messages,
+            notice: None,
+        })
+    }
+
+    /// Records N1 for a consume request that matched nothing.
+    pub(crate) fn no_match(&self, channel: &Channel, sub: &Subscription) {
+        Metrics::inc(&self.metrics.no_match);
+        let mut n1 = StageRecord::now(Stage::NoMatch);
+        n1.consumer = Some(channel.client_id.clone());
+        n1.group = Some(sub.group.clone());
+        n1.topic = Some(sub.topic.clone());
+        n1.message_id = sub.message_id;
+        if !sub.filter.is_empty() {
+            n1.detail = Some(
+                sub.filter
+                    .iter()
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect::<Vec<_>>()
+                    .join(","),
+            );
+        }
+        n1.service = Some(self.config.service_name.clone());
+        self.sink.record(n1);
+    }
+
+    /// Fetch by message ID: find the message's sequence from the time in its UUIDv7, then
+    /// deliver it through a per-message durable consumer of the group, so acks, redelivery
+    /// and dead letters work as for any delivery.
+    async fn take_by_id(
+        &self,
+        sub: &Subscription,
+        id: MessageId,
+        wait: Duration,
+    ) -> Result<Vec<Taken>, WireError> {
+        let Some((seq, subject)) = self.find_by_id(sub, id).await? else {
+            return Ok(vec![]);
+        };
+        let name = format!("g-{}-m{}", sub.group, id.trace_hex());
+        let config = pull::Config {
+            durable_name: Some(name),
+            filter_subject: subject,
+            ack_policy: AckPolicy::Explicit,
+            ack_wait: self.config.ack_wait,
+            max_deliver: i64::from(self.config.max_deliver),
+            deliver_policy: DeliverPolicy::ByStartSequence {
+                start_sequence: seq,
+            },
+            inactive_threshold: Duration::from_secs(3600),
+            num_replicas: self.config.replicas,
+            ..Default::default()
+        };
+        let consumer = self.create_consumer(config).await?;
+        self.take(&consumer, &BTreeMap::new(), Some((id, seq)), 1, wait)
+            .await
+    }
+
+    async fn find_by_id(
+        &self,
+        sub: &Subscription,
+        id: MessageId,
+    ) -> Result<Option<(u64, String)>, WireError> {
+        let unavailable = |e: &dyn std::fmt::Display| {
+            WireError::new(
+                ErrorCode::Unavailable,
+                format!("search by message id failed: {e}"),
+            )
+        };
+        let start_ms = id.unix_millis().saturating_sub(1000);
+        let start =
+            time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(start_ms) * 1_000_000)
+                .map_err(|e| unavailable(&e))?;
+        let consumer = self
+            .stream
+            .create_consumer(pull::OrderedConfig {
+                filter_subject: message_subject(&sub.topic),
+                deliver_policy: DeliverPolicy::ByStartTime { start_time: start },
+                headers_only: true,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| unavailable(&e))?;
+        let mut messages = consumer.messages().await.map_err(|e| unavailable(&e))?;
+        let until = id.unix_millis() + FIND_BY_ID_WINDOW_MS;
+        loop {
+            let next = tokio::time::timeout(Duration::from_millis(500), messages.next()).await;
+            let Ok(Some(Ok(m))) = next else {
+                return Ok(None);
+            };
+            let Ok(info) = m.info() else { return Ok(None) };
+            if m.headers
+                .as_ref()
+                .and_then(|hs| hs.get(h::MESSAGE_ID))
+                .map(|v| v.as_str())
+                == Some(id.to_string().as_str())
+            {
+                return Ok(Some((info.stream_sequence, m.subject.to_string())));
+            }
+            let published_ms = (info.published.unix_timestamp_nanos() / 1_000_000) as u64;
+            if published_ms > until || info.pending == 0 {
+                return Ok(None);
+            }
+        }
+    }
+
+    /// `ack`: settles a delivery (ack, nack with optional delay, or term).
+    pub async fn ack(&self, req: AckRequest) -> Result<Option<(String, u64)>, WireError> {
+        let channel = self
+            .channels
+            .lookup_role(&req.channel, Role::Consumer)
+            .await?;
+        let token = AckToken::decode_for(&req.token, &channel.client_id)?;
+        let last_attempt = token.n >= self.config.max_deliver;
+        let (kind, payload) = match req.kind {
+            AckKind::Ack => (AckKind::Ack, "+ACK".to_owned()),
+            AckKind::Nack if !last_attempt => match req.delay_ms {
+                Some(ms) => (
+                    AckKind::Nack,
+                    format!("-NAK {{\"delay\": {}}}", u128::from(ms) * 1_000_000),
+                ),
+                None => (AckKind::Nack, "-NAK".to_owned()),
+            },
+            // A nack of the last allowed attempt is a dead letter: term it explicitly.
+            AckKind::Nack | AckKind::Term => (AckKind::Term, "+TERM".to_owned()),
+        };
+        self.client
+            .request(token.a.clone(), payload.into())
+            .await
+            .map_err(|e| {
+                WireError::new(
+                    ErrorCode::Unavailable,
+                    format!("JetStream did not take the {}: {e}", kind.as_str()),
+                )
+            })?;
+        match kind {
+            AckKind::Ack => Metrics::inc(&self.metrics.acks),
+            AckKind::Nack => Metrics::inc(&self.metrics.nacks),
+            AckKind::Term => Metrics::inc(&self.metrics.terms),
+        }
+        let stage = if token.p {
+            Stage::PushAckReceived
+        } else {
+            Stage::PullAckReceived
+        };
+        let mut settle = self.record(stage, &token);
+        settle.outcome = Some(req.kind.as_str().into());
+        settle.detail = req.reason.clone();
+        self.sink.record(settle);
+        if kind == AckKind::Term {
+            let why = match req.kind {
+                AckKind::Nack => format!(
+                    "nacked on the last allowed delivery attempt ({} of {}){}",
+                    token.n,
+                    self.config.max_deliver,
+                    req.reason
+                        .as_deref()
+                        .map(|r| format!(": {r}"))
+                        .unwrap_or_default()
+                ),
+                _ => format!(
+                    "terminated by consumer {}{}",
+                    token.c,
+                    req.reason
+                        .as_deref()
+                        .map(|r| format!(": {r}"))
+                        .unwrap_or_default()
+                ),
+            };
+            self.dead_letter(token.q, &token.g, Some(&token.c), token.n, &why)
+                .await;
+        }
+        Ok(token.s.map(|s| (s, token.q)))
+    }
+
+    /// Copies a message to the dead-letter stream and records R1 `dead_letter`.
+    pub(crate) async fn dead_letter(
+        &self,
+        seq: u64,
+        group: &ClientId,
+        consumer: Option<&ClientId>,
+        attempt: u32,
+        why: &str,
+    ) {
+        Metrics::inc(&self.metrics.dead_letters);
+        let original = self.stream.direct_get(seq).await;
+        let mut r1 = StageRecord::now(Stage::Redelivery);
+        r1.outcome = Some("dead_letter".into());
+        r1.detail = Some(why.to_owned());
+        r1.group = Some(group.clone());
+        r1.consumer = consumer.cloned();
+        r1.attempt = Some(attempt);
+        r1.stream_seq = Some(seq);
+        r1.service = Some(self.config.service_name.clone());
+        match original {
+            Ok(m) => {
+                r1.message_id = m
+                    .headers
+                    .get(h::MESSAGE_ID)
+                    .and_then(|v| v.as_str().parse().ok());
+                let topic = topic_of_subject(m.subject.as_str())
+                    .unwrap_or("unknown")
+                    .to_owned();
+                r1.topic = Some(topic.clone());
+                let mut headers = m.headers.clone();
+                headers.insert(h::NATS_MSG_ID, format!("dlq:{group}:{seq}").as_str());
+                headers.insert(
+                    "Msgtrail-Dead-Letter-Reason",
+                    why.replace(['\r', '\n'], " ").as_str(),
+                );
+                headers.insert(h::GROUP, group.as_str());
+                let published = self
+                    .js
+                    .publish_with_headers(
+                        dead_letter_subject(group.as_str(), &topic),
+                        headers,
+                        m.payload.clone(),
+                    )
+                    .await;
+                if let Err(e) = match published {
+                    Ok(ack) => ack.await.map(|_| ()).map_err(|e| e.to_string()),
+                    Err(e) => Err(e.to_string()),
+                } {
+                    tracing::warn!(seq, error = %e, "dead letter not copied");
+                }
+            }
+            Err(e) => {
+                tracing::warn!(seq, error = %e, "dead-lettered message no longer in the stream")
+            }
+        }
+        self.sink.record(r1);
+    }
+
+    /// Watches JetStream's max-deliveries advisories (ack timeouts on the last attempt) and
+    /// dead-letters those messages. Brokers share the advisories through the queue group.
+    pub async fn watch_max_deliveries(self, shutdown: crate::shutdown::Shutdown) {
+        let subject = format!("$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{MESSAGE_STREAM}.*");
+        let mut sub = match self
+            .client
+            .queue_subscribe(subject, msgtrail_core::subjects::BROKER_QUEUE_GROUP.into())
+            .await
+        {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot watch max-deliveries advisories: no dead letters after ack timeouts");
+                return;
+            }
+        };
+        let mut shutdown = shutdown;
+        loop {
+            let msg = tokio::select! {
+                _ = shutdown.wait() => break,
+                m = sub.next() => match m { Some(m) => m, None => break },
+            };
+            let Ok(v) = serde_json::from_slice::<serde_json::Value>(&msg.payload) else {
+                continue;
+            };
+            let (Some(seq), Some(consumer)) = (v["stream_seq"].as_u64(), v["consumer"].as_str())
+            else {
+                continue;
+            };
+            let Some(group) = group_of_durable(consumer).and_then(|g| ClientId::new(g).ok()) else {
+                continue;
+            };
+            let attempt = v["deliveries"].as_u64().unwrap_or(0) as u32;
+            let why = format!(
+                "not acked within the ack wait ({} ms) on any of {attempt} delivery attempts",
+                self.config.ack_wait.as_millis()
+            );
+            self.dead_letter(seq, &group, None, attempt, &why).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durable_names_depend_on_the_whole_subscription() {
+        let mut sub = Subscription {
+            group: ClientId::new("billing-eu").unwrap(),
+            topic: "orders.*".into(),
+            filter: BTreeMap::new(),
+            message_id: None,
+        };
+        let a = durable_name(&sub);
+        sub.filter.insert("category".into(), "refund".into());
+        let b = durable_name(&sub);
+        assert_ne!(a, b);
+        assert!(a.starts_with("g-billing-eu-"));
+        assert_eq!(group_of_durable(&a), Some("billing-eu"));
+    }
+}

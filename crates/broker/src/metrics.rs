@@ -1,0 +1,90 @@
+//! Broker counters. They are reported in the NATS service API's stats (`$SRV.STATS.msgtrail`,
+//! `nats micro stats msgtrail`) under each endpoint's `data`, and readable in-process.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+/// Monotonic counters of what the broker did and refused.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    /// Messages stored.
+    pub uploads: AtomicU64,
+    /// Uploads suppressed as duplicates.
+    pub duplicates: AtomicU64,
+    /// Deliveries sent (pull and push, including redeliveries).
+    pub deliveries: AtomicU64,
+    /// Redeliveries among them.
+    pub redeliveries: AtomicU64,
+    /// Settles by kind.
+    pub acks: AtomicU64,
+    /// Nacks.
+    pub nacks: AtomicU64,
+    /// Terms.
+    pub terms: AtomicU64,
+    /// Messages dead-lettered.
+    pub dead_letters: AtomicU64,
+    /// No-matching-message notices.
+    pub no_match: AtomicU64,
+    /// Channels opened.
+    pub channels_opened: AtomicU64,
+    /// Channel requests refused.
+    pub channels_refused: AtomicU64,
+    /// Stage records accepted into the buffer.
+    pub stage_records: AtomicU64,
+    /// Stage records dropped because the buffer was full.
+    pub stage_dropped: AtomicU64,
+    /// Stage records lost because the stage stream refused the batch.
+    pub stage_publish_failed: AtomicU64,
+    /// Stage-stream messages written (batches).
+    pub stage_batches: AtomicU64,
+    /// Client stage records relayed.
+    pub relayed_records: AtomicU64,
+    errors: Mutex<BTreeMap<&'static str, u64>>,
+}
+
+impl Metrics {
+    /// Adds one to a counter.
+    pub fn inc(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts an error reply by its code.
+    pub fn error(&self, code: msgtrail_core::ErrorCode) {
+        *self
+            .errors
+            .lock()
+            .expect("metrics lock poisoned")
+            .entry(code.as_str())
+            .or_default() += 1;
+    }
+
+    /// Error replies so far, by code.
+    pub fn errors(&self) -> BTreeMap<&'static str, u64> {
+        self.errors.lock().expect("metrics lock poisoned").clone()
+    }
+
+    /// All counters as JSON.
+    pub fn snapshot(&self) -> serde_json::Value {
+        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        serde_json::json!({
+            "uploads": g(&self.uploads),
+            "duplicates": g(&self.duplicates),
+            "deliveries": g(&self.deliveries),
+            "redeliveries": g(&self.redeliveries),
+            "acks": g(&self.acks),
+            "nacks": g(&self.nacks),
+            "terms": g(&self.terms),
+            "dead_letters": g(&self.dead_letters),
+            "no_match": g(&self.no_match),
+            "channels_opened": g(&self.channels_opened),
+            "channels_refused": g(&self.channels_refused),
+            "stage_records": g(&self.stage_records),
+            "stage_dropped": g(&self.stage_dropped),
+            "stage_publish_failed": g(&self.stage_publish_failed),
+            "stage_batches": g(&self.stage_batches),
+            "relayed_records": g(&self.relayed_records),
+            "errors": self.errors(),
+        })
+    }
+}

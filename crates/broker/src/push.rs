@@ -1,0 +1,295 @@
+//! Push subscriptions: the broker delivers matching messages to the consumer's subject as
+//! soon as they exist, or on a schedule in batches (`every_ms`), with at most `max_inflight`
+//! unsettled deliveries per subscription.
+//!
+//! A subscription lives on the broker that accepted it, as one task. Settles may reach any
+//! broker of the queue group; the one that handles a settle tells the owner through the
+//! internal subject `msgtrail.internal.settled.<subscription>` (clients cannot publish
+//! there), which frees the in-flight slot. A slot whose settle never comes is freed after the
+//! ack wait, when JetStream redelivers anyway. The task ends on unsubscribe, when its channel
+//! closes or expires, and at shutdown.
+
+use crate::consume::Deliverer;
+use crate::shutdown::Shutdown;
+use futures::StreamExt;
+use msgtrail_core::headers as h;
+use msgtrail_core::wire::{SubscribeReply, SubscribeRequest, UnsubscribeRequest};
+use msgtrail_core::{ErrorCode, Role, WireError};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+/// Prefix of the internal settle notifications.
+pub const SETTLED_PREFIX: &str = "msgtrail.internal.settled";
+/// Most unsettled deliveries one subscription may ask for.
+pub const MAX_INFLIGHT: u32 = 10_000;
+/// Shortest schedule period.
+pub const MIN_EVERY: Duration = Duration::from_millis(10);
+/// How long an immediate subscription waits for messages in one pull.
+const LONG_POLL: Duration = Duration::from_secs(2);
+
+#[derive(Debug)]
+struct Handle {
+    channel: String,
+    stop: watch::Sender<bool>,
+}
+
+/// The push subscriptions of this broker.
+#[derive(Debug, Clone)]
+pub struct PushManager {
+    deliverer: Deliverer,
+    subs: Arc<Mutex<HashMap<String, Handle>>>,
+    shutdown: Shutdown,
+}
+
+fn valid_deliver_subject(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 255
+        && !s.starts_with("msgtrail.")
+        && !s.starts_with("$")
+        && s.split('.').all(|t| {
+            !t.is_empty() && t != "*" && t != ">" && !t.contains(|c: char| c.is_whitespace())
+        })
+}
+
+impl PushManager {
+    /// A manager delivering through `deliverer`.
+    pub fn new(deliverer: Deliverer, shutdown: Shutdown) -> Self {
+        PushManager {
+            deliverer,
+            subs: Arc::new(Mutex::new(HashMap::new())),
+            shutdown,
+        }
+    }
+
+    /// Number of live subscriptions on this broker.
+    pub fn len(&self) -> usize {
+        self.subs.lock().expect("subscriptions poisoned").len()
+    }
+
+    /// Whether there is no live subscription on this broker.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// `subscribe`: validates and starts a subscription task.
+    pub async fn subscribe(&self, req: SubscribeRequest) -> Result<SubscribeReply, WireError> {
+        let d = &self.deliverer;
+        let channel = d.channels.lookup_role(&req.channel, Role::Consumer).await?;
+        d.check_subscription(&channel, &req.subscription)?;
+        if req.subscription.message_id.is_some() {
+            return Err(WireError::new(
+                ErrorCode::BadRequest,
+                "push by message id is not supported: fetch it by id instead",
+            ));
+        }
+        if !valid_deliver_subject(&req.deliver_subject) {
+            return Err(WireError::new(
+                ErrorCode::BadRequest,
+                format!("deliver_subject {:?} must be a plain subject (no wildcards, not msgtrail.* or $*), such as an inbox", req.deliver_subject),
+            ));
+        }
+        if req.max_inflight == 0 || req.max_inflight > MAX_INFLIGHT {
+            return Err(WireError::new(
+                ErrorCode::BadRequest,
+                format!("max_inflight must be 1 to {MAX_INFLIGHT}"),
+            ));
+        }
+        let every = req.every_ms.filter(|ms| *ms > 0).map(Duration::from_millis);
+        if every.is_some_and(|e| e < MIN_EVERY) {
+            return Err(WireError::new(
+                ErrorCode::BadRequest,
+                "every_ms must be at least 10",
+            ));
+        }
+        let consumer = d.group_consumer(&req.subscription).await?;
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        let settled = d
+            .client
+            .subscribe(format!("{SETTLED_PREFIX}.{id}"))
+            .await
+            .map_err(|e| {
+                WireError::new(ErrorCode::Unavailable, format!("cannot subscribe: {e}"))
+            })?;
+        let (stop_tx, stop_rx) = watch::channel(false);
+        self.subs.lock().expect("subscriptions poisoned").insert(
+            id.clone(),
+            Handle {
+                channel: req.channel.clone(),
+                stop: stop_tx,
+            },
+        );
+        let task = PushTask {
+            id: id.clone(),
+            req,
+            every,
+            consumer,
+            deliverer: d.clone(),
+            consumer_id: channel.client_id,
+            inflight: HashMap::new(),
+        };
+        let subs = self.subs.clone();
+        let shutdown = self.shutdown.clone();
+        tokio::spawn(async move {
+            let id = task.id.clone();
+            task.run(settled, stop_rx, shutdown).await;
+            subs.lock().expect("subscriptions poisoned").remove(&id);
+        });
+        Ok(SubscribeReply {
+            subscription_id: id,
+        })
+    }
+
+    /// `unsubscribe`: stops a subscription of the caller's channel.
+    pub async fn unsubscribe(&self, req: UnsubscribeRequest) -> Result<(), WireError> {
+        self.deliverer
+            .channels
+            .lookup_role(&req.channel, Role::Consumer)
+            .await?;
+        let mut subs = self.subs.lock().expect("subscriptions poisoned");
+        match subs.get(&req.subscription_id) {
+            Some(h) if h.channel == req.channel => {
+                let _ = h.stop.send(true);
+                subs.remove(&req.subscription_id);
+                Ok(())
+            }
+            _ => Err(WireError::new(
+                ErrorCode::UnknownSubscription,
+                format!(
+                    "subscription {:?} is not open on this channel",
+                    req.subscription_id
+                ),
+            )),
+        }
+    }
+
+    /// Tells the owner of subscription `id` that the delivery at `seq` was settled.
+    pub async fn notify_settled(&self, id: &str, seq: u64) {
+        let _ = self
+            .deliverer
+            .client
+            .publish(format!("{SETTLED_PREFIX}.{id}"), seq.to_string().into())
+            .await;
+    }
+}
+
+struct PushTask {
+    id: String,
+    req: SubscribeRequest,
+    every: Option<Duration>,
+    consumer: async_nats::jetstream::consumer::PullConsumer,
+    deliverer: Deliverer,
+    consumer_id: msgtrail_core::ClientId,
+    /// Unsettled deliveries: stream sequence → when the slot frees itself.
+    inflight: HashMap<u64, Instant>,
+}
+
+impl PushTask {
+    async fn run(
+        mut self,
+        mut settled: async_nats::Subscriber,
+        mut stop: watch::Receiver<bool>,
+        mut shutdown: Shutdown,
+    ) {
+        let mut next_round = Instant::now() + self.every.unwrap_or_default();
+        loop {
+            if *stop.borrow() || shutdown.is_set() {
+                break;
+            }
+            if self
+                .deliverer
+                .channels
+                .lookup(&self.req.channel)
+                .await
+                .is_err()
+            {
+                tracing::info!(subscription = %self.id, "push subscription ended: its channel is closed or expired");
+                break;
+            }
+            let now = Instant::now();
+            let ack_wait = self.deliverer.config.ack_wait;
+            self.inflight.retain(|_, expires| *expires > now);
+            let free = self.req.max_inflight as usize
+                - self.inflight.len().min(self.req.max_inflight as usize);
+            let due = self.every.is_none() || now >= next_round;
+            if free > 0 && due {
+                let wait = if self.every.is_some() {
+                    Duration::from_millis(10)
+                } else {
+                    LONG_POLL
+                };
+                let taken = tokio::select! {
+                    t = self.deliverer.take(&self.consumer, &self.req.subscription.filter, None, free, wait) => t,
+                    _ = stop.changed() => break,
+                    _ = shutdown.wait() => break,
+                };
+                match taken {
+                    Ok(taken) => {
+                        for t in taken {
+                            self.push(&t).await;
+                            self.inflight
+                                .insert(t.stream_seq, Instant::now() + ack_wait);
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(subscription = %self.id, error = %e, "push pull failed");
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
+                }
+                if let Some(every) = self.every {
+                    next_round += every;
+                    if next_round < Instant::now() {
+                        next_round = Instant::now() + every;
+                    }
+                }
+                continue;
+            }
+            // Full, or not yet time: wait for a settle, the next round, or the stop.
+            let wake = if due {
+                Instant::now() + Duration::from_millis(500)
+            } else {
+                next_round
+            };
+            tokio::select! {
+                m = settled.next() => {
+                    if let Some(seq) = m.and_then(|m| std::str::from_utf8(&m.payload).ok()?.parse::<u64>().ok()) {
+                        self.inflight.remove(&seq);
+                    }
+                }
+                _ = tokio::time::sleep_until(wake) => {}
+                _ = stop.changed() => break,
+                _ = shutdown.wait() => break,
+            }
+        }
+    }
+
+    async fn push(&self, t: &crate::consume::Taken) {
+        let d = &self.deliverer;
+        let token = d.delivered(
+            t,
+            &self.req.subscription.group,
+            &self.consumer_id,
+            Some(&self.id),
+        );
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(h::MESSAGE_ID, t.message_id.to_string().as_str());
+        headers.insert(h::TOPIC, t.topic.as_str());
+        headers.insert(h::PRODUCER, t.producer.as_str());
+        headers.insert(h::GROUP, self.req.subscription.group.as_str());
+        headers.insert(h::DELIVERY_ATTEMPT, t.attempt.to_string().as_str());
+        headers.insert(h::STREAM_SEQ, t.stream_seq.to_string().as_str());
+        headers.insert(h::ACK_TOKEN, token.as_str());
+        for (k, v) in &t.attrs {
+            headers.insert(format!("{}{k}", h::ATTR_PREFIX).as_str(), v.as_str());
+        }
+        if let Err(e) = d
+            .client
+            .publish_with_headers(self.req.deliver_subject.clone(), headers, t.payload.clone())
+            .await
+        {
+            tracing::warn!(subscription = %self.id, error = %e, "push publish failed; JetStream redelivers after the ack wait");
+        }
+    }
+}

@@ -1,0 +1,351 @@
+//! The broker as a NATS service: connects, makes sure the streams exist, serves every request
+//! subject in the `msgtrail-broker` queue group (so several brokers share the work), and shuts
+//! down gracefully: stop taking requests, finish those in flight, flush stage records.
+//!
+//! It is a NATS micro service named `msgtrail`, so `nats micro ls/info/stats msgtrail` work;
+//! the broker's counters are in each endpoint's stats `data`.
+
+use crate::channels::Channels;
+use crate::config::BrokerConfig;
+use crate::consume::Deliverer;
+use crate::metrics::Metrics;
+use crate::push::PushManager;
+use crate::relay::Relay;
+use crate::shutdown::{self, Shutdown, ShutdownTrigger};
+use crate::stage_sink::StageSink;
+use crate::upload::Uploader;
+use async_nats::service::{self, ServiceExt};
+use async_nats::HeaderMap;
+use bytes::Bytes;
+use futures::StreamExt;
+use msgtrail_core::headers as h;
+use msgtrail_core::subjects as s;
+use msgtrail_core::wire::{
+    AckRequest, ChallengeRequest, ChannelRequest, FetchRequest, OkReply, OpenRequest,
+    SubscribeRequest, UnsubscribeRequest,
+};
+use msgtrail_core::{ErrorCode, WireError};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use std::future::Future;
+use std::sync::Arc;
+use tokio::sync::RwLock;
+use tokio::task::JoinHandle;
+
+/// Why the broker could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BrokerError {
+    /// The configuration is invalid.
+    #[error("invalid broker configuration: {0}")]
+    Config(String),
+    /// NATS could not be reached.
+    #[error(transparent)]
+    Connect(#[from] msgtrail_client::ConnectError),
+    /// JetStream or the service API refused something at startup.
+    #[error("broker setup failed: {0}")]
+    Setup(String),
+}
+
+/// The request kinds, one per endpoint.
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Challenge,
+    Open,
+    Keepalive,
+    Close,
+    Upload,
+    Fetch,
+    Subscribe,
+    Unsubscribe,
+    Ack,
+    Stage,
+}
+
+const ENDPOINTS: &[(Kind, &str, &str)] = &[
+    (Kind::Challenge, "channel-challenge", s::CHANNEL_CHALLENGE),
+    (Kind::Open, "channel-open", s::CHANNEL_OPEN),
+    (Kind::Keepalive, "channel-keepalive", s::CHANNEL_KEEPALIVE),
+    (Kind::Close, "channel-close", s::CHANNEL_CLOSE),
+    (Kind::Upload, "upload", s::UPLOAD),
+    (Kind::Fetch, "fetch", s::FETCH),
+    (Kind::Subscribe, "subscribe", s::SUBSCRIBE),
+    (Kind::Unsubscribe, "unsubscribe", s::UNSUBSCRIBE),
+    (Kind::Ack, "ack", s::ACK),
+    (Kind::Stage, "stage", s::STAGE_REPORT),
+];
+
+/// The request handlers of one broker.
+#[derive(Debug, Clone)]
+struct Handlers {
+    channels: Channels,
+    uploader: Uploader,
+    deliverer: Deliverer,
+    push: PushManager,
+    relay: Relay,
+    metrics: Arc<Metrics>,
+}
+
+fn parse<T: DeserializeOwned>(payload: &[u8]) -> Result<T, WireError> {
+    serde_json::from_slice(payload)
+        .map_err(|e| WireError::new(ErrorCode::BadRequest, format!("invalid request body: {e}")))
+}
+
+fn json<T: Serialize>(v: &T) -> Result<Bytes, WireError> {
+    Ok(serde_json::to_vec(v).expect("replies serialize").into())
+}
+
+fn ok() -> Result<Bytes, WireError> {
+    json(&OkReply {
+        ok: true,
+        accepted: None,
+    })
+}
+
+impl Handlers {
+    async fn handle(&self, kind: Kind, msg: &async_nats::Message) -> Result<Bytes, WireError> {
+        let p = &msg.payload;
+        match kind {
+            Kind::Challenge => json(
+                &self
+                    .channels
+                    .challenge(&parse::<ChallengeRequest>(p)?.client_id)
+                    .await?,
+            ),
+            Kind::Open => json(&self.channels.open(parse::<OpenRequest>(p)?).await?.1),
+            Kind::Keepalive => json(
+                &self
+                    .channels
+                    .keepalive(&parse::<ChannelRequest>(p)?.channel)
+                    .await?,
+            ),
+            Kind::Close => {
+                self.channels
+                    .close(&parse::<ChannelRequest>(p)?.channel)
+                    .await?;
+                ok()
+            }
+            Kind::Upload => json(&self.uploader.handle(msg).await?),
+            Kind::Fetch => json(&self.deliverer.fetch(parse::<FetchRequest>(p)?).await?),
+            Kind::Subscribe => json(&self.push.subscribe(parse::<SubscribeRequest>(p)?).await?),
+            Kind::Unsubscribe => {
+                self.push
+                    .unsubscribe(parse::<UnsubscribeRequest>(p)?)
+                    .await?;
+                ok()
+            }
+            Kind::Ack => {
+                let req = parse::<AckRequest>(p)?;
+                if let Some((sub, seq)) = self.deliverer.ack(req).await? {
+                    self.push.notify_settled(&sub, seq).await;
+                }
+                ok()
+            }
+            Kind::Stage => {
+                let n = self.relay.handle(msg).await?;
+                json(&OkReply {
+                    ok: true,
+                    accepted: Some(n),
+                })
+            }
+        }
+    }
+
+    async fn respond(&self, kind: Kind, req: service::Request) {
+        let result = self.handle(kind, &req.message).await;
+        let sent = match result {
+            Ok(body) => req.respond(Ok(body)).await,
+            Err(e) => {
+                self.metrics.error(e.code);
+                tracing::debug!(code = %e.code, error = %e.message, "request refused");
+                let mut headers = HeaderMap::new();
+                headers.insert(h::ERROR, e.code.as_str());
+                let err = service::error::Error {
+                    status: e.to_string().replace(['\r', '\n'], " "),
+                    code: usize::from(e.code.status()),
+                };
+                req.respond_with_headers(Err(err), headers).await
+            }
+        };
+        if let Err(e) = sent {
+            tracing::debug!(error = %e, "reply not sent (requester gone?)");
+        }
+    }
+}
+
+/// A broker running in this process.
+#[derive(Debug)]
+pub struct RunningBroker {
+    /// The broker's counters.
+    pub metrics: Arc<Metrics>,
+    trigger: ShutdownTrigger,
+    task: JoinHandle<()>,
+}
+
+impl RunningBroker {
+    /// Stops taking requests, finishes those in flight, flushes stage records, and returns.
+    pub async fn shutdown(self) {
+        self.trigger.trigger();
+        let _ = self.task.await;
+    }
+}
+
+/// Runs a broker until `shutdown` resolves, then shuts down gracefully.
+pub async fn run(
+    config: BrokerConfig,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), BrokerError> {
+    let broker = start(config).await?;
+    shutdown.await;
+    tracing::info!("shutting down: no new requests, finishing those in flight");
+    broker.shutdown().await;
+    Ok(())
+}
+
+/// Starts a broker in the background.
+pub async fn start(config: BrokerConfig) -> Result<RunningBroker, BrokerError> {
+    config.validate().map_err(BrokerError::Config)?;
+    let config = Arc::new(config);
+    let client = config.nats.connect().await?;
+    let js = async_nats::jetstream::new(client.clone());
+    let setup = |e: &dyn std::fmt::Display| BrokerError::Setup(e.to_string());
+    let storage = crate::streams::ensure(&js, &config)
+        .await
+        .map_err(|e| setup(&e))?;
+    let metrics = Arc::new(Metrics::default());
+    let (sink, writer) = StageSink::start(
+        js.clone(),
+        metrics.clone(),
+        config.stage_buffer,
+        config.stage_batch_max,
+        config.stage_batch_linger,
+        config.record_stages,
+    );
+    let (trigger, signal) = shutdown::channel();
+    let channels = Channels::start(
+        storage.channels.clone(),
+        storage.nonces.clone(),
+        config.clients.clone(),
+        config.channel_ttl,
+        sink.clone(),
+        metrics.clone(),
+        config.service_name.clone(),
+    )
+    .await
+    .map_err(|e| setup(&e))?;
+    let uploader = Uploader {
+        js: js.clone(),
+        stream: storage.messages.clone(),
+        channels: channels.clone(),
+        sink: sink.clone(),
+        metrics: metrics.clone(),
+        config: config.clone(),
+    };
+    let deliverer = Deliverer::new(
+        js.clone(),
+        storage.messages.clone(),
+        channels.clone(),
+        sink.clone(),
+        metrics.clone(),
+        config.clone(),
+        client.clone(),
+    );
+    let handlers = Handlers {
+        push: PushManager::new(deliverer.clone(), signal.clone()),
+        relay: Relay {
+            channels: channels.clone(),
+            sink: sink.clone(),
+            metrics: metrics.clone(),
+        },
+        channels,
+        uploader,
+        deliverer: deliverer.clone(),
+        metrics: metrics.clone(),
+    };
+    drop(sink);
+
+    let stats_metrics = metrics.clone();
+    let service = client
+        .service_builder()
+        .description("msgtrail broker: channels, upload, fetch, push, ack, stage reports")
+        .queue_group(s::BROKER_QUEUE_GROUP)
+        .stats_handler(move |_, _| stats_metrics.snapshot())
+        .start("msgtrail", env!("CARGO_PKG_VERSION"))
+        .await
+        .map_err(|e| setup(&e))?;
+    let mut endpoints = Vec::new();
+    for (kind, name, subject) in ENDPOINTS {
+        let ep = service
+            .endpoint_builder()
+            .name(*name)
+            .add(*subject)
+            .await
+            .map_err(|e| setup(&e))?;
+        endpoints.push((*kind, ep));
+    }
+    let advisories = tokio::spawn(deliverer.watch_max_deliveries(signal.clone()));
+
+    let in_flight = Arc::new(RwLock::new(()));
+    let grace = config.shutdown_grace;
+    let task = tokio::spawn(async move {
+        let loops: Vec<_> = endpoints
+            .into_iter()
+            .map(|(kind, ep)| {
+                tokio::spawn(serve(
+                    kind,
+                    ep,
+                    handlers.clone(),
+                    in_flight.clone(),
+                    signal.clone(),
+                ))
+            })
+            .collect();
+        drop(handlers);
+        for l in loops {
+            let _ = l.await;
+        }
+        // Every endpoint has stopped taking requests; wait for those in flight.
+        if tokio::time::timeout(grace, in_flight.write())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                grace_ms = grace.as_millis() as u64,
+                "requests still in flight after the grace period"
+            );
+        }
+        let _ = advisories.await;
+        let _ = service.stop().await;
+        // The handlers are gone, so every sink clone is dropped: the writer flushes and ends.
+        let _ = tokio::time::timeout(grace, writer).await;
+        let _ = client.flush().await;
+        tracing::info!("broker stopped");
+    });
+    Ok(RunningBroker {
+        metrics,
+        trigger,
+        task,
+    })
+}
+
+async fn serve(
+    kind: Kind,
+    mut endpoint: service::endpoint::Endpoint,
+    handlers: Handlers,
+    in_flight: Arc<RwLock<()>>,
+    mut shutdown: Shutdown,
+) {
+    loop {
+        let req = tokio::select! {
+            r = endpoint.next() => match r { Some(r) => r, None => break },
+            _ = shutdown.wait() => break,
+        };
+        let guard = in_flight.clone().read_owned().await;
+        let handlers = handlers.clone();
+        tokio::spawn(async move {
+            handlers.respond(kind, req).await;
+            drop(guard);
+        });
+    }
+    let _ = endpoint.stop().await;
+}

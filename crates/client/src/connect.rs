@@ -1,0 +1,124 @@
+//! Connecting to NATS with the usual options: server URLs, user and password, token, creds
+//! file, nkey seed, TLS. The broker, the listener and the CLI use the same options.
+
+use std::fmt;
+use std::path::PathBuf;
+
+/// How to reach and authenticate with NATS. `Debug` hides secrets.
+#[derive(Clone, Default)]
+pub struct NatsOptions {
+    /// Server URLs (`nats://host:4222`, `tls://…`); several for a cluster.
+    pub urls: Vec<String>,
+    /// User name (with `password`).
+    pub user: Option<String>,
+    /// Password (with `user`).
+    pub password: Option<String>,
+    /// Authentication token.
+    pub token: Option<String>,
+    /// A `.creds` file (JWT + nkey seed).
+    pub creds_file: Option<PathBuf>,
+    /// An nkey seed (`SU…`) for nkey authentication with NATS itself.
+    pub nkey_seed: Option<String>,
+    /// PEM file of CA certificates to trust.
+    pub tls_ca: Option<PathBuf>,
+    /// PEM client certificate (with `tls_key`).
+    pub tls_cert: Option<PathBuf>,
+    /// PEM client key (with `tls_cert`).
+    pub tls_key: Option<PathBuf>,
+    /// Refuse to connect without TLS.
+    pub require_tls: bool,
+    /// Connection name shown by the server's monitoring.
+    pub name: Option<String>,
+}
+
+impl fmt::Debug for NatsOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let hidden = |o: &Option<String>| o.as_ref().map(|_| "<hidden>");
+        f.debug_struct("NatsOptions")
+            .field("urls", &self.urls)
+            .field("user", &self.user)
+            .field("password", &hidden(&self.password))
+            .field("token", &hidden(&self.token))
+            .field("creds_file", &self.creds_file)
+            .field("nkey_seed", &hidden(&self.nkey_seed))
+            .field("tls_ca", &self.tls_ca)
+            .field("tls_cert", &self.tls_cert)
+            .field("tls_key", &self.tls_key)
+            .field("require_tls", &self.require_tls)
+            .field("name", &self.name)
+            .finish()
+    }
+}
+
+/// Why connecting failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConnectError {
+    /// The options are inconsistent or a file cannot be read.
+    #[error("invalid NATS options: {0}")]
+    Options(String),
+    /// NATS refused or could not be reached.
+    #[error("cannot connect to NATS at {urls}: {source}")]
+    Connect {
+        /// The URLs tried.
+        urls: String,
+        /// The client's error.
+        source: async_nats::ConnectError,
+    },
+}
+
+impl NatsOptions {
+    /// Options for one server URL and nothing else.
+    pub fn url(url: impl Into<String>) -> Self {
+        NatsOptions {
+            urls: vec![url.into()],
+            ..Default::default()
+        }
+    }
+
+    /// Connects. Reconnection is async-nats' default (retry forever with backoff).
+    pub async fn connect(&self) -> Result<async_nats::Client, ConnectError> {
+        if self.urls.is_empty() {
+            return Err(ConnectError::Options("no NATS server URL given".into()));
+        }
+        let mut opts = async_nats::ConnectOptions::new();
+        match (&self.user, &self.password) {
+            (Some(u), Some(p)) => opts = opts.user_and_password(u.clone(), p.clone()),
+            (None, None) => {}
+            _ => {
+                return Err(ConnectError::Options(
+                    "user and password go together".into(),
+                ))
+            }
+        }
+        if let Some(t) = &self.token {
+            opts = opts.token(t.clone());
+        }
+        if let Some(path) = &self.creds_file {
+            opts = opts.credentials_file(path).await.map_err(|e| {
+                ConnectError::Options(format!("cannot read creds file {}: {e}", path.display()))
+            })?;
+        }
+        if let Some(seed) = &self.nkey_seed {
+            opts = opts.nkey(seed.clone());
+        }
+        if let Some(ca) = &self.tls_ca {
+            opts = opts.add_root_certificates(ca.clone());
+        }
+        match (&self.tls_cert, &self.tls_key) {
+            (Some(c), Some(k)) => opts = opts.add_client_certificate(c.clone(), k.clone()),
+            (None, None) => {}
+            _ => return Err(ConnectError::Options("tls cert and key go together".into())),
+        }
+        if self.require_tls {
+            opts = opts.require_tls(true);
+        }
+        if let Some(name) = &self.name {
+            opts = opts.name(name.clone());
+        }
+        let urls = self.urls.join(",");
+        opts.connect(urls.as_str())
+            .await
+            .map_err(|source| ConnectError::Connect { urls, source })
+    }
+}
