@@ -6,7 +6,11 @@
 //!
 //! ## Layout
 //! - [`nats_server`]: finding the binary and running a server ([`NatsServer`]).
+//! - [`otlp_receiver`]: an OTLP trace receiver over gRPC and HTTP/protobuf that hands each
+//!   export request to the test ([`OtlpReceiver`]).
 
 pub mod nats_server;
+pub mod otlp_receiver;
 
 pub use nats_server::{find_nats_server, NatsServer, NatsServerError, NatsServerOptions};
+pub use otlp_receiver::{OtlpProtocol, OtlpReceiver, ReceivedSpan};
