@@ -1,0 +1,44 @@
+//! Client errors.
+
+use msgtrail_core::{ErrorCode, WireError};
+
+/// What went wrong with a request to the broker.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClientError {
+    /// The broker refused the request, with a code and a precise message.
+    #[error("broker refused: {0}")]
+    Refused(WireError),
+    /// No broker answered in time (none running, or overloaded).
+    #[error("no reply from a msgtrail broker on {subject} within {timeout_ms} ms (is a broker running?)")]
+    Timeout {
+        /// The request subject.
+        subject: String,
+        /// The timeout.
+        timeout_ms: u64,
+    },
+    /// NATS trouble (connection, permissions).
+    #[error("nats: {0}")]
+    Nats(String),
+    /// The reply could not be decoded.
+    #[error("invalid reply from broker: {0}")]
+    Decode(String),
+    /// The caller's input is invalid before anything is sent.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl ClientError {
+    /// The broker's error code, if the broker refused.
+    pub fn code(&self) -> Option<ErrorCode> {
+        match self {
+            ClientError::Refused(e) => Some(e.code),
+            _ => None,
+        }
+    }
+
+    /// Whether retrying the same request may succeed (timeouts, unavailable JetStream).
+    pub fn is_transient(&self) -> bool {
+        matches!(self, ClientError::Timeout { .. }) || self.code() == Some(ErrorCode::Unavailable)
+    }
+}

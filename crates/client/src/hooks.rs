@@ -1,0 +1,262 @@
+//! Hooks (seed 001): functions registered for events of a message's life. The SDK's own
+//! stage reporting is one such hook.
+//!
+//! **A slow hook never stalls the message path.** Every hook has its own bounded queue and
+//! task: the message path only `try_send`s an event into each queue and moves on. If a hook
+//! falls behind and its queue is full, its events are dropped and counted
+//! ([`Hooks::dropped`]); other hooks, and the messages, are not affected. A hook that must not
+//! miss events should be quick (hand work to its own channel) or get a larger queue
+//! ([`Hooks::register_with_capacity`]).
+
+use msgtrail_core::wire::{AckKind, UploadReply};
+use msgtrail_core::{MessageId, RequestId};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use tokio::sync::mpsc;
+
+/// Default queue length of one hook.
+pub const DEFAULT_HOOK_CAPACITY: usize = 4096;
+
+/// What happened. Every event carries its time (Unix nanoseconds).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum HookEvent {
+    /// An upload attempt is about to be sent (stage P1).
+    BeforeSend {
+        /// Request ID (the same for every attempt).
+        request_id: RequestId,
+        /// Topic.
+        topic: String,
+        /// Attempt, from 1.
+        attempt: u32,
+        /// W3C traceparent sent along, if any.
+        traceparent: Option<String>,
+        /// When.
+        at: u64,
+    },
+    /// An upload attempt ended: stored, duplicate, refused, or timed out.
+    AfterSend {
+        /// Request ID.
+        request_id: RequestId,
+        /// Topic.
+        topic: String,
+        /// Attempt.
+        attempt: u32,
+        /// The broker's reply, or the error in words.
+        result: Result<UploadReply, String>,
+        /// When.
+        at: u64,
+    },
+    /// The broker confirmed the message is stored (stage P4).
+    StoreConfirmed {
+        /// The broker's reply.
+        reply: UploadReply,
+        /// When.
+        at: u64,
+    },
+    /// A delivery was received (stage C2 for push, C6 for pull).
+    Received {
+        /// The delivery.
+        delivery: DeliveryInfo,
+        /// When.
+        at: u64,
+    },
+    /// Processing started (stage X1, "consuming").
+    ProcessingStarted {
+        /// The delivery.
+        delivery: DeliveryInfo,
+        /// When.
+        at: u64,
+    },
+    /// Processing finished (stage X2): `Ok` or the error text.
+    ProcessingFinished {
+        /// The delivery.
+        delivery: DeliveryInfo,
+        /// The outcome.
+        outcome: Result<(), String>,
+        /// When.
+        at: u64,
+    },
+    /// The consumer settled the delivery (stage C3 for push, C7 for pull).
+    Settled {
+        /// The delivery.
+        delivery: DeliveryInfo,
+        /// Ack, nack or term.
+        kind: AckKind,
+        /// When.
+        at: u64,
+    },
+}
+
+/// Which event a hook wants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum HookKind {
+    /// [`HookEvent::BeforeSend`].
+    BeforeSend,
+    /// [`HookEvent::AfterSend`].
+    AfterSend,
+    /// [`HookEvent::StoreConfirmed`].
+    StoreConfirmed,
+    /// [`HookEvent::Received`].
+    Received,
+    /// [`HookEvent::ProcessingStarted`].
+    ProcessingStarted,
+    /// [`HookEvent::ProcessingFinished`].
+    ProcessingFinished,
+    /// [`HookEvent::Settled`].
+    Settled,
+}
+
+impl HookEvent {
+    /// The kind of this event.
+    pub fn kind(&self) -> HookKind {
+        match self {
+            HookEvent::BeforeSend { .. } => HookKind::BeforeSend,
+            HookEvent::AfterSend { .. } => HookKind::AfterSend,
+            HookEvent::StoreConfirmed { .. } => HookKind::StoreConfirmed,
+            HookEvent::Received { .. } => HookKind::Received,
+            HookEvent::ProcessingStarted { .. } => HookKind::ProcessingStarted,
+            HookEvent::ProcessingFinished { .. } => HookKind::ProcessingFinished,
+            HookEvent::Settled { .. } => HookKind::Settled,
+        }
+    }
+}
+
+/// What a consumer-side event says about the delivery.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeliveryInfo {
+    /// Message ID.
+    pub message_id: MessageId,
+    /// Topic.
+    pub topic: String,
+    /// Consumer group.
+    pub group: msgtrail_core::ClientId,
+    /// Delivery attempt.
+    pub attempt: u32,
+    /// Push (true) or pull (false).
+    pub push: bool,
+}
+
+struct Registered {
+    kinds: Option<Vec<HookKind>>,
+    tx: mpsc::Sender<Arc<HookEvent>>,
+}
+
+/// The hook registry of a producer or consumer; cheap to clone.
+#[derive(Clone, Default)]
+pub struct Hooks {
+    hooks: Arc<RwLock<Vec<Registered>>>,
+    dropped: Arc<AtomicU64>,
+}
+
+impl std::fmt::Debug for Hooks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hooks")
+            .field("hooks", &self.hooks.read().map(|h| h.len()).unwrap_or(0))
+            .field("dropped", &self.dropped())
+            .finish()
+    }
+}
+
+impl Hooks {
+    /// Registers `hook` for the events of `kinds` (all events when empty).
+    pub fn register<F>(&self, kinds: &[HookKind], hook: F)
+    where
+        F: FnMut(&HookEvent) + Send + 'static,
+    {
+        self.register_with_capacity(kinds, DEFAULT_HOOK_CAPACITY, hook)
+    }
+
+    /// Registers `hook` with its own queue of `capacity` events.
+    pub fn register_with_capacity<F>(&self, kinds: &[HookKind], capacity: usize, mut hook: F)
+    where
+        F: FnMut(&HookEvent) + Send + 'static,
+    {
+        let (tx, mut rx) = mpsc::channel::<Arc<HookEvent>>(capacity.max(1));
+        tokio::spawn(async move {
+            while let Some(ev) = rx.recv().await {
+                hook(&ev);
+            }
+        });
+        self.hooks
+            .write()
+            .expect("hooks poisoned")
+            .push(Registered {
+                kinds: (!kinds.is_empty()).then(|| kinds.to_vec()),
+                tx,
+            });
+    }
+
+    /// Registers an async consumer of events: returns the receiving end of a bounded queue.
+    pub fn channel(&self, kinds: &[HookKind], capacity: usize) -> mpsc::Receiver<Arc<HookEvent>> {
+        let (tx, rx) = mpsc::channel(capacity.max(1));
+        self.hooks
+            .write()
+            .expect("hooks poisoned")
+            .push(Registered {
+                kinds: (!kinds.is_empty()).then(|| kinds.to_vec()),
+                tx,
+            });
+        rx
+    }
+
+    /// Hands an event to every interested hook without waiting.
+    pub fn emit(&self, event: HookEvent) {
+        let hooks = self.hooks.read().expect("hooks poisoned");
+        if hooks.is_empty() {
+            return;
+        }
+        let kind = event.kind();
+        let event = Arc::new(event);
+        for h in hooks.iter() {
+            if h.kinds.as_ref().is_some_and(|k| !k.contains(&kind)) {
+                continue;
+            }
+            if h.tx.try_send(event.clone()).is_err() {
+                self.dropped.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Events dropped because a hook's queue was full or the hook had ended.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn ev(attempt: u32) -> HookEvent {
+        HookEvent::BeforeSend {
+            request_id: RequestId::new("r").unwrap(),
+            topic: "t".into(),
+            attempt,
+            traceparent: None,
+            at: 0,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_slow_hook_drops_its_own_events_only() {
+        let hooks = Hooks::default();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        hooks.register(&[HookKind::BeforeSend], move |e| {
+            let _ = tx.send(e.clone());
+        });
+        hooks.register_with_capacity(&[], 1, |_| std::thread::sleep(Duration::from_millis(200)));
+        for i in 0..10 {
+            hooks.emit(ev(i));
+        }
+        for i in 0..10 {
+            let got = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(got, ev(i));
+        }
+        assert!(hooks.dropped() >= 8, "dropped {}", hooks.dropped());
+    }
+}

@@ -1,0 +1,168 @@
+//! Stage reporting, built on the hooks: a hook turns the client's events into its stage
+//! records (P1, P4, C2/C3, C6/C7, X1/X2) and a task sends them in batches to the broker's
+//! stage subject through the channel, which checks and relays them. Reporting is best
+//! effort and never delays the message path: events beyond the queue are dropped and
+//! counted by [`crate::hooks::Hooks::dropped`], and batches the broker refuses are counted by
+//! [`Reporter::failed`].
+
+use crate::channel::{request_raw, Channel};
+use crate::hooks::{HookEvent, Hooks};
+use async_nats::HeaderMap;
+use msgtrail_core::headers as h;
+use msgtrail_core::record::encode_batch;
+use msgtrail_core::subjects as s;
+use msgtrail_core::{Stage, StageRecord};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+/// Records per report.
+const BATCH: usize = 256;
+/// Longest a record waits for its batch.
+const LINGER: Duration = Duration::from_millis(20);
+/// Queue length of the reporting hook.
+const QUEUE: usize = 65_536;
+
+/// Counters of the reporter.
+#[derive(Debug, Default)]
+pub struct Reporter {
+    sent: AtomicU64,
+    failed: AtomicU64,
+}
+
+impl Reporter {
+    /// Records accepted by the broker.
+    pub fn sent(&self) -> u64 {
+        self.sent.load(Ordering::Relaxed)
+    }
+
+    /// Records lost because a report failed.
+    pub fn failed(&self) -> u64 {
+        self.failed.load(Ordering::Relaxed)
+    }
+}
+
+/// The stage record of an event, if it has one.
+pub fn record_of(event: &HookEvent) -> Option<StageRecord> {
+    let r = match event {
+        HookEvent::BeforeSend {
+            request_id,
+            topic,
+            attempt,
+            traceparent,
+            at,
+        } => {
+            let mut r = StageRecord::at(Stage::UploadSent, *at);
+            r.request_id = Some(request_id.clone());
+            r.topic = Some(topic.clone());
+            r.attempt = Some(*attempt);
+            r.traceparent = traceparent.clone();
+            r
+        }
+        HookEvent::StoreConfirmed { reply, at } => {
+            let mut r = StageRecord::at(Stage::StoreConfirmed, *at);
+            r.request_id = Some(reply.request_id.clone());
+            r.message_id = Some(reply.message_id);
+            r.stream_seq = Some(reply.stream_seq);
+            if reply.duplicate {
+                r.outcome = Some("duplicate".into());
+            }
+            r
+        }
+        HookEvent::Received { delivery, at } => {
+            let stage = if delivery.push {
+                Stage::PushReceived
+            } else {
+                Stage::PullReceived
+            };
+            delivery_record(stage, delivery, *at)
+        }
+        HookEvent::ProcessingStarted { delivery, at } => {
+            delivery_record(Stage::ProcessStarted, delivery, *at)
+        }
+        HookEvent::ProcessingFinished {
+            delivery,
+            outcome,
+            at,
+        } => {
+            let mut r = delivery_record(Stage::ProcessFinished, delivery, *at);
+            match outcome {
+                Ok(()) => r.outcome = Some("ok".into()),
+                Err(e) => {
+                    r.outcome = Some("failed".into());
+                    r.detail = Some(e.chars().take(1024).collect());
+                }
+            }
+            r
+        }
+        HookEvent::Settled { delivery, kind, at } => {
+            let stage = if delivery.push {
+                Stage::PushAckSent
+            } else {
+                Stage::PullAckSent
+            };
+            let mut r = delivery_record(stage, delivery, *at);
+            r.outcome = Some(kind.as_str().into());
+            r
+        }
+        HookEvent::AfterSend { .. } => return None,
+    };
+    Some(r)
+}
+
+fn delivery_record(stage: Stage, d: &crate::hooks::DeliveryInfo, at: u64) -> StageRecord {
+    let mut r = StageRecord::at(stage, at);
+    r.message_id = Some(d.message_id);
+    r.group = Some(d.group.clone());
+    r.attempt = Some(d.attempt);
+    r.topic = Some(d.topic.clone());
+    r
+}
+
+/// Registers the reporting hook on `hooks`, sending through `channel`.
+pub(crate) fn install(hooks: &Hooks, channel: Weak<Channel>) -> Arc<Reporter> {
+    let reporter = Arc::new(Reporter::default());
+    let mut rx = hooks.channel(&[], QUEUE);
+    let counters = reporter.clone();
+    tokio::spawn(async move {
+        let mut batch: Vec<StageRecord> = Vec::with_capacity(BATCH);
+        while let Some(first) = rx.recv().await {
+            batch.extend(record_of(&first));
+            let deadline = tokio::time::Instant::now() + LINGER;
+            while batch.len() < BATCH {
+                match tokio::time::timeout_at(deadline, rx.recv()).await {
+                    Ok(Some(ev)) => batch.extend(record_of(&ev)),
+                    _ => break,
+                }
+            }
+            if batch.is_empty() {
+                continue;
+            }
+            let Some(ch) = channel.upgrade() else { break };
+            let n = batch.len() as u64;
+            let body = encode_batch(batch.iter());
+            batch.clear();
+            let result = ch
+                .with_channel(|id| {
+                    let mut headers = HeaderMap::new();
+                    headers.insert(h::CHANNEL, id.as_str());
+                    request_raw(
+                        &ch.client,
+                        s::STAGE_REPORT,
+                        Some(headers),
+                        body.clone().into(),
+                        ch.timeout,
+                    )
+                })
+                .await;
+            match result {
+                Ok(_) => counters.sent.fetch_add(n, Ordering::Relaxed),
+                Err(e) => {
+                    tracing::warn!(records = n, error = %e, "stage report failed");
+                    counters.failed.fetch_add(n, Ordering::Relaxed)
+                }
+            };
+        }
+    });
+    reporter
+}
