@@ -4,6 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NATS_SERVER_BIN=$(scripts/install-nats-server.sh | tail -n 1)
+python3 -m pip install --quiet --disable-pip-version-check 'nats-py>=2.6' 'nkeys>=0.2.1'  # tests/python_client.rs
 export NATS_SERVER_BIN
 echo "using $NATS_SERVER_BIN ($("$NATS_SERVER_BIN" --version))"
 cargo fmt --all -- --check
