@@ -23,6 +23,7 @@ pub fn stage_stream_config(replicas: usize, max_age: std::time::Duration) -> str
         storage: stream::StorageType::File,
         num_replicas: replicas,
         max_age,
+        allow_direct: true,
         description: Some("msgtrail stage records (newline-delimited JSON batches)".into()),
         ..Default::default()
     }

@@ -278,10 +278,12 @@ impl Uploader {
         let traceparent = match headers.get(h::TRACEPARENT) {
             None => None,
             Some(v) if valid_traceparent(v.as_str()) => Some(v.as_str().to_owned()),
-            Some(v) => return Err(bad(format!(
+            Some(v) => {
+                return Err(bad(format!(
                 "header traceparent {:?} is not a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>)",
                 v.as_str()
-            ))),
+            )))
+            }
         };
         Ok(Upload {
             producer: channel.client_id,

@@ -1,2 +1,52 @@
-//! placeholder
-fn main() {}
+//! `msgtrail`: the command-line front door. Each subcommand parses its options and calls a
+//! library; the logic lives in the crates.
+
+use clap::{Parser, Subcommand};
+
+mod commands;
+mod common;
+mod signal;
+
+/// msgtrail: a message broker over NATS that records the trajectory of every message.
+#[derive(Debug, Parser)]
+#[command(name = "msgtrail", version, about)]
+struct Cli {
+    #[command(flatten)]
+    nats: common::NatsArgs,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Start nats-server, a broker and dev identities locally (--demo adds a load).
+    Dev(commands::dev::DevArgs),
+    /// Run a broker.
+    Broker(commands::broker::BrokerArgs),
+    /// Send one message.
+    Send(commands::send::SendArgs),
+    /// Consume messages (pull or push).
+    Consume(commands::consume::ConsumeArgs),
+}
+
+#[tokio::main]
+async fn main() {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let result = match cli.command {
+        Command::Dev(a) => commands::dev::run(a).await,
+        Command::Broker(a) => commands::broker::run(&cli.nats, a).await,
+        Command::Send(a) => commands::send::run(&cli.nats, a).await,
+        Command::Consume(a) => commands::consume::run(&cli.nats, a).await,
+    };
+    if let Err(e) = result {
+        eprintln!("msgtrail: {e:#}");
+        std::process::exit(1);
+    }
+}

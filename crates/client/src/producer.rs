@@ -152,6 +152,10 @@ impl Producer {
     /// Sends a message, retrying transient failures with the same request ID.
     pub async fn send_message(&self, msg: Outgoing) -> Result<UploadReply, ClientError> {
         Topic::new(msg.topic.as_str()).map_err(|e| ClientError::Invalid(e.to_string()))?;
+        for (k, v) in &msg.attrs {
+            h::validate_attr_key(k).map_err(ClientError::Invalid)?;
+            h::validate_attr_value(k, v).map_err(ClientError::Invalid)?;
+        }
         let request_id = msg.request_id.clone().unwrap_or_else(RequestId::generate);
         let mut backoff = self.options.retry_backoff;
         let mut attempt = 1;

@@ -1,0 +1,59 @@
+//! `msgtrail broker`: run a broker until SIGINT/SIGTERM.
+
+use crate::common::NatsArgs;
+use anyhow::Context;
+use clap::Args;
+use msgtrail_broker::{BrokerConfig, ClientRegistry};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Options of `msgtrail broker`.
+#[derive(Debug, Args)]
+pub struct BrokerArgs {
+    /// The clients file (JSON; see the README).
+    #[arg(long, env = "MSGTRAIL_CLIENTS")]
+    pub clients: PathBuf,
+    /// The broker's service.name on its stage records.
+    #[arg(long, env = "OTEL_SERVICE_NAME", default_value = "msgtrail-broker")]
+    pub service_name: String,
+    /// Replicas of streams and buckets (3 in a cluster).
+    #[arg(long, default_value_t = 1)]
+    pub replicas: usize,
+    /// Largest payload accepted, in bytes.
+    #[arg(long, default_value_t = 512 * 1024)]
+    pub max_payload: usize,
+    /// Ack wait before redelivery (e.g. 30s).
+    #[arg(long, default_value = "30s", value_parser = crate::common::parse_duration)]
+    pub ack_wait: Duration,
+    /// Deliveries before a message is dead-lettered.
+    #[arg(long, default_value_t = 5)]
+    pub max_deliver: u32,
+    /// Dedup window for repeated request IDs (e.g. 2m).
+    #[arg(long, default_value = "2m", value_parser = crate::common::parse_duration)]
+    pub dedup_window: Duration,
+    /// Payload bytes kept in the P2 record (0 = none).
+    #[arg(long, default_value_t = 256)]
+    pub record_payload_bytes: usize,
+}
+
+/// Runs the broker until a signal.
+pub async fn run(nats: &NatsArgs, args: BrokerArgs) -> anyhow::Result<()> {
+    let clients = ClientRegistry::load(&args.clients)?;
+    let config = BrokerConfig {
+        nats: nats.options()?,
+        service_name: args.service_name,
+        clients,
+        replicas: args.replicas,
+        max_payload: args.max_payload,
+        ack_wait: args.ack_wait,
+        max_deliver: args.max_deliver,
+        dedup_window: args.dedup_window,
+        record_payload_bytes: args.record_payload_bytes,
+        ..Default::default()
+    };
+    config.validate().map_err(anyhow::Error::msg)?;
+    tracing::info!(clients = config.clients.len(), urls = ?config.nats.urls, "starting broker");
+    msgtrail_broker::run(config, crate::signal::shutdown_signal())
+        .await
+        .context("broker failed")
+}

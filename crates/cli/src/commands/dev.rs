@@ -1,0 +1,195 @@
+//! `msgtrail dev`: a whole local system in one command — a nats-server child with JetStream
+//! in a temporary directory on a free port, a broker in this process, and dev identities
+//! written to the dev file (see [`DevFile::path`]) so that `send` and `consume` work with no
+//! setup. `--demo` adds a small load: a producer, a consumer group that fails some messages,
+//! and a second group. Ctrl-C stops everything it started.
+
+use crate::common::{DevFile, DevIdentity};
+use anyhow::Context;
+use clap::Args;
+use futures::StreamExt;
+use msgtrail_broker::{BrokerConfig, ClientEntry, ClientRegistry};
+use msgtrail_client::{Consumer, Identity, NatsOptions, Outgoing, Producer, PushOptions};
+use msgtrail_core::wire::Subscription;
+use msgtrail_core::{ClientId, Role};
+use msgtrail_test_support::NatsServer;
+use std::time::Duration;
+
+/// Options of `msgtrail dev`.
+#[derive(Debug, Args)]
+pub struct DevArgs {
+    /// Also run a demo load.
+    #[arg(long)]
+    pub demo: bool,
+    /// Demo: pause between sends.
+    #[arg(long, default_value = "1s", value_parser = crate::common::parse_duration)]
+    pub demo_every: Duration,
+    /// Stop the demo after this many messages (default: run until Ctrl-C).
+    #[arg(long)]
+    pub demo_messages: Option<u64>,
+}
+
+fn ids(name: &str) -> anyhow::Result<ClientId> {
+    Ok(ClientId::new(name)?)
+}
+
+/// Runs the dev system until Ctrl-C.
+pub async fn run(args: DevArgs) -> anyhow::Result<()> {
+    let server = NatsServer::start().context("starting nats-server")?;
+    let producer = Identity::generate(ids("dev-producer")?).with_service_name("dev-producer");
+    let consumer = Identity::generate(ids("dev-consumer")?).with_service_name("dev-consumer");
+    let demo_billing = Identity::generate(ids("demo-billing")?).with_service_name("billing");
+    let demo_audit = Identity::generate(ids("demo-audit")?).with_service_name("audit");
+    let mut entries = vec![];
+    for (role, ident) in [
+        (Role::Producer, &producer),
+        (Role::Consumer, &consumer),
+        (Role::Consumer, &demo_billing),
+        (Role::Consumer, &demo_audit),
+    ] {
+        entries.push(ClientEntry {
+            id: ident.client_id.clone(),
+            role,
+            public_key: ident.public_key(),
+            topics: vec![">".into()],
+            service_name: ident.service_name.clone(),
+        });
+    }
+    let config = BrokerConfig {
+        nats: NatsOptions::url(server.url()),
+        clients: ClientRegistry::new(entries).map_err(anyhow::Error::msg)?,
+        ack_wait: Duration::from_secs(5),
+        max_deliver: 3,
+        ..Default::default()
+    };
+    let broker = msgtrail_broker::start(config).await?;
+    let dev = DevFile {
+        nats_url: server.url().to_owned(),
+        producer: DevIdentity {
+            id: producer.client_id.to_string(),
+            seed: producer.seed(),
+        },
+        consumer: DevIdentity {
+            id: consumer.client_id.to_string(),
+            seed: consumer.seed(),
+        },
+        listener_url: None,
+    };
+    let path = dev.save()?;
+    println!("msgtrail dev is running");
+    println!(
+        "  nats-server   {} (pid {}, JetStream in {})",
+        server.url(),
+        server.pid(),
+        server.store_dir().display()
+    );
+    println!("  broker        in this process (NATS service \"msgtrail\")");
+    println!(
+        "  identities    {} (producer dev-producer, consumer dev-consumer)",
+        path.display()
+    );
+    println!("try:");
+    println!("  msgtrail send --topic orders.eu --attr category=refund --data hello");
+    println!("  msgtrail consume --topic 'orders.*' --group billing --pull --max 1");
+    println!("Ctrl-C stops everything.");
+
+    let nats = async_nats::connect(server.url()).await?;
+    let demo = if args.demo {
+        Some(tokio::spawn(demo(
+            nats,
+            producer,
+            demo_billing,
+            demo_audit,
+            args.demo_every,
+            args.demo_messages,
+        )))
+    } else {
+        None
+    };
+    crate::signal::shutdown_signal().await;
+    println!("stopping");
+    if let Some(d) = demo {
+        d.abort();
+    }
+    broker.shutdown().await;
+    drop(server);
+    Ok(())
+}
+
+async fn demo(
+    nats: async_nats::Client,
+    producer: Identity,
+    billing: Identity,
+    audit: Identity,
+    every: Duration,
+    limit: Option<u64>,
+) -> anyhow::Result<()> {
+    let producer = Producer::connect(nats.clone(), producer).await?;
+    let billing = Consumer::connect(nats.clone(), billing).await?;
+    let audit = Consumer::connect(nats.clone(), audit).await?;
+    let sub = |group: &str| -> anyhow::Result<Subscription> {
+        Ok(Subscription {
+            group: ids(group)?,
+            topic: "orders.*".into(),
+            filter: Default::default(),
+            message_id: None,
+        })
+    };
+    // Billing is pushed every message and fails about one in five ("insufficient funds");
+    // a failure is redelivered, and after 3 failures it is dead-lettered.
+    let mut pushed = billing
+        .subscribe(&sub("billing")?, PushOptions::default())
+        .await?;
+    tokio::spawn(async move {
+        while let Some(m) = pushed.next().await {
+            let fail = m.message_id.as_u128() % 5 == 0 && m.delivery_attempt < 3;
+            let id = m.message_id;
+            let attempt = m.delivery_attempt;
+            let outcome = billing
+                .process(m, |_| async move {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    if fail {
+                        Err("insufficient funds")
+                    } else {
+                        Ok(())
+                    }
+                })
+                .await;
+            if let Ok(Err(e)) = outcome {
+                println!("demo: billing failed {id} (attempt {attempt}): {e}");
+            }
+        }
+    });
+    // Audit pulls in batches every 3 s.
+    let audit_sub = sub("audit")?;
+    tokio::spawn(async move {
+        loop {
+            if let Ok(batch) = audit
+                .fetch(&audit_sub, 50, Duration::from_millis(100))
+                .await
+            {
+                for m in batch {
+                    let _ = audit.ack(&m).await;
+                }
+            }
+            tokio::time::sleep(Duration::from_secs(3)).await;
+        }
+    });
+    let regions = ["eu", "us", "apac"];
+    let categories = ["refund", "sale", "sale", "subscription"];
+    let mut n: u64 = 0;
+    while limit.is_none_or(|l| n < l) {
+        let msg = Outgoing::new(
+            format!("orders.{}", regions[(n % 3) as usize]),
+            format!("{{\"order\":{n}}}"),
+        )
+        .attr("category", categories[(n % 4) as usize]);
+        match producer.send_message(msg).await {
+            Ok(r) => println!("demo: sent {} request_id={}", r.message_id, r.request_id),
+            Err(e) => println!("demo: send failed: {e}"),
+        }
+        n += 1;
+        tokio::time::sleep(every).await;
+    }
+    Ok(())
+}

@@ -1,0 +1,231 @@
+//! Options shared by every command: how to reach NATS, and who the client is.
+
+use anyhow::{bail, Context};
+use clap::Args;
+use msgtrail_client::{Identity, NatsOptions};
+use msgtrail_core::ClientId;
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// Environment variable of the dev identity file's location.
+pub const DEV_FILE_ENV: &str = "MSGTRAIL_DEV_FILE";
+
+/// NATS connection options.
+#[derive(Debug, Clone, Args)]
+pub struct NatsArgs {
+    /// NATS server URL(s), comma-separated. Defaults to the dev system's, then nats://127.0.0.1:4222.
+    #[arg(long, env = "NATS_URL", global = true)]
+    pub nats_url: Option<String>,
+    /// NATS user (with --nats-password).
+    #[arg(long, env = "NATS_USER", global = true)]
+    pub nats_user: Option<String>,
+    /// NATS password.
+    #[arg(long, env = "NATS_PASSWORD", global = true, hide_env_values = true)]
+    pub nats_password: Option<String>,
+    /// NATS token.
+    #[arg(long, env = "NATS_TOKEN", global = true, hide_env_values = true)]
+    pub nats_token: Option<String>,
+    /// NATS credentials file (.creds).
+    #[arg(long, env = "NATS_CREDS", global = true)]
+    pub nats_creds: Option<PathBuf>,
+    /// NATS nkey seed file (for NATS' own nkey auth).
+    #[arg(long, env = "NATS_NKEY", global = true)]
+    pub nats_nkey: Option<PathBuf>,
+    /// PEM CA file to trust for TLS.
+    #[arg(long, env = "NATS_CA", global = true)]
+    pub tls_ca: Option<PathBuf>,
+    /// PEM client certificate for TLS.
+    #[arg(long, env = "NATS_CERT", global = true)]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM client key for TLS.
+    #[arg(long, env = "NATS_KEY", global = true)]
+    pub tls_key: Option<PathBuf>,
+}
+
+impl NatsArgs {
+    /// The connection options, falling back to the dev system's URL.
+    pub fn options(&self) -> anyhow::Result<NatsOptions> {
+        let url = match &self.nats_url {
+            Some(u) => u.clone(),
+            None => DevFile::load()
+                .ok()
+                .map(|d| d.nats_url)
+                .unwrap_or_else(|| "nats://127.0.0.1:4222".into()),
+        };
+        let nkey_seed = match &self.nats_nkey {
+            Some(p) => Some(
+                std::fs::read_to_string(p)
+                    .with_context(|| format!("reading nkey seed {}", p.display()))?
+                    .trim()
+                    .to_owned(),
+            ),
+            None => None,
+        };
+        Ok(NatsOptions {
+            urls: url
+                .split(',')
+                .map(|s| s.trim().to_owned())
+                .filter(|s| !s.is_empty())
+                .collect(),
+            user: self.nats_user.clone(),
+            password: self.nats_password.clone(),
+            token: self.nats_token.clone(),
+            creds_file: self.nats_creds.clone(),
+            nkey_seed,
+            tls_ca: self.tls_ca.clone(),
+            tls_cert: self.tls_cert.clone(),
+            tls_key: self.tls_key.clone(),
+            require_tls: false,
+            name: Some("msgtrail".into()),
+        })
+    }
+}
+
+/// Who the client is.
+#[derive(Debug, Clone, Args)]
+pub struct IdentityArgs {
+    /// Client ID configured on the broker. Defaults to the dev system's identity.
+    #[arg(long, env = "MSGTRAIL_CLIENT_ID")]
+    pub client_id: Option<String>,
+    /// File holding the client's nkey seed (SU…).
+    #[arg(long, env = "MSGTRAIL_SEED_FILE")]
+    pub seed_file: Option<PathBuf>,
+    /// The client's OpenTelemetry service.name.
+    #[arg(long, env = "MSGTRAIL_SERVICE_NAME")]
+    pub service_name: Option<String>,
+}
+
+impl IdentityArgs {
+    /// The identity; `dev_role` picks the dev identity when none is given.
+    pub fn identity(&self, dev_producer: bool) -> anyhow::Result<Identity> {
+        let identity = match (&self.client_id, &self.seed_file) {
+            (Some(id), Some(path)) => {
+                let seed = std::fs::read_to_string(path)
+                    .with_context(|| format!("reading seed file {}", path.display()))?;
+                Identity::from_seed(ClientId::new(id.as_str())?, &seed)?
+            }
+            (None, None) => {
+                let dev = DevFile::load().context(
+                    "no identity given (--client-id and --seed-file) and no dev system found: start one with `msgtrail dev`",
+                )?;
+                let who = if dev_producer {
+                    dev.producer
+                } else {
+                    dev.consumer
+                };
+                Identity::from_seed(ClientId::new(who.id.as_str())?, &who.seed)?
+            }
+            _ => bail!("--client-id and --seed-file go together"),
+        };
+        Ok(match &self.service_name {
+            Some(s) => identity.with_service_name(s.clone()),
+            None => identity,
+        })
+    }
+}
+
+/// One dev identity.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DevIdentity {
+    /// Client ID.
+    pub id: String,
+    /// nkey seed.
+    pub seed: String,
+}
+
+/// What `msgtrail dev` writes so that the other commands work with no setup.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DevFile {
+    /// The dev nats-server's URL.
+    pub nats_url: String,
+    /// The dev producer.
+    pub producer: DevIdentity,
+    /// The dev consumer.
+    pub consumer: DevIdentity,
+    /// The dev listener's HTTP address, if one runs.
+    #[serde(default)]
+    pub listener_url: Option<String>,
+}
+
+impl DevFile {
+    /// Where the dev file lives: `$MSGTRAIL_DEV_FILE`, else
+    /// `$XDG_CONFIG_HOME/msgtrail/dev.json`, else `~/.config/msgtrail/dev.json`.
+    pub fn path() -> PathBuf {
+        if let Some(p) = std::env::var_os(DEV_FILE_ENV) {
+            return PathBuf::from(p);
+        }
+        let base = std::env::var_os("XDG_CONFIG_HOME")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))
+            .unwrap_or_else(|| PathBuf::from("."));
+        base.join("msgtrail").join("dev.json")
+    }
+
+    /// Reads the dev file.
+    pub fn load() -> anyhow::Result<DevFile> {
+        let path = Self::path();
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {}", path.display()))?;
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+    }
+
+    /// Writes the dev file (mode 0600: it holds seeds).
+    pub fn save(&self) -> anyhow::Result<PathBuf> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let path = Self::path();
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&path)?;
+        std::io::Write::write_all(&mut f, serde_json::to_string_pretty(self)?.as_bytes())?;
+        Ok(path)
+    }
+}
+
+/// Parses `k=v`.
+pub fn parse_kv(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.trim().to_owned(), v.to_owned()))
+        .filter(|(k, _)| !k.is_empty())
+        .ok_or_else(|| format!("expected key=value, got {s:?}"))
+}
+
+/// Parses durations such as `500ms`, `5s`, `2m`.
+pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    let s = s.trim();
+    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("invalid duration {s:?}: use e.g. 500ms, 5s, 2m"))?;
+    let ms = match unit {
+        "ms" => n,
+        "s" | "" => n * 1000,
+        "m" => n * 60_000,
+        _ => return Err(format!("invalid duration unit in {s:?}: use ms, s or m")),
+    };
+    Ok(std::time::Duration::from_millis(ms))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_durations_and_pairs() {
+        assert_eq!(parse_duration("500ms").unwrap().as_millis(), 500);
+        assert_eq!(parse_duration("5s").unwrap().as_secs(), 5);
+        assert_eq!(parse_duration("2m").unwrap().as_secs(), 120);
+        assert!(parse_duration("5h").is_err());
+        assert!(parse_duration("x").is_err());
+        assert_eq!(
+            parse_kv("category=refund").unwrap(),
+            ("category".into(), "refund".into())
+        );
+        assert!(parse_kv("novalue").is_err());
+    }
+}

@@ -1,0 +1,791 @@
+//! End-to-end tests of the broker, the SDK and the stage stream against a real nats-server.
+
+use msgtrail_client::{ClientError, Identity, Outgoing, PushOptions};
+use msgtrail_core::subjects::{DEAD_LETTER_STREAM, MESSAGE_STREAM};
+use msgtrail_core::wire::Subscription;
+use msgtrail_core::{ClientId, ErrorCode, RequestId, Stage, StageRecord};
+use msgtrail_e2e::{collect, has_all, stages, TestSystem, ACK_WAIT, MAX_DELIVER};
+use std::collections::{BTreeMap, HashSet};
+use std::time::Duration;
+
+fn sub(group: &str, topic: &str) -> Subscription {
+    Subscription {
+        group: ClientId::new(group).unwrap(),
+        topic: topic.into(),
+        filter: BTreeMap::new(),
+        message_id: None,
+    }
+}
+
+fn count(recs: &[StageRecord], stage: Stage) -> usize {
+    recs.iter().filter(|r| r.stage == stage).count()
+}
+
+const WAIT: Duration = Duration::from_secs(2);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn send_store_pull_ack_records_p1_to_p4_and_c5_to_c8() {
+    let sys = TestSystem::start().await;
+    let producer = sys.producer("shop").await;
+    let consumer = sys.consumer("billing-1").await;
+    let rid = RequestId::new("order-1").unwrap();
+    let reply = producer
+        .send_message(
+            Outgoing::new("orders.eu", "hello")
+                .request_id(rid.clone())
+                .attr("category", "refund"),
+        )
+        .await
+        .unwrap();
+    assert!(!reply.duplicate);
+    assert_eq!(reply.request_id, rid);
+    assert_eq!(reply.stream_seq, 1);
+
+    let got = consumer
+        .fetch(&sub("billing", "orders.*"), 10, WAIT)
+        .await
+        .unwrap();
+    assert_eq!(got.len(), 1);
+    let m = &got[0];
+    assert_eq!(m.message_id, reply.message_id);
+    assert_eq!(&m.payload[..], b"hello");
+    assert_eq!(m.topic, "orders.eu");
+    assert_eq!(
+        m.attributes.get("category").map(String::as_str),
+        Some("refund")
+    );
+    assert_eq!(m.delivery_attempt, 1);
+    assert_eq!(m.producer.as_str(), "shop");
+    consumer.ack(m).await.unwrap();
+
+    let want = [
+        Stage::UploadReceived,
+        Stage::Stored,
+        Stage::StoreConfirmed,
+        Stage::PullSent,
+        Stage::PullReceived,
+        Stage::PullAckSent,
+        Stage::PullAckReceived,
+    ];
+    let recs = sys
+        .records_for(reply.message_id, |r| has_all(r, &want))
+        .await;
+    // Exactly one of each, and nothing else for this message.
+    let mut seen: Vec<Stage> = stages(&recs);
+    seen.sort();
+    let mut expected = want.to_vec();
+    expected.sort();
+    assert_eq!(seen, expected, "records: {recs:#?}");
+    for r in &recs {
+        match r.stage {
+            Stage::UploadReceived | Stage::Stored | Stage::StoreConfirmed => {
+                assert_eq!(r.request_id.as_ref(), Some(&rid));
+                assert_eq!(r.producer.as_ref().map(|p| p.as_str()), Some("shop"));
+            }
+            _ => {
+                assert_eq!(r.consumer.as_ref().map(|p| p.as_str()), Some("billing-1"));
+                assert_eq!(r.group.as_ref().map(|p| p.as_str()), Some("billing"));
+                assert_eq!(r.attempt, Some(1));
+            }
+        }
+    }
+    let p2 = recs
+        .iter()
+        .find(|r| r.stage == Stage::UploadReceived)
+        .unwrap();
+    assert_eq!(p2.attrs.get("category").map(String::as_str), Some("refund"));
+    assert_eq!(p2.payload_size, Some(5));
+    assert_eq!(p2.service.as_deref(), Some("msgtrail-broker"));
+    let c6 = recs
+        .iter()
+        .find(|r| r.stage == Stage::PullReceived)
+        .unwrap();
+    assert_eq!(
+        c6.service.as_deref(),
+        Some("billing-1-svc"),
+        "client records carry the client's service name"
+    );
+    // P1 carries no message ID: it is found by request ID.
+    let all = sys.stage_records().await;
+    let p1: Vec<_> = all
+        .iter()
+        .filter(|r| r.stage == Stage::UploadSent && r.request_id.as_ref() == Some(&rid))
+        .collect();
+    assert_eq!(p1.len(), 1);
+    assert_eq!(p1[0].producer.as_ref().map(|p| p.as_str()), Some("shop"));
+    assert_eq!(p1[0].attempt, Some(1));
+    // Acked: nothing left for the group.
+    assert!(consumer
+        .fetch(&sub("billing", "orders.*"), 10, Duration::from_millis(300))
+        .await
+        .unwrap()
+        .is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn push_immediate_records_c1_to_c4() {
+    let sys = TestSystem::start().await;
+    let producer = sys.producer("shop").await;
+    let consumer = sys.consumer("billing-1").await;
+    let mut stream = consumer
+        .subscribe(&sub("billing", "orders.>"), PushOptions::default())
+        .await
+        .unwrap();
+    let reply = producer.send("orders.eu.new", "pushed").await.unwrap();
+    let got = collect(&mut stream, 1, Duration::from_secs(10)).await;
+    assert_eq!(got.len(), 1, "the message is pushed");
+    assert_eq!(got[0].message_id, reply.message_id);
+    assert!(got[0].push);
+    consumer
+        .process(got[0].clone(), |m| async move {
+            assert_eq!(&m.payload[..], b"pushed");
+            Ok::<_, String>(())
+        })
+        .await
+        .unwrap()
+        .unwrap();
+    let want = [
+        Stage::PushSent,
+        Stage::PushReceived,
+        Stage::ProcessStarted,
+        Stage::ProcessFinished,
+        Stage::PushAckSent,
+        Stage::PushAckReceived,
+    ];
+    let recs = sys
+        .records_for(reply.message_id, |r| has_all(r, &want))
+        .await;
+    assert_eq!(count(&recs, Stage::PullSent), 0);
+    let x2 = recs
+        .iter()
+        .find(|r| r.stage == Stage::ProcessFinished)
+        .unwrap();
+    assert_eq!(x2.outcome.as_deref(), Some("ok"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn push_on_a_schedule_delivers_in_batches() {
+    let sys = TestSystem::start().await;
+    let producer = sys.producer("shop").await;
+    let consumer = sys.consumer("billing-1").await;
+    let every = Duration::from_millis(1500);
+    let mut stream = consumer
+        .subscribe(
+            &sub("billing", "batch"),
+            PushOptions {
+                every: Some(every),
+                max_inflight: 100,
+            },
+        )
+        .await
+        .unwrap();
+    let mut ids = HashSet::new();
+    for i in 0..5 {
+        ids.insert(
+            producer
+                .send("batch", format!("m{i}"))
+                .await
+                .unwrap()
+                .message_id,
+        );
+    }
+    let got = collect(&mut stream, 5, Duration::from_secs(10)).await;
+    assert_eq!(
+        got.iter().map(|m| m.message_id).collect::<HashSet<_>>(),
+        ids
+    );
+    // Sent together before the first round, so the round carries all of them.
+    let seqs: Vec<u64> = got.iter().map(|m| m.stream_seq).collect();
+    assert_eq!(seqs, {
+        let mut s = seqs.clone();
+        s.sort();
+        s
+    });
+    for m in &got {
+        consumer.ack(m).await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn push_respects_max_inflight() {
+    let sys = TestSystem::start().await;
+    let producer = sys.producer("shop").await;
+    let consumer = sys.consumer("billing-1").await;
+    for i in 0..6 {
+        producer.send("inflight", format!("m{i}")).await.unwrap();
+    }
+    let mut stream = consumer
+        .subscribe(
+            &sub("billing", "inflight"),
+            PushOptions {
+                every: None,
+                max_inflight: 2,
+            },
+        )
+        .await
+        .unwrap();
+    let first = collect(&mut stream, 3, Duration::from_millis(700)).await;
+    assert_eq!(
+        first.len(),
+        2,
+        "no more than max_inflight unsettled deliveries"
+    );
+    for m in &first {
+        consumer.ack(m).await.unwrap();
+    }
+    let next = collect(&mut stream, 2, Duration::from_secs(5)).await;
+    assert_eq!(next.len(), 2, "settling frees the slots");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_match_gets_a_notice_and_n1() {
+    let sys = TestSystem::start().await;
+    let consumer = sys.consumer("billing-1").await;
+    let got = consumer
+        .fetch(
+            &sub("billing", "nothing.here"),
+            5,
+            Duration::from_millis(200),
+        )
+        .await
+        .unwrap();
+    assert!(got.is_empty());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let recs = sys.stage_records().await;
+        if let Some(n1) = recs.iter().find(|r| r.stage == Stage::NoMatch) {
+            assert_eq!(n1.consumer.as_ref().map(|c| c.as_str()), Some("billing-1"));
+            assert_eq!(n1.topic.as_deref(), Some("nothing.here"));
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no N1 record");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_shares_and_every_group_gets_everything() {
+    let sys = TestSystem::start().await;
+    let producer = sys.producer("shop").await;
+    let b1 = sys.consumer("billing-1").await;
+    let b2 = sys.consumer("billing-2").await;
+    let audit = sys.consumer("audit-1").await;
+    let mut sent = HashSet::new();
+    for i in 0..10 {
+        sent.insert(
+            producer
+                .send("orders.eu", format!("m{i}"))
+                .await
+                .unwrap()
+                .message_id,
+        );
+    }
+    let first = b1
+        .fetch(&sub("billing", "orders.*"), 4, WAIT)
+        .await
+        .unwrap();
+    let second = b2
+        .fetch(&sub("billing", "orders.*"), 10, WAIT)
+        .await
+        .unwrap();
+    assert_eq!(first.len(), 4);
+    assert_eq!(second.len(), 6);
+    let a: HashSet<_> = first.iter().map(|m| m.message_id).collect();
+    let b: HashSet<_> = second.iter().map(|m| m.message_id).collect();
+    assert!(a.is_disjoint(&b), "members of one group share the messages");
+    assert_eq!(a.union(&b).copied().collect::<HashSet<_>>(), sent);
+    let all = audit
+        .fetch(&sub("audit", "orders.*"), 100, WAIT)
+        .await
+        .unwrap();
+    assert_eq!(
+        all.iter().map(|m| m.message_id).collect::<HashSet<_>>(),
+        sent,
+        "another group gets all"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attribute_filters_select_messages() {
+    let sys = TestSystem::start().await;
+    let producer = sys.producer("shop").await;
+    let consumer = sys.consumer("billing-1").await;
+    let refund = producer
+        .send_message(Outgoing::new("pay", "r").attr("category", "refund"))
+        .await
+        .unwrap();
+    producer
+        .send_message(Outgoing::new("pay", "s").attr("category", "sale"))
+        .await
+        .unwrap();
+    producer.send("pay", "none").await.unwrap();
+    let mut s = sub("refunds", "pay");
+    s.filter.insert("category".into(), "refund".into());
+    let got = consumer.fetch(&s, 10, WAIT).await.unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].message_id, refund.message_id);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fetch_by_message_id() {
+    let sys = TestSystem::start().await;
+    let producer = sys.producer("shop").await;
+    let consumer = sys.consumer("billing-1").await;
+    let mut ids = vec![];
+    for i in 0..5 {
+        ids.push(producer.send("orders.eu", format!("m{i}")).await.unwrap());
+    }
+    let target = &ids[2];
+    let mut s = sub("lookup", "orders.*");
+    s.message_id = Some(target.message_id);
+    let got = consumer.fetch(&s, 1, WAIT).await.unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].message_id, target.message_id);
+    assert_eq!(&got[0].payload[..], b"m2");
+    consumer.ack(&got[0]).await.unwrap();
+    // An unknown (but well-formed) ID gets the no-match notice.
+    s.message_id = Some(msgtrail_core::MessageId::new());
+    assert!(consumer
+        .fetch(&s, 1, Duration::from_millis(300))
+        .await
+        .unwrap()
+        .is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repeated_request_id_is_stored_once_with_the_same_message_id() {
+    let sys = TestSystem::start().await;
+    let producer = sys.producer("shop").await;
+    let rid = RequestId::new("retry-me").unwrap();
+    let first = producer
+        .send_message(Outgoing::new("orders.eu", "x").request_id(rid.clone()))
+        .await
+        .unwrap();
+    let second = producer
+        .send_message(Outgoing::new("orders.eu", "x").request_id(rid.clone()))
+        .await
+        .unwrap();
+    assert!(!first.duplicate);
+    assert!(second.duplicate);
+    assert_eq!(first.message_id, second.message_id);
+    assert_eq!(first.stream_seq, second.stream_seq);
+    assert_eq!(
+        sys.stream_messages(MESSAGE_STREAM).await.len(),
+        1,
+        "stored once"
+    );
+    // Another producer may use the same request ID for its own message.
+    let other = sys.producer("shop-2").await;
+    let third = other
+        .send_message(Outgoing::new("orders.eu", "y").request_id(rid.clone()))
+        .await
+        .unwrap();
+    assert!(!third.duplicate);
+    assert_ne!(third.message_id, first.message_id);
+    let recs = sys
+        .records_for(first.message_id, |r| count(r, Stage::Duplicate) == 1)
+        .await;
+    let d1 = recs.iter().find(|r| r.stage == Stage::Duplicate).unwrap();
+    assert_eq!(d1.request_id.as_ref(), Some(&rid));
+    assert_eq!(count(&recs, Stage::UploadReceived), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unacked_delivery_is_redelivered_after_the_ack_wait() {
+    let sys = TestSystem::start().await;
+    let producer = sys.producer("shop").await;
+    let consumer = sys.consumer("billing-1").await;
+    let reply = producer.send("orders.eu", "slow").await.unwrap();
+    let first = consumer
+        .fetch(&sub("billing", "orders.*"), 1, WAIT)
+        .await
+        .unwrap();
+    assert_eq!(first[0].delivery_attempt, 1);
+    // Not acked: after the ack wait it comes back.
+    let again = consumer
+        .fetch(&sub("billing", "orders.*"), 1, ACK_WAIT * 4)
+        .await
+        .unwrap();
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].message_id, reply.message_id);
+    assert_eq!(again[0].delivery_attempt, 2);
+    consumer.ack(&again[0]).await.unwrap();
+    let recs = sys
+        .records_for(reply.message_id, |r| {
+            count(r, Stage::Redelivery) == 1 && count(r, Stage::PullAckReceived) == 1
+        })
+        .await;
+    let r1 = recs.iter().find(|r| r.stage == Stage::Redelivery).unwrap();
+    assert_eq!(r1.outcome.as_deref(), Some("redeliver"));
+    assert_eq!(r1.attempt, Some(2));
+    assert_eq!(count(&recs, Stage::PullSent), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_up_to_max_deliveries_dead_letter_the_message() {
+    let sys = TestSystem::start().await;
+    let producer = sys.producer("shop").await;
+    let consumer = sys.consumer("billing-1").await;
+    let reply = producer.send("orders.eu", "poison").await.unwrap();
+    for attempt in 1..=MAX_DELIVER {
+        let got = consumer
+            .fetch(&sub("billing", "orders.*"), 1, WAIT)
+            .await
+            .unwrap();
+        assert_eq!(got.len(), 1, "attempt {attempt}");
+        assert_eq!(got[0].delivery_attempt, attempt);
+        let outcome = consumer
+            .process(got[0].clone(), |_| async {
+                Err::<(), _>("insufficient funds")
+            })
+            .await
+            .unwrap();
+        assert_eq!(outcome, Err("insufficient funds".to_string()));
+    }
+    assert!(
+        consumer
+            .fetch(&sub("billing", "orders.*"), 1, ACK_WAIT * 2)
+            .await
+            .unwrap()
+            .is_empty(),
+        "never delivered again"
+    );
+    let dlq = sys.stream_messages(DEAD_LETTER_STREAM).await;
+    assert_eq!(dlq.len(), 1);
+    assert_eq!(dlq[0].subject.as_str(), "msgtrail.dlq.billing.orders.eu");
+    assert_eq!(&dlq[0].payload[..], b"poison");
+    let recs = sys
+        .records_for(reply.message_id, |r| {
+            r.iter()
+                .any(|r| r.outcome.as_deref() == Some("dead_letter"))
+        })
+        .await;
+    let dead = recs
+        .iter()
+        .find(|r| r.outcome.as_deref() == Some("dead_letter"))
+        .unwrap();
+    assert_eq!(dead.attempt, Some(MAX_DELIVER));
+    assert!(
+        dead.detail
+            .as_deref()
+            .unwrap()
+            .contains("insufficient funds"),
+        "{dead:?}"
+    );
+    let failed: Vec<_> = recs
+        .iter()
+        .filter(|r| r.stage == Stage::ProcessFinished)
+        .collect();
+    assert_eq!(failed.len(), MAX_DELIVER as usize);
+    assert!(failed.iter().all(|r| r.outcome.as_deref() == Some("failed")
+        && r.detail.as_deref() == Some("insufficient funds")));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nack_with_delay_redelivers_later() {
+    let sys = TestSystem::start().await;
+    let producer = sys.producer("shop").await;
+    let consumer = sys.consumer("billing-1").await;
+    let reply = producer.send("orders.eu", "later").await.unwrap();
+    let got = consumer
+        .fetch(&sub("billing", "orders.*"), 1, WAIT)
+        .await
+        .unwrap();
+    consumer
+        .nack(&got[0], Some(Duration::from_millis(2000)))
+        .await
+        .unwrap();
+    assert!(
+        consumer
+            .fetch(&sub("billing", "orders.*"), 1, Duration::from_millis(300))
+            .await
+            .unwrap()
+            .is_empty(),
+        "not before the delay"
+    );
+    let again = consumer
+        .fetch(&sub("billing", "orders.*"), 1, Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].message_id, reply.message_id);
+    assert_eq!(again[0].delivery_attempt, 2);
+    let recs = sys
+        .records_for(reply.message_id, |r| count(r, Stage::PullAckReceived) >= 1)
+        .await;
+    assert!(recs
+        .iter()
+        .any(|r| r.stage == Stage::PullAckReceived && r.outcome.as_deref() == Some("nack")));
+}
+
+fn refused(e: ClientError) -> ErrorCode {
+    e.code()
+        .unwrap_or_else(|| panic!("expected a refusal, got {e}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn channels_refuse_unknown_clients_bad_signatures_and_foreign_topics() {
+    let sys = TestSystem::start().await;
+    let stranger = Identity::generate(ClientId::new("stranger").unwrap());
+    let e = msgtrail_client::Producer::connect(sys.nats.clone(), stranger)
+        .await
+        .unwrap_err();
+    assert_eq!(refused(e), ErrorCode::UnknownClient);
+
+    // Right ID, wrong key.
+    let impostor = Identity::generate(ClientId::new("shop").unwrap());
+    let e = msgtrail_client::Producer::connect(sys.nats.clone(), impostor)
+        .await
+        .unwrap_err();
+    assert_eq!(refused(e), ErrorCode::BadSignature);
+
+    // A consumer identity cannot open a producer channel.
+    let e = msgtrail_client::Producer::connect(sys.nats.clone(), sys.identity("billing-1"))
+        .await
+        .unwrap_err();
+    assert_eq!(refused(e), ErrorCode::UnknownClient);
+
+    let narrow = sys.consumer("narrow-1").await;
+    let e = narrow
+        .fetch(&sub("n", "payments.*"), 1, Duration::from_millis(100))
+        .await
+        .unwrap_err();
+    assert_eq!(refused(e), ErrorCode::NotPermitted);
+    assert!(narrow
+        .fetch(&sub("n", "orders.*"), 1, Duration::from_millis(100))
+        .await
+        .unwrap()
+        .is_empty());
+
+    let limited = sys.producer("shop-2").await;
+    let e = limited.send("payments.x", "no").await.unwrap_err();
+    assert_eq!(refused(e), ErrorCode::NotPermitted);
+
+    let metrics = &sys.broker.as_ref().unwrap().metrics;
+    let errors = metrics.errors();
+    assert_eq!(errors.get("unknown_client"), Some(&2));
+    assert_eq!(errors.get("bad_signature"), Some(&1));
+    let refusals: Vec<_> = {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        sys.stage_records()
+            .await
+            .into_iter()
+            .filter(|r| r.stage == Stage::Channel && r.outcome.as_deref() == Some("refused"))
+            .collect()
+    };
+    assert_eq!(refusals.len(), 3, "each refusal is an A1 record");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_payloads_and_malformed_headers_are_refused_precisely() {
+    let sys = TestSystem::start_with(|c| c.max_payload = 1024).await;
+    let producer = sys.producer("shop").await;
+    let e = producer
+        .send("orders.eu", vec![0u8; 2048])
+        .await
+        .unwrap_err();
+    assert_eq!(refused(e), ErrorCode::PayloadTooLarge);
+
+    let mut bad_tp = Outgoing::new("orders.eu", "x");
+    bad_tp.traceparent = Some("00-nothex-01".into());
+    assert_eq!(
+        refused(producer.send_message(bad_tp).await.unwrap_err()),
+        ErrorCode::BadRequest
+    );
+    let bad_attr = Outgoing::new("orders.eu", "x").attr("bad key", "v");
+    assert!(
+        matches!(
+            producer.send_message(bad_attr).await.unwrap_err(),
+            ClientError::Invalid(_)
+        ),
+        "checked before sending"
+    );
+    assert!(matches!(
+        producer.send("bad..topic", "x").await.unwrap_err(),
+        ClientError::Invalid(_)
+    ));
+
+    // Raw requests: no channel header, a bad attempt header, malformed JSON.
+    let reply = sys
+        .nats
+        .request("msgtrail.v1.upload", "x".into())
+        .await
+        .unwrap();
+    let hs = reply.headers.unwrap();
+    assert_eq!(hs.get("Msgtrail-Error").unwrap().as_str(), "bad_request");
+    assert_eq!(hs.get("Nats-Service-Error-Code").unwrap().as_str(), "400");
+    assert!(hs
+        .get("Nats-Service-Error")
+        .unwrap()
+        .as_str()
+        .contains("Msgtrail-Channel"));
+    let mut hs = async_nats::HeaderMap::new();
+    hs.insert("Msgtrail-Channel", "whatever");
+    hs.insert("Msgtrail-Attr-category", "x".repeat(300).as_str());
+    let reply = sys
+        .nats
+        .request_with_headers("msgtrail.v1.upload", hs, "x".into())
+        .await
+        .unwrap();
+    assert_eq!(
+        reply
+            .headers
+            .unwrap()
+            .get("Msgtrail-Error")
+            .unwrap()
+            .as_str(),
+        "unknown_channel",
+        "the channel is checked first"
+    );
+    let reply = sys
+        .nats
+        .request("msgtrail.v1.fetch", "{not json".into())
+        .await
+        .unwrap();
+    assert_eq!(
+        reply
+            .headers
+            .unwrap()
+            .get("Msgtrail-Error")
+            .unwrap()
+            .as_str(),
+        "bad_request"
+    );
+    let reply = sys
+        .nats
+        .request(
+            "msgtrail.v1.ack",
+            r#"{"channel":"nope","token":"x","kind":"ack"}"#.into(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        reply
+            .headers
+            .unwrap()
+            .get("Msgtrail-Error")
+            .unwrap()
+            .as_str(),
+        "unknown_channel"
+    );
+
+    // Nothing was stored, and the broker still works.
+    assert_eq!(sys.stream_messages(MESSAGE_STREAM).await.len(), 0);
+    assert!(!producer.send("orders.eu", "fine").await.unwrap().duplicate);
+    let errors = sys.broker.as_ref().unwrap().metrics.errors();
+    assert_eq!(errors.get("payload_too_large"), Some(&1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_cannot_report_records_that_are_not_theirs() {
+    let sys = TestSystem::start().await;
+    let consumer = sys.consumer("billing-1").await;
+    // Open a raw channel with the SDK's identity to send crafted reports.
+    let ident = sys.identity("billing-1");
+    let ch: serde_json::Value = serde_json::from_slice(
+        &sys.nats
+            .request(
+                "msgtrail.v1.channel.challenge",
+                r#"{"client_id":"billing-1"}"#.into(),
+            )
+            .await
+            .unwrap()
+            .payload,
+    )
+    .unwrap();
+    let nonce = ch["nonce"].as_str().unwrap();
+    let open = serde_json::json!({"role":"consumer","client_id":"billing-1","nonce":nonce,"signature":ident.sign(nonce),"service_name":"billing-1-svc"});
+    let opened: serde_json::Value = serde_json::from_slice(
+        &sys.nats
+            .request("msgtrail.v1.channel.open", open.to_string().into())
+            .await
+            .unwrap()
+            .payload,
+    )
+    .unwrap();
+    let channel = opened["channel"].as_str().unwrap().to_owned();
+    let report = |body: String| {
+        let nats = sys.nats.clone();
+        let channel = channel.clone();
+        async move {
+            let mut hs = async_nats::HeaderMap::new();
+            hs.insert("Msgtrail-Channel", channel.as_str());
+            let r = nats
+                .request_with_headers("msgtrail.v1.stage", hs, body.into())
+                .await
+                .unwrap();
+            r.headers
+                .and_then(|h| h.get("Msgtrail-Error").map(|v| v.as_str().to_owned()))
+        }
+    };
+    let id = msgtrail_core::MessageId::new();
+    assert_eq!(
+        report(r#"{"stage":"P1","at":1,"request_id":"r"}"#.to_string())
+            .await
+            .as_deref(),
+        Some("record_not_owned")
+    );
+    assert_eq!(
+        report(format!(
+            r#"{{"stage":"C6","at":1,"message_id":"{id}","consumer":"billing-2"}}"#
+        ))
+        .await
+        .as_deref(),
+        Some("record_not_owned")
+    );
+    assert_eq!(
+        report(format!(r#"{{"stage":"C5","at":1,"message_id":"{id}"}}"#))
+            .await
+            .as_deref(),
+        Some("record_not_owned")
+    );
+    assert_eq!(
+        report("garbage".into()).await.as_deref(),
+        Some("invalid_record")
+    );
+    assert_eq!(
+        report(format!(
+            r#"{{"stage":"X1","at":7,"message_id":"{id}","service":"forged"}}"#
+        ))
+        .await,
+        None
+    );
+    let recs = sys.records_for(id, |r| !r.is_empty()).await;
+    assert_eq!(recs.len(), 1, "only the valid record was relayed");
+    assert_eq!(
+        recs[0].consumer.as_ref().map(|c| c.as_str()),
+        Some("billing-1")
+    );
+    assert_eq!(
+        recs[0].service.as_deref(),
+        Some("billing-1-svc"),
+        "service comes from the channel"
+    );
+    drop(consumer);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retried_sends_share_one_request_id_and_graceful_shutdown_flushes() {
+    let mut sys = TestSystem::start().await;
+    let producer = sys.producer("shop").await;
+    let mut ids = vec![];
+    let sends: Vec<_> = (0..50)
+        .map(|i| producer.send("orders.eu", format!("m{i}")))
+        .collect();
+    for r in futures::future::join_all(sends).await {
+        ids.push(r.unwrap().message_id);
+    }
+    sys.stop_broker().await;
+    // Every P3 of the accepted uploads is in the stage stream after a graceful stop.
+    let recs = sys.stage_records().await;
+    for id in &ids {
+        assert!(
+            recs.iter()
+                .any(|r| r.stage == Stage::Stored && r.message_id == Some(*id)),
+            "P3 of {id} flushed"
+        );
+    }
+    // With no broker, a send fails after its retries with a transient error.
+    let e = producer.send("orders.eu", "lost").await.unwrap_err();
+    assert!(e.is_transient(), "{e}");
+}
