@@ -1,1 +1,31 @@
-//! Placeholder: see the issue for this crate.
+//! # msgtrail-otel
+//!
+//! msgtrail's OpenTelemetry bridge: a message's trajectory (from
+//! [`msgtrail_core::trajectory`]) becomes an ordinary trace — trace ID = message ID, one span
+//! per hop with explicit IDs and times, every stage record a span event — exported over OTLP
+//! to Jaeger, Tempo or any collector. It knows nothing about NATS: the listener feeds it
+//! trajectories.
+//!
+//! ## Layout
+//! - [`mapping`]: hop → [`SpanData`](opentelemetry_sdk::trace::SpanData) (names, kinds,
+//!   messaging semantic-convention attributes, events, links, status), and the span context a
+//!   consumer's handler can nest its own spans under ([`process_span_context`]).
+//! - [`sampling`]: tail sampling — errors, stuck and slow trajectories always, healthy ones
+//!   at a ratio and under a spans-per-second budget ([`TailSampler`]).
+//! - [`export`]: a bounded, never-blocking queue in front of one OTLP exporter per
+//!   `service.name`, over gRPC or HTTP/protobuf, with retry, backoff and drop counters
+//!   ([`TraceExporter`]).
+//! - [`error`]: configuration errors ([`ConfigError`]).
+
+pub mod error;
+pub mod export;
+pub mod mapping;
+pub mod sampling;
+
+pub use error::ConfigError;
+pub use export::{ExportConfig, ExportHandle, ExportStats, Protocol, StatsSnapshot, TraceExporter};
+pub use mapping::{
+    hop_span, parse_traceparent, process_span_context, trajectory_spans, MappingOptions,
+    ServiceSpan,
+};
+pub use sampling::{Decision, KeepReason, SamplingPolicy, TailSampler};

@@ -1,0 +1,535 @@
+//! From a [`Trajectory`]'s hops to OpenTelemetry [`SpanData`], built after the fact with
+//! explicit IDs and times (DESIGN.md §3.10: opentelemetry 0.32 removed
+//! `SpanBuilder::with_trace_id`, so `SpanData` is filled directly).
+//!
+//! | hop | span name | kind | `service.name` | parent | `messaging.operation.type` |
+//! | --- | --- | --- | --- | --- | --- |
+//! | `send` (P1 → P4) | `send {topic}` | PRODUCER | the producer's | none: the root | `send` |
+//! | `store` (P2 → P3) | `store {topic}` | CONSUMER | the broker's | `send` | `receive` |
+//! | `deliver` (C1 → C4, C5 → C8) | `deliver {topic}` | PRODUCER | the broker's | `store` | `send` (push) / `receive` (pull) |
+//! | `process` (C2/C6 → C3/C7, X1, X2) | `process {topic}` | CONSUMER | the consumer's | its `deliver` | `process` |
+//!
+//! The kinds pair up as PRODUCER → CONSUMER twice, so Tempo's service graph draws
+//! producer → broker → consumer. IDs:
+//!
+//! - trace ID = the message ID's 16 bytes ([`msgtrail_core::trace_ids::trace_id`]); for an
+//!   upload that never reached the broker, the orphan hash of (producer, request ID);
+//! - span ID = [`msgtrail_core::trace_ids::span_id`] of (message ID, hop); an orphan's only
+//!   span, its `send`, takes the last 8 bytes of the orphan trace ID (`00…01` if zero).
+//!
+//! Every stage record of a hop becomes a span event at its exact time, named
+//! `{code} {what}` (`P1 upload sent`) with the record's IDs as attributes. A failed or
+//! timed-out hop has status ERROR with the trajectory's reason as description and an
+//! `error.type`. A synthesized root (no producer record) carries `msgtrail.synthesized =
+//! true`. A producer's W3C `traceparent` becomes a link on the send span.
+//!
+//! Attributes follow the messaging semantic conventions: `messaging.system` (`msgtrail`),
+//! `messaging.operation.name` / `.type`, `messaging.destination.name` (the topic),
+//! `messaging.message.id`, `messaging.message.conversation_id` (the request ID),
+//! `messaging.consumer.group.name`, `messaging.client.id`, `messaging.message.body.size`;
+//! msgtrail's own are under `msgtrail.*` (`msgtrail.hop`, `msgtrail.attempt`,
+//! `msgtrail.delivery.mode`, `msgtrail.hop.status`, `msgtrail.synthesized`, …).
+
+use msgtrail_core::trace_ids::{self, Hop};
+use msgtrail_core::trajectory::{DeliveryMode, HopKind, HopSpan, HopStatus, Trajectory};
+use msgtrail_core::{MessageId, Stage, StageRecord};
+use opentelemetry::trace::{
+    Event, Link, SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState,
+};
+use opentelemetry::{InstrumentationScope, KeyValue};
+use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanLinks};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// The instrumentation scope name of every span msgtrail emits.
+pub const SCOPE_NAME: &str = "msgtrail";
+
+/// `messaging.system` of msgtrail spans.
+pub const MESSAGING_SYSTEM: &str = "msgtrail";
+
+/// The broker's `service.name` when neither its records nor `OTEL_SERVICE_NAME` give one.
+pub const DEFAULT_BROKER_SERVICE: &str = "msgtrail-broker";
+
+/// How to map hops.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MappingOptions {
+    /// `service.name` of broker hops whose records name no service (`OTEL_SERVICE_NAME` of
+    /// the listener, by default [`DEFAULT_BROKER_SERVICE`]).
+    pub broker_service: String,
+    /// The current time, Unix nanoseconds: the end of an errored hop that never ended (its
+    /// deadline closed it). Without it, such a hop ends at its last event.
+    pub now: Option<u64>,
+}
+
+impl Default for MappingOptions {
+    fn default() -> Self {
+        MappingOptions {
+            broker_service: DEFAULT_BROKER_SERVICE.to_owned(),
+            now: None,
+        }
+    }
+}
+
+/// A span with the `service.name` of the party that did the work: the exporter groups spans
+/// by it into OTLP resources.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServiceSpan {
+    /// The resource's `service.name`.
+    pub service_name: String,
+    /// The span.
+    pub span: SpanData,
+}
+
+/// The trace ID of a trajectory: its message ID, or the orphan-upload hash.
+pub fn trajectory_trace_id(t: &Trajectory) -> Option<TraceId> {
+    if let Some(m) = &t.message_id {
+        return Some(TraceId::from_bytes(trace_ids::trace_id(m)));
+    }
+    match (&t.producer, &t.request_id) {
+        (Some(p), Some(r)) => Some(TraceId::from_bytes(trace_ids::orphan_trace_id(p, r))),
+        _ => None,
+    }
+}
+
+/// The span ID of the only span of an orphan upload (its `send`): the last 8 bytes of the
+/// orphan trace ID, `00…01` if they are all zero.
+pub fn orphan_send_span_id(trace_id: TraceId) -> SpanId {
+    let bytes = trace_id.to_bytes();
+    let mut out = [0u8; 8];
+    out.copy_from_slice(&bytes[8..]);
+    if out == [0; 8] {
+        out[7] = 1;
+    }
+    SpanId::from_bytes(out)
+}
+
+/// The hop a hop key names (`send`, `store`, `deliver/<g>/<c>/<n>`, `process/<g>/<c>/<n>`).
+pub fn parse_hop_key(key: &str) -> Option<Hop<'_>> {
+    let mut parts = key.split('/');
+    let kind = parts.next()?;
+    let hop = match kind {
+        "send" => Hop::Send,
+        "store" => Hop::Store,
+        "deliver" | "process" => {
+            let group = parts.next()?;
+            let consumer = parts.next()?;
+            let attempt = parts.next()?.parse().ok()?;
+            if kind == "deliver" {
+                Hop::Deliver {
+                    group,
+                    consumer,
+                    attempt,
+                }
+            } else {
+                Hop::Process {
+                    group,
+                    consumer,
+                    attempt,
+                }
+            }
+        }
+        _ => return None,
+    };
+    parts.next().is_none().then_some(hop)
+}
+
+/// The span context of a message's process span for one delivery: what a consumer's
+/// handler uses as the parent of its own spans, with no propagation (DESIGN.md §3.8). It is
+/// marked remote and sampled.
+///
+/// ```
+/// use msgtrail_core::MessageId;
+/// use opentelemetry::trace::TraceContextExt;
+///
+/// let id: MessageId = "0193a5f2-7c1e-7b2a-9f10-3c4d5e6f7a8b".parse().unwrap();
+/// let parent = msgtrail_otel::process_span_context(&id, "billing", "billing-1", 1);
+/// assert_eq!(parent.trace_id().to_string(), id.trace_hex());
+/// // Spans started in this context are children of the message's process span.
+/// let cx = opentelemetry::Context::new().with_remote_span_context(parent);
+/// # let _ = cx;
+/// ```
+pub fn process_span_context(
+    message_id: &MessageId,
+    group: &str,
+    consumer: &str,
+    attempt: u32,
+) -> SpanContext {
+    let hop = Hop::Process {
+        group,
+        consumer,
+        attempt,
+    };
+    SpanContext::new(
+        TraceId::from_bytes(trace_ids::trace_id(message_id)),
+        SpanId::from_bytes(trace_ids::span_id(message_id, &hop)),
+        TraceFlags::SAMPLED,
+        true,
+        TraceState::NONE,
+    )
+}
+
+/// Parses a W3C `traceparent` (`00-<trace>-<span>-<flags>`) into a remote span context.
+pub fn parse_traceparent(value: &str) -> Option<SpanContext> {
+    let mut parts = value.trim().split('-');
+    let version = parts.next()?;
+    let trace = parts.next()?;
+    let span = parts.next()?;
+    let flags = parts.next()?;
+    if version.len() != 2 || version == "ff" || trace.len() != 32 || span.len() != 16 {
+        return None;
+    }
+    if version == "00" && parts.next().is_some() {
+        return None;
+    }
+    let trace_id = TraceId::from_hex(trace).ok()?;
+    let span_id = SpanId::from_hex(span).ok()?;
+    let flags = u8::from_str_radix(flags, 16).ok()?;
+    if trace_id == TraceId::INVALID || span_id == SpanId::INVALID {
+        return None;
+    }
+    Some(SpanContext::new(
+        trace_id,
+        span_id,
+        TraceFlags::new(flags),
+        true,
+        TraceState::NONE,
+    ))
+}
+
+/// What each stage record means, for span event names.
+pub fn stage_label(stage: Stage) -> &'static str {
+    match stage {
+        Stage::UploadSent => "upload sent",
+        Stage::UploadReceived => "upload received, message ID assigned",
+        Stage::Stored => "stored, store-success sent",
+        Stage::StoreConfirmed => "store-success received",
+        Stage::PushSent => "pushed to consumer",
+        Stage::PushReceived => "push received",
+        Stage::PushAckSent => "ack sent",
+        Stage::PushAckReceived => "ack received",
+        Stage::PullSent => "fetch answered",
+        Stage::PullReceived => "fetched message received",
+        Stage::PullAckSent => "ack sent",
+        Stage::PullAckReceived => "ack received",
+        Stage::ProcessStarted => "processing started",
+        Stage::ProcessFinished => "processing finished",
+        Stage::NoMatch => "no matching message",
+        Stage::Channel => "channel",
+        Stage::Redelivery => "redelivery",
+        Stage::Duplicate => "duplicate upload suppressed",
+    }
+}
+
+fn time(nanos: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_nanos(nanos)
+}
+
+/// One stage record as a span event at its exact time.
+pub fn record_event(r: &StageRecord) -> Event {
+    let mut attrs = vec![KeyValue::new("msgtrail.stage", r.stage.code())];
+    let mut put = |k: &'static str, v: Option<String>| {
+        if let Some(v) = v {
+            attrs.push(KeyValue::new(k, v));
+        }
+    };
+    put("messaging.message.id", r.message_id.map(|m| m.to_string()));
+    put(
+        "messaging.message.conversation_id",
+        r.request_id.as_ref().map(|x| x.to_string()),
+    );
+    put(
+        "msgtrail.producer",
+        r.producer.as_ref().map(|x| x.to_string()),
+    );
+    put(
+        "msgtrail.consumer",
+        r.consumer.as_ref().map(|x| x.to_string()),
+    );
+    put(
+        "messaging.consumer.group.name",
+        r.group.as_ref().map(|x| x.to_string()),
+    );
+    put("messaging.destination.name", r.topic.clone());
+    put("msgtrail.outcome", r.outcome.clone());
+    put("msgtrail.detail", r.detail.clone());
+    put("msgtrail.service", r.service.clone());
+    if let Some(a) = r.attempt {
+        attrs.push(KeyValue::new("msgtrail.attempt", i64::from(a)));
+    }
+    if let Some(s) = r.stream_seq {
+        attrs.push(KeyValue::new("msgtrail.stream_seq", s as i64));
+    }
+    Event::new(
+        format!("{} {}", r.stage.code(), stage_label(r.stage)),
+        time(r.at),
+        attrs,
+        0,
+    )
+}
+
+/// The stages that carry a settle outcome (`ack`, `nack`, `term`).
+const SETTLE_STAGES: &[Stage] = &[
+    Stage::PushAckSent,
+    Stage::PushAckReceived,
+    Stage::PullAckSent,
+    Stage::PullAckReceived,
+];
+
+/// Why a hop failed, as a short `error.type`.
+fn error_type(hop: &HopSpan) -> &'static str {
+    let outcome = |stages: &[Stage], o: &str| {
+        hop.events
+            .iter()
+            .any(|r| stages.contains(&r.stage) && r.outcome.as_deref() == Some(o))
+    };
+    if outcome(&[Stage::Redelivery], "dead_letter") {
+        "dead_letter"
+    } else if outcome(&[Stage::ProcessFinished], "failed") {
+        "processing_failed"
+    } else if outcome(SETTLE_STAGES, "nack") {
+        "nack"
+    } else if outcome(SETTLE_STAGES, "term") {
+        "term"
+    } else if outcome(&[Stage::Redelivery], "redeliver") {
+        "no_ack"
+    } else if hop.end.is_none() {
+        "timeout"
+    } else {
+        "error"
+    }
+}
+
+fn operation(hop: &HopSpan) -> (&'static str, &'static str, SpanKind) {
+    match hop.kind {
+        HopKind::Send => ("send", "send", SpanKind::Producer),
+        HopKind::Store => ("store", "receive", SpanKind::Consumer),
+        HopKind::Deliver => match hop.mode {
+            Some(DeliveryMode::Pull) => ("deliver", "receive", SpanKind::Producer),
+            _ => ("deliver", "send", SpanKind::Producer),
+        },
+        HopKind::Process => ("process", "process", SpanKind::Consumer),
+    }
+}
+
+fn service_name(t: &Trajectory, hop: &HopSpan, opts: &MappingOptions) -> String {
+    if let Some(s) = hop.service.as_ref().filter(|s| !s.is_empty()) {
+        return s.clone();
+    }
+    match hop.kind {
+        HopKind::Send => t
+            .producer
+            .as_ref()
+            .map(|p| p.to_string())
+            .unwrap_or_else(|| "unknown-producer".to_owned()),
+        HopKind::Store | HopKind::Deliver => opts.broker_service.clone(),
+        HopKind::Process => hop
+            .consumer
+            .as_ref()
+            .map(|c| c.to_string())
+            .unwrap_or_else(|| "unknown-consumer".to_owned()),
+    }
+}
+
+fn hop_span_id(t: &Trajectory, hop: &HopSpan, trace_id: TraceId) -> Option<SpanId> {
+    if let Some(hex) = &hop.span_id {
+        return SpanId::from_hex(hex).ok();
+    }
+    match (&t.message_id, hop.kind) {
+        (Some(m), _) => {
+            parse_hop_key(&hop.key).map(|h| SpanId::from_bytes(trace_ids::span_id(m, &h)))
+        }
+        (None, HopKind::Send) => Some(orphan_send_span_id(trace_id)),
+        (None, _) => None,
+    }
+}
+
+fn parent_span_id(t: &Trajectory, hop: &HopSpan) -> SpanId {
+    let Some(key) = &hop.parent else {
+        return SpanId::INVALID;
+    };
+    if let Some(p) = t.hop(key).and_then(|p| p.span_id.as_deref()) {
+        if let Ok(id) = SpanId::from_hex(p) {
+            return id;
+        }
+    }
+    // The parent has no record yet: its ID is computable all the same.
+    match (&t.message_id, parse_hop_key(key)) {
+        (Some(m), Some(h)) => SpanId::from_bytes(trace_ids::span_id(m, &h)),
+        _ => SpanId::INVALID,
+    }
+}
+
+/// Maps one hop of `t` to a span. `None` when the trajectory has no trace ID (no message ID
+/// and no producer/request ID) or the hop's span ID cannot be computed.
+pub fn hop_span(t: &Trajectory, hop: &HopSpan, opts: &MappingOptions) -> Option<ServiceSpan> {
+    let trace_id = trajectory_trace_id(t)?;
+    let span_id = hop_span_id(t, hop, trace_id)?;
+    let (op_name, op_type, kind) = operation(hop);
+    let name = match &t.topic {
+        Some(topic) => format!("{op_name} {topic}"),
+        None => op_name.to_owned(),
+    };
+
+    let mut attrs = vec![
+        KeyValue::new("messaging.system", MESSAGING_SYSTEM),
+        KeyValue::new("messaging.operation.name", op_name),
+        KeyValue::new("messaging.operation.type", op_type),
+        KeyValue::new("msgtrail.hop", hop.key.clone()),
+        KeyValue::new(
+            "msgtrail.hop.status",
+            match hop.status {
+                HopStatus::Ok => "ok",
+                HopStatus::Error => "error",
+                HopStatus::Incomplete => "incomplete",
+            },
+        ),
+    ];
+    if let Some(topic) = &t.topic {
+        attrs.push(KeyValue::new("messaging.destination.name", topic.clone()));
+    }
+    if let Some(m) = &t.message_id {
+        attrs.push(KeyValue::new("messaging.message.id", m.to_string()));
+    } else {
+        attrs.push(KeyValue::new("msgtrail.orphan", true));
+    }
+    if let Some(r) = &t.request_id {
+        attrs.push(KeyValue::new(
+            "messaging.message.conversation_id",
+            r.to_string(),
+        ));
+    }
+    match hop.kind {
+        HopKind::Send | HopKind::Store => {
+            if let Some(p) = &t.producer {
+                attrs.push(KeyValue::new("messaging.client.id", p.to_string()));
+            }
+            if let Some(size) = t.payload_size {
+                attrs.push(KeyValue::new("messaging.message.body.size", size as i64));
+            }
+            if hop.kind == HopKind::Send {
+                attrs.push(KeyValue::new(
+                    "msgtrail.upload.attempts",
+                    i64::from(t.upload_attempts),
+                ));
+                if t.duplicates > 0 {
+                    attrs.push(KeyValue::new(
+                        "msgtrail.upload.duplicates",
+                        i64::from(t.duplicates),
+                    ));
+                }
+            }
+            if let Some(seq) = hop.events.iter().find_map(|r| r.stream_seq) {
+                attrs.push(KeyValue::new("msgtrail.stream_seq", seq as i64));
+            }
+        }
+        HopKind::Deliver | HopKind::Process => {
+            if let Some(g) = &hop.group {
+                attrs.push(KeyValue::new(
+                    "messaging.consumer.group.name",
+                    g.to_string(),
+                ));
+            }
+            if let Some(c) = &hop.consumer {
+                attrs.push(KeyValue::new("messaging.client.id", c.to_string()));
+            }
+            if let Some(a) = hop.attempt {
+                attrs.push(KeyValue::new("msgtrail.attempt", i64::from(a)));
+            }
+            if let Some(m) = hop.mode {
+                let mode = match m {
+                    DeliveryMode::Push => "push",
+                    DeliveryMode::Pull => "pull",
+                };
+                attrs.push(KeyValue::new("msgtrail.delivery.mode", mode));
+            }
+        }
+    }
+    if hop.synthesized {
+        attrs.push(KeyValue::new("msgtrail.synthesized", true));
+    }
+    if let Some(reason) = &hop.reason {
+        attrs.push(KeyValue::new("msgtrail.reason", reason.clone()));
+    }
+    let status = match hop.status {
+        HopStatus::Error => {
+            attrs.push(KeyValue::new("error.type", error_type(hop)));
+            Status::error(hop.reason.clone().unwrap_or_else(|| "failed".to_owned()))
+        }
+        HopStatus::Ok | HopStatus::Incomplete => Status::Unset,
+    };
+
+    let mut events: Vec<Event> = hop.events.iter().map(record_event).collect();
+    let mut links = Vec::new();
+    if hop.kind == HopKind::Send {
+        // Records that belong to no hop but carry this message's IDs (a D1 without a P1,
+        // for instance) still show on the trace: on its root.
+        events.extend(t.other_records.iter().map(record_event));
+        let tp = t
+            .traceparent
+            .as_deref()
+            .or_else(|| hop.events.iter().find_map(|r| r.traceparent.as_deref()));
+        if let Some(cx) = tp.and_then(parse_traceparent) {
+            links.push(Link::new(
+                cx,
+                vec![KeyValue::new("msgtrail.link", "producer traceparent")],
+                0,
+            ));
+        }
+    }
+    events.sort_by_key(|e| e.timestamp);
+
+    let last_event = hop.events.iter().map(|r| r.at).max();
+    let end = hop
+        .end
+        .or(match hop.status {
+            HopStatus::Error => opts.now.or(last_event),
+            _ => last_event,
+        })
+        .unwrap_or(hop.start)
+        .max(hop.start);
+
+    let mut span_events = SpanEvents::default();
+    span_events.events = events;
+    let mut span_links = SpanLinks::default();
+    span_links.links = links;
+    let span = SpanData {
+        span_context: SpanContext::new(
+            trace_id,
+            span_id,
+            TraceFlags::SAMPLED,
+            false,
+            TraceState::NONE,
+        ),
+        parent_span_id: parent_span_id(t, hop),
+        parent_span_is_remote: false,
+        span_kind: kind,
+        name: name.into(),
+        start_time: time(hop.start),
+        end_time: time(end),
+        attributes: attrs,
+        dropped_attributes_count: 0,
+        events: span_events,
+        links: span_links,
+        status,
+        instrumentation_scope: scope(),
+    };
+    Some(ServiceSpan {
+        service_name: service_name(t, hop, opts),
+        span,
+    })
+}
+
+fn scope() -> InstrumentationScope {
+    InstrumentationScope::builder(SCOPE_NAME)
+        .with_version(env!("CARGO_PKG_VERSION"))
+        .build()
+}
+
+/// Maps every hop of `t` that has ended (ok, or error: failed or closed by its deadline);
+/// open hops are left for later.
+pub fn trajectory_spans(t: &Trajectory, opts: &MappingOptions) -> Vec<ServiceSpan> {
+    t.hops
+        .iter()
+        .filter(|h| h.status != HopStatus::Incomplete)
+        .filter_map(|h| hop_span(t, h, opts))
+        .collect()
+}
