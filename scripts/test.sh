@@ -8,5 +8,5 @@ python3 -m pip install --quiet --disable-pip-version-check 'nats-py>=2.6' 'nkeys
 export NATS_SERVER_BIN
 echo "using $NATS_SERVER_BIN ($("$NATS_SERVER_BIN" --version))"
 cargo fmt --all -- --check
-cargo clippy --workspace --all-targets --locked -- -D warnings
-cargo test --workspace --locked "$@"
+cargo clippy --workspace --all-targets -- -D warnings
+cargo test --workspace "$@"
