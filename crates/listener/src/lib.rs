@@ -1,1 +1,287 @@
-//! Placeholder: see the issue for this crate.
+//! # msgtrail-listener
+//!
+//! The listener of seed 001: it reads every stage record from the stage stream, keeps a
+//! shadow message per message, assembles trajectories on demand, keeps statistics, and
+//! serves all of it over HTTP. It never talks to the broker: the stage stream (durable,
+//! JetStream) is the only link, so a slow or stopped listener never slows the broker.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), msgtrail_listener::ListenerError> {
+//! let config = msgtrail_listener::ListenerConfig {
+//!     nats_url: "nats://127.0.0.1:4222".into(),
+//!     http_addr: "127.0.0.1:0".parse().unwrap(),
+//!     ..Default::default()
+//! };
+//! let handle = msgtrail_listener::start(config).await?;
+//! println!("listener on http://{}", handle.http_addr());
+//! handle.shutdown().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! ## Layout
+//! - [`client`]: a small HTTP client of the API (used by `msgtrail trace` and `stats`).
+//! - [`config`]: [`ListenerConfig`], its defaults and environment variable names.
+//! - [`error`]: configuration, runtime, store and query errors.
+//! - [`ingest`]: the durable pull consumer on the stage stream; batches, ack after commit.
+//! - [`store`]: the embedded redb store: records per message, shadow-message summaries and
+//!   their indexes, counters, retention.
+//! - [`stats`]: HDR latency histograms, counts by state, funnel, lag; Prometheus text.
+//! - [`http`]: the axum API (`/api/messages`, `/api/stats`, `/metrics`, `/healthz`).
+//!
+//! Trajectory assembly itself is pure and lives in `msgtrail_core::trajectory`.
+
+pub mod client;
+pub mod config;
+pub mod error;
+pub mod http;
+pub mod ingest;
+pub mod stats;
+pub mod store;
+
+pub use config::ListenerConfig;
+pub use error::{ConfigError, ListenerError, QueryError, StoreError};
+pub use stats::StatsSnapshot;
+pub use store::{MessageSummary, SearchQuery, Store};
+
+use msgtrail_core::time::now_nanos;
+use stats::Stats;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+/// Most messages the watchdog or retention handle in one transaction.
+const HOUSEKEEPING_BATCH: usize = 10_000;
+
+/// A running listener. Dropping it without [`ListenerHandle::shutdown`] aborts its tasks.
+#[derive(Debug)]
+pub struct ListenerHandle {
+    http_addr: SocketAddr,
+    stop: watch::Sender<bool>,
+    tasks: JoinSet<Result<(), ListenerError>>,
+    store: Arc<Store>,
+    stats: Arc<Stats>,
+}
+
+impl ListenerHandle {
+    /// The address the HTTP API is bound to.
+    pub fn http_addr(&self) -> SocketAddr {
+        self.http_addr
+    }
+
+    /// The store, for in-process queries.
+    pub fn store(&self) -> &Arc<Store> {
+        &self.store
+    }
+
+    /// A statistics snapshot, optionally of one topic.
+    pub fn stats(&self, topic: Option<&str>) -> StatsSnapshot {
+        self.stats.snapshot(topic, now_nanos())
+    }
+
+    /// Stops ingest (the batch in hand is finished and acked), the watchdog and the HTTP
+    /// server, and waits for them. Returns the first task error.
+    pub async fn shutdown(mut self) -> Result<(), ListenerError> {
+        let _ = self.stop.send(true);
+        let mut first = Ok(());
+        while let Some(r) = self.tasks.join_next().await {
+            let r = r
+                .map_err(|e| ListenerError::Task(e.to_string()))
+                .and_then(|r| r);
+            if first.is_ok() {
+                first = r;
+            }
+        }
+        first
+    }
+
+    /// Stops every task at once without draining, as a crash would (for tests of recovery).
+    pub async fn abort(mut self) {
+        self.tasks.abort_all();
+        while self.tasks.join_next().await.is_some() {}
+        // A store transaction already handed to the blocking pool runs to its end, as a
+        // commit racing a kill would; wait for it so the store file can be reopened.
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+        while Arc::strong_count(&self.store) > 1 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    }
+
+    /// Waits until a task ends on its own (an error: tasks run until shutdown).
+    async fn failed(&mut self) -> Result<(), ListenerError> {
+        match self.tasks.join_next().await {
+            Some(r) => r
+                .map_err(|e| ListenerError::Task(e.to_string()))
+                .and_then(|r| r),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Starts the listener: validates the configuration, opens the store, connects to NATS,
+/// creates (or gets) the stage stream and the durable consumer, binds the HTTP API, and
+/// spawns ingest, the watchdog and the server.
+pub async fn start(config: ListenerConfig) -> Result<ListenerHandle, ListenerError> {
+    config.validate()?;
+    let started_at = now_nanos();
+    let cfg = config.clone();
+    let store = tokio::task::spawn_blocking(move || {
+        Store::open(&cfg.data_dir, cfg.payload_head_bytes, cfg.deadlines)
+    })
+    .await
+    .map_err(|e| ListenerError::Task(e.to_string()))??;
+    let store = Arc::new(store);
+    let st = store.clone();
+    let (counters, states) = tokio::task::spawn_blocking(move || {
+        Ok::<_, StoreError>((st.counters()?, st.state_counts()?))
+    })
+    .await
+    .map_err(|e| ListenerError::Task(e.to_string()))??;
+    let stats = Arc::new(Stats::new(
+        config.stats_window,
+        started_at,
+        counters,
+        states,
+    ));
+
+    let mut opts = async_nats::ConnectOptions::new().name("msgtrail-listener");
+    if let Some(creds) = &config.nats_credentials {
+        opts = opts
+            .credentials_file(creds)
+            .await
+            .map_err(|e| ListenerError::Nats(format!("credentials {}: {e}", creds.display())))?;
+    }
+    let client = opts
+        .connect(config.nats_url.as_str())
+        .await
+        .map_err(|e| ListenerError::Nats(format!("connect to {}: {e}", config.nats_url)))?;
+    let js = async_nats::jetstream::new(client);
+    let consumer = ingest::consumer(
+        &js,
+        &config.durable_name,
+        config.batch_size,
+        config.ack_wait,
+    )
+    .await?;
+
+    let listener = tokio::net::TcpListener::bind(config.http_addr)
+        .await
+        .map_err(|source| ListenerError::Bind {
+            addr: config.http_addr,
+            source,
+        })?;
+    let http_addr = listener
+        .local_addr()
+        .map_err(|source| ListenerError::Bind {
+            addr: config.http_addr,
+            source,
+        })?;
+
+    let (stop, stop_rx) = watch::channel(false);
+    let mut tasks = JoinSet::new();
+    tasks.spawn(ingest::run(
+        consumer.clone(),
+        store.clone(),
+        stats.clone(),
+        config.batch_size,
+        stop_rx.clone(),
+    ));
+    tasks.spawn(housekeeping(
+        config.clone(),
+        consumer,
+        store.clone(),
+        stats.clone(),
+        stop_rx.clone(),
+    ));
+    let app = http::router(store.clone(), stats.clone(), config.token.clone());
+    let mut http_stop = stop_rx;
+    tasks.spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                stopped(&mut http_stop).await;
+            })
+            .await
+            .map_err(|e| ListenerError::Task(format!("http server: {e}")))
+    });
+    tracing::info!(%http_addr, data_dir = %config.data_dir.display(), "listener started");
+    Ok(ListenerHandle {
+        http_addr,
+        stop,
+        tasks,
+        store,
+        stats,
+    })
+}
+
+/// Runs the listener until `shutdown` completes (or a task fails), then drains and stops.
+pub async fn run(
+    config: ListenerConfig,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ListenerError> {
+    let mut handle = start(config).await?;
+    tokio::select! {
+        _ = shutdown => {}
+        r = handle.failed() => {
+            let _ = handle.stop.send(true);
+            r?;
+        }
+    }
+    handle.shutdown().await
+}
+
+/// Resolves once the stop flag is set (or its sender is gone).
+pub(crate) async fn stopped(rx: &mut watch::Receiver<bool>) {
+    let _ = rx.wait_for(|s| *s).await;
+}
+
+/// The watchdog (deadlines), the lag poll and retention, on their intervals.
+async fn housekeeping(
+    config: ListenerConfig,
+    mut consumer: async_nats::jetstream::consumer::PullConsumer,
+    store: Arc<Store>,
+    stats: Arc<Stats>,
+    mut stop: watch::Receiver<bool>,
+) -> Result<(), ListenerError> {
+    let mut watchdog = tokio::time::interval(config.watchdog_interval);
+    let mut retention = tokio::time::interval(config.retention_interval);
+    watchdog.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    retention.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stopped(&mut stop) => return Ok(()),
+            _ = watchdog.tick() => {
+                let now = now_nanos();
+                let st = store.clone();
+                match tokio::task::spawn_blocking(move || st.check_deadlines(now, HOUSEKEEPING_BATCH)).await {
+                    Ok(Ok(changes)) => stats.apply_state_changes(&changes),
+                    Ok(Err(e)) => tracing::warn!(error = %e, "watchdog failed"),
+                    Err(e) => tracing::warn!(error = %e, "watchdog task failed"),
+                }
+                match consumer.info().await {
+                    Ok(info) => stats.set_pending(info.num_pending, info.num_ack_pending as u64, now),
+                    Err(e) => tracing::debug!(error = %e, "consumer info unavailable"),
+                }
+            }
+            _ = retention.tick() => {
+                if config.retention_max_age.is_none() && config.retention_max_bytes.is_none() {
+                    continue;
+                }
+                let now = now_nanos();
+                let st = store.clone();
+                let (age, bytes) = (config.retention_max_age, config.retention_max_bytes);
+                match tokio::task::spawn_blocking(move || st.enforce_retention(now, age, bytes, HOUSEKEEPING_BATCH)).await {
+                    Ok(Ok(out)) => {
+                        stats.apply_state_changes(&out.state_changes);
+                        stats.add_counter(store::COUNTER_RETENTION_DELETED, out.deleted);
+                        if out.deleted > 0 {
+                            tracing::info!(deleted = out.deleted, bytes = out.bytes_freed, "retention");
+                        }
+                    }
+                    Ok(Err(e)) => tracing::warn!(error = %e, "retention failed"),
+                    Err(e) => tracing::warn!(error = %e, "retention task failed"),
+                }
+            }
+        }
+    }
+}

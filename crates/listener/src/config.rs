@@ -1,0 +1,144 @@
+//! Listener configuration: every default in one `impl Default`, every environment variable a
+//! documented constant, validated once before anything binds.
+
+use msgtrail_core::trajectory::Deadlines;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// NATS server URL (the same variable the broker and the CLI read).
+pub const ENV_NATS_URL: &str = "NATS_URL";
+/// Directory of the listener's store.
+pub const ENV_DATA_DIR: &str = "MSGTRAIL_LISTENER_DATA_DIR";
+/// Address the HTTP API binds (`127.0.0.1:7380` by default; port 0 picks a free one).
+pub const ENV_HTTP_ADDR: &str = "MSGTRAIL_LISTENER_ADDR";
+/// Optional bearer token required by `/api/*` and `/metrics`.
+pub const ENV_TOKEN: &str = "MSGTRAIL_LISTENER_TOKEN";
+/// Name of the durable JetStream consumer on the stage stream.
+pub const ENV_DURABLE: &str = "MSGTRAIL_LISTENER_DURABLE";
+
+/// The default HTTP address of the listener.
+pub const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:7380";
+/// The default durable consumer name.
+pub const DEFAULT_DURABLE: &str = "msgtrail-listener";
+
+/// Everything the listener needs to run.
+#[derive(Clone)]
+pub struct ListenerConfig {
+    /// NATS server URL(s), comma-separated.
+    pub nats_url: String,
+    /// Credentials file for NATS, if the server requires one.
+    pub nats_credentials: Option<PathBuf>,
+    /// Directory of the embedded store (created if missing).
+    pub data_dir: PathBuf,
+    /// Address the HTTP API binds.
+    pub http_addr: SocketAddr,
+    /// Bearer token required on `/api/*` and `/metrics`; `None` leaves them open.
+    pub token: Option<String>,
+    /// Name of the durable consumer on the stage stream.
+    pub durable_name: String,
+    /// Most stage-stream messages applied in one store transaction.
+    pub batch_size: usize,
+    /// How long JetStream waits for the listener's ack before redelivering a stage-stream
+    /// message: after a crash, the batches that were in flight come back after this.
+    pub ack_wait: Duration,
+    /// How many payload bytes of each message to keep (0 keeps none).
+    pub payload_head_bytes: usize,
+    /// Deadlines of the watchdog, per hop.
+    pub deadlines: Deadlines,
+    /// How often the watchdog looks for overdue messages and polls the ingest lag.
+    pub watchdog_interval: Duration,
+    /// Messages whose first record is older than this are deleted (`None`: kept).
+    pub retention_max_age: Option<Duration>,
+    /// When the stored records exceed this many bytes, the oldest messages are deleted
+    /// (`None`: no limit).
+    pub retention_max_bytes: Option<u64>,
+    /// How often retention runs.
+    pub retention_interval: Duration,
+    /// Width of the sliding window the latency percentiles are computed over.
+    pub stats_window: Duration,
+}
+
+impl Default for ListenerConfig {
+    fn default() -> Self {
+        ListenerConfig {
+            nats_url: "nats://127.0.0.1:4222".to_owned(),
+            nats_credentials: None,
+            data_dir: PathBuf::from("msgtrail-listener-data"),
+            http_addr: DEFAULT_HTTP_ADDR.parse().expect("valid default address"),
+            token: None,
+            durable_name: DEFAULT_DURABLE.to_owned(),
+            batch_size: 512,
+            ack_wait: Duration::from_secs(30),
+            payload_head_bytes: 256,
+            deadlines: Deadlines::default(),
+            watchdog_interval: Duration::from_secs(2),
+            retention_max_age: Some(Duration::from_secs(7 * 24 * 3600)),
+            retention_max_bytes: Some(1 << 30),
+            retention_interval: Duration::from_secs(30),
+            stats_window: Duration::from_secs(300),
+        }
+    }
+}
+
+impl fmt::Debug for ListenerConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ListenerConfig")
+            .field("nats_url", &self.nats_url)
+            .field("nats_credentials", &self.nats_credentials)
+            .field("data_dir", &self.data_dir)
+            .field("http_addr", &self.http_addr)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("durable_name", &self.durable_name)
+            .field("batch_size", &self.batch_size)
+            .field("ack_wait", &self.ack_wait)
+            .field("payload_head_bytes", &self.payload_head_bytes)
+            .field("deadlines", &self.deadlines)
+            .field("watchdog_interval", &self.watchdog_interval)
+            .field("retention_max_age", &self.retention_max_age)
+            .field("retention_max_bytes", &self.retention_max_bytes)
+            .field("retention_interval", &self.retention_interval)
+            .field("stats_window", &self.stats_window)
+            .finish()
+    }
+}
+
+impl ListenerConfig {
+    /// Checks the values that cannot work, with a message naming the field.
+    pub fn validate(&self) -> Result<(), crate::ConfigError> {
+        let bad = |field: &'static str, why: &str| {
+            Err(crate::ConfigError {
+                field,
+                reason: why.to_owned(),
+            })
+        };
+        if self.nats_url.trim().is_empty() {
+            return bad("nats_url", "must not be empty");
+        }
+        if self.batch_size == 0 || self.batch_size > 100_000 {
+            return bad("batch_size", "must be between 1 and 100000");
+        }
+        if self.durable_name.is_empty()
+            || !self
+                .durable_name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
+            return bad("durable_name", "must be 1+ characters of A-Z a-z 0-9 _ -");
+        }
+        if self.ack_wait < Duration::from_secs(1) {
+            return bad("ack_wait", "must be at least one second");
+        }
+        if self.watchdog_interval.is_zero() || self.retention_interval.is_zero() {
+            return bad("watchdog_interval", "intervals must be positive");
+        }
+        if self.stats_window < Duration::from_secs(1) {
+            return bad("stats_window", "must be at least one second");
+        }
+        if self.token.as_deref().is_some_and(str::is_empty) {
+            return bad("token", "must not be empty when set");
+        }
+        Ok(())
+    }
+}

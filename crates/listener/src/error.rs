@@ -1,0 +1,98 @@
+//! The listener's errors: configuration apart from runtime, and query results apart from
+//! query failures so that "not found" never reads as "the query failed".
+
+/// A configuration value that cannot work.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("invalid listener configuration: {field} {reason}")]
+pub struct ConfigError {
+    /// The field at fault.
+    pub field: &'static str,
+    /// Why, in words.
+    pub reason: String,
+}
+
+/// Why the listener stopped or could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ListenerError {
+    /// The configuration was refused before anything started.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// NATS could not be reached, or JetStream refused the stream or the consumer.
+    #[error("nats: {0}")]
+    Nats(String),
+    /// The store could not be opened or written.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The HTTP address could not be bound.
+    #[error("cannot bind the http api on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// A worker task died.
+    #[error("listener task failed: {0}")]
+    Task(String),
+}
+
+/// A failure of the embedded store.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The database file could not be opened or created.
+    #[error("cannot open the store at {path}: {reason}")]
+    Open {
+        /// The path.
+        path: String,
+        /// What went wrong.
+        reason: String,
+    },
+    /// A read or write failed.
+    #[error("store: {0}")]
+    Db(String),
+    /// A stored value could not be decoded (a bug or a corrupted file).
+    #[error("store holds an undecodable value: {0}")]
+    Corrupt(String),
+}
+
+macro_rules! db_error {
+    ($($t:ty),*) => {$(
+        impl From<$t> for StoreError {
+            fn from(e: $t) -> Self {
+                StoreError::Db(e.to_string())
+            }
+        }
+    )*};
+}
+db_error!(
+    redb::Error,
+    redb::TransactionError,
+    redb::TableError,
+    redb::StorageError,
+    redb::CommitError
+);
+
+/// The answer to a query that did not succeed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum QueryError {
+    /// Nothing is known about that message or request ID.
+    #[error("not found: no stage record carries {0}")]
+    NotFound(String),
+    /// A request ID used by several producers: name the producer.
+    #[error("request id {request_id} is used by several producers: {producers:?}; add ?producer=")]
+    Ambiguous {
+        /// The request ID.
+        request_id: String,
+        /// The producers that used it.
+        producers: Vec<String>,
+    },
+    /// The query itself was malformed.
+    #[error("bad query: {0}")]
+    BadRequest(String),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}

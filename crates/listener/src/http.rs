@@ -1,0 +1,222 @@
+//! The HTTP API (axum).
+//!
+//! | route | answer |
+//! | --- | --- |
+//! | `GET /api/messages/{message-id or request-id}[?producer=P]` | the [`Trajectory`] as JSON; 404 not found; 409 a request ID several producers used |
+//! | `GET /api/messages?topic=&state=&from=&to=&since_secs=&limit=` | matching [`MessageSummary`]s, newest first |
+//! | `GET /api/stats[?topic=T]` | [`StatsSnapshot`] |
+//! | `GET /metrics` | Prometheus text |
+//! | `GET /healthz` | `ok` (never needs the token) |
+//!
+//! With a token configured, `/api/*` and `/metrics` require `Authorization: Bearer <token>`.
+//! Errors are `{"error": "...", "kind": "not_found" | "ambiguous" | "bad_request" |
+//! "unauthorized" | "store"}`, so "not found" never reads as "the query failed".
+//!
+//! [`Trajectory`]: msgtrail_core::trajectory::Trajectory
+//! [`MessageSummary`]: crate::store::MessageSummary
+//! [`StatsSnapshot`]: crate::stats::StatsSnapshot
+
+use crate::error::QueryError;
+use crate::stats::{prometheus, Stats};
+use crate::store::{SearchQuery, Store};
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use msgtrail_core::time::now_nanos;
+use msgtrail_core::trajectory::MessageState;
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+
+/// The body of every error answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApiError {
+    /// What went wrong, in words.
+    pub error: String,
+    /// `not_found`, `ambiguous`, `bad_request`, `unauthorized` or `store`.
+    pub kind: String,
+    /// For `ambiguous`: the producers that used the request ID.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub producers: Vec<String>,
+}
+
+fn error(status: StatusCode, kind: &str, msg: String, producers: Vec<String>) -> Response {
+    (
+        status,
+        Json(ApiError {
+            error: msg,
+            kind: kind.to_owned(),
+            producers,
+        }),
+    )
+        .into_response()
+}
+
+impl IntoResponse for QueryError {
+    fn into_response(self) -> Response {
+        let msg = self.to_string();
+        match self {
+            QueryError::NotFound(_) => error(StatusCode::NOT_FOUND, "not_found", msg, vec![]),
+            QueryError::Ambiguous { producers, .. } => {
+                error(StatusCode::CONFLICT, "ambiguous", msg, producers)
+            }
+            QueryError::BadRequest(_) => error(StatusCode::BAD_REQUEST, "bad_request", msg, vec![]),
+            QueryError::Store(_) => error(StatusCode::INTERNAL_SERVER_ERROR, "store", msg, vec![]),
+        }
+    }
+}
+
+#[derive(Clone)]
+struct AppState {
+    store: Arc<Store>,
+    stats: Arc<Stats>,
+    token: Option<Arc<str>>,
+}
+
+/// `Some(401 answer)` when a token is configured and the request lacks it.
+fn unauthorized(state: &AppState, headers: &HeaderMap) -> Option<Response> {
+    let want = state.token.as_ref()?;
+    let got = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    // Constant-time comparison: the token is a secret.
+    let ok = got.is_some_and(|g| {
+        g.len() == want.len()
+            && g.bytes()
+                .zip(want.bytes())
+                .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+                == 0
+    });
+    (!ok).then(|| {
+        error(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "missing or wrong bearer token".to_owned(),
+            vec![],
+        )
+    })
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, QueryError> + Send + 'static,
+) -> Result<T, QueryError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| QueryError::Store(crate::error::StoreError::Db(e.to_string())))?
+}
+
+/// Builds the router over a store and its statistics.
+pub fn router(store: Arc<Store>, stats: Arc<Stats>, token: Option<String>) -> Router {
+    let state = AppState {
+        store,
+        stats,
+        token: token.map(Arc::from),
+    };
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/metrics", get(metrics))
+        .route("/api/stats", get(stats_handler))
+        .route("/api/messages", get(search))
+        .route("/api/messages/{id}", get(message))
+        .with_state(state)
+}
+
+#[derive(Debug, Deserialize)]
+struct MessageParams {
+    producer: Option<String>,
+}
+
+async fn message(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Query(p): Query<MessageParams>,
+) -> Response {
+    if let Some(r) = unauthorized(&st, &headers) {
+        return r;
+    }
+    let store = st.store.clone();
+    match blocking(move || store.lookup(&id, p.producer.as_deref(), now_nanos())).await {
+        Ok(t) => Json(t).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct SearchParams {
+    topic: Option<String>,
+    state: Option<String>,
+    from: Option<u64>,
+    to: Option<u64>,
+    since_secs: Option<u64>,
+    limit: Option<usize>,
+}
+
+async fn search(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Query(p): Query<SearchParams>,
+) -> Response {
+    if let Some(r) = unauthorized(&st, &headers) {
+        return r;
+    }
+    let state = match p
+        .state
+        .as_deref()
+        .map(str::parse::<MessageState>)
+        .transpose()
+    {
+        Ok(s) => s,
+        Err(e) => return QueryError::BadRequest(e).into_response(),
+    };
+    let from = match (p.from, p.since_secs) {
+        (Some(f), _) => Some(f),
+        (None, Some(s)) => Some(now_nanos().saturating_sub(s.saturating_mul(1_000_000_000))),
+        (None, None) => None,
+    };
+    let q = SearchQuery {
+        topic: p.topic,
+        state,
+        from,
+        to: p.to,
+        limit: p.limit,
+    };
+    let store = st.store.clone();
+    match blocking(move || Ok(store.search(&q)?)).await {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct StatsParams {
+    topic: Option<String>,
+}
+
+async fn stats_handler(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Query(p): Query<StatsParams>,
+) -> Response {
+    if let Some(r) = unauthorized(&st, &headers) {
+        return r;
+    }
+    Json(st.stats.snapshot(p.topic.as_deref(), now_nanos())).into_response()
+}
+
+async fn metrics(State(st): State<AppState>, headers: HeaderMap) -> Response {
+    if let Some(r) = unauthorized(&st, &headers) {
+        return r;
+    }
+    let body = prometheus(&st.stats.snapshot(None, now_nanos()));
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        body,
+    )
+        .into_response()
+}

@@ -1,0 +1,839 @@
+//! The embedded store (redb): stage records per message, the shadow-message summaries and
+//! their indexes, persistent counters, retention.
+//!
+//! ## Tables
+//! | table | key | value |
+//! | --- | --- | --- |
+//! | `records` | (message key, record dedup key) | record JSON |
+//! | `summaries` | message key | [`MessageSummary`] JSON |
+//! | `requests` | (request ID, producer) | message key |
+//! | `by_topic` | (topic, first time, message key) | () |
+//! | `by_state` | (state, last time, message key) | () |
+//! | `by_time` | (first time, message key) | () |
+//! | `counters` | name | u64 |
+//!
+//! A *message key* is the message ID, or `orphan/<producer>/<request-id>` for records of an
+//! upload the broker has not (yet) answered. When a record linking both arrives (P2), the
+//! orphan's records move under the message ID, so P1-before-P2 and P2-before-P1 end alike.
+//!
+//! Records are keyed by [`StageRecord::dedup_key`], so a redelivered batch writes nothing
+//! new and counts nothing twice. A batch is one write transaction, committed (fsynced)
+//! before the ingest acks the stage-stream messages it came from.
+
+use crate::error::{QueryError, StoreError};
+use base64::Engine;
+use msgtrail_core::stage::Stage;
+use msgtrail_core::trajectory::{AssembleOptions, Deadlines, MessageState, Segment, Trajectory};
+use msgtrail_core::{ClientId, MessageId, RequestId, StageRecord};
+use redb::{Database, ReadableDatabase, ReadableTable, Table, TableDefinition};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::time::Duration;
+
+const RECORDS: TableDefinition<(&str, &str), &str> = TableDefinition::new("records");
+const SUMMARIES: TableDefinition<&str, &str> = TableDefinition::new("summaries");
+const REQUESTS: TableDefinition<(&str, &str), &str> = TableDefinition::new("requests");
+const BY_TOPIC: TableDefinition<(&str, u64, &str), ()> = TableDefinition::new("by_topic");
+const BY_STATE: TableDefinition<(&str, u64, &str), ()> = TableDefinition::new("by_state");
+const BY_TIME: TableDefinition<(u64, &str), ()> = TableDefinition::new("by_time");
+const COUNTERS: TableDefinition<&str, u64> = TableDefinition::new("counters");
+
+/// Counter: bytes of stored records (keys and values), what size retention measures.
+pub const COUNTER_BYTES: &str = "bytes";
+/// Counter: messages deleted by retention.
+pub const COUNTER_RETENTION_DELETED: &str = "retention_deleted";
+/// Prefix of the per-stage record counters (`stage.P1`, …).
+pub const COUNTER_STAGE_PREFIX: &str = "stage.";
+/// Prefix of the funnel counters (`funnel.sent`, `funnel.stored`, `funnel.delivered`,
+/// `funnel.acked`): messages that reached each step.
+pub const COUNTER_FUNNEL_PREFIX: &str = "funnel.";
+/// Counter: R1 records with outcome `redeliver`.
+pub const COUNTER_REDELIVERIES: &str = "redeliveries";
+/// Counter: R1 records with outcome `dead_letter`.
+pub const COUNTER_DEAD_LETTERS: &str = "dead_letters";
+/// Counter: A1 records with outcome `refused`.
+pub const COUNTER_CHANNELS_REFUSED: &str = "channels_refused";
+/// Counter: records that name no message, no request and no client (ignored).
+pub const COUNTER_UNKEYED: &str = "unkeyed_records";
+
+/// The funnel steps, in order.
+pub const FUNNEL: [&str; 4] = ["sent", "stored", "delivered", "acked"];
+
+/// The shadow message of seed 001, as indexed for search: one per message key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MessageSummary {
+    /// The message key: the message ID, or `orphan/<producer>/<request-id>`.
+    pub key: String,
+    /// The message ID, once assigned.
+    pub message_id: Option<MessageId>,
+    /// The producer's request ID.
+    pub request_id: Option<RequestId>,
+    /// The producer.
+    pub producer: Option<ClientId>,
+    /// The topic, when known.
+    pub topic: Option<String>,
+    /// The overall state.
+    pub state: MessageState,
+    /// The state per consumer group.
+    pub groups: BTreeMap<String, MessageState>,
+    /// Earliest record time, Unix nanoseconds.
+    pub first_at: u64,
+    /// Latest record time, Unix nanoseconds.
+    pub last_at: u64,
+    /// The first failure point, in words.
+    pub failure: Option<String>,
+    /// How many records the message has.
+    pub records: usize,
+}
+
+impl MessageSummary {
+    fn of(key: &str, t: &Trajectory) -> Self {
+        MessageSummary {
+            key: key.to_owned(),
+            message_id: t.message_id,
+            request_id: t.request_id.clone(),
+            producer: t.producer.clone(),
+            topic: t.topic.clone(),
+            state: t.state,
+            groups: t
+                .groups
+                .iter()
+                .map(|g| (g.group.to_string(), g.state))
+                .collect(),
+            first_at: t.first_at,
+            last_at: t.last_at,
+            failure: t.failure.clone(),
+            records: t.record_count,
+        }
+    }
+}
+
+/// A search over the shadow messages. Every filter is optional; results are newest first.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SearchQuery {
+    /// Only this topic.
+    pub topic: Option<String>,
+    /// Only this state.
+    pub state: Option<MessageState>,
+    /// Only messages whose first record is at or after this time (Unix nanoseconds).
+    pub from: Option<u64>,
+    /// Only messages whose first record is before this time (Unix nanoseconds).
+    pub to: Option<u64>,
+    /// At most this many results (default 100, at most 10 000).
+    pub limit: Option<usize>,
+}
+
+/// A shadow-message state change for the counts by state: (old, new); `None` for a message
+/// created or deleted.
+pub type StateDelta = (Option<MessageState>, Option<MessageState>);
+
+/// What applying one batch changed, for the statistics.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct ApplyOutcome {
+    /// Records written for the first time.
+    pub new_records: u64,
+    /// Records already stored (a redelivered batch), skipped.
+    pub repeated_records: u64,
+    /// Records that name no message, request or client.
+    pub unkeyed_records: u64,
+    /// Shadow-message state changes: (old state, new state); `None` for created/deleted.
+    pub state_changes: Vec<StateDelta>,
+    /// Latencies completed by this batch: (topic, segment, nanoseconds).
+    pub latencies: Vec<(String, Segment, u64)>,
+    /// Counter increments (also persisted).
+    pub counters: BTreeMap<String, i64>,
+}
+
+/// What a retention run deleted.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct RetentionOutcome {
+    /// Messages deleted.
+    pub deleted: u64,
+    /// Bytes of records freed.
+    pub bytes_freed: u64,
+    /// The states of the deleted messages, for the state counts.
+    pub state_changes: Vec<StateDelta>,
+}
+
+/// The embedded store. Cheap to share behind an `Arc`; every method blocks on disk I/O,
+/// so async code calls it through `spawn_blocking`.
+pub struct Store {
+    db: Database,
+    payload_head_bytes: usize,
+    deadlines: Deadlines,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("payload_head_bytes", &self.payload_head_bytes)
+            .finish_non_exhaustive()
+    }
+}
+
+fn orphan_key(producer: &str, request_id: &str) -> String {
+    format!("orphan/{producer}/{request_id}")
+}
+
+fn corrupt(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Corrupt(e.to_string())
+}
+
+struct Tables<'t> {
+    records: Table<'t, (&'static str, &'static str), &'static str>,
+    summaries: Table<'t, &'static str, &'static str>,
+    requests: Table<'t, (&'static str, &'static str), &'static str>,
+    by_topic: Table<'t, (&'static str, u64, &'static str), ()>,
+    by_state: Table<'t, (&'static str, u64, &'static str), ()>,
+    by_time: Table<'t, (u64, &'static str), ()>,
+    counters: Table<'t, &'static str, u64>,
+}
+
+impl<'t> Tables<'t> {
+    fn open(tx: &'t redb::WriteTransaction) -> Result<Self, StoreError> {
+        Ok(Tables {
+            records: tx.open_table(RECORDS)?,
+            summaries: tx.open_table(SUMMARIES)?,
+            requests: tx.open_table(REQUESTS)?,
+            by_topic: tx.open_table(BY_TOPIC)?,
+            by_state: tx.open_table(BY_STATE)?,
+            by_time: tx.open_table(BY_TIME)?,
+            counters: tx.open_table(COUNTERS)?,
+        })
+    }
+
+    fn bump(
+        &mut self,
+        name: &str,
+        by: i64,
+        out: &mut BTreeMap<String, i64>,
+    ) -> Result<(), StoreError> {
+        if by == 0 {
+            return Ok(());
+        }
+        let cur = self.counters.get(name)?.map(|v| v.value()).unwrap_or(0);
+        self.counters.insert(name, cur.saturating_add_signed(by))?;
+        *out.entry(name.to_owned()).or_default() += by;
+        Ok(())
+    }
+
+    fn sub_bytes(&mut self, by: u64) -> Result<(), StoreError> {
+        let cur = self
+            .counters
+            .get(COUNTER_BYTES)?
+            .map(|v| v.value())
+            .unwrap_or(0);
+        self.counters
+            .insert(COUNTER_BYTES, cur.saturating_sub(by))?;
+        Ok(())
+    }
+
+    fn load_records(&self, key: &str) -> Result<Vec<StageRecord>, StoreError> {
+        let mut out = Vec::new();
+        for item in self.records.range((key, "")..)? {
+            let (k, v) = item?;
+            if k.value().0 != key {
+                break;
+            }
+            out.push(serde_json::from_str(v.value()).map_err(corrupt)?);
+        }
+        Ok(out)
+    }
+
+    fn summary(&self, key: &str) -> Result<Option<MessageSummary>, StoreError> {
+        match self.summaries.get(key)? {
+            Some(v) => Ok(Some(serde_json::from_str(v.value()).map_err(corrupt)?)),
+            None => Ok(None),
+        }
+    }
+
+    fn unindex(&mut self, s: &MessageSummary) -> Result<(), StoreError> {
+        let key = s.key.as_str();
+        self.by_topic
+            .remove((s.topic.as_deref().unwrap_or(""), s.first_at, key))?;
+        self.by_state.remove((s.state.as_str(), s.last_at, key))?;
+        self.by_time.remove((s.first_at, key))?;
+        Ok(())
+    }
+
+    fn put_summary(
+        &mut self,
+        old: Option<&MessageSummary>,
+        new: &MessageSummary,
+    ) -> Result<(), StoreError> {
+        if let Some(o) = old {
+            self.unindex(o)?;
+        }
+        let key = new.key.as_str();
+        self.by_topic
+            .insert((new.topic.as_deref().unwrap_or(""), new.first_at, key), ())?;
+        self.by_state
+            .insert((new.state.as_str(), new.last_at, key), ())?;
+        self.by_time.insert((new.first_at, key), ())?;
+        let json = serde_json::to_string(new).map_err(corrupt)?;
+        self.summaries.insert(key, json.as_str())?;
+        Ok(())
+    }
+
+    /// Deletes a message entirely; returns (bytes freed, its summary).
+    fn delete_message(&mut self, key: &str) -> Result<(u64, Option<MessageSummary>), StoreError> {
+        let mut keys = Vec::new();
+        let mut freed = 0u64;
+        for item in self.records.range((key, "")..)? {
+            let (k, v) = item?;
+            let (mk, dk) = k.value();
+            if mk != key {
+                break;
+            }
+            freed += (mk.len() + dk.len() + v.value().len()) as u64;
+            keys.push(dk.to_owned());
+        }
+        for dk in &keys {
+            self.records.remove((key, dk.as_str()))?;
+        }
+        let summary = self.summary(key)?;
+        if let Some(s) = &summary {
+            self.unindex(s)?;
+            self.summaries.remove(key)?;
+            if let (Some(p), Some(r)) = (&s.producer, &s.request_id) {
+                let points_here = self
+                    .requests
+                    .get((r.as_str(), p.as_str()))?
+                    .is_some_and(|v| v.value() == key);
+                if points_here {
+                    self.requests.remove((r.as_str(), p.as_str()))?;
+                }
+            }
+        }
+        self.sub_bytes(freed)?;
+        Ok((freed, summary))
+    }
+}
+
+fn funnel_flags(t: &Trajectory) -> [bool; 4] {
+    use msgtrail_core::trajectory::HopKind;
+    [
+        t.hops.iter().any(|h| h.kind == HopKind::Send),
+        t.hop("store").is_some_and(|h| h.end.is_some()),
+        t.hops.iter().any(|h| h.kind == HopKind::Deliver),
+        t.groups.iter().any(|g| g.acked_at.is_some()),
+    ]
+}
+
+/// The latency samples a change adds: per segment, as many samples as the segment gained
+/// (a segment whose value only moved — a late P1 moving the start — adds none, so counts
+/// stay exact whatever the arrival order), taken from the values that are new.
+fn new_latencies(old: &[(Segment, u64)], new: &[(Segment, u64)]) -> Vec<(Segment, u64)> {
+    let mut out = Vec::new();
+    for seg in Segment::ALL {
+        let mut o: Vec<u64> = old
+            .iter()
+            .filter(|(s, _)| s == seg)
+            .map(|(_, v)| *v)
+            .collect();
+        let n: Vec<u64> = new
+            .iter()
+            .filter(|(s, _)| s == seg)
+            .map(|(_, v)| *v)
+            .collect();
+        let gained = n.len().saturating_sub(o.len());
+        if gained == 0 {
+            continue;
+        }
+        let mut fresh = Vec::new();
+        for v in n {
+            match o.iter().position(|x| *x == v) {
+                Some(i) => {
+                    o.swap_remove(i);
+                }
+                None => fresh.push(v),
+            }
+        }
+        fresh.sort_unstable();
+        out.extend(fresh.into_iter().take(gained).map(|v| (*seg, v)));
+    }
+    out
+}
+
+impl Store {
+    /// Opens (or creates) the store file `listener.redb` in `dir`.
+    pub fn open(
+        dir: &Path,
+        payload_head_bytes: usize,
+        deadlines: Deadlines,
+    ) -> Result<Store, StoreError> {
+        std::fs::create_dir_all(dir).map_err(|e| StoreError::Open {
+            path: dir.display().to_string(),
+            reason: e.to_string(),
+        })?;
+        let path = dir.join("listener.redb");
+        let db = Database::create(&path).map_err(|e| StoreError::Open {
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        })?;
+        // Create every table up front so read transactions never meet a missing one.
+        let tx = db.begin_write()?;
+        drop(Tables::open(&tx)?);
+        tx.commit()?;
+        Ok(Store {
+            db,
+            payload_head_bytes,
+            deadlines,
+        })
+    }
+
+    fn options(&self, now: u64) -> AssembleOptions {
+        AssembleOptions {
+            now: Some(now),
+            deadlines: self.deadlines,
+        }
+    }
+
+    fn trim_payload(&self, r: &mut StageRecord) {
+        let Some(head) = r.payload_head.take() else {
+            return;
+        };
+        if self.payload_head_bytes == 0 {
+            return;
+        }
+        let engine = base64::engine::general_purpose::STANDARD;
+        match engine.decode(head.as_bytes()) {
+            Ok(mut bytes) => {
+                bytes.truncate(self.payload_head_bytes);
+                r.payload_head = Some(engine.encode(bytes));
+            }
+            Err(_) => r.payload_head = Some(head),
+        }
+    }
+
+    /// Applies a batch of records in one transaction, committed before it returns. Records
+    /// already stored are skipped, so applying the same batch twice changes nothing.
+    pub fn apply(&self, records: Vec<StageRecord>, now: u64) -> Result<ApplyOutcome, StoreError> {
+        let mut out = ApplyOutcome::default();
+        let tx = self.db.begin_write()?;
+        {
+            let mut t = Tables::open(&tx)?;
+            // Pass 1: links (producer, request ID) → message ID; orphans to merge.
+            let mut merges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+            for r in &records {
+                if let (Some(m), Some(p), Some(q)) = (&r.message_id, &r.producer, &r.request_id) {
+                    let mkey = m.to_string();
+                    let cur = t
+                        .requests
+                        .get((q.as_str(), p.as_str()))?
+                        .map(|v| v.value().to_owned());
+                    match cur {
+                        Some(c) if c == mkey => {}
+                        // A request ID already linked to another message (a retry after the
+                        // dedup window): keep the first link, the records stay by message ID.
+                        Some(c) if !c.starts_with("orphan/") => {}
+                        other => {
+                            if let Some(orphan) = other {
+                                merges.entry(mkey.clone()).or_default().insert(orphan);
+                            }
+                            t.requests.insert((q.as_str(), p.as_str()), mkey.as_str())?;
+                        }
+                    }
+                }
+            }
+            // Pass 2: group the records by message key.
+            let mut by_key: BTreeMap<String, Vec<StageRecord>> = BTreeMap::new();
+            for mut r in records {
+                let stage_counter = format!("{COUNTER_STAGE_PREFIX}{}", r.stage);
+                let key = match (&r.message_id, &r.producer, &r.request_id) {
+                    (Some(m), _, _) => m.to_string(),
+                    (None, Some(p), Some(q)) => {
+                        let linked = t
+                            .requests
+                            .get((q.as_str(), p.as_str()))?
+                            .map(|v| v.value().to_owned());
+                        match linked {
+                            Some(k) => k,
+                            None => {
+                                let k = orphan_key(p.as_str(), q.as_str());
+                                t.requests.insert((q.as_str(), p.as_str()), k.as_str())?;
+                                k
+                            }
+                        }
+                    }
+                    _ => {
+                        // Channel and no-match records name no message: they are counted,
+                        // not stored (a redelivered batch may count them twice).
+                        t.bump(&stage_counter, 1, &mut out.counters)?;
+                        if r.stage == Stage::Channel && r.outcome.as_deref() == Some("refused") {
+                            t.bump(COUNTER_CHANNELS_REFUSED, 1, &mut out.counters)?;
+                        }
+                        t.bump(COUNTER_UNKEYED, 1, &mut out.counters)?;
+                        out.unkeyed_records += 1;
+                        continue;
+                    }
+                };
+                self.trim_payload(&mut r);
+                by_key.entry(key).or_default().push(r);
+            }
+            for k in merges.keys() {
+                by_key.entry(k.clone()).or_default();
+            }
+            // Pass 3: per message, insert what is new and rebuild the shadow message.
+            for (key, fresh) in by_key {
+                // The message's own records before this batch: the base of the statistics
+                // diff. A merged orphan's contribution is taken back first, so that a
+                // message counts once in the funnel whatever the order of P1 and P2.
+                let own_old = t.load_records(&key)?;
+                let mut old = own_old.clone();
+                let old_summary = t.summary(&key)?;
+                let mut merged_any = false;
+                let mut moved = Vec::new();
+                for orphan in merges.get(&key).into_iter().flatten() {
+                    let orecs = t.load_records(orphan)?;
+                    if let Some(ot) = Trajectory::assemble(orecs.clone(), &self.options(now)) {
+                        for (flag, name) in funnel_flags(&ot).iter().zip(FUNNEL) {
+                            if *flag {
+                                t.bump(
+                                    &format!("{COUNTER_FUNNEL_PREFIX}{name}"),
+                                    -1,
+                                    &mut out.counters,
+                                )?;
+                            }
+                        }
+                    }
+                    let (_, osum) = t.delete_message(orphan)?;
+                    if let Some(s) = osum {
+                        out.state_changes.push((Some(s.state), None));
+                    }
+                    old.extend(orecs.iter().cloned());
+                    moved.extend(orecs);
+                    merged_any = true;
+                }
+                let mut inserted = Vec::new();
+                let mut bytes = 0u64;
+                let mut seen: BTreeSet<String> = BTreeSet::new();
+                for r in moved.into_iter().chain(fresh) {
+                    let dk = r.dedup_key();
+                    if !seen.insert(dk.clone())
+                        || t.records.get((key.as_str(), dk.as_str()))?.is_some()
+                    {
+                        out.repeated_records += 1;
+                        continue;
+                    }
+                    let json = r.to_json();
+                    bytes += (key.len() + dk.len() + json.len()) as u64;
+                    t.records
+                        .insert((key.as_str(), dk.as_str()), json.as_str())?;
+                    inserted.push(r);
+                }
+                // Records moved from an orphan are not new; count only the fresh ones.
+                let fresh_inserted: Vec<&StageRecord> = inserted
+                    .iter()
+                    .filter(|r| !old.iter().any(|o| o.dedup_key() == r.dedup_key()))
+                    .collect();
+                for r in &fresh_inserted {
+                    t.bump(
+                        &format!("{COUNTER_STAGE_PREFIX}{}", r.stage),
+                        1,
+                        &mut out.counters,
+                    )?;
+                    if r.stage == Stage::Redelivery {
+                        match r.outcome.as_deref() {
+                            Some("dead_letter") => {
+                                t.bump(COUNTER_DEAD_LETTERS, 1, &mut out.counters)?
+                            }
+                            _ => t.bump(COUNTER_REDELIVERIES, 1, &mut out.counters)?,
+                        }
+                    }
+                }
+                out.new_records += fresh_inserted.len() as u64;
+                t.bump(COUNTER_BYTES, bytes as i64, &mut out.counters)?;
+                if inserted.is_empty() && !merged_any {
+                    continue;
+                }
+                let opts = self.options(now);
+                let old_traj = Trajectory::assemble(own_old, &opts);
+                let mut all = old;
+                all.extend(inserted);
+                let Some(new_traj) = Trajectory::assemble(all, &opts) else {
+                    continue;
+                };
+                let summary = MessageSummary::of(&key, &new_traj);
+                let prev = old_summary;
+                t.put_summary(prev.as_ref(), &summary)?;
+                if prev.as_ref().map(|s| s.state) != Some(summary.state) {
+                    out.state_changes
+                        .push((prev.as_ref().map(|s| s.state), Some(summary.state)));
+                }
+                let old_flags = old_traj.as_ref().map(funnel_flags).unwrap_or_default();
+                let new_flags = funnel_flags(&new_traj);
+                for (i, name) in FUNNEL.iter().enumerate() {
+                    if new_flags[i] && !old_flags[i] {
+                        t.bump(
+                            &format!("{COUNTER_FUNNEL_PREFIX}{name}"),
+                            1,
+                            &mut out.counters,
+                        )?;
+                    }
+                }
+                let old_l = old_traj.map(|o| o.segment_latencies()).unwrap_or_default();
+                let topic = new_traj.topic.clone().unwrap_or_default();
+                for (s, v) in new_latencies(&old_l, &new_traj.segment_latencies()) {
+                    out.latencies.push((topic.clone(), s, v));
+                }
+            }
+        }
+        tx.commit()?;
+        Ok(out)
+    }
+
+    /// Re-examines open messages whose last record is older than the shortest deadline and
+    /// marks those that missed one (stuck, lost). Returns the state changes.
+    pub fn check_deadlines(&self, now: u64, max: usize) -> Result<Vec<StateDelta>, StoreError> {
+        let d = self.deadlines;
+        let shortest = d
+            .stored_ms
+            .min(d.delivered_ms)
+            .min(d.acked_ms)
+            .min(d.processed_ms);
+        let cutoff = now.saturating_sub(shortest.saturating_mul(1_000_000));
+        let open = [
+            MessageState::Sent,
+            MessageState::Enqueued,
+            MessageState::Delivered,
+            MessageState::Consuming,
+            MessageState::Failed,
+        ];
+        let mut changes = Vec::new();
+        let tx = self.db.begin_write()?;
+        {
+            let mut t = Tables::open(&tx)?;
+            let mut candidates = Vec::new();
+            for st in open {
+                for item in t
+                    .by_state
+                    .range((st.as_str(), 0, "")..(st.as_str(), cutoff, ""))?
+                {
+                    let (k, _) = item?;
+                    candidates.push(k.value().2.to_owned());
+                    if candidates.len() >= max {
+                        break;
+                    }
+                }
+            }
+            let opts = self.options(now);
+            for key in candidates {
+                let Some(old) = t.summary(&key)? else {
+                    continue;
+                };
+                let recs = t.load_records(&key)?;
+                let Some(traj) = Trajectory::assemble(recs, &opts) else {
+                    continue;
+                };
+                let new = MessageSummary::of(&key, &traj);
+                if new != old {
+                    t.put_summary(Some(&old), &new)?;
+                    if new.state != old.state {
+                        changes.push((Some(old.state), Some(new.state)));
+                    }
+                }
+            }
+        }
+        tx.commit()?;
+        Ok(changes)
+    }
+
+    /// Deletes messages whose first record is older than `max_age`, then the oldest ones
+    /// while the stored records exceed `max_bytes` (down to 90 % of it, so that retention
+    /// does not run on every batch). At most `max` messages per call.
+    pub fn enforce_retention(
+        &self,
+        now: u64,
+        max_age: Option<Duration>,
+        max_bytes: Option<u64>,
+        max: usize,
+    ) -> Result<RetentionOutcome, StoreError> {
+        let mut out = RetentionOutcome::default();
+        let tx = self.db.begin_write()?;
+        {
+            let mut t = Tables::open(&tx)?;
+            let cutoff = max_age.map(|a| now.saturating_sub(a.as_nanos() as u64));
+            let mut bytes = t
+                .counters
+                .get(COUNTER_BYTES)?
+                .map(|v| v.value())
+                .unwrap_or(0);
+            let target = max_bytes.map(|m| m / 10 * 9);
+            let over = max_bytes.is_some_and(|m| bytes > m);
+            while (out.deleted as usize) < max {
+                let first = t.by_time.first()?.map(|(k, _)| {
+                    let (at, key) = k.value();
+                    (at, key.to_owned())
+                });
+                let Some((at, key)) = first else { break };
+                let too_old = cutoff.is_some_and(|c| at < c);
+                let too_big = over && target.is_some_and(|tg| bytes > tg);
+                if !too_old && !too_big {
+                    break;
+                }
+                let (freed, summary) = t.delete_message(&key)?;
+                if summary.is_none() {
+                    // An index entry without a summary: drop it so the loop advances.
+                    t.by_time.remove((at, key.as_str()))?;
+                }
+                bytes = bytes.saturating_sub(freed);
+                out.deleted += 1;
+                out.bytes_freed += freed;
+                if let Some(s) = summary {
+                    out.state_changes.push((Some(s.state), None));
+                }
+            }
+            let mut ignored = BTreeMap::new();
+            t.bump(COUNTER_RETENTION_DELETED, out.deleted as i64, &mut ignored)?;
+        }
+        tx.commit()?;
+        Ok(out)
+    }
+
+    /// The trajectory stored under a message key, assembled with deadlines applied at `now`.
+    pub fn trajectory(&self, key: &str, now: u64) -> Result<Option<Trajectory>, StoreError> {
+        let tx = self.db.begin_read()?;
+        let records = tx.open_table(RECORDS)?;
+        let mut recs = Vec::new();
+        for item in records.range((key, "")..)? {
+            let (k, v) = item?;
+            if k.value().0 != key {
+                break;
+            }
+            recs.push(serde_json::from_str(v.value()).map_err(corrupt)?);
+        }
+        Ok(Trajectory::assemble(recs, &self.options(now)))
+    }
+
+    /// Finds the trajectory of a message ID or of a request ID (optionally of one producer).
+    pub fn lookup(
+        &self,
+        id: &str,
+        producer: Option<&str>,
+        now: u64,
+    ) -> Result<Trajectory, QueryError> {
+        let id = id.trim();
+        if let Ok(m) = id.parse::<MessageId>() {
+            return self
+                .trajectory(&m.to_string(), now)?
+                .ok_or_else(|| QueryError::NotFound(format!("message id {m}")));
+        }
+        if RequestId::new(id).is_err() {
+            return Err(QueryError::BadRequest(format!(
+                "{id:?} is neither a message id (UUIDv7) nor a request id"
+            )));
+        }
+        let keys: Vec<(String, String)> = {
+            let tx = self.db.begin_read().map_err(StoreError::from)?;
+            let requests = tx.open_table(REQUESTS).map_err(StoreError::from)?;
+            let mut v = Vec::new();
+            for item in requests.range((id, "")..).map_err(StoreError::from)? {
+                let (k, val) = item.map_err(StoreError::from)?;
+                let (r, p) = k.value();
+                if r != id {
+                    break;
+                }
+                if producer.is_none_or(|want| want == p) {
+                    v.push((p.to_owned(), val.value().to_owned()));
+                }
+            }
+            v
+        };
+        match keys.as_slice() {
+            [] => Err(QueryError::NotFound(format!("request id {id}"))),
+            [(_, key)] => self
+                .trajectory(key, now)?
+                .ok_or_else(|| QueryError::NotFound(format!("request id {id}"))),
+            many => Err(QueryError::Ambiguous {
+                request_id: id.to_owned(),
+                producers: many.iter().map(|(p, _)| p.clone()).collect(),
+            }),
+        }
+    }
+
+    /// Searches the shadow messages, newest first.
+    pub fn search(&self, q: &SearchQuery) -> Result<Vec<MessageSummary>, StoreError> {
+        let limit = q.limit.unwrap_or(100).clamp(1, 10_000);
+        let from = q.from.unwrap_or(0);
+        let to = q.to.unwrap_or(u64::MAX);
+        if from >= to {
+            return Ok(Vec::new());
+        }
+        let tx = self.db.begin_read()?;
+        let summaries = tx.open_table(SUMMARIES)?;
+        let mut keys = Vec::new();
+        if let Some(topic) = &q.topic {
+            let idx = tx.open_table(BY_TOPIC)?;
+            for item in idx
+                .range((topic.as_str(), from, "")..(topic.as_str(), to, ""))?
+                .rev()
+            {
+                keys.push(item?.0.value().2.to_owned());
+                if q.state.is_none() && keys.len() >= limit {
+                    break;
+                }
+            }
+        } else if let Some(state) = q.state {
+            // by_state is ordered by the last record time; filter on the first below.
+            let idx = tx.open_table(BY_STATE)?;
+            for item in idx
+                .range((state.as_str(), from, "")..=(state.as_str(), u64::MAX, "\u{7f}"))?
+                .rev()
+            {
+                keys.push(item?.0.value().2.to_owned());
+            }
+        } else {
+            let idx = tx.open_table(BY_TIME)?;
+            for item in idx.range((from, "")..(to, ""))?.rev() {
+                keys.push(item?.0.value().1.to_owned());
+                if keys.len() >= limit {
+                    break;
+                }
+            }
+        }
+        let mut out = Vec::new();
+        for k in keys {
+            if let Some(v) = summaries.get(k.as_str())? {
+                let s: MessageSummary = serde_json::from_str(v.value()).map_err(corrupt)?;
+                if q.state.is_some_and(|st| st != s.state) || s.first_at < from || s.first_at >= to
+                {
+                    continue;
+                }
+                out.push(s);
+            }
+        }
+        out.sort_by(|a, b| (b.first_at, &b.key).cmp(&(a.first_at, &a.key)));
+        out.truncate(limit);
+        Ok(out)
+    }
+
+    /// The persistent counters.
+    pub fn counters(&self) -> Result<BTreeMap<String, u64>, StoreError> {
+        let tx = self.db.begin_read()?;
+        let c = tx.open_table(COUNTERS)?;
+        let mut out = BTreeMap::new();
+        for item in c.iter()? {
+            let (k, v) = item?;
+            out.insert(k.value().to_owned(), v.value());
+        }
+        Ok(out)
+    }
+
+    /// How many shadow messages are in each state (a scan of the state index).
+    pub fn state_counts(&self) -> Result<BTreeMap<MessageState, u64>, StoreError> {
+        let tx = self.db.begin_read()?;
+        let idx = tx.open_table(BY_STATE)?;
+        let mut out = BTreeMap::new();
+        for st in MessageState::ALL {
+            let n = idx
+                .range((st.as_str(), 0, "")..=(st.as_str(), u64::MAX, "\u{7f}"))?
+                .count() as u64;
+            if n > 0 {
+                out.insert(*st, n);
+            }
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,714 @@
+//! The listener against a real nats-server: stage records are published to the stage stream
+//! by the test itself (in shuffled order, in random batches, some twice), and the answers
+//! are read back through the HTTP API.
+
+use msgtrail_core::record::encode_batch;
+use msgtrail_core::stage::Stage;
+use msgtrail_core::subjects::STAGE_SUBJECT;
+use msgtrail_core::trajectory::{AssembleOptions, HopStatus, MessageState, Trajectory};
+use msgtrail_core::{ClientId, MessageId, RequestId, StageRecord};
+use msgtrail_listener::client::ListenerClient;
+use msgtrail_listener::{ListenerConfig, ListenerHandle};
+use msgtrail_test_support::NatsServer;
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::path::Path;
+use std::time::Duration;
+
+const MS: u64 = 1_000_000;
+
+fn now() -> u64 {
+    msgtrail_core::time::now_nanos()
+}
+
+/// Deterministic xorshift, so a failing shuffle can be replayed.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn shuffle<T>(&mut self, v: &mut [T]) {
+        for i in (1..v.len()).rev() {
+            let j = (self.next() % (i as u64 + 1)) as usize;
+            v.swap(i, j);
+        }
+    }
+}
+
+/// Builds the records of one scenario, relative to a base time.
+struct Scenario {
+    t0: u64,
+    id: MessageId,
+    req: RequestId,
+    producer: ClientId,
+    topic: String,
+    out: Vec<StageRecord>,
+}
+
+impl Scenario {
+    fn new(t0: u64, producer: &str, req: &str, topic: &str) -> Self {
+        Scenario {
+            t0,
+            id: MessageId::new(),
+            req: RequestId::new(req).unwrap(),
+            producer: ClientId::new(producer).unwrap(),
+            topic: topic.to_owned(),
+            out: Vec::new(),
+        }
+    }
+    fn rec(&self, stage: Stage, ms: u64) -> StageRecord {
+        let mut r = StageRecord::at(stage, self.t0 + ms * MS);
+        r.topic = Some(self.topic.clone());
+        r
+    }
+    fn upload(&mut self, stage: Stage, ms: u64, attempt: Option<u32>) -> &mut Self {
+        let mut r = self.rec(stage, ms);
+        r.request_id = Some(self.req.clone());
+        r.producer = Some(self.producer.clone());
+        r.attempt = attempt;
+        if stage != Stage::UploadSent {
+            r.message_id = Some(self.id);
+        }
+        if stage == Stage::UploadReceived {
+            r.payload_size = Some(4);
+            r.payload_head = Some("aGVsbG8=".into()); // "hello"
+            r.attrs.insert("category".into(), "refund".into());
+            r.service = Some("broker".into());
+        }
+        self.out.push(r);
+        self
+    }
+    // One call per record keeps the scenarios readable as a table of stages.
+    #[allow(clippy::too_many_arguments)]
+    fn deliver(
+        &mut self,
+        stage: Stage,
+        ms: u64,
+        group: &str,
+        consumer: &str,
+        attempt: u32,
+        outcome: Option<&str>,
+        detail: Option<&str>,
+    ) -> &mut Self {
+        let mut r = self.rec(stage, ms);
+        r.message_id = Some(self.id);
+        r.group = Some(ClientId::new(group).unwrap());
+        r.consumer = Some(ClientId::new(consumer).unwrap());
+        r.attempt = Some(attempt);
+        r.outcome = outcome.map(Into::into);
+        r.detail = detail.map(Into::into);
+        self.out.push(r);
+        self
+    }
+    /// A full pull delivery that is processed with `result` and settled with `settle`.
+    fn pull(
+        &mut self,
+        ms: u64,
+        group: &str,
+        consumer: &str,
+        attempt: u32,
+        fail: Option<&str>,
+    ) -> &mut Self {
+        let settle = if fail.is_some() { "nack" } else { "ack" };
+        self.deliver(Stage::PullSent, ms, group, consumer, attempt, None, None)
+            .deliver(
+                Stage::PullReceived,
+                ms + 1,
+                group,
+                consumer,
+                attempt,
+                None,
+                None,
+            )
+            .deliver(
+                Stage::ProcessStarted,
+                ms + 2,
+                group,
+                consumer,
+                attempt,
+                None,
+                None,
+            )
+            .deliver(
+                Stage::ProcessFinished,
+                ms + 5,
+                group,
+                consumer,
+                attempt,
+                Some(if fail.is_some() { "failed" } else { "ok" }),
+                fail,
+            )
+            .deliver(
+                Stage::PullAckSent,
+                ms + 6,
+                group,
+                consumer,
+                attempt,
+                Some(settle),
+                None,
+            )
+            .deliver(
+                Stage::PullAckReceived,
+                ms + 7,
+                group,
+                consumer,
+                attempt,
+                Some(settle),
+                None,
+            );
+        if fail.is_some() {
+            self.deliver(
+                Stage::Redelivery,
+                ms + 7,
+                group,
+                consumer,
+                attempt,
+                Some("redeliver"),
+                Some("nack"),
+            );
+        }
+        self
+    }
+    fn stored(&mut self, ms: u64) -> &mut Self {
+        self.upload(Stage::UploadSent, ms, Some(1))
+            .upload(Stage::UploadReceived, ms + 1, None)
+            .upload(Stage::Stored, ms + 2, None)
+            .upload(Stage::StoreConfirmed, ms + 3, None)
+    }
+}
+
+/// Several trajectories: success by pull, failure then success, a P1 that never reached the
+/// broker, a delivery never acked, a duplicate upload, two consumer groups with push.
+fn scenarios(t0: u64) -> Vec<Scenario> {
+    let mut ok = Scenario::new(t0, "shop", "ord-1", "orders.eu");
+    ok.stored(0).pull(10, "billing", "b-1", 1, None);
+    let mut retry = Scenario::new(t0, "shop", "ord-2", "orders.eu");
+    retry
+        .stored(5)
+        .pull(20, "billing", "b-2", 1, Some("insufficient funds"))
+        .pull(60, "billing", "b-2", 2, None);
+    let mut orphan = Scenario::new(t0, "shop", "ord-3", "orders.eu");
+    orphan
+        .upload(Stage::UploadSent, 7, Some(1))
+        .upload(Stage::UploadSent, 9, Some(2));
+    let mut open = Scenario::new(t0, "shop", "ord-4", "orders.us");
+    open.stored(8)
+        .deliver(Stage::PushSent, 20, "audit", "a-1", 1, None, None)
+        .deliver(Stage::PushReceived, 21, "audit", "a-1", 1, None, None);
+    let mut dup = Scenario::new(t0, "kiosk", "ord-1", "orders.eu");
+    dup.stored(3).upload(Stage::Duplicate, 30, Some(2));
+    let mut two = Scenario::new(t0, "shop", "ord-5", "orders.eu");
+    two.stored(11);
+    for (g, c) in [("billing", "b-1"), ("audit", "a-1")] {
+        two.deliver(Stage::PushSent, 30, g, c, 1, None, None)
+            .deliver(Stage::PushReceived, 31, g, c, 1, None, None)
+            .deliver(Stage::PushAckSent, 33, g, c, 1, Some("ack"), None)
+            .deliver(Stage::PushAckReceived, 34, g, c, 1, Some("ack"), None);
+    }
+    vec![ok, retry, orphan, open, dup, two]
+}
+
+/// Publishes `records` in random batches of 1–7 to the stage stream.
+async fn publish(js: &async_nats::jetstream::Context, records: &[StageRecord], rng: &mut Rng) {
+    let mut i = 0;
+    while i < records.len() {
+        let n = (1 + rng.next() % 7) as usize;
+        let end = (i + n).min(records.len());
+        js.publish(STAGE_SUBJECT, encode_batch(&records[i..end]).into())
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        i = end;
+    }
+}
+
+/// A nats-server, a store directory, and a JetStream context to publish stage batches with.
+async fn setup() -> (
+    NatsServer,
+    tempfile::TempDir,
+    async_nats::jetstream::Context,
+) {
+    let server = NatsServer::start().unwrap();
+    let js = nats(&server).await;
+    (server, tempfile::tempdir().unwrap(), js)
+}
+
+async fn nats(server: &NatsServer) -> async_nats::jetstream::Context {
+    let client = async_nats::connect(server.url()).await.unwrap();
+    async_nats::jetstream::new(client)
+}
+
+fn config(server: &NatsServer, dir: &Path) -> ListenerConfig {
+    ListenerConfig {
+        nats_url: server.url().to_owned(),
+        data_dir: dir.to_path_buf(),
+        http_addr: "127.0.0.1:0".parse().unwrap(),
+        batch_size: 16,
+        ack_wait: Duration::from_secs(1),
+        watchdog_interval: Duration::from_millis(100),
+        retention_interval: Duration::from_millis(100),
+        ..Default::default()
+    }
+}
+
+async fn eventually<T, F, Fut>(what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+async fn wait_for_records(client: &ListenerClient, n: u64) {
+    eventually(&format!("{n} records ingested"), || async {
+        let s = client.stats(None).await.ok()?;
+        (s.ingest.records >= n).then_some(())
+    })
+    .await;
+}
+
+fn client(h: &ListenerHandle) -> ListenerClient {
+    ListenerClient::new(&format!("http://{}", h.http_addr()), None).unwrap()
+}
+
+fn expected(records: &[StageRecord], payload_head: Option<&str>) -> Trajectory {
+    let mut recs = records.to_vec();
+    for r in &mut recs {
+        if r.payload_head.is_some() {
+            r.payload_head = payload_head.map(Into::into);
+        }
+    }
+    Trajectory::assemble(recs, &AssembleOptions::default()).unwrap()
+}
+
+#[tokio::test]
+async fn shuffled_batches_give_the_same_trajectories_as_in_order() {
+    let (server, dir, js) = setup().await;
+    let mut cfg = config(&server, dir.path());
+    cfg.payload_head_bytes = 2;
+    let handle = msgtrail_listener::start(cfg).await.unwrap();
+    let sc = scenarios(now());
+    let mut all: Vec<StageRecord> = sc.iter().flat_map(|s| s.out.clone()).collect();
+    let total = all.len() as u64;
+    let mut rng = Rng(0x5eed_1234_abcd_ef01);
+    rng.shuffle(&mut all);
+    // Publish everything, then a few batches again (as a broker retry would).
+    publish(&js, &all, &mut rng).await;
+    publish(&js, &all[..10], &mut rng).await;
+    let c = client(&handle);
+    wait_for_records(&c, total).await;
+
+    // Each message: the same trajectory as assembling its records in order.
+    for s in &sc {
+        let got = match s.out.iter().any(|r| r.message_id.is_some()) {
+            true => c.trajectory(&s.id.to_string(), None).await.unwrap(),
+            false => c
+                .trajectory(s.req.as_str(), Some(s.producer.as_str()))
+                .await
+                .unwrap(),
+        };
+        // "hello" kept to 2 bytes: "he".
+        assert_eq!(got, expected(&s.out, Some("aGU=")), "{}", s.req);
+    }
+    let [ok, retry, _orphan, open, dup, two] = &sc[..] else {
+        unreachable!()
+    };
+    let t = c.trajectory(&ok.id.to_string(), None).await.unwrap();
+    assert_eq!(t.state, MessageState::Consumed);
+    assert_eq!(t.attrs.get("category").map(String::as_str), Some("refund"));
+    let t = c.trajectory(&retry.id.to_string(), None).await.unwrap();
+    assert_eq!(t.state, MessageState::Consumed);
+    assert_eq!(t.groups[0].attempts, 2);
+    assert!(
+        t.diagnosis
+            .contains("processing failed: insufficient funds"),
+        "{}",
+        t.diagnosis
+    );
+    // Found but incomplete: the orphan (by request ID) and the open delivery.
+    let t = c.trajectory("ord-3", Some("shop")).await.unwrap();
+    assert_eq!((t.state, t.upload_attempts), (MessageState::Sent, 2));
+    assert_eq!(t.hops[0].status, HopStatus::Incomplete);
+    let t = c.trajectory(&open.id.to_string(), None).await.unwrap();
+    assert_eq!(t.state, MessageState::Delivered);
+    assert!(t.hops.iter().any(|h| h.status == HopStatus::Incomplete));
+    let t = c.trajectory(&dup.id.to_string(), None).await.unwrap();
+    assert_eq!(t.duplicates, 1);
+    let t = c.trajectory(&two.id.to_string(), None).await.unwrap();
+    assert_eq!(t.groups.len(), 2);
+    assert!(t.groups.iter().all(|g| g.state == MessageState::Consumed));
+    // A request ID two producers used is ambiguous without ?producer=; found with it.
+    let err = c.trajectory("ord-1", None).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            msgtrail_listener::client::ClientError::Api { status: 409, .. }
+        ),
+        "{err}"
+    );
+    let t = c.trajectory("ord-1", Some("kiosk")).await.unwrap();
+    assert_eq!(t.message_id, Some(dup.id));
+    let t = c.trajectory("ord-2", None).await.unwrap();
+    assert_eq!(t.message_id, Some(retry.id));
+    // Not found is not a failure, and a malformed ID is a bad request.
+    let err = c
+        .trajectory(&MessageId::new().to_string(), None)
+        .await
+        .unwrap_err();
+    assert!(err.is_not_found(), "{err}");
+    let err = c.trajectory("nobody-sent-this", None).await.unwrap_err();
+    assert!(err.is_not_found(), "{err}");
+    let err = c.trajectory("not a valid id!", None).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            msgtrail_listener::client::ClientError::Api { status: 400, .. }
+        ),
+        "{err}"
+    );
+
+    // Statistics: nothing doubled by the repeated batches.
+    let s = c.stats(None).await.unwrap();
+    assert_eq!(s.ingest.records, total);
+    assert!(s.ingest.repeated_records >= 10);
+    assert_eq!(s.funnel.sent, 6);
+    assert_eq!(s.funnel.stored, 5);
+    assert_eq!(s.funnel.delivered, 4);
+    assert_eq!(s.funnel.acked, 3);
+    assert_eq!(s.events.duplicates, 1);
+    assert_eq!(s.events.redeliveries, 1);
+    assert_eq!(s.states.get(&MessageState::Consumed), Some(&3));
+    assert_eq!(s.states.values().sum::<u64>(), 6);
+    let e2e_count = |s: &msgtrail_listener::StatsSnapshot| {
+        s.latency
+            .iter()
+            .find(|r| r.topic == "orders.eu" && r.segment.as_str() == "end_to_end")
+            .map(|r| r.total.count)
+    };
+    // ok, retry, and the two groups of `two`: one sample each, whatever the order.
+    eventually("four end-to-end samples", || async {
+        let s = c.stats(None).await.ok()?;
+        (e2e_count(&s) == Some(4)).then_some(())
+    })
+    .await;
+    let only_us = c.stats(Some("orders.us")).await.unwrap();
+    assert!(only_us.latency.iter().all(|r| r.topic == "orders.us"));
+
+    // Search: by topic, by state.
+    let eu = c.search("topic=orders.eu").await.unwrap();
+    assert_eq!(eu.len(), 5);
+    let delivered = c.search("state=delivered").await.unwrap();
+    assert_eq!(delivered.len(), 1);
+    assert_eq!(delivered[0].message_id, Some(open.id));
+    let bad = c.search("state=nonsense").await.unwrap_err();
+    assert!(matches!(
+        bad,
+        msgtrail_listener::client::ClientError::Api { status: 400, .. }
+    ));
+
+    // Prometheus text.
+    let (status, body) = c.get_raw("/metrics").await.unwrap();
+    let body = String::from_utf8(body).unwrap();
+    assert_eq!(status, 200);
+    assert!(
+        body.contains("msgtrail_messages{state=\"consumed\"} 3"),
+        "{body}"
+    );
+    assert!(
+        body.contains("msgtrail_funnel_messages_total{step=\"acked\"} 3"),
+        "{body}"
+    );
+    assert!(
+        body.contains(
+            "msgtrail_hop_latency_seconds_count{topic=\"orders.eu\",segment=\"end_to_end\"} 4"
+        ),
+        "{body}"
+    );
+    handle.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_restart_mid_stream_loses_nothing_and_doubles_nothing() {
+    let (server, dir, js) = setup().await;
+    let mut rng = Rng(42);
+    let t0 = now();
+    let mut all = Vec::new();
+    for i in 0..40 {
+        let mut s = Scenario::new(t0, "shop", &format!("r-{i}"), "orders.eu");
+        s.stored(i).pull(i + 50, "billing", "b-1", 1, None);
+        all.extend(s.out);
+    }
+    rng.shuffle(&mut all);
+    let total = all.len() as u64;
+    let (first, second) = all.split_at(all.len() / 2);
+
+    let handle = msgtrail_listener::start(config(&server, dir.path()))
+        .await
+        .unwrap();
+    publish(&js, first, &mut rng).await;
+    // Crash while ingest may be mid-batch: no drain, no graceful ack.
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    handle.abort().await;
+    publish(&js, second, &mut rng).await;
+
+    let handle = msgtrail_listener::start(config(&server, dir.path()))
+        .await
+        .unwrap();
+    let c = client(&handle);
+    wait_for_records(&c, total).await;
+    // Let any redelivery settle, then check nothing was counted twice.
+    eventually("no pending stage messages", || async {
+        let s = c.stats(None).await.ok()?;
+        (s.lag.polled_at.is_some() && s.lag.pending == 0 && s.lag.ack_pending == 0).then_some(())
+    })
+    .await;
+    let s = c.stats(None).await.unwrap();
+    assert_eq!(s.ingest.records, total);
+    assert_eq!(s.funnel.sent, 40);
+    assert_eq!(s.funnel.acked, 40);
+    assert_eq!(s.states.get(&MessageState::Consumed), Some(&40));
+    let list = c.search("topic=orders.eu&limit=1000").await.unwrap();
+    assert_eq!(list.len(), 40);
+    assert!(
+        list.iter().all(|m| m.records == 10),
+        "every message has its 10 records once"
+    );
+    handle.shutdown().await.unwrap();
+
+    // A clean restart keeps the counters and states.
+    let handle = msgtrail_listener::start(config(&server, dir.path()))
+        .await
+        .unwrap();
+    let s = client(&handle).stats(None).await.unwrap();
+    assert_eq!((s.ingest.records, s.funnel.acked), (total, 40));
+    assert_eq!(s.states.get(&MessageState::Consumed), Some(&40));
+    handle.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn the_watchdog_names_the_failure_point() {
+    let (server, dir, js) = setup().await;
+    let mut cfg = config(&server, dir.path());
+    cfg.deadlines.stored_ms = 300;
+    cfg.deadlines.acked_ms = 300;
+    let handle = msgtrail_listener::start(cfg).await.unwrap();
+    let t0 = now();
+    let mut lost = Scenario::new(t0, "shop", "never-arrived", "orders.eu");
+    lost.upload(Stage::UploadSent, 0, Some(1));
+    let mut stuck = Scenario::new(t0, "shop", "never-acked", "orders.eu");
+    stuck
+        .stored(0)
+        .deliver(Stage::PullSent, 5, "billing", "b-7", 1, None, None);
+    let mut rng = Rng(7);
+    publish(&js, &lost.out, &mut rng).await;
+    publish(&js, &stuck.out, &mut rng).await;
+    let c = client(&handle);
+    let t = eventually("lost upload", || async {
+        let t = c.trajectory("never-arrived", None).await.ok()?;
+        (t.state == MessageState::Lost).then_some(t)
+    })
+    .await;
+    assert!(t.failure.unwrap().starts_with("did not reach the broker"));
+    let t = eventually("stuck delivery", || async {
+        let t = c.trajectory(&stuck.id.to_string(), None).await.ok()?;
+        (t.state == MessageState::Stuck).then_some(t)
+    })
+    .await;
+    assert!(
+        t.failure
+            .as_deref()
+            .unwrap()
+            .contains("stuck at consumer b-7 (group billing)"),
+        "{:?}",
+        t.failure
+    );
+    // The state index follows the watchdog.
+    let s = eventually("stuck counted", || async {
+        let s = c.stats(None).await.ok()?;
+        (s.states.get(&MessageState::Stuck) == Some(&1)).then_some(s)
+    })
+    .await;
+    assert_eq!(s.states.get(&MessageState::Lost), Some(&1));
+    let found = c.search("state=stuck&since_secs=3600").await.unwrap();
+    assert_eq!(found.len(), 1);
+    handle.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn retention_deletes_old_messages_and_keeps_new_ones() {
+    let (server, dir, js) = setup().await;
+    // First without retention, so both messages are stored whole.
+    let mut cfg = config(&server, dir.path());
+    cfg.retention_max_age = None;
+    cfg.retention_max_bytes = None;
+    let handle = msgtrail_listener::start(cfg.clone()).await.unwrap();
+    let mut old = Scenario::new(
+        now() - 2 * 3600 * 1_000_000_000,
+        "shop",
+        "old-1",
+        "orders.eu",
+    );
+    old.stored(0).pull(10, "billing", "b-1", 1, None);
+    let mut new = Scenario::new(now(), "shop", "new-1", "orders.eu");
+    new.stored(0).pull(10, "billing", "b-1", 1, None);
+    let mut rng = Rng(9);
+    publish(&js, &old.out, &mut rng).await;
+    publish(&js, &new.out, &mut rng).await;
+    let c = client(&handle);
+    wait_for_records(&c, (old.out.len() + new.out.len()) as u64).await;
+    assert_eq!(
+        c.trajectory("old-1", None).await.unwrap().message_id,
+        Some(old.id)
+    );
+    handle.shutdown().await.unwrap();
+    // Then with a maximum age of one hour: the two-hour-old message goes.
+    cfg.retention_max_age = Some(Duration::from_secs(3600));
+    let handle = msgtrail_listener::start(cfg).await.unwrap();
+    let c = client(&handle);
+    eventually("old message deleted", || async {
+        let e = c.trajectory(&old.id.to_string(), None).await.err()?;
+        e.is_not_found().then_some(())
+    })
+    .await;
+    assert!(c
+        .trajectory("old-1", None)
+        .await
+        .unwrap_err()
+        .is_not_found());
+    assert_eq!(
+        c.trajectory("new-1", None).await.unwrap().message_id,
+        Some(new.id)
+    );
+    let s = c.stats(None).await.unwrap();
+    assert_eq!(s.events.retention_deleted, 1);
+    assert_eq!(s.states.values().sum::<u64>(), 1);
+    handle.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn size_retention_deletes_the_oldest_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = msgtrail_listener::Store::open(dir.path(), 256, Default::default()).unwrap();
+    let t0 = now();
+    let mut ids = Vec::new();
+    for i in 0..20 {
+        let mut s = Scenario::new(t0 + i * 1000 * MS, "shop", &format!("s-{i}"), "orders.eu");
+        s.stored(0);
+        ids.push(s.id);
+        store.apply(s.out, now()).unwrap();
+    }
+    let bytes = store.counters().unwrap()["bytes"];
+    let out = store
+        .enforce_retention(now(), None, Some(bytes / 2), 1000)
+        .unwrap();
+    assert!(out.deleted >= 10, "{out:?}");
+    let left = store.counters().unwrap()["bytes"];
+    assert!(left <= bytes / 2 / 10 * 9, "{left} of {bytes}");
+    // The oldest went first; the newest stayed.
+    assert!(store
+        .trajectory(&ids[0].to_string(), now())
+        .unwrap()
+        .is_none());
+    assert!(store
+        .trajectory(&ids[19].to_string(), now())
+        .unwrap()
+        .is_some());
+    let counts: BTreeMap<_, _> = store.state_counts().unwrap();
+    assert_eq!(counts.values().sum::<u64>(), 20 - out.deleted);
+}
+
+#[tokio::test]
+async fn a_token_guards_the_api_but_not_healthz() {
+    let (server, dir, _js) = setup().await;
+    let mut cfg = config(&server, dir.path());
+    cfg.token = Some("s3cret".into());
+    let handle = msgtrail_listener::start(cfg).await.unwrap();
+    let anon = client(&handle);
+    assert_eq!(anon.get_raw("/healthz").await.unwrap().0, 200);
+    assert_eq!(anon.get_raw("/metrics").await.unwrap().0, 401);
+    let err = anon.stats(None).await.unwrap_err();
+    assert!(matches!(
+        err,
+        msgtrail_listener::client::ClientError::Api { status: 401, .. }
+    ));
+    let wrong = ListenerClient::new(
+        &format!("http://{}", handle.http_addr()),
+        Some("nope".into()),
+    )
+    .unwrap();
+    assert!(wrong.stats(None).await.is_err());
+    let good = ListenerClient::new(
+        &format!("http://{}", handle.http_addr()),
+        Some("s3cret".into()),
+    )
+    .unwrap();
+    assert!(good.stats(None).await.is_ok());
+    handle.shutdown().await.unwrap();
+}
+
+/// The store alone, many orders and batch splits: counters, states and latency sample
+/// counts come out the same every time (nothing counted twice, nothing missed).
+#[test]
+fn statistics_do_not_depend_on_arrival_order() {
+    for seed in 1..60u64 {
+        let dir = tempfile::tempdir().unwrap();
+        let store = msgtrail_listener::Store::open(dir.path(), 256, Default::default()).unwrap();
+        let sc = scenarios(now());
+        let mut all: Vec<StageRecord> = sc.iter().flat_map(|s| s.out.clone()).collect();
+        let total = all.len() as u64;
+        let mut rng = Rng(seed * 7919 + 1);
+        rng.shuffle(&mut all);
+        let mut samples: BTreeMap<&str, usize> = BTreeMap::new();
+        let mut i = 0;
+        while i < all.len() {
+            let end = (i + (1 + rng.next() % 20) as usize).min(all.len());
+            // Every batch twice, as a redelivery after a crash would.
+            for _ in 0..2 {
+                let out = store.apply(all[i..end].to_vec(), now()).unwrap();
+                for (_, seg, _) in &out.latencies {
+                    *samples.entry(seg.as_str()).or_default() += 1;
+                }
+            }
+            i = end;
+        }
+        let c = store.counters().unwrap();
+        let funnel: Vec<u64> = ["sent", "stored", "delivered", "acked"]
+            .iter()
+            .map(|f| c[&format!("funnel.{f}")])
+            .collect();
+        assert_eq!(funnel, [6, 5, 4, 3], "seed {seed}");
+        let stages: u64 = c
+            .iter()
+            .filter(|(k, _)| k.starts_with("stage."))
+            .map(|(_, v)| v)
+            .sum();
+        assert_eq!(stages, total, "seed {seed}");
+        assert_eq!(
+            samples.get("end_to_end"),
+            Some(&4),
+            "seed {seed}: {samples:?}"
+        );
+        assert_eq!(
+            samples.get("sent_to_stored"),
+            Some(&5),
+            "seed {seed}: {samples:?}"
+        );
+        let states = store.state_counts().unwrap();
+        assert_eq!(states.values().sum::<u64>(), 6, "seed {seed}: {states:?}");
+        assert_eq!(states.get(&MessageState::Consumed), Some(&3), "seed {seed}");
+    }
+}
