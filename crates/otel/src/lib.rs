@@ -15,11 +15,15 @@
 //! - [`export`]: a bounded, never-blocking queue in front of one OTLP exporter per
 //!   `service.name`, over gRPC or HTTP/protobuf, with retry, backoff and drop counters
 //!   ([`TraceExporter`]).
+//! - [`pipeline`]: the listener's entry point — observe a trajectory whenever it changes and
+//!   each hop is exported once, after a grace, sampled, with left-out hops brought back when
+//!   the trajectory turns bad ([`TracePipeline`]).
 //! - [`error`]: configuration errors ([`ConfigError`]).
 
 pub mod error;
 pub mod export;
 pub mod mapping;
+pub mod pipeline;
 pub mod sampling;
 
 pub use error::ConfigError;
@@ -28,4 +32,5 @@ pub use mapping::{
     hop_span, parse_traceparent, process_span_context, trajectory_spans, MappingOptions,
     ServiceSpan,
 };
+pub use pipeline::{export_requested, PipelineConfig, TracePipeline};
 pub use sampling::{Decision, KeepReason, SamplingPolicy, TailSampler};

@@ -1,0 +1,288 @@
+//! The listener's side of the bridge in one piece: give it a trajectory whenever it changes
+//! (and on the watchdog's ticks), and it exports each hop **once**, when the hop has ended
+//! and a short grace for stragglers has passed — or at once when the hop failed or its
+//! deadline closed it — after asking the tail sampler.
+//!
+//! It remembers, per trace, which hops it exported and which the sampler left out (a 64-bit
+//! hash and a flag per hop, about 100 bytes per trace). When a trajectory that was healthy
+//! turns bad (processing fails at the end, a delivery gets stuck), the hops left out earlier
+//! are exported with the failing one, so the trace is whole. The memory is bounded by
+//! [`PipelineConfig::max_traces`], the oldest trace forgotten first; a forgotten trace that
+//! changes again is exported again, which backends tolerate (same span IDs).
+//!
+//! ```no_run
+//! # async fn demo(t: msgtrail_core::trajectory::Trajectory) -> Result<(), msgtrail_otel::ConfigError> {
+//! use msgtrail_otel::{PipelineConfig, TracePipeline};
+//! use std::time::Duration;
+//!
+//! let mut pipeline = TracePipeline::start(PipelineConfig::from_env()?)?;
+//! let now = msgtrail_core::time::now_nanos();
+//! pipeline.observe(&t, now); // after each change of the trajectory, and on ticks
+//! println!("{}", pipeline.snapshot().render_prometheus());
+//! pipeline.shutdown(Duration::from_secs(5)).await;
+//! # Ok(()) }
+//! ```
+
+use crate::error::ConfigError;
+use crate::export::{ExportConfig, ExportHandle, StatsSnapshot, TraceExporter};
+use crate::mapping::{hop_span, trajectory_trace_id, MappingOptions};
+use crate::sampling::{Decision, SamplingPolicy, TailSampler};
+use msgtrail_core::trajectory::{HopStatus, Trajectory};
+use std::collections::{HashMap, VecDeque};
+use std::time::Duration;
+
+/// How long after a hop ends it is exported, in milliseconds (stragglers: events that arrive
+/// late, such as a duplicate upload after the store-success notice).
+pub const ENV_GRACE_MS: &str = "MSGTRAIL_OTEL_GRACE_MS";
+
+/// `OTEL_EXPORTER_OTLP_ENDPOINT`.
+pub const ENV_ENDPOINT: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
+/// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`.
+pub const ENV_TRACES_ENDPOINT: &str = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT";
+/// `OTEL_TRACES_EXPORTER`: `none` turns export off.
+pub const ENV_TRACES_EXPORTER: &str = "OTEL_TRACES_EXPORTER";
+
+/// Whether the environment asks for OTLP export: an OTLP endpoint is set and
+/// `OTEL_TRACES_EXPORTER` is not `none`. The listener exports only then.
+pub fn export_requested() -> bool {
+    export_requested_in(|k| std::env::var(k).ok())
+}
+
+/// [`export_requested`] reading variables through `get`.
+pub fn export_requested_in(get: impl Fn(&str) -> Option<String>) -> bool {
+    let set = |k: &str| get(k).is_some_and(|v| !v.trim().is_empty());
+    let off = get(ENV_TRACES_EXPORTER).is_some_and(|v| v.trim() == "none");
+    !off && (set(ENV_ENDPOINT) || set(ENV_TRACES_ENDPOINT))
+}
+
+/// Configuration of a [`TracePipeline`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct PipelineConfig {
+    /// The exporter.
+    pub export: ExportConfig,
+    /// The tail-sampling policy.
+    pub sampling: SamplingPolicy,
+    /// Grace after a hop's end before it is exported (default 2 s).
+    pub grace: Duration,
+    /// Most traces remembered at once (default 100,000, about 10 MB).
+    pub max_traces: usize,
+}
+
+impl Default for PipelineConfig {
+    fn default() -> Self {
+        PipelineConfig {
+            export: ExportConfig::default(),
+            sampling: SamplingPolicy::default(),
+            grace: Duration::from_secs(2),
+            max_traces: 100_000,
+        }
+    }
+}
+
+impl PipelineConfig {
+    /// The defaults overridden by the environment ([`ExportConfig::from_env`],
+    /// [`SamplingPolicy::from_env`], [`ENV_GRACE_MS`]).
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// Like [`PipelineConfig::from_env`], reading variables through `get`.
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let mut c = PipelineConfig {
+            export: ExportConfig::from_lookup(&get)?,
+            sampling: SamplingPolicy::from_lookup(&get)?,
+            ..Default::default()
+        };
+        if let Some(v) = get(ENV_GRACE_MS) {
+            c.grace = Duration::from_millis(
+                v.trim()
+                    .parse()
+                    .map_err(|_| ConfigError::invalid(ENV_GRACE_MS, &v, "milliseconds"))?,
+            );
+        }
+        Ok(c)
+    }
+}
+
+/// The hops decided for one trace: (hash of the hop key, exported?). Hashes rather than
+/// keys keep a remembered trace small.
+#[derive(Debug, Default)]
+struct TraceState {
+    hops: Vec<(u64, bool)>,
+}
+
+impl TraceState {
+    fn decided(&self, key: &str) -> bool {
+        let h = key_hash(key);
+        self.hops.iter().any(|(k, _)| *k == h)
+    }
+
+    fn skipped(&self, key: &str) -> bool {
+        let h = key_hash(key);
+        self.hops.iter().any(|(k, exported)| *k == h && !exported)
+    }
+
+    fn set(&mut self, key: &str, exported: bool) {
+        let h = key_hash(key);
+        match self.hops.iter_mut().find(|(k, _)| *k == h) {
+            Some(e) => e.1 = exported,
+            None => self.hops.push((h, exported)),
+        }
+    }
+}
+
+fn key_hash(key: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    key.hash(&mut h);
+    h.finish()
+}
+
+/// Exports trajectories hop by hop, sampled, once each (see the module docs).
+#[derive(Debug)]
+pub struct TracePipeline {
+    exporter: Option<TraceExporter>,
+    handle: ExportHandle,
+    sampler: TailSampler,
+    mapping: MappingOptions,
+    grace_nanos: u64,
+    max_traces: usize,
+    /// Per trace: what was decided, and the generation of its entry in `order`.
+    traces: HashMap<String, (TraceState, u64)>,
+    /// Traces in the order they were first seen; entries of forgotten traces stay until
+    /// compaction (their generation no longer matches), so forgetting is O(1).
+    order: VecDeque<(String, u64)>,
+    generation: u64,
+}
+
+impl TracePipeline {
+    /// Validates the configuration and starts the exporter (within a tokio runtime).
+    pub fn start(config: PipelineConfig) -> Result<Self, ConfigError> {
+        let mapping = MappingOptions {
+            broker_service: config.export.broker_service.clone(),
+            now: None,
+        };
+        let exporter = TraceExporter::start(config.export)?;
+        Ok(TracePipeline {
+            handle: exporter.handle(),
+            exporter: Some(exporter),
+            sampler: TailSampler::new(config.sampling),
+            mapping,
+            grace_nanos: config.grace.as_nanos() as u64,
+            max_traces: config.max_traces.max(1),
+            traces: HashMap::new(),
+            order: VecDeque::new(),
+            generation: 0,
+        })
+    }
+
+    /// Looks at the trajectory as it is at `now` (Unix nanoseconds) and exports the hops
+    /// that are due. Never blocks. Returns how many spans were enqueued.
+    pub fn observe(&mut self, t: &Trajectory, now: u64) -> usize {
+        let Some(trace) = trajectory_trace_id(t).map(|id| id.to_string()) else {
+            return 0;
+        };
+        let due: Vec<&str> = t
+            .hops
+            .iter()
+            .filter(|h| match h.status {
+                HopStatus::Incomplete => false,
+                HopStatus::Error => true,
+                HopStatus::Ok => h
+                    .end
+                    .is_some_and(|e| now >= e.saturating_add(self.grace_nanos)),
+            })
+            .map(|h| h.key.as_str())
+            .collect();
+        if !self.traces.contains_key(&trace) {
+            if due.is_empty() {
+                return 0;
+            }
+            self.remember(trace.clone());
+        }
+        let state = &mut self.traces.get_mut(&trace).expect("remembered above").0;
+        let new: Vec<&str> = due.into_iter().filter(|k| !state.decided(k)).collect();
+        if new.is_empty() {
+            return 0;
+        }
+        let decision = self.sampler.decide(t, new.len());
+        let keys: Vec<String> = match decision {
+            Decision::Keep(reason) => {
+                let mut keys: Vec<String> = new.iter().map(|k| (*k).to_owned()).collect();
+                if reason != crate::sampling::KeepReason::Sampled {
+                    // Turned bad: bring back what was left out, so the trace is whole.
+                    keys.extend(
+                        t.hops
+                            .iter()
+                            .filter(|h| state.skipped(&h.key))
+                            .map(|h| h.key.clone()),
+                    );
+                }
+                keys
+            }
+            Decision::DropRatio | Decision::DropBudget => {
+                self.handle.stats().record_sampled_out(new.len() as u64);
+                for k in new {
+                    state.set(k, false);
+                }
+                return 0;
+            }
+        };
+        let mapping = MappingOptions {
+            now: Some(now),
+            ..self.mapping.clone()
+        };
+        let spans: Vec<_> = keys
+            .iter()
+            .filter_map(|k| t.hop(k))
+            .filter_map(|h| hop_span(t, h, &mapping))
+            .collect();
+        for k in &keys {
+            state.set(k, true);
+        }
+        self.handle.try_export(spans)
+    }
+
+    fn remember(&mut self, trace: String) {
+        while self.traces.len() >= self.max_traces {
+            let Some((old, generation)) = self.order.pop_front() else {
+                break;
+            };
+            if self.traces.get(&old).is_some_and(|(_, g)| *g == generation) {
+                self.traces.remove(&old);
+            }
+        }
+        if self.order.len() >= self.max_traces.saturating_mul(2) {
+            let traces = &self.traces;
+            self.order
+                .retain(|(k, g)| traces.get(k).is_some_and(|(_, tg)| tg == g));
+        }
+        self.generation += 1;
+        self.order.push_back((trace.clone(), self.generation));
+        self.traces
+            .insert(trace, (TraceState::default(), self.generation));
+    }
+
+    /// How many traces are remembered now.
+    pub fn tracked_traces(&self) -> usize {
+        self.traces.len()
+    }
+
+    /// The exporter's handle (for its counters, or to export spans directly).
+    pub fn handle(&self) -> &ExportHandle {
+        &self.handle
+    }
+
+    /// The exporter's counters now.
+    pub fn snapshot(&self) -> StatsSnapshot {
+        self.handle.snapshot()
+    }
+
+    /// Drains the exporter within `grace` (see [`TraceExporter::shutdown`]).
+    pub async fn shutdown(mut self, grace: Duration) -> StatsSnapshot {
+        match self.exporter.take() {
+            Some(e) => e.shutdown(grace).await,
+            None => self.handle.snapshot(),
+        }
+    }
+}
