@@ -220,3 +220,45 @@ fn export_config_reads_the_standard_variables() {
     .unwrap_err();
     assert!(err.to_string().contains("http/json"), "{err}");
 }
+
+/// What examples/consumer_spans.rs does, against the receiver: the application's span made
+/// with the SDK's tracer is a child of the message's process span.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn application_spans_nest_under_the_process_span() {
+    use opentelemetry::trace::{Span, TraceContextExt, Tracer, TracerProvider};
+    let mut rx = OtlpReceiver::start_grpc().await.unwrap();
+    let exporter = {
+        use opentelemetry_otlp::WithExportConfig;
+        opentelemetry_otlp::SpanExporter::builder()
+            .with_tonic()
+            .with_endpoint(rx.endpoint())
+            .build()
+            .unwrap()
+    };
+    let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
+        .with_batch_exporter(exporter)
+        .build();
+    let parent = msgtrail_otel::process_span_context(&message_id(), "billing", "billing-1", 1);
+    let cx = opentelemetry::Context::new().with_remote_span_context(parent);
+    provider
+        .tracer("billing-handler")
+        .start_with_context("charge card", &cx)
+        .end();
+    tokio::task::spawn_blocking(move || provider.shutdown())
+        .await
+        .unwrap()
+        .unwrap();
+    let got = rx.spans(1, Duration::from_secs(10)).await;
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].span.name, "charge card");
+    assert_eq!(got[0].trace_hex(), message_id().trace_hex());
+    let process = Hop::Process {
+        group: "billing",
+        consumer: "billing-1",
+        attempt: 1,
+    };
+    assert_eq!(
+        got[0].parent_hex(),
+        hex(&trace_ids::span_id(&message_id(), &process))
+    );
+}
