@@ -18,16 +18,19 @@
 //! - [`pipeline`]: the listener's entry point — observe a trajectory whenever it changes and
 //!   each hop is exported once, after a grace, sampled, with left-out hops brought back when
 //!   the trajectory turns bad ([`TracePipeline`]).
+//! - [`links`]: links to a message's trace in Jaeger or Grafana/Tempo ([`TraceUi`]).
 //! - [`error`]: configuration errors ([`ConfigError`]).
 
 pub mod error;
 pub mod export;
+pub mod links;
 pub mod mapping;
 pub mod pipeline;
 pub mod sampling;
 
 pub use error::ConfigError;
 pub use export::{ExportConfig, ExportHandle, ExportStats, Protocol, StatsSnapshot, TraceExporter};
+pub use links::TraceUi;
 pub use mapping::{
     hop_span, parse_traceparent, process_span_context, trajectory_spans, MappingOptions,
     ServiceSpan,
