@@ -85,27 +85,35 @@ fn compose_file_describes_the_whole_deployment() {
         }
     }
     // Both brokers are built from the one Dockerfile, run R3 and know every node.
+    let env = |svc: &Value, k: &str| svc["environment"][k].as_str().map(str::to_owned);
+    let all_nodes = |url: Option<String>| {
+        let url = url.unwrap_or_default();
+        (1..=3).all(|n| url.contains(&format!("nats://nats-{n}:4222")))
+    };
     for b in ["broker-1", "broker-2"] {
         let svc = &compose["services"][b];
         let cmd = strs(&svc["command"]);
         assert_eq!(cmd.first().map(String::as_str), Some("broker"));
         assert!(cmd.iter().any(|a| a == "--replicas=3"), "{b}: {cmd:?}");
-        assert!(cmd.iter().any(|a| a.starts_with("--user=broker")), "{b}");
         assert!(
-            cmd.iter().any(|a| a.contains("nats-1:4222")
-                && a.contains("nats-2:4222")
-                && a.contains("nats-3:4222")),
+            cmd.iter().any(|a| a.starts_with("--clients=")),
             "{b}: {cmd:?}"
         );
+        assert_eq!(env(svc, "NATS_USER").as_deref(), Some("broker"), "{b}");
+        assert!(env(svc, "NATS_PASSWORD").is_some(), "{b}");
+        assert!(all_nodes(env(svc, "NATS_URL")), "{b}");
         assert_eq!(svc["build"]["dockerfile"].as_str(), Some("Dockerfile"));
     }
     let listener = &compose["services"]["listener"];
     let cmd = strs(&listener["command"]);
     assert_eq!(cmd.first().map(String::as_str), Some("listener"));
-    assert!(cmd.iter().any(|a| a == "--http=0.0.0.0:7070"));
-    assert!(listener["environment"]["OTEL_EXPORTER_OTLP_ENDPOINT"]
-        .as_str()
-        .is_some());
+    assert_eq!(env(listener, "NATS_USER").as_deref(), Some("listener"));
+    assert!(all_nodes(env(listener, "NATS_URL")));
+    assert_eq!(
+        env(listener, "MSGTRAIL_LISTENER_ADDR").as_deref(),
+        Some("0.0.0.0:7380")
+    );
+    assert!(env(listener, "OTEL_EXPORTER_OTLP_ENDPOINT").is_some());
     // Every file a service mounts from the repository exists.
     for (name, svc) in services {
         for vol in strs(&svc["volumes"]) {
@@ -152,7 +160,7 @@ fn tracing_stack_configs_parse_and_connect() {
     assert_eq!(listener["metrics_path"].as_str(), Some("/metrics"));
     assert_eq!(
         strs(&listener["static_configs"][0]["targets"]),
-        ["listener:7070"]
+        ["listener:7380"]
     );
 
     let ds = yaml("grafana/provisioning/datasources/datasources.yaml");
