@@ -52,7 +52,7 @@ async fn run_script(
         .args(["--producer-id", producer.client_id.as_str()])
         .args(["--consumer-id", consumer.client_id.as_str()])
         .args(["--topic", TOPIC, "--group", GROUP, "--payload", PAYLOAD])
-        .args(["--request-id", request_id])
+        .args(["--request-id", request_id, "--trace"])
         // Seeds through the environment, as the script recommends.
         .env("MSGTRAIL_PRODUCER_SEED", producer_seed)
         .env("MSGTRAIL_CONSUMER_SEED", consumer.seed())
@@ -71,12 +71,11 @@ async fn run_script(
                 .unwrap_or_else(|e| panic!("not a JSON line ({e}): {l}\nstderr:\n{stderr}"))
         })
         .collect();
-    if !out.status.success() {
-        eprintln!(
-            "raw_client.py exited with {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
-            out.status
-        );
-    }
+    // The wire trace (--trace), shown when the test fails or runs with --nocapture.
+    eprintln!(
+        "raw_client.py exited with {}\nstdout:\n{stdout}\nstderr (wire trace):\n{stderr}",
+        out.status
+    );
     (out.status.success(), lines)
 }
 
@@ -114,32 +113,83 @@ fn of(recs: &[StageRecord], stage: Stage) -> Vec<&StageRecord> {
     recs.iter().filter(|r| r.stage == stage).collect()
 }
 
+/// A nats-server and an in-process broker configured with `producer` (topics `ptopics`) and
+/// `consumer` (topics `ctopics`).
+struct System {
+    server: NatsServer,
+    broker: msgtrail_broker::RunningBroker,
+    nats: async_nats::Client,
+}
+
+impl System {
+    async fn start(
+        producer: &Identity,
+        ptopics: &[&str],
+        consumer: &Identity,
+        ctopics: &[&str],
+    ) -> System {
+        let server = NatsServer::start().expect("nats-server starts");
+        let entry = |ident: &Identity, role: Role, topics: &[&str]| ClientEntry {
+            id: ident.client_id.clone(),
+            role,
+            public_key: ident.public_key(),
+            topics: topics.iter().map(|t| t.to_string()).collect(),
+            service_name: None,
+        };
+        let broker = msgtrail_broker::start(BrokerConfig {
+            nats: NatsOptions::url(server.url()),
+            clients: ClientRegistry::new(vec![
+                entry(producer, Role::Producer, ptopics),
+                entry(consumer, Role::Consumer, ctopics),
+            ])
+            .unwrap(),
+            stage_batch_linger: Duration::from_millis(5),
+            ..Default::default()
+        })
+        .await
+        .expect("broker starts");
+        let nats = async_nats::connect(server.url()).await.unwrap();
+        System {
+            server,
+            broker,
+            nats,
+        }
+    }
+
+    /// Waits until the stage stream holds every stage of `want` among the records `keep`
+    /// selects, and returns those records; fails after 10 s with what it saw.
+    async fn records_until(
+        &self,
+        want: &[Stage],
+        keep: impl Fn(&StageRecord) -> bool,
+    ) -> Vec<StageRecord> {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let recs: Vec<StageRecord> = stage_records(&self.nats)
+                .await
+                .into_iter()
+                .filter(|r| keep(r))
+                .collect();
+            if want.iter().all(|w| recs.iter().any(|r| r.stage == *w)) {
+                return recs;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "stage records never completed: {:?}",
+                recs.iter().map(|r| r.stage).collect::<Vec<_>>()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_raw_client_walks_the_protocol_and_its_trajectory_is_recorded() {
     require_python_packages().await;
-    let server = NatsServer::start().expect("nats-server starts");
     let producer = Identity::generate(ClientId::new("py-producer").unwrap());
     let consumer = Identity::generate(ClientId::new("py-consumer").unwrap());
-    let entry = |ident: &Identity, role: Role, topics: &[&str]| ClientEntry {
-        id: ident.client_id.clone(),
-        role,
-        public_key: ident.public_key(),
-        topics: topics.iter().map(|t| t.to_string()).collect(),
-        service_name: None,
-    };
-    let broker = msgtrail_broker::start(BrokerConfig {
-        nats: NatsOptions::url(server.url()),
-        clients: ClientRegistry::new(vec![
-            entry(&producer, Role::Producer, &["py.>"]),
-            entry(&consumer, Role::Consumer, &["py.orders.*"]),
-        ])
-        .unwrap(),
-        stage_batch_linger: Duration::from_millis(5),
-        ..Default::default()
-    })
-    .await
-    .expect("broker starts");
-    let nats = async_nats::connect(server.url()).await.unwrap();
+    let sys = System::start(&producer, &["py.>"], &consumer, &["py.orders.*"]).await;
+    let (server, nats) = (&sys.server, &sys.nats);
 
     // A wrong key is refused with the documented error reply, and the script says so.
     let (ok, lines) = run_script(
@@ -232,7 +282,6 @@ async fn python_raw_client_walks_the_protocol_and_its_trajectory_is_recorded() {
     );
 
     // The stage stream holds the whole trajectory, the client's records relayed by the broker.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     let want = [
         Stage::UploadSent,
         Stage::UploadReceived,
@@ -247,26 +296,12 @@ async fn python_raw_client_walks_the_protocol_and_its_trajectory_is_recorded() {
         Stage::PullAckReceived,
         Stage::NoMatch,
     ];
-    let recs = loop {
-        let recs: Vec<StageRecord> = stage_records(&nats)
-            .await
-            .into_iter()
-            .filter(|r| {
-                r.message_id == Some(message_id)
-                    || r.request_id.as_ref().map(|r| r.as_str()) == Some(request_id)
-                    || (r.stage == Stage::NoMatch && r.topic.as_deref() == Some(TOPIC))
-            })
-            .collect();
-        if want.iter().all(|w| recs.iter().any(|r| r.stage == *w)) {
-            break recs;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "stage records never completed: {:?}",
-            recs.iter().map(|r| r.stage).collect::<Vec<_>>()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let recs = sys
+        .records_until(&want, |r| {
+            r.message_id == Some(message_id)
+                || r.request_id.as_ref().map(|r| r.as_str()) == Some(request_id)
+        })
+        .await;
     for stage in want {
         assert_eq!(of(&recs, stage).len(), 1, "exactly one {stage}: {recs:#?}");
     }
@@ -335,13 +370,17 @@ async fn python_raw_client_walks_the_protocol_and_its_trajectory_is_recorded() {
         n1.consumer.as_ref().map(|c| c.as_str()),
         Some("py-consumer")
     );
-    assert_eq!(n1.detail.as_deref(), Some("category=refund"));
+    assert_eq!(n1.group.as_ref().map(|g| g.as_str()), Some(GROUP));
+    assert_eq!(
+        n1.detail, None,
+        "a fetch by message ID has no attribute filter"
+    );
     // The client's records are stamped with its own clock, before the broker's matching ones.
     assert!(p1.at <= p2.at, "P1 at {} after P2 at {}", p1.at, p2.at);
     assert!(one(Stage::PullAckSent).at <= one(Stage::PullAckReceived).at);
 
     // Channels: A1 opened for both (and refused for the wrong key), closed for both.
-    let all = stage_records(&nats).await;
+    let all = stage_records(nats).await;
     let a1 = |outcome: &str| {
         of(&all, Stage::Channel)
             .into_iter()
@@ -352,5 +391,187 @@ async fn python_raw_client_walks_the_protocol_and_its_trajectory_is_recorded() {
     assert_eq!(a1("refused"), 1);
     assert_eq!(a1("closed"), 2);
 
-    broker.shutdown().await;
+    sys.broker.shutdown().await;
+}
+
+/// docs/PROTOCOL.md, read at test time so the tests below check the document itself.
+fn protocol_md() -> String {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs/PROTOCOL.md");
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The ```python block after the worked-example marker of docs/PROTOCOL.md.
+fn worked_example() -> String {
+    let doc = protocol_md();
+    let marker = "<!-- worked-example:";
+    let after = &doc[doc
+        .find(marker)
+        .expect("PROTOCOL.md has the worked-example marker")..];
+    let start = after
+        .find("```python\n")
+        .expect("a python block follows the marker")
+        + 10;
+    let len = after[start..].find("\n```").expect("the python block ends");
+    after[start..start + len + 1].to_owned()
+}
+
+/// The worked example of docs/PROTOCOL.md §17, run as written against a broker configured
+/// like `msgtrail dev` (producer `dev-producer`, consumer `dev-consumer`, any topic), with
+/// a dev file of the shape `msgtrail dev` writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn protocol_md_worked_example_runs_and_records_the_trajectory() {
+    require_python_packages().await;
+    let producer = Identity::generate(ClientId::new("dev-producer").unwrap());
+    let consumer = Identity::generate(ClientId::new("dev-consumer").unwrap());
+    let sys = System::start(&producer, &[">"], &consumer, &[">"]).await;
+    // Another message waits in the topic first (sent with the Rust SDK): the example must
+    // fetch its own message, not this one.
+    let decoy = msgtrail_client::Producer::connect(sys.nats.clone(), producer.clone())
+        .await
+        .expect("SDK producer channel opens")
+        .send("orders.eu", "an earlier message")
+        .await
+        .expect("decoy stored");
+    let dir = std::env::temp_dir().join(format!(
+        "msgtrail-worked-example-{}-{}",
+        std::process::id(),
+        msgtrail_core::time::now_nanos()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let dev_file = dir.join("dev.json");
+    let script = dir.join("worked_example.py");
+    std::fs::write(
+        &dev_file,
+        serde_json::json!({
+            "nats_url": sys.server.url(),
+            "producer": {"id": "dev-producer", "seed": producer.seed()},
+            "consumer": {"id": "dev-consumer", "seed": consumer.seed()},
+            "listener_url": null,
+        })
+        .to_string(),
+    )
+    .unwrap();
+    std::fs::write(&script, worked_example()).unwrap();
+    let run = tokio::process::Command::new("python3")
+        .arg(&script)
+        .env("MSGTRAIL_DEV_FILE", &dev_file)
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .expect("the worked example finishes within 60 s")
+        .expect("python3 runs");
+    let _ = std::fs::remove_dir_all(&dir);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "the worked example failed: {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        out.status
+    );
+    let lines: Vec<Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    assert_eq!(lines.len(), 3, "{stdout}");
+    let stored = &lines[0]["stored"];
+    let message_id: MessageId = stored["message_id"].as_str().unwrap().parse().unwrap();
+    assert_eq!(stored["duplicate"], false);
+    assert_ne!(message_id, decoy.message_id);
+    assert_eq!(lines[1]["received"], message_id.to_string());
+    assert_eq!(lines[1]["payload"], r#"{"order": 42}"#);
+    assert_eq!(
+        lines[1]["attributes"],
+        serde_json::json!({"category": "refund"})
+    );
+    assert_eq!(lines[2]["acked"], message_id.to_string());
+    assert_eq!(lines[2]["trace_id"], message_id.trace_hex());
+
+    let want = [
+        Stage::UploadSent,
+        Stage::UploadReceived,
+        Stage::Stored,
+        Stage::StoreConfirmed,
+        Stage::PullSent,
+        Stage::PullReceived,
+        Stage::PullAckSent,
+        Stage::PullAckReceived,
+    ];
+    let request_id = stored["request_id"].as_str().unwrap().to_owned();
+    let recs = sys
+        .records_until(&want, |r| {
+            r.message_id == Some(message_id)
+                || r.request_id.as_ref().map(|r| r.as_str()) == Some(request_id.as_str())
+        })
+        .await;
+    for stage in want {
+        assert_eq!(of(&recs, stage).len(), 1, "exactly one {stage}: {recs:#?}");
+    }
+    for s in [Stage::PullReceived, Stage::PullAckSent] {
+        let r = of(&recs, s)[0];
+        assert_eq!(
+            r.consumer.as_ref().map(|c| c.as_str()),
+            Some("dev-consumer")
+        );
+        assert_eq!(r.group.as_ref().map(|g| g.as_str()), Some("billing"));
+        assert_eq!(r.attempt, Some(1));
+    }
+    assert_eq!(
+        of(&recs, Stage::PullAckReceived)[0].outcome.as_deref(),
+        Some("ack")
+    );
+    sys.broker.shutdown().await;
+}
+
+/// The span and orphan trace IDs printed in docs/PROTOCOL.md §13 are those msgtrail-core
+/// computes.
+#[test]
+fn protocol_md_trace_id_examples_match_msgtrail_core() {
+    use msgtrail_core::trace_ids::{hex, orphan_trace_id, span_id, trace_id, Hop};
+    use msgtrail_core::RequestId;
+    let doc = protocol_md();
+    let m: MessageId = "0193a5f2-7c1e-7b2a-9f10-3c4d5e6f7a8b".parse().unwrap();
+    assert!(doc.contains(&format!("# {}", hex(&trace_id(&m)))));
+    let mut checked = 0;
+    for line in doc.lines() {
+        let Some((call, expected)) = line.split_once("# ") else {
+            continue;
+        };
+        let expected = expected.trim();
+        if let Some(hop) = call
+            .trim()
+            .strip_prefix("span_id(m, \"")
+            .and_then(|r| r.strip_suffix("\")"))
+        {
+            let parts: Vec<&str> = hop.split('/').collect();
+            let hop = match parts[..] {
+                ["send"] => Hop::Send,
+                ["store"] => Hop::Store,
+                ["deliver", group, consumer, n] => Hop::Deliver {
+                    group,
+                    consumer,
+                    attempt: n.parse().unwrap(),
+                },
+                ["process", group, consumer, n] => Hop::Process {
+                    group,
+                    consumer,
+                    attempt: n.parse().unwrap(),
+                },
+                _ => panic!("unknown hop in PROTOCOL.md: {hop}"),
+            };
+            assert_eq!(hex(&span_id(&m, &hop)), expected, "{line}");
+            checked += 1;
+        } else if call.trim() == "orphan_trace_id(\"shop\", \"order-42\")" {
+            let id = orphan_trace_id(
+                &ClientId::new("shop").unwrap(),
+                &RequestId::new("order-42").unwrap(),
+            );
+            assert_eq!(hex(&id), expected, "{line}");
+            checked += 1;
+        }
+    }
+    assert_eq!(
+        checked, 5,
+        "PROTOCOL.md §13 lists four span IDs and one orphan trace ID"
+    );
 }

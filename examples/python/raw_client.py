@@ -7,11 +7,11 @@ It walks the whole protocol of docs/PROTOCOL.md once:
  2. uploads one message with an attribute (category=refund) and reports its own P1 and P4;
  3. uploads it again with the same request ID (a retry): the broker stores it once and
     answers with the same message ID and "duplicate": true;
- 4. opens a consumer channel, keeps it alive once, fetches the message (pull) with an
-    attribute filter, and decodes its base64 payload;
+ 4. opens a consumer channel, keeps it alive once, fetches the message (pull) by its
+    message ID in the consumer group, and decodes its base64 payload;
  5. reports C6 (received), X1/X2 (processing started/finished) and C7 (ack sent) as one
     newline-delimited JSON batch, then acks the delivery (the broker records C8);
- 6. fetches again and gets the no-matching-message notice;
+ 6. fetches it again and gets the no-matching-message notice;
  7. closes both channels.
 
 Every step prints one JSON line on stdout ({"event": ...}); a refusal prints
@@ -29,6 +29,7 @@ Arguments (each flag may come from the environment variable in brackets):
   --group          [MSGTRAIL_GROUP]           consumer group; default: the consumer ID
   --payload        [MSGTRAIL_PAYLOAD]         default: a small JSON document
   --request-id     [MSGTRAIL_REQUEST_ID]      default: generated (py-<uuid4>)
+  --trace                                     print every request and reply on stderr
 
 Example:
   NATS_URL=nats://127.0.0.1:4222 \\
@@ -67,6 +68,7 @@ ACK = "msgtrail.v1.ack"
 STAGE = "msgtrail.v1.stage"
 
 TIMEOUT = 5.0  # seconds, for every request but fetch
+TRACE = False  # --trace: print every request and reply on stderr
 
 
 class Refused(Exception):
@@ -94,6 +96,20 @@ async def request(nc, subject, body=b"", headers=None, timeout=TIMEOUT):
     if isinstance(body, (dict, list)):
         body = json.dumps(body).encode()
     reply = await nc.request(subject, body, timeout=timeout, headers=headers)
+    if TRACE:
+        print(
+            json.dumps(
+                {
+                    "subject": subject,
+                    "headers": headers or {},
+                    "body": body.decode(errors="replace"),
+                    "reply_headers": reply.headers or {},
+                    "reply": reply.data.decode(errors="replace"),
+                }
+            ),
+            file=sys.stderr,
+            flush=True,
+        )
     status = header(reply, "Nats-Service-Error-Code")
     if status is not None or header(reply, "Msgtrail-Error") is not None:
         raise Refused(
@@ -199,11 +215,14 @@ async def walk(nc, args):
     kept = await request(nc, KEEPALIVE, {"channel": consumer})
     emit(event="keepalive", channel=consumer, ttl_ms=kept["ttl_ms"])
 
+    # Fetch this very message by its ID (so other messages of the topic, waiting for the
+    # group, are left alone). A fetch by topic would be the same without "message_id", plus
+    # "filter": {"category": "refund"} to take only messages with that attribute.
     fetch = {
         "channel": consumer,
         "group": group,
         "topic": topic,
-        "filter": attrs,
+        "message_id": stored["message_id"],
         "max": 1,
         "wait_ms": 5000,
     }
@@ -251,7 +270,8 @@ async def walk(nc, args):
     await request(nc, ACK, {"channel": consumer, "token": d["ack_token"], "kind": "ack"})
     emit(event="acked", message_id=d["message_id"], kind="ack")
 
-    # Nothing left: the broker answers with the no-matching-message notice (and records N1).
+    # Acked: fetching it again finds nothing, and the broker answers with the
+    # no-matching-message notice (and records N1).
     reply = await request(nc, FETCH, {**fetch, "wait_ms": 200}, timeout=TIMEOUT + 1)
     emit(event="fetched_none", notice=reply.get("notice"), messages=len(reply["messages"]))
 
@@ -272,6 +292,7 @@ def parse_args(argv):
     p.add_argument("--group", default=env("MSGTRAIL_GROUP"))
     p.add_argument("--payload", default=env("MSGTRAIL_PAYLOAD", '{"order": 42, "amount": "9.90"}'))
     p.add_argument("--request-id", default=env("MSGTRAIL_REQUEST_ID"))
+    p.add_argument("--trace", action="store_true", help="print every request and reply on stderr")
     args = p.parse_args(argv)
     missing = [
         flag
@@ -289,7 +310,9 @@ def parse_args(argv):
 
 
 def main(argv=None):
+    global TRACE
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    TRACE = args.trace
     try:
         asyncio.run(run(args))
     except Refused as e:
