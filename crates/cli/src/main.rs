@@ -27,6 +27,12 @@ enum Command {
     Send(commands::send::SendArgs),
     /// Consume messages (pull or push).
     Consume(commands::consume::ConsumeArgs),
+    /// Run a listener: shadow messages, trajectories, statistics, HTTP API.
+    Listener(commands::listener::Args),
+    /// Show a message's trajectory by message ID or request ID.
+    Trace(commands::trace::Args),
+    /// Show latency percentiles, counts by state, the funnel and ingest lag.
+    Stats(commands::stats::Args),
 }
 
 #[tokio::main]
@@ -44,6 +50,9 @@ async fn main() {
         Command::Broker(a) => commands::broker::run(&cli.nats, a).await,
         Command::Send(a) => commands::send::run(&cli.nats, a).await,
         Command::Consume(a) => commands::consume::run(&cli.nats, a).await,
+        Command::Listener(a) => commands::listener::run(&cli.nats, a).await,
+        Command::Trace(a) => commands::trace::run(a).await,
+        Command::Stats(a) => commands::stats::run(a).await,
     };
     if let Err(e) = result {
         eprintln!("msgtrail: {e:#}");

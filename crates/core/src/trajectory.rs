@@ -384,7 +384,8 @@ fn is_process_stage(s: Stage) -> bool {
     )
 }
 
-fn ms(nanos: u64) -> String {
+/// A latency in words for humans: `0.8 ms`, `41 ms`, `2.97 s`.
+pub fn format_latency(nanos: u64) -> String {
     let ms = nanos as f64 / 1e6;
     if ms >= 1000.0 {
         format!("{:.2} s", ms / 1000.0)
@@ -395,7 +396,8 @@ fn ms(nanos: u64) -> String {
     }
 }
 
-fn clock(nanos: u64) -> String {
+/// The UTC time of day with milliseconds: `12:00:01.003`.
+pub fn format_clock(nanos: u64) -> String {
     // `2026-12-01T12:00:01.003Z` → `12:00:01.003`
     let s = format_rfc3339_millis(nanos);
     s.get(11..23).unwrap_or(&s).to_owned()
@@ -1278,7 +1280,7 @@ fn diagnose(t: &Trajectory) -> String {
             } else {
                 String::new()
             };
-            parts.push(format!("sent{who} {}{tries}", clock(send.start)));
+            parts.push(format!("sent{who} {}{tries}", format_clock(send.start)));
         }
     }
     if t.duplicates > 0 {
@@ -1290,13 +1292,18 @@ fn diagnose(t: &Trajectory) -> String {
                 let lat = t
                     .hop("send")
                     .filter(|s| !s.synthesized)
-                    .map(|s| format!(" ({} after sending)", ms(end.saturating_sub(s.start))))
+                    .map(|s| {
+                        format!(
+                            " ({} after sending)",
+                            format_latency(end.saturating_sub(s.start))
+                        )
+                    })
                     .unwrap_or_default();
-                parts.push(format!("stored {}{lat}", clock(end)));
+                parts.push(format!("stored {}{lat}", format_clock(end)));
             }
             None => parts.push(format!(
                 "received by the broker {}, not stored",
-                clock(st.start)
+                format_clock(st.start)
             )),
         },
         None => {
@@ -1318,10 +1325,10 @@ fn diagnose(t: &Trajectory) -> String {
                 format!(
                     "redelivered to {}/{c}, attempt {a}, at {}",
                     g.group,
-                    clock(d.start)
+                    format_clock(d.start)
                 )
             } else {
-                format!("delivered to {}/{c} at {}", g.group, clock(d.start))
+                format!("delivered to {}/{c} at {}", g.group, format_clock(d.start))
             };
             parts.push(intro);
             let p = t.hops.iter().find(|h| {
@@ -1338,9 +1345,10 @@ fn diagnose(t: &Trajectory) -> String {
                 }
             }
             match d.status {
-                HopStatus::Ok => {
-                    parts.push(format!("acked after {}", ms(d.latency_nanos.unwrap_or(0))))
-                }
+                HopStatus::Ok => parts.push(format!(
+                    "acked after {}",
+                    format_latency(d.latency_nanos.unwrap_or(0))
+                )),
                 _ => {
                     if let Some(r) = &d.reason {
                         parts.push(r.clone());
@@ -1349,7 +1357,11 @@ fn diagnose(t: &Trajectory) -> String {
             }
         }
         if let Some(e) = g.end_to_end_nanos {
-            parts.push(format!("group {} done {} end to end", g.group, ms(e)));
+            parts.push(format!(
+                "group {} done {} end to end",
+                g.group,
+                format_latency(e)
+            ));
         }
     }
     if t.groups.is_empty() && t.state == MessageState::Enqueued {

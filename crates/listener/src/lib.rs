@@ -96,6 +96,21 @@ impl ListenerHandle {
         first
     }
 
+    /// Runs until `shutdown` completes (or a task fails), then drains and stops.
+    pub async fn run_until(
+        mut self,
+        shutdown: impl Future<Output = ()>,
+    ) -> Result<(), ListenerError> {
+        tokio::select! {
+            _ = shutdown => {}
+            r = self.failed() => {
+                let _ = self.stop.send(true);
+                r?;
+            }
+        }
+        self.shutdown().await
+    }
+
     /// Stops every task at once without draining, as a crash would (for tests of recovery).
     pub async fn abort(mut self) {
         self.tasks.abort_all();
@@ -119,10 +134,31 @@ impl ListenerHandle {
     }
 }
 
-/// Starts the listener: validates the configuration, opens the store, connects to NATS,
-/// creates (or gets) the stage stream and the durable consumer, binds the HTTP API, and
-/// spawns ingest, the watchdog and the server.
+/// Starts the listener: validates the configuration, opens the store, connects to NATS
+/// (`nats_url`, `nats_credentials`), creates (or gets) the stage stream and the durable
+/// consumer, binds the HTTP API, and spawns ingest, the watchdog and the server.
 pub async fn start(config: ListenerConfig) -> Result<ListenerHandle, ListenerError> {
+    config.validate()?;
+    let mut opts = async_nats::ConnectOptions::new().name("msgtrail-listener");
+    if let Some(creds) = &config.nats_credentials {
+        opts = opts
+            .credentials_file(creds)
+            .await
+            .map_err(|e| ListenerError::Nats(format!("credentials {}: {e}", creds.display())))?;
+    }
+    let client = opts
+        .connect(config.nats_url.as_str())
+        .await
+        .map_err(|e| ListenerError::Nats(format!("connect to {}: {e}", config.nats_url)))?;
+    start_with_client(config, client).await
+}
+
+/// Like [`start`], over a NATS connection the caller made (with whatever authentication
+/// and TLS it needs); `config.nats_url` is then only informative.
+pub async fn start_with_client(
+    config: ListenerConfig,
+    client: async_nats::Client,
+) -> Result<ListenerHandle, ListenerError> {
     config.validate()?;
     let started_at = now_nanos();
     let cfg = config.clone();
@@ -144,18 +180,6 @@ pub async fn start(config: ListenerConfig) -> Result<ListenerHandle, ListenerErr
         counters,
         states,
     ));
-
-    let mut opts = async_nats::ConnectOptions::new().name("msgtrail-listener");
-    if let Some(creds) = &config.nats_credentials {
-        opts = opts
-            .credentials_file(creds)
-            .await
-            .map_err(|e| ListenerError::Nats(format!("credentials {}: {e}", creds.display())))?;
-    }
-    let client = opts
-        .connect(config.nats_url.as_str())
-        .await
-        .map_err(|e| ListenerError::Nats(format!("connect to {}: {e}", config.nats_url)))?;
     let js = async_nats::jetstream::new(client);
     let consumer = ingest::consumer(
         &js,
@@ -219,15 +243,19 @@ pub async fn run(
     config: ListenerConfig,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ListenerError> {
-    let mut handle = start(config).await?;
-    tokio::select! {
-        _ = shutdown => {}
-        r = handle.failed() => {
-            let _ = handle.stop.send(true);
-            r?;
-        }
-    }
-    handle.shutdown().await
+    start(config).await?.run_until(shutdown).await
+}
+
+/// Like [`run`], over a NATS connection the caller made.
+pub async fn run_with_client(
+    config: ListenerConfig,
+    client: async_nats::Client,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ListenerError> {
+    start_with_client(config, client)
+        .await?
+        .run_until(shutdown)
+        .await
 }
 
 /// Resolves once the stop flag is set (or its sender is gone).

@@ -405,6 +405,16 @@ async fn shuffled_batches_give_the_same_trajectories_as_in_order() {
         (e2e_count(&s) == Some(4)).then_some(())
     })
     .await;
+    // The values themselves (synthetic times): ok 17 ms, retry 62 ms, two 23 ms twice.
+    let s = c.stats(Some("orders.eu")).await.unwrap();
+    let e2e = &s
+        .latency
+        .iter()
+        .find(|r| r.segment.as_str() == "end_to_end")
+        .unwrap()
+        .total;
+    assert!((61.0..=63.0).contains(&e2e.max_ms), "{e2e:?}");
+    assert!((22.0..=24.0).contains(&e2e.p50_ms), "{e2e:?}");
     let only_us = c.stats(Some("orders.us")).await.unwrap();
     assert!(only_us.latency.iter().all(|r| r.topic == "orders.us"));
 

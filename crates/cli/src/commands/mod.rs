@@ -3,4 +3,7 @@
 pub mod broker;
 pub mod consume;
 pub mod dev;
+pub mod listener;
 pub mod send;
+pub mod stats;
+pub mod trace;

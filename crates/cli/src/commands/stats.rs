@@ -1,0 +1,179 @@
+//! `msgtrail stats [--topic T] [--json]`: the listener's statistics as a table.
+
+use super::trace::ListenerArgs;
+use anyhow::Context;
+use clap::Args as ClapArgs;
+use msgtrail_core::trajectory::{format_latency as ms, MessageState};
+use msgtrail_listener::stats::LatencyStats;
+use msgtrail_listener::StatsSnapshot;
+
+/// Options of `msgtrail stats`.
+#[derive(Debug, ClapArgs)]
+pub struct Args {
+    /// Only the latencies of this topic.
+    #[arg(long)]
+    pub topic: Option<String>,
+    /// Print the statistics as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Where the listener is.
+    #[command(flatten)]
+    pub listener: ListenerArgs,
+}
+
+/// Fetches and prints the statistics.
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    let client = args.listener.client()?;
+    let s = client
+        .stats(args.topic.as_deref())
+        .await
+        .context("query failed")?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&s)?);
+    } else {
+        print!("{}", render(&s));
+    }
+    Ok(())
+}
+
+fn pct(part: u64, whole: u64) -> String {
+    if whole == 0 {
+        String::new()
+    } else {
+        format!(" ({:.0}%)", part as f64 * 100.0 / whole as f64)
+    }
+}
+
+fn lat(v: f64) -> String {
+    ms((v * 1e6) as u64)
+}
+
+fn row(topic: &str, segment: &str, l: &LatencyStats) -> String {
+    format!(
+        "{topic:<20} {segment:<22} {:>7} {:>8.2} {:>9} {:>9} {:>9} {:>9}\n",
+        l.count,
+        l.rate_per_sec,
+        lat(l.p50_ms),
+        lat(l.p90_ms),
+        lat(l.p99_ms),
+        lat(l.max_ms)
+    )
+}
+
+/// The statistics as printed by `msgtrail stats`.
+pub fn render(s: &StatsSnapshot) -> String {
+    let mut o = String::new();
+    let states: Vec<String> = MessageState::ALL
+        .iter()
+        .filter_map(|st| s.states.get(st).map(|n| format!("{st} {n}")))
+        .collect();
+    o.push_str(&format!(
+        "messages by state   {}\n",
+        if states.is_empty() {
+            "none yet".to_owned()
+        } else {
+            states.join(" · ")
+        }
+    ));
+    let f = &s.funnel;
+    o.push_str(&format!(
+        "funnel              sent {} → stored {}{} → delivered {}{} → acked {}{}\n",
+        f.sent,
+        f.stored,
+        pct(f.stored, f.sent),
+        f.delivered,
+        pct(f.delivered, f.sent),
+        f.acked,
+        pct(f.acked, f.sent)
+    ));
+    let e = &s.events;
+    o.push_str(&format!(
+        "events              stuck {} · lost {} · duplicates {} · redeliveries {} · dead letters {} · no-match {} · refused channels {}\n",
+        s.states.get(&MessageState::Stuck).copied().unwrap_or(0),
+        s.states.get(&MessageState::Lost).copied().unwrap_or(0),
+        e.duplicates,
+        e.redeliveries,
+        e.dead_letters,
+        e.no_match,
+        e.channels_refused
+    ));
+    let i = &s.ingest;
+    o.push_str(&format!(
+        "ingest              {} records · {} repeated (skipped) · {} undecodable batches dropped · {} store errors\n",
+        i.records, i.repeated_records, i.decode_errors, i.store_errors
+    ));
+    o.push_str(&format!(
+        "lag                 {} pending · {} being applied · last batch {} old\n",
+        s.lag.pending,
+        s.lag.ack_pending,
+        s.lag.last_lag_ms.map(lat).unwrap_or_else(|| "–".to_owned())
+    ));
+    if e.retention_deleted > 0 {
+        o.push_str(&format!(
+            "retention           {} messages deleted\n",
+            e.retention_deleted
+        ));
+    }
+    o.push('\n');
+    if s.latency.is_empty() {
+        o.push_str("no latency samples yet\n");
+        return o;
+    }
+    o.push_str(&format!(
+        "latency over the last {} s (since start below each)\n",
+        s.window_secs
+    ));
+    o.push_str(&format!(
+        "{:<20} {:<22} {:>7} {:>8} {:>9} {:>9} {:>9} {:>9}\n",
+        "topic", "segment", "count", "rate/s", "p50", "p90", "p99", "max"
+    ));
+    for r in &s.latency {
+        let topic = if r.topic.is_empty() { "?" } else { &r.topic };
+        o.push_str(&row(topic, r.segment.as_str(), &r.window));
+        o.push_str(&row("", "  since start", &r.total));
+    }
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use msgtrail_core::trajectory::Segment;
+    use msgtrail_listener::stats::{Funnel, LatencyRow};
+
+    #[test]
+    fn table_shows_states_funnel_and_latencies() {
+        let mut s = StatsSnapshot {
+            window_secs: 300,
+            funnel: Funnel {
+                sent: 4,
+                stored: 4,
+                delivered: 3,
+                acked: 2,
+            },
+            ..Default::default()
+        };
+        s.states.insert(MessageState::Consumed, 2);
+        s.states.insert(MessageState::Stuck, 1);
+        s.latency.push(LatencyRow {
+            topic: "orders".into(),
+            segment: Segment::EndToEnd,
+            window: LatencyStats {
+                count: 2,
+                rate_per_sec: 0.5,
+                p50_ms: 12.0,
+                p90_ms: 40.0,
+                p99_ms: 41.0,
+                max_ms: 41.0,
+                mean_ms: 26.5,
+            },
+            total: LatencyStats::default(),
+        });
+        let out = render(&s);
+        assert!(out.contains("consumed 2 · stuck 1"), "{out}");
+        assert!(out.contains("acked 2 (50%)"), "{out}");
+        assert!(out.contains("stuck 1 · lost 0"), "{out}");
+        assert!(out.contains("end_to_end"), "{out}");
+        assert!(out.contains("12 ms"), "{out}");
+    }
+}

@@ -1,0 +1,402 @@
+//! `msgtrail trace <message-id | request-id>`: a message's trajectory as a timeline, from
+//! the listener's HTTP API (`--json` prints the whole trajectory as the API gives it).
+
+use anyhow::Context;
+use clap::Args as ClapArgs;
+use msgtrail_core::stage::Stage;
+use msgtrail_core::trajectory::{
+    format_clock as clock, format_latency as ms, DeliveryMode, HopKind, HopSpan, HopStatus,
+    MessageState, Trajectory,
+};
+use msgtrail_core::StageRecord;
+use msgtrail_listener::client::{ListenerClient, DEFAULT_URL, ENV_LISTENER_URL};
+use msgtrail_listener::config::ENV_TOKEN;
+use std::io::IsTerminal;
+
+/// Where the listener's API is.
+#[derive(Debug, Clone, ClapArgs)]
+pub struct ListenerArgs {
+    /// The listener's base URL. Defaults to the dev system's listener, then http://127.0.0.1:7380.
+    #[arg(long, env = ENV_LISTENER_URL)]
+    pub listener_url: Option<String>,
+    /// The listener's bearer token, if it requires one.
+    #[arg(long, env = ENV_TOKEN, hide_env_values = true)]
+    pub listener_token: Option<String>,
+}
+
+impl ListenerArgs {
+    /// A client of the listener.
+    pub fn client(&self) -> anyhow::Result<ListenerClient> {
+        let url = match &self.listener_url {
+            Some(u) => u.clone(),
+            None => crate::common::DevFile::load()
+                .ok()
+                .and_then(|d| d.listener_url)
+                .unwrap_or_else(|| DEFAULT_URL.to_owned()),
+        };
+        Ok(ListenerClient::new(&url, self.listener_token.clone())?)
+    }
+}
+
+/// When to colour the output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ColorChoice {
+    /// On a terminal, unless NO_COLOR is set.
+    Auto,
+    /// Always.
+    Always,
+    /// Never.
+    Never,
+}
+
+impl ColorChoice {
+    /// Whether to colour stdout.
+    pub fn enabled(self) -> bool {
+        match self {
+            ColorChoice::Always => true,
+            ColorChoice::Never => false,
+            ColorChoice::Auto => {
+                std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none()
+            }
+        }
+    }
+}
+
+/// Options of `msgtrail trace`.
+#[derive(Debug, ClapArgs)]
+pub struct Args {
+    /// A message ID (UUIDv7) or a request ID.
+    pub id: String,
+    /// With a request ID several producers used: whose.
+    #[arg(long)]
+    pub producer: Option<String>,
+    /// Print the whole trajectory as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Colour the timeline.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub color: ColorChoice,
+    /// Where the listener is.
+    #[command(flatten)]
+    pub listener: ListenerArgs,
+}
+
+/// Fetches and prints the trajectory.
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    let client = args.listener.client()?;
+    let t = match client.trajectory(&args.id, args.producer.as_deref()).await {
+        Ok(t) => t,
+        Err(e) if e.is_not_found() => {
+            anyhow::bail!(
+                "no stage record carries {:?}: not found (the listener has seen nothing of it)",
+                args.id
+            )
+        }
+        Err(e) => return Err(e).context("query failed"),
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&t)?);
+    } else {
+        print!("{}", render(&t, args.color.enabled()));
+    }
+    Ok(())
+}
+
+/// ANSI styles, or nothing.
+struct Style {
+    on: bool,
+}
+
+impl Style {
+    fn paint(&self, code: &str, s: &str) -> String {
+        if self.on {
+            format!("\x1b[{code}m{s}\x1b[0m")
+        } else {
+            s.to_owned()
+        }
+    }
+    fn bold(&self, s: &str) -> String {
+        self.paint("1", s)
+    }
+    fn dim(&self, s: &str) -> String {
+        self.paint("2", s)
+    }
+    fn status(&self, st: HopStatus, s: &str) -> String {
+        match st {
+            HopStatus::Ok => self.paint("32", s),
+            HopStatus::Error => self.paint("31;1", s),
+            HopStatus::Incomplete => self.paint("33", s),
+        }
+    }
+    fn state(&self, st: MessageState) -> String {
+        let code = match st {
+            MessageState::Consumed => "32;1",
+            MessageState::Failed
+            | MessageState::DeadLettered
+            | MessageState::Stuck
+            | MessageState::Lost => "31;1",
+            _ => "33;1",
+        };
+        self.paint(code, st.as_str())
+    }
+}
+
+fn hop_label(h: &HopSpan) -> String {
+    let who = match (&h.group, &h.consumer) {
+        (Some(g), Some(c)) => format!(" {g}/{c}"),
+        _ => String::new(),
+    };
+    let attempt = h.attempt.map(|a| format!(" #{a}")).unwrap_or_default();
+    let mode = match h.mode {
+        Some(DeliveryMode::Push) => " (push)",
+        Some(DeliveryMode::Pull) => " (pull)",
+        None => "",
+    };
+    let indent = if h.kind == HopKind::Process { "  " } else { "" };
+    let synth = if h.synthesized { " (synthesized)" } else { "" };
+    format!("{indent}{}{who}{attempt}{mode}{synth}", h.kind)
+}
+
+/// What a record says, in words.
+pub fn describe(r: &StageRecord) -> String {
+    let base = match r.stage {
+        Stage::UploadSent => "upload sent",
+        Stage::UploadReceived => "broker received it, assigned the message id",
+        Stage::Stored => "stored",
+        Stage::StoreConfirmed => "producer got the store-success notice",
+        Stage::PushSent => "pushed to the consumer",
+        Stage::PushReceived | Stage::PullReceived => "consumer received it",
+        Stage::PushAckSent | Stage::PullAckSent => "consumer sent its settle",
+        Stage::PushAckReceived | Stage::PullAckReceived => "broker got the settle",
+        Stage::PullSent => "fetched by the consumer",
+        Stage::ProcessStarted => "processing started",
+        Stage::ProcessFinished => "processing finished",
+        Stage::NoMatch => "no matching message",
+        Stage::Channel => "channel",
+        Stage::Redelivery => match r.outcome.as_deref() {
+            Some("dead_letter") => "dead-lettered",
+            _ => "redelivery scheduled",
+        },
+        Stage::Duplicate => "duplicate upload suppressed",
+    };
+    let mut s = format!("{} {base}", r.stage);
+    if let Some(a) = r.attempt {
+        s.push_str(&format!(", attempt {a}"));
+    }
+    if let Some(o) = &r.outcome {
+        if r.stage != Stage::Redelivery {
+            s.push_str(&format!(": {o}"));
+        }
+    }
+    if let Some(d) = &r.detail {
+        s.push_str(&format!(" ({d})"));
+    }
+    if let Some(svc) = &r.service {
+        s.push_str(&format!(" [{svc}]"));
+    }
+    s
+}
+
+const BAR: usize = 24;
+
+fn bar(h: &HopSpan, t0: u64, span: u64) -> String {
+    let pos = |t: u64| ((t.saturating_sub(t0)) as f64 / span.max(1) as f64 * BAR as f64) as usize;
+    let a = pos(h.start).min(BAR - 1);
+    let b = h.end.map(pos).unwrap_or(BAR).clamp(a + 1, BAR);
+    let fill = if h.end.is_some() { '█' } else { '░' };
+    let mut s = String::with_capacity(BAR * 3);
+    for i in 0..BAR {
+        s.push(if i >= a && i < b { fill } else { '·' });
+    }
+    s
+}
+
+/// The timeline of a trajectory, as printed by `msgtrail trace`.
+pub fn render(t: &Trajectory, color: bool) -> String {
+    let st = Style { on: color };
+    let mut o = String::new();
+    let title = match (&t.message_id, &t.request_id) {
+        (Some(m), _) => format!("message {m}"),
+        (None, Some(r)) => format!("upload {r} (no message id: the broker never answered)"),
+        _ => "trajectory".to_owned(),
+    };
+    o.push_str(&st.bold(&title));
+    o.push('\n');
+    let mut facts = Vec::new();
+    if let Some(tr) = &t.trace_id {
+        facts.push(format!("trace {tr}"));
+    }
+    if let Some(tp) = &t.topic {
+        facts.push(format!("topic {tp}"));
+    }
+    if let Some(p) = &t.producer {
+        facts.push(format!("producer {p}"));
+    }
+    if let Some(r) = &t.request_id {
+        facts.push(format!("request {r}"));
+    }
+    if let Some(n) = t.payload_size {
+        facts.push(format!("{n} bytes"));
+    }
+    if t.upload_attempts > 1 {
+        facts.push(format!("{} upload attempts", t.upload_attempts));
+    }
+    if t.duplicates > 0 {
+        facts.push(format!("{} duplicate(s) suppressed", t.duplicates));
+    }
+    o.push_str(&st.dim(&facts.join(" · ")));
+    o.push('\n');
+    if !t.attrs.is_empty() {
+        let a: Vec<String> = t.attrs.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        o.push_str(&st.dim(&format!("attributes {}", a.join(" "))));
+        o.push('\n');
+    }
+    o.push_str(&format!("state {}\n\n", st.state(t.state)));
+
+    let t0 = t.first_at;
+    let t_end = t
+        .hops
+        .iter()
+        .map(|h| h.end.unwrap_or(h.start))
+        .chain(std::iter::once(t.last_at))
+        .max()
+        .unwrap_or(t0);
+    let span = t_end.saturating_sub(t0);
+    let label_w = t
+        .hops
+        .iter()
+        .map(|h| hop_label(h).chars().count())
+        .max()
+        .unwrap_or(10);
+    o.push_str(&st.dim(&format!(
+        "{:<12}  {:>10}  {:<label_w$}  {:>9}  {:<BAR$}  status\n",
+        "time", "offset", "hop", "latency", "timeline"
+    )));
+    for h in &t.hops {
+        let latency = h.latency_nanos.map(ms).unwrap_or_else(|| "…".to_owned());
+        let status = match h.status {
+            HopStatus::Ok => "ok".to_owned(),
+            HopStatus::Error => "error".to_owned(),
+            HopStatus::Incomplete => "incomplete".to_owned(),
+        };
+        let reason = h
+            .reason
+            .as_deref()
+            .map(|r| format!("  {r}"))
+            .unwrap_or_default();
+        o.push_str(&format!(
+            "{:<12}  {:>10}  {:<label_w$}  {:>9}  {}  {}{}\n",
+            clock(h.start),
+            format!("+{}", ms(h.start.saturating_sub(t0))),
+            hop_label(h),
+            latency,
+            st.status(h.status, &bar(h, t0, span)),
+            st.status(h.status, &status),
+            st.status(h.status, &reason),
+        ));
+        for r in &h.events {
+            o.push_str(&st.dim(&format!(
+                "{:<12}  {:>10}      {}\n",
+                clock(r.at),
+                format!("+{}", ms(r.at.saturating_sub(t0))),
+                describe(r)
+            )));
+        }
+    }
+    if !t.groups.is_empty() {
+        o.push('\n');
+        o.push_str(&st.bold("consumer groups"));
+        o.push('\n');
+        for g in &t.groups {
+            let e2e = g
+                .end_to_end_nanos
+                .map(|e| format!(", end to end {}", ms(e)))
+                .unwrap_or_default();
+            let err = g
+                .last_error
+                .as_deref()
+                .map(|e| format!(", last error: {e}"))
+                .unwrap_or_default();
+            o.push_str(&format!(
+                "  {:<16} {}  {} attempt(s){e2e}{err}\n",
+                g.group.as_str(),
+                st.state(g.state),
+                g.attempts
+            ));
+        }
+    }
+    o.push('\n');
+    o.push_str(&st.bold("diagnosis"));
+    o.push_str(": ");
+    o.push_str(&t.diagnosis);
+    o.push('\n');
+    if let Some(f) = &t.failure {
+        o.push_str(&st.paint("31;1", &format!("failure point: {f}")));
+        o.push('\n');
+    }
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use msgtrail_core::trajectory::AssembleOptions;
+    use msgtrail_core::{ClientId, MessageId, RequestId};
+
+    fn sample() -> Trajectory {
+        let id = MessageId::new();
+        let t0 = 1_796_126_401_000_000_000u64;
+        let mk = |stage, ms: u64| {
+            let mut r = StageRecord::at(stage, t0 + ms * 1_000_000);
+            r.message_id = Some(id);
+            r.request_id = Some(RequestId::new("req-9").unwrap());
+            r.producer = Some(ClientId::new("shop").unwrap());
+            r.topic = Some("orders".into());
+            r
+        };
+        let dl = |stage, ms: u64, outcome: Option<&str>| {
+            let mut r = mk(stage, ms);
+            r.group = Some(ClientId::new("billing").unwrap());
+            r.consumer = Some(ClientId::new("b-1").unwrap());
+            r.attempt = Some(1);
+            r.outcome = outcome.map(Into::into);
+            if outcome == Some("failed") {
+                r.detail = Some("insufficient funds".into());
+            }
+            r
+        };
+        let recs = vec![
+            mk(Stage::UploadSent, 0),
+            mk(Stage::UploadReceived, 1),
+            mk(Stage::Stored, 3),
+            dl(Stage::PullSent, 10, None),
+            dl(Stage::PullReceived, 11, None),
+            dl(Stage::ProcessFinished, 15, Some("failed")),
+        ];
+        Trajectory::assemble(recs, &AssembleOptions::default()).unwrap()
+    }
+
+    #[test]
+    fn plain_timeline_names_hops_latencies_and_the_failure() {
+        let out = render(&sample(), false);
+        assert!(!out.contains('\x1b'), "no colour when disabled");
+        assert!(out.contains("topic orders"), "{out}");
+        assert!(out.contains("store "), "{out}");
+        assert!(out.contains("deliver billing/b-1 #1 (pull)"), "{out}");
+        assert!(out.contains("  process billing/b-1 #1 (pull)"), "{out}");
+        assert!(
+            out.contains("processing failed: insufficient funds"),
+            "{out}"
+        );
+        assert!(out.contains("P3 stored"), "{out}");
+        assert!(out.contains("2.0 ms"), "store latency: {out}");
+        assert!(out.contains("diagnosis: "), "{out}");
+    }
+
+    #[test]
+    fn colour_uses_ansi_codes() {
+        let out = render(&sample(), true);
+        assert!(out.contains("\x1b[31;1m"), "errors in red");
+        assert!(out.contains("\x1b[32m"), "ok hops in green");
+    }
+}
