@@ -62,6 +62,9 @@ pub struct ExportConfig {
     pub endpoint: Option<String>,
     /// Per-export timeout; `None` leaves it to `OTEL_EXPORTER_OTLP_TIMEOUT` (10 s default).
     pub timeout: Option<Duration>,
+    /// Request compression; `None` leaves it to `OTEL_EXPORTER_OTLP_COMPRESSION` (`gzip`
+    /// is supported; none by default).
+    pub compression: Option<opentelemetry_otlp::Compression>,
     /// `service.name` of the broker's spans (from `OTEL_SERVICE_NAME`).
     pub broker_service: String,
     /// Bound of the queue, in spans (default 20,000).
@@ -89,6 +92,7 @@ impl Default for ExportConfig {
             protocol: Protocol::HttpProtobuf,
             endpoint: None,
             timeout: None,
+            compression: None,
             broker_service: DEFAULT_BROKER_SERVICE.to_owned(),
             queue_capacity: 20_000,
             max_batch: 512,
@@ -157,6 +161,9 @@ impl ExportConfig {
                 if let Some(t) = self.timeout {
                     b = b.with_timeout(t);
                 }
+                if let Some(c) = self.compression {
+                    b = b.with_compression(c);
+                }
                 b.build()?
             }
             Protocol::HttpProtobuf => {
@@ -169,6 +176,9 @@ impl ExportConfig {
                 }
                 if let Some(t) = self.timeout {
                     b = b.with_timeout(t);
+                }
+                if let Some(c) = self.compression {
+                    b = b.with_compression(c);
                 }
                 b.build()?
             }

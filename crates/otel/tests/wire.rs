@@ -262,3 +262,22 @@ async fn application_spans_nest_under_the_process_span() {
         hex(&trace_ids::span_id(&message_id(), &process))
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gzip_compression_over_both_transports() {
+    for (protocol, export) in [
+        (OtlpProtocol::Grpc, Protocol::Grpc),
+        (OtlpProtocol::HttpProtobuf, Protocol::HttpProtobuf),
+    ] {
+        let mut rx = OtlpReceiver::start(protocol, None).await.unwrap();
+        let exporter = TraceExporter::start(ExportConfig {
+            compression: Some(opentelemetry_otlp::Compression::Gzip),
+            ..config(export, rx.endpoint())
+        })
+        .unwrap();
+        exporter.try_export(spans());
+        check_trace(&rx.spans(4, Duration::from_secs(10)).await);
+        assert!(rx.gzip_requests() > 0, "{protocol:?}: not compressed");
+        exporter.shutdown(Duration::from_secs(5)).await;
+    }
+}

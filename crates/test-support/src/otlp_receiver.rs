@@ -4,7 +4,8 @@
 //! and start another on the same address), and forwards every `ExportTraceServiceRequest` it
 //! is sent into a channel that the test reads, as opentelemetry-otlp's own `tests/smoke.rs`
 //! does. The protobuf is kept as it arrived, so assertions see exactly what Jaeger or Tempo
-//! would get.
+//! would get. Both transports accept gzip-compressed requests (`OTEL_EXPORTER_OTLP_COMPRESSION`);
+//! [`OtlpReceiver::gzip_requests`] counts them.
 //!
 //! ```no_run
 //! # async fn demo() -> std::io::Result<()> {
@@ -32,6 +33,8 @@ use opentelemetry_proto::tonic::common::v1::KeyValue;
 use opentelemetry_proto::tonic::trace::v1::Span;
 use prost::Message;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
@@ -130,12 +133,17 @@ pub struct OtlpReceiver {
     protocol: OtlpProtocol,
     addr: SocketAddr,
     requests: mpsc::UnboundedReceiver<ExportTraceServiceRequest>,
+    gzip: Arc<AtomicU64>,
     shutdown: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<()>>,
 }
 
+/// The channel to the test, and the count of gzip-compressed requests.
 #[derive(Clone)]
-struct Forward(mpsc::UnboundedSender<ExportTraceServiceRequest>);
+struct Forward(
+    mpsc::UnboundedSender<ExportTraceServiceRequest>,
+    Arc<AtomicU64>,
+);
 
 #[tonic::async_trait]
 impl TraceService for Forward {
@@ -143,6 +151,13 @@ impl TraceService for Forward {
         &self,
         request: tonic::Request<ExportTraceServiceRequest>,
     ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        if request
+            .metadata()
+            .get("grpc-encoding")
+            .is_some_and(|v| v.as_bytes() == b"gzip")
+        {
+            self.1.fetch_add(1, Ordering::Relaxed);
+        }
         // A test that stopped reading is not the exporter's problem: accept anyway.
         let _ = self.0.send(request.into_inner());
         Ok(tonic::Response::new(ExportTraceServiceResponse {
@@ -153,8 +168,23 @@ impl TraceService for Forward {
 
 async fn http_export(
     axum::extract::State(tx): axum::extract::State<Forward>,
+    headers: axum::http::HeaderMap,
     body: Bytes,
 ) -> axum::response::Response {
+    let gzip = headers
+        .get(header::CONTENT_ENCODING)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"gzip"));
+    let body = if gzip {
+        use std::io::Read;
+        tx.1.fetch_add(1, Ordering::Relaxed);
+        let mut out = Vec::new();
+        if let Err(e) = flate2::read::GzDecoder::new(&body[..]).read_to_end(&mut out) {
+            return (StatusCode::BAD_REQUEST, format!("bad gzip body: {e}")).into_response();
+        }
+        Bytes::from(out)
+    } else {
+        body
+    };
     match ExportTraceServiceRequest::decode(body) {
         Ok(req) => {
             let _ = tx.0.send(req);
@@ -195,12 +225,16 @@ impl OtlpReceiver {
         let signal = async move {
             let _ = signal.await;
         };
-        let forward = Forward(tx);
+        let gzip = Arc::new(AtomicU64::new(0));
+        let forward = Forward(tx, gzip.clone());
         let task = match protocol {
             OtlpProtocol::Grpc => tokio::spawn(async move {
                 let incoming = tonic::transport::server::TcpIncoming::from(listener);
                 let _ = tonic::transport::Server::builder()
-                    .add_service(TraceServiceServer::new(forward))
+                    .add_service(
+                        TraceServiceServer::new(forward)
+                            .accept_compressed(tonic::codec::CompressionEncoding::Gzip),
+                    )
                     .serve_with_incoming_shutdown(incoming, signal)
                     .await;
             }),
@@ -217,9 +251,15 @@ impl OtlpReceiver {
             protocol,
             addr,
             requests,
+            gzip,
             shutdown: Some(shutdown),
             task: Some(task),
         })
+    }
+
+    /// How many requests arrived gzip-compressed.
+    pub fn gzip_requests(&self) -> u64 {
+        self.gzip.load(Ordering::Relaxed)
     }
 
     /// The transport it speaks.
