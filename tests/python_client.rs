@@ -235,6 +235,12 @@ async fn python_raw_client_walks_the_protocol_and_its_trajectory_is_recorded() {
             "reported",
             "acked",
             "fetched_none",
+            "subscribed",
+            "uploaded",
+            "pushed",
+            "reported",
+            "acked",
+            "unsubscribed",
             "closed"
         ]
     );
@@ -378,6 +384,67 @@ async fn python_raw_client_walks_the_protocol_and_its_trajectory_is_recorded() {
     // The client's records are stamped with its own clock, before the broker's matching ones.
     assert!(p1.at <= p2.at, "P1 at {} after P2 at {}", p1.at, p2.at);
     assert!(one(Stage::PullAckSent).at <= one(Stage::PullAckReceived).at);
+
+    // Push: the second upload arrived on the script's inbox with the documented headers,
+    // and its trajectory has the push stages C1–C4 with the consumer's C2/C3 relayed.
+    let push_id: MessageId = uploads[2]["message_id"].as_str().unwrap().parse().unwrap();
+    assert_ne!(push_id, message_id);
+    assert_eq!(uploads[2]["duplicate"], false);
+    let pushed = event(&lines, "pushed")[0];
+    assert_eq!(pushed["message_id"], push_id.to_string());
+    assert!(
+        pushed["subject"].as_str().unwrap().starts_with("_INBOX."),
+        "{pushed}"
+    );
+    assert_eq!(pushed["payload"], PAYLOAD, "pushed payloads are raw bytes");
+    assert_eq!(pushed["topic"], TOPIC);
+    assert_eq!(pushed["group"], GROUP);
+    assert_eq!(pushed["attempt"], 1);
+    assert_eq!(pushed["producer"], "py-producer");
+    assert_eq!(pushed["stream_seq"], uploads[2]["stream_seq"]);
+    assert_eq!(
+        pushed["attributes"].as_object().unwrap().len(),
+        1,
+        "{pushed}"
+    );
+    assert_eq!(reported[2]["accepted"], 4);
+    assert_eq!(event(&lines, "acked")[1]["message_id"], push_id.to_string());
+    let push_want = [
+        Stage::UploadReceived,
+        Stage::Stored,
+        Stage::PushSent,
+        Stage::PushReceived,
+        Stage::ProcessStarted,
+        Stage::ProcessFinished,
+        Stage::PushAckSent,
+        Stage::PushAckReceived,
+    ];
+    let push_recs = sys
+        .records_until(&push_want, |r| r.message_id == Some(push_id))
+        .await;
+    for stage in push_want {
+        let rs = of(&push_recs, stage);
+        assert_eq!(rs.len(), 1, "exactly one {stage}: {push_recs:#?}");
+        if stage.is_push() {
+            assert_eq!(
+                rs[0].consumer.as_ref().map(|c| c.as_str()),
+                Some("py-consumer")
+            );
+            assert_eq!(rs[0].group.as_ref().map(|g| g.as_str()), Some(GROUP));
+            assert_eq!(rs[0].attempt, Some(1));
+        }
+    }
+    assert_eq!(
+        of(&push_recs, Stage::PushAckReceived)[0].outcome.as_deref(),
+        Some("ack")
+    );
+    assert!(
+        !push_recs.iter().any(|r| matches!(
+            r.stage,
+            Stage::PullSent | Stage::PullReceived | Stage::PullAckSent | Stage::PullAckReceived
+        )),
+        "a pushed message has no pull stages: {push_recs:#?}"
+    );
 
     // Channels: A1 opened for both (and refused for the wrong key), closed for both.
     let all = stage_records(nats).await;

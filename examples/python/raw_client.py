@@ -12,7 +12,10 @@ It walks the whole protocol of docs/PROTOCOL.md once:
  5. reports C6 (received), X1/X2 (processing started/finished) and C7 (ack sent) as one
     newline-delimited JSON batch, then acks the delivery (the broker records C8);
  6. fetches it again and gets the no-matching-message notice;
- 7. closes both channels.
+ 7. push: subscribes its inbox, uploads a second message, receives it pushed (raw payload,
+    metadata in headers), reports C2/X1/X2/C3, acks it (the broker records C1 and C4) and
+    unsubscribes;
+ 8. closes both channels.
 
 Every step prints one JSON line on stdout ({"event": ...}); a refusal prints
 {"event": "error", ...} on stdout and exits with status 1.
@@ -64,6 +67,8 @@ KEEPALIVE = "msgtrail.v1.channel.keepalive"
 CLOSE = "msgtrail.v1.channel.close"
 UPLOAD = "msgtrail.v1.upload"
 FETCH = "msgtrail.v1.fetch"
+SUBSCRIBE = "msgtrail.v1.subscribe"
+UNSUBSCRIBE = "msgtrail.v1.unsubscribe"
 ACK = "msgtrail.v1.ack"
 STAGE = "msgtrail.v1.stage"
 
@@ -275,9 +280,83 @@ async def walk(nc, args):
     reply = await request(nc, FETCH, {**fetch, "wait_ms": 200}, timeout=TIMEOUT + 1)
     emit(event="fetched_none", notice=reply.get("notice"), messages=len(reply["messages"]))
 
+    await push(nc, args, producer, consumer, request_id, payload)
+
     for ch in (producer, consumer):
         await request(nc, CLOSE, {"channel": ch})
     emit(event="closed", channels=2)
+
+
+async def push(nc, args, producer, consumer, request_id, payload):
+    """Push: the broker publishes matching messages to our inbox as soon as they exist."""
+    topic, group = args.topic, args.group or args.consumer_id
+    # A filter only this run's message matches (a new subscription starts at the beginning of
+    # the stream, so older messages of the topic would come first otherwise).
+    run = uuid.uuid4().hex
+    inbox = nc.new_inbox()
+    pushed = asyncio.Queue()
+
+    async def on_push(msg):
+        await pushed.put(msg)
+
+    inbox_sub = await nc.subscribe(inbox, cb=on_push)  # subscribe before asking for pushes
+    sub = await request(
+        nc,
+        SUBSCRIBE,
+        {
+            "channel": consumer,
+            "group": group,
+            "topic": topic,
+            "filter": {"run": run},
+            "deliver_subject": inbox,
+            "max_inflight": 1,
+        },
+    )
+    emit(event="subscribed", subscription_id=sub["subscription_id"])
+    stored = await upload(nc, producer, topic, f"{request_id}-push", 1, payload, {"run": run})
+    emit(event="uploaded", **stored)
+
+    msg = await asyncio.wait_for(pushed.get(), timeout=10)
+    c2_at = time.time_ns()
+    attrs = {
+        k[len("Msgtrail-Attr-"):]: v
+        for k, v in (msg.headers or {}).items()
+        if k.lower().startswith("msgtrail-attr-")
+    }
+    d = {
+        "message_id": header(msg, "Msgtrail-Message-Id"),
+        "topic": header(msg, "Msgtrail-Topic"),
+        "group": header(msg, "Msgtrail-Group"),
+        "attempt": int(header(msg, "Msgtrail-Delivery-Attempt")),
+    }
+    emit(
+        event="pushed",
+        subject=msg.subject,
+        stream_seq=int(header(msg, "Msgtrail-Stream-Seq")),
+        producer=header(msg, "Msgtrail-Producer"),
+        attributes=attrs,
+        payload=msg.data.decode(errors="replace"),  # raw bytes, not base64
+        **d,
+    )
+    ok = msg.data == payload
+    x_at = time.time_ns()
+    accepted = await report(
+        nc,
+        consumer,
+        [
+            {"stage": "C2", "at": c2_at, **d},
+            {"stage": "X1", "at": x_at, **d},
+            {"stage": "X2", "at": time.time_ns(), "outcome": "ok" if ok else "failed", **d},
+            {"stage": "C3", "at": time.time_ns(), "outcome": "ack", **d},
+        ],
+    )
+    emit(event="reported", role="consumer", stages=["C2", "X1", "X2", "C3"], accepted=accepted)
+    token = header(msg, "Msgtrail-Ack-Token")
+    await request(nc, ACK, {"channel": consumer, "token": token, "kind": "ack"})
+    emit(event="acked", message_id=d["message_id"], kind="ack")
+    await request(nc, UNSUBSCRIBE, {"channel": consumer, "subscription_id": sub["subscription_id"]})
+    await inbox_sub.unsubscribe()
+    emit(event="unsubscribed", subscription_id=sub["subscription_id"])
 
 
 def parse_args(argv):
