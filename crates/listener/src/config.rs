@@ -58,6 +58,10 @@ pub struct ListenerConfig {
     pub retention_interval: Duration,
     /// Width of the sliding window the latency percentiles are computed over.
     pub stats_window: Duration,
+    /// Trace export over OTLP; `None` exports nothing. The CLI fills it from the standard
+    /// `OTEL_EXPORTER_OTLP_*` variables when an endpoint is set
+    /// (`msgtrail_otel::export_requested`).
+    pub otel: Option<msgtrail_otel::PipelineConfig>,
 }
 
 impl Default for ListenerConfig {
@@ -78,6 +82,7 @@ impl Default for ListenerConfig {
             retention_max_bytes: Some(1 << 30),
             retention_interval: Duration::from_secs(30),
             stats_window: Duration::from_secs(300),
+            otel: None,
         }
     }
 }
@@ -100,6 +105,7 @@ impl fmt::Debug for ListenerConfig {
             .field("retention_max_bytes", &self.retention_max_bytes)
             .field("retention_interval", &self.retention_interval)
             .field("stats_window", &self.stats_window)
+            .field("otel", &self.otel)
             .finish()
     }
 }

@@ -17,6 +17,7 @@
 //! [`StatsSnapshot`]: crate::stats::StatsSnapshot
 
 use crate::error::QueryError;
+use crate::export::ExportSender;
 use crate::stats::{prometheus, Stats};
 use crate::store::{SearchQuery, Store};
 use axum::extract::{Path, Query, State};
@@ -71,6 +72,7 @@ impl IntoResponse for QueryError {
 struct AppState {
     store: Arc<Store>,
     stats: Arc<Stats>,
+    exporter: Option<ExportSender>,
     token: Option<Arc<str>>,
 }
 
@@ -107,11 +109,17 @@ async fn blocking<T: Send + 'static>(
         .map_err(|e| QueryError::Store(crate::error::StoreError::Db(e.to_string())))?
 }
 
-/// Builds the router over a store and its statistics.
-pub fn router(store: Arc<Store>, stats: Arc<Stats>, token: Option<String>) -> Router {
+/// Builds the router over a store, its statistics and the trace exporter (if any).
+pub fn router(
+    store: Arc<Store>,
+    stats: Arc<Stats>,
+    exporter: Option<ExportSender>,
+    token: Option<String>,
+) -> Router {
     let state = AppState {
         store,
         stats,
+        exporter,
         token: token.map(Arc::from),
     };
     Router::new()
@@ -210,7 +218,10 @@ async fn metrics(State(st): State<AppState>, headers: HeaderMap) -> Response {
     if let Some(r) = unauthorized(&st, &headers) {
         return r;
     }
-    let body = prometheus(&st.stats.snapshot(None, now_nanos()));
+    let mut body = prometheus(&st.stats.snapshot(None, now_nanos()));
+    if let Some(x) = &st.exporter {
+        body.push_str(&x.prometheus());
+    }
     (
         [(
             header::CONTENT_TYPE,

@@ -5,6 +5,7 @@
 //! records it already holds, so nothing is lost and nothing is applied twice.
 
 use crate::error::ListenerError;
+use crate::export::ExportSender;
 use crate::stats::Stats;
 use crate::store::Store;
 use async_nats::jetstream::{self, consumer, stream, AckKind};
@@ -60,6 +61,7 @@ pub async fn run(
     consumer: consumer::PullConsumer,
     store: Arc<Store>,
     stats: Arc<Stats>,
+    exporter: Option<ExportSender>,
     batch_size: usize,
     mut stop: watch::Receiver<bool>,
 ) -> Result<(), ListenerError> {
@@ -90,13 +92,18 @@ pub async fn run(
         if msgs.is_empty() {
             continue;
         }
-        apply(&msgs, &store, &stats).await;
+        apply(&msgs, &store, &stats, exporter.as_ref()).await;
     }
     Ok(())
 }
 
 #[tracing::instrument(skip_all, fields(messages = msgs.len()))]
-async fn apply(msgs: &[jetstream::Message], store: &Arc<Store>, stats: &Arc<Stats>) {
+async fn apply(
+    msgs: &[jetstream::Message],
+    store: &Arc<Store>,
+    stats: &Arc<Stats>,
+    exporter: Option<&ExportSender>,
+) {
     let mut records = Vec::new();
     let mut good = Vec::with_capacity(msgs.len());
     let mut oldest_published: Option<i128> = None;
@@ -124,8 +131,11 @@ async fn apply(msgs: &[jetstream::Message], store: &Arc<Store>, stats: &Arc<Stat
     let st = store.clone();
     let result = tokio::task::spawn_blocking(move || st.apply(records, now)).await;
     match result {
-        Ok(Ok(outcome)) => {
+        Ok(Ok(mut outcome)) => {
             stats.record_batch(good.len() as u64, &outcome, now);
+            if let Some(x) = exporter {
+                x.offer(std::mem::take(&mut outcome.trajectories));
+            }
             if let Some(p) = oldest_published {
                 stats.set_last_lag((now as i128 - p).max(0) as f64 / 1e6);
             }

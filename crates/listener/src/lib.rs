@@ -22,6 +22,8 @@
 //! - [`client`]: a small HTTP client of the API (used by `msgtrail trace` and `stats`).
 //! - [`config`]: [`ListenerConfig`], its defaults and environment variable names.
 //! - [`error`]: configuration, runtime, store and query errors.
+//! - [`export`]: changed trajectories to the OTLP pipeline of `msgtrail-otel`, never
+//!   blocking ingest.
 //! - [`ingest`]: the durable pull consumer on the stage stream; batches, ack after commit.
 //! - [`store`]: the embedded redb store: records per message, shadow-message summaries and
 //!   their indexes, counters, retention.
@@ -33,6 +35,7 @@
 pub mod client;
 pub mod config;
 pub mod error;
+pub mod export;
 pub mod http;
 pub mod ingest;
 pub mod stats;
@@ -164,6 +167,7 @@ pub async fn start_with_client(
     let cfg = config.clone();
     let store = tokio::task::spawn_blocking(move || {
         Store::open(&cfg.data_dir, cfg.payload_head_bytes, cfg.deadlines)
+            .map(|s| s.emit_trajectories(cfg.otel.is_some()))
     })
     .await
     .map_err(|e| ListenerError::Task(e.to_string()))??;
@@ -204,10 +208,24 @@ pub async fn start_with_client(
 
     let (stop, stop_rx) = watch::channel(false);
     let mut tasks = JoinSet::new();
+    let exporter = match &config.otel {
+        Some(otel) => {
+            let (sender, task) = export::spawn(otel.clone(), stop_rx.clone()).map_err(|e| {
+                ListenerError::Config(ConfigError {
+                    field: "otel",
+                    reason: e.to_string(),
+                })
+            })?;
+            tasks.spawn(task);
+            Some(sender)
+        }
+        None => None,
+    };
     tasks.spawn(ingest::run(
         consumer.clone(),
         store.clone(),
         stats.clone(),
+        exporter.clone(),
         config.batch_size,
         stop_rx.clone(),
     ));
@@ -216,9 +234,10 @@ pub async fn start_with_client(
         consumer,
         store.clone(),
         stats.clone(),
+        exporter.clone(),
         stop_rx.clone(),
     ));
-    let app = http::router(store.clone(), stats.clone(), config.token.clone());
+    let app = http::router(store.clone(), stats.clone(), exporter, config.token.clone());
     let mut http_stop = stop_rx;
     tasks.spawn(async move {
         axum::serve(listener, app)
@@ -269,6 +288,7 @@ async fn housekeeping(
     mut consumer: async_nats::jetstream::consumer::PullConsumer,
     store: Arc<Store>,
     stats: Arc<Stats>,
+    exporter: Option<export::ExportSender>,
     mut stop: watch::Receiver<bool>,
 ) -> Result<(), ListenerError> {
     let mut watchdog = tokio::time::interval(config.watchdog_interval);
@@ -282,7 +302,12 @@ async fn housekeeping(
                 let now = now_nanos();
                 let st = store.clone();
                 match tokio::task::spawn_blocking(move || st.check_deadlines(now, HOUSEKEEPING_BATCH)).await {
-                    Ok(Ok(changes)) => stats.apply_state_changes(&changes),
+                    Ok(Ok(out)) => {
+                        stats.apply_state_changes(&out.state_changes);
+                        if let Some(x) = &exporter {
+                            x.offer(out.trajectories);
+                        }
+                    }
                     Ok(Err(e)) => tracing::warn!(error = %e, "watchdog failed"),
                     Err(e) => tracing::warn!(error = %e, "watchdog task failed"),
                 }

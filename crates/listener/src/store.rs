@@ -143,6 +143,18 @@ pub struct ApplyOutcome {
     pub latencies: Vec<(String, Segment, u64)>,
     /// Counter increments (also persisted).
     pub counters: BTreeMap<String, i64>,
+    /// The trajectories this batch changed, when the store was opened to emit them (for
+    /// trace export).
+    pub trajectories: Vec<Trajectory>,
+}
+
+/// What a watchdog pass changed.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct DeadlineOutcome {
+    /// State changes for the counts by state.
+    pub state_changes: Vec<StateDelta>,
+    /// The trajectories whose summary changed, when the store emits them.
+    pub trajectories: Vec<Trajectory>,
 }
 
 /// What a retention run deleted.
@@ -162,6 +174,7 @@ pub struct Store {
     db: Database,
     payload_head_bytes: usize,
     deadlines: Deadlines,
+    emit_trajectories: bool,
 }
 
 impl std::fmt::Debug for Store {
@@ -380,7 +393,15 @@ impl Store {
             db,
             payload_head_bytes,
             deadlines,
+            emit_trajectories: false,
         })
+    }
+
+    /// Makes [`Store::apply`] and [`Store::check_deadlines`] return the trajectories they
+    /// changed (the listener turns this on when it exports traces).
+    pub fn emit_trajectories(mut self, on: bool) -> Self {
+        self.emit_trajectories = on;
+        self
     }
 
     fn options(&self, now: u64) -> AssembleOptions {
@@ -578,6 +599,9 @@ impl Store {
                 for (s, v) in new_latencies(&old_l, &new_traj.segment_latencies()) {
                     out.latencies.push((topic.clone(), s, v));
                 }
+                if self.emit_trajectories {
+                    out.trajectories.push(new_traj);
+                }
             }
         }
         tx.commit()?;
@@ -586,7 +610,7 @@ impl Store {
 
     /// Re-examines open messages whose last record is older than the shortest deadline and
     /// marks those that missed one (stuck, lost). Returns the state changes.
-    pub fn check_deadlines(&self, now: u64, max: usize) -> Result<Vec<StateDelta>, StoreError> {
+    pub fn check_deadlines(&self, now: u64, max: usize) -> Result<DeadlineOutcome, StoreError> {
         let d = self.deadlines;
         let shortest = d
             .stored_ms
@@ -601,7 +625,7 @@ impl Store {
             MessageState::Consuming,
             MessageState::Failed,
         ];
-        let mut changes = Vec::new();
+        let mut out = DeadlineOutcome::default();
         let tx = self.db.begin_write()?;
         {
             let mut t = Tables::open(&tx)?;
@@ -631,13 +655,16 @@ impl Store {
                 if new != old {
                     t.put_summary(Some(&old), &new)?;
                     if new.state != old.state {
-                        changes.push((Some(old.state), Some(new.state)));
+                        out.state_changes.push((Some(old.state), Some(new.state)));
+                    }
+                    if self.emit_trajectories {
+                        out.trajectories.push(traj);
                     }
                 }
             }
         }
         tx.commit()?;
-        Ok(changes)
+        Ok(out)
     }
 
     /// Deletes messages whose first record is older than `max_age`, then the oldest ones

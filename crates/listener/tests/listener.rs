@@ -722,3 +722,67 @@ fn statistics_do_not_depend_on_arrival_order() {
         assert_eq!(states.get(&MessageState::Consumed), Some(&3), "seed {seed}");
     }
 }
+
+#[tokio::test]
+async fn trajectories_are_exported_as_spans_once_per_hop() {
+    use msgtrail_otel::{ExportConfig, PipelineConfig, Protocol};
+    use msgtrail_test_support::otlp_receiver::OtlpReceiver;
+    let (server, dir, js) = setup().await;
+    let mut rx = OtlpReceiver::start_grpc().await.unwrap();
+    let mut cfg = config(&server, dir.path());
+    cfg.otel = Some(PipelineConfig {
+        export: ExportConfig {
+            protocol: Protocol::Grpc,
+            endpoint: Some(rx.endpoint()),
+            batch_delay: Duration::from_millis(10),
+            ..Default::default()
+        },
+        grace: Duration::from_millis(100),
+        ..Default::default()
+    });
+    let handle = msgtrail_listener::start(cfg).await.unwrap();
+    let sc = scenarios(now());
+    let [ok, retry, ..] = &sc[..] else {
+        unreachable!()
+    };
+    let mut records: Vec<StageRecord> = ok.out.iter().chain(&retry.out).cloned().collect();
+    let mut rng = Rng(3);
+    rng.shuffle(&mut records);
+    publish(&js, &records, &mut rng).await;
+    // ok: send, store, deliver, process; retry: send, store, 2 x (deliver, process).
+    let spans = rx.spans(10, Duration::from_secs(20)).await;
+    let mut keys: Vec<(String, String)> = spans
+        .iter()
+        .map(|s| (s.trace_hex(), s.span.name.clone()))
+        .collect();
+    keys.sort();
+    assert_eq!(spans.len(), 10, "{keys:#?}");
+    assert_eq!(
+        spans
+            .iter()
+            .filter(|s| s.trace_hex() == ok.id.trace_hex())
+            .count(),
+        4
+    );
+    assert_eq!(
+        spans
+            .iter()
+            .filter(|s| s.trace_hex() == retry.id.trace_hex())
+            .count(),
+        6
+    );
+    // Every span once: distinct span IDs.
+    let ids: std::collections::BTreeSet<String> = spans.iter().map(|s| s.span_hex()).collect();
+    assert_eq!(ids.len(), 10);
+    let (status, metrics) = client(&handle).get_raw("/metrics").await.unwrap();
+    assert_eq!(status, 200);
+    let metrics = String::from_utf8(metrics).unwrap();
+    assert!(
+        metrics.contains("msgtrail_otel_spans_exported_total"),
+        "{metrics}"
+    );
+    handle.shutdown().await.unwrap();
+    // Nothing more after the drain: no hop was exported twice.
+    let more = rx.spans(1, Duration::from_millis(300)).await;
+    assert!(more.is_empty(), "{} extra spans", more.len());
+}

@@ -131,13 +131,22 @@ impl Args {
 /// Runs a listener until a signal.
 pub async fn run(nats: &NatsArgs, args: Args) -> anyhow::Result<()> {
     let opts = nats.options()?;
-    let config = args.config(opts.urls.join(","));
+    let mut config = args.config(opts.urls.join(","));
+    if msgtrail_otel::export_requested() {
+        config.otel = Some(
+            msgtrail_otel::PipelineConfig::from_env().context("OpenTelemetry export settings")?,
+        );
+    }
     config.validate()?;
+    let export = config.otel.is_some();
     let client = opts.connect().await.context("connecting to NATS")?;
     let handle = msgtrail_listener::start_with_client(config, client)
         .await
         .context("listener failed to start")?;
     println!("listener on http://{}", handle.http_addr());
+    if export {
+        println!("exporting traces over OTLP (OTEL_EXPORTER_OTLP_* settings)");
+    }
     handle
         .run_until(crate::signal::shutdown_signal())
         .await
