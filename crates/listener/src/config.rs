@@ -62,6 +62,9 @@ pub struct ListenerConfig {
     /// `OTEL_EXPORTER_OTLP_*` variables when an endpoint is set
     /// (`msgtrail_otel::export_requested`).
     pub otel: Option<msgtrail_otel::PipelineConfig>,
+    /// Where the page links a message's trace (Jaeger or Grafana); the CLI reads
+    /// `MSGTRAIL_TRACE_UI_URL` (`msgtrail_otel::TraceUi::from_env`).
+    pub trace_ui: Option<msgtrail_otel::TraceUi>,
 }
 
 impl Default for ListenerConfig {
@@ -83,6 +86,7 @@ impl Default for ListenerConfig {
             retention_interval: Duration::from_secs(30),
             stats_window: Duration::from_secs(300),
             otel: None,
+            trace_ui: None,
         }
     }
 }
@@ -106,6 +110,7 @@ impl fmt::Debug for ListenerConfig {
             .field("retention_interval", &self.retention_interval)
             .field("stats_window", &self.stats_window)
             .field("otel", &self.otel)
+            .field("trace_ui", &self.trace_ui)
             .finish()
     }
 }

@@ -7,6 +7,8 @@
 //! | `GET /api/stats[?topic=T]` | [`StatsSnapshot`] |
 //! | `GET /metrics` | Prometheus text |
 //! | `GET /healthz` | `ok` (never needs the token) |
+//! | `GET /` | the page: statistics, recent messages, a trajectory's timeline (static; its data calls carry the token) |
+//! | `GET /api/config` | `{"trace_ui_template": "http://…/trace/{trace_id}" or null}` |
 //!
 //! With a token configured, `/api/*` and `/metrics` require `Authorization: Bearer <token>`.
 //! Errors are `{"error": "...", "kind": "not_found" | "ambiguous" | "bad_request" |
@@ -74,7 +76,22 @@ struct AppState {
     stats: Arc<Stats>,
     exporter: Option<ExportSender>,
     token: Option<Arc<str>>,
+    trace_ui_template: Option<String>,
 }
+
+/// What the page needs to know about this listener.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UiConfig {
+    /// A link to a trace with `{trace_id}` in place of the 32 hex digits, when a tracing UI
+    /// is configured.
+    pub trace_ui_template: Option<String>,
+}
+
+/// The page, compiled in.
+const PAGE: &str = include_str!("page.html");
+
+/// The placeholder the trace UI template carries.
+const TRACE_ID_SLOT: &str = "{trace_id}";
 
 /// `Some(401 answer)` when a token is configured and the request lacks it.
 fn unauthorized(state: &AppState, headers: &HeaderMap) -> Option<Response> {
@@ -115,20 +132,47 @@ pub fn router(
     stats: Arc<Stats>,
     exporter: Option<ExportSender>,
     token: Option<String>,
+    trace_ui: Option<&msgtrail_otel::TraceUi>,
 ) -> Router {
+    // A hex-looking marker survives any escaping the UI's link format applies.
+    let marker = "f".repeat(32);
     let state = AppState {
         store,
         stats,
         exporter,
         token: token.map(Arc::from),
+        trace_ui_template: trace_ui.map(|u| u.link_hex(&marker).replace(&marker, TRACE_ID_SLOT)),
     };
     Router::new()
+        .route("/", get(page))
+        .route("/api/config", get(ui_config))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/metrics", get(metrics))
         .route("/api/stats", get(stats_handler))
         .route("/api/messages", get(search))
         .route("/api/messages/{id}", get(message))
         .with_state(state)
+}
+
+async fn page() -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        PAGE,
+    )
+        .into_response()
+}
+
+async fn ui_config(State(st): State<AppState>, headers: HeaderMap) -> Response {
+    if let Some(r) = unauthorized(&st, &headers) {
+        return r;
+    }
+    Json(UiConfig {
+        trace_ui_template: st.trace_ui_template.clone(),
+    })
+    .into_response()
 }
 
 #[derive(Debug, Deserialize)]

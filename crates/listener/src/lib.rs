@@ -237,7 +237,13 @@ pub async fn start_with_client(
         exporter.clone(),
         stop_rx.clone(),
     ));
-    let app = http::router(store.clone(), stats.clone(), exporter, config.token.clone());
+    let app = http::router(
+        store.clone(),
+        stats.clone(),
+        exporter,
+        config.token.clone(),
+        config.trace_ui.as_ref(),
+    );
     let mut http_stop = stop_rx;
     tasks.spawn(async move {
         axum::serve(listener, app)

@@ -649,6 +649,13 @@ async fn a_token_guards_the_api_but_not_healthz() {
     let handle = msgtrail_listener::start(cfg).await.unwrap();
     let anon = client(&handle);
     assert_eq!(anon.get_raw("/healthz").await.unwrap().0, 200);
+    // The page is static and open; its data calls carry the token.
+    let (status, page) = anon.get_raw("/").await.unwrap();
+    assert_eq!(status, 200);
+    assert!(String::from_utf8(page)
+        .unwrap()
+        .contains("<title>msgtrail listener</title>"));
+    assert_eq!(anon.get_raw("/api/config").await.unwrap().0, 401);
     assert_eq!(anon.get_raw("/metrics").await.unwrap().0, 401);
     let err = anon.stats(None).await.unwrap_err();
     assert!(matches!(

@@ -137,6 +137,7 @@ pub async fn run(nats: &NatsArgs, args: Args) -> anyhow::Result<()> {
             msgtrail_otel::PipelineConfig::from_env().context("OpenTelemetry export settings")?,
         );
     }
+    config.trace_ui = msgtrail_otel::TraceUi::from_env();
     config.validate()?;
     let export = config.otel.is_some();
     let client = opts.connect().await.context("connecting to NATS")?;

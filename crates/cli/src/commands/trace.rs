@@ -98,6 +98,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&t)?);
     } else {
         print!("{}", render(&t, args.color.enabled()));
+        if let (Some(ui), Some(trace)) = (msgtrail_otel::TraceUi::from_env(), &t.trace_id) {
+            println!("trace: {}", ui.link_hex(trace));
+        }
     }
     Ok(())
 }
