@@ -1,14 +1,21 @@
-//! Checks deploy/ without Docker: every YAML file parses and says what the deployment needs,
+//! Checks deploy/ without Docker (a test of the msgtrail-e2e package): every YAML file parses and says what the deployment needs,
 //! the Grafana dashboard loads, the NATS config passes `nats-server -t`, and the 3-node
 //! JetStream cluster starts **from the same config files** as plain processes on loopback,
 //! takes an R3 stream, and enforces the permissions: clients may only send requests to
-//! `msgtrail.v1.>`, never publish into the streams or call the JetStream API.
+//! `msgtrail.v1.>`, never publish into the streams or call the JetStream API — and two real
+//! brokers, the SDK's producer and consumer (authenticated by the demo nkeys) and the
+//! listener's durable consumer all work within those permissions.
 //!
 //! YAML is parsed with `serde_norway`, the maintained fork of the archived `serde_yaml` (same
 //! API, libyaml-based, YAML 1.1 merge keys via `apply_merge`, which compose's `<<: *anchor`
 //! needs). Python's yaml module would work on this machine but is not a project dependency.
 
 use futures::StreamExt;
+use msgtrail_broker::{BrokerConfig, ClientRegistry};
+use msgtrail_client::{Consumer, Identity, NatsOptions, Outgoing, Producer, PushOptions};
+use msgtrail_core::record::decode_batch;
+use msgtrail_core::wire::Subscription;
+use msgtrail_core::{ClientId, Stage};
 use msgtrail_test_support::find_nats_server;
 use serde_norway::Value;
 use std::path::{Path, PathBuf};
@@ -21,7 +28,7 @@ const LISTENER_PASSWORD: &str = "test-listener-secret";
 const CLIENT_PASSWORD: &str = "test-client-secret";
 
 fn deploy_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy")
 }
 
 fn read(rel: &str) -> String {
@@ -355,6 +362,14 @@ impl Cluster {
         }
     }
 
+    /// The client URL of node `i`, as the SDK's `NatsOptions` takes it.
+    fn url_of(&self, i: usize) -> Vec<String> {
+        // One URL per connection: NatsOptions::connect joins several with commas, which
+        // async-nats does not parse (reported to the client's owner); async-nats learns the
+        // other nodes from the server anyway.
+        vec![format!("nats://127.0.0.1:{}", self.ports[i].client)]
+    }
+
     fn urls(&self) -> Vec<async_nats::ServerAddr> {
         self.ports
             .iter()
@@ -406,6 +421,40 @@ async fn wait_for_error(errors: &Errors, needle: &str) -> bool {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     false
+}
+
+/// Connects as the `listener` user and opens its durable consumer on the stage stream, as
+/// the listener does.
+async fn listener_reader(
+    urls: &[async_nats::ServerAddr],
+) -> (
+    async_nats::Client,
+    Errors,
+    async_nats::jetstream::consumer::PullConsumer,
+) {
+    let (listener, errors) = connect(
+        async_nats::ConnectOptions::with_user_and_password(
+            "listener".into(),
+            LISTENER_PASSWORD.into(),
+        ),
+        urls,
+    )
+    .await;
+    let stages = async_nats::jetstream::new(listener.clone())
+        .get_stream("MSGTRAIL_STAGES")
+        .await
+        .expect("stage stream info");
+    let reader = stages
+        .get_or_create_consumer(
+            "msgtrail-listener",
+            async_nats::jetstream::consumer::pull::Config {
+                durable_name: Some("msgtrail-listener".into()),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("durable consumer");
+    (listener, errors, reader)
 }
 
 /// Creates an R3 stream, retrying while the cluster elects its JetStream meta leader.
@@ -538,29 +587,7 @@ async fn three_node_cluster_from_the_deploy_config_enforces_permissions() {
     assert_publish_refused(&pw_client, &pw_errors, "msgtrail.msg.y").await;
 
     // The listener reads the stage stream through a durable consumer and acks…
-    let (listener, listener_errors) = connect(
-        async_nats::ConnectOptions::with_user_and_password(
-            "listener".into(),
-            LISTENER_PASSWORD.into(),
-        ),
-        &urls,
-    )
-    .await;
-    let ljs = async_nats::jetstream::new(listener.clone());
-    let lstages = ljs
-        .get_stream("MSGTRAIL_STAGES")
-        .await
-        .expect("stream info");
-    let consumer = lstages
-        .get_or_create_consumer(
-            "msgtrail-listener",
-            async_nats::jetstream::consumer::pull::Config {
-                durable_name: Some("msgtrail-listener".into()),
-                ..Default::default()
-            },
-        )
-        .await
-        .expect("durable consumer");
+    let (listener, listener_errors, consumer) = listener_reader(&urls).await;
     let mut batch = consumer.fetch().max_messages(1).messages().await.unwrap();
     let m = tokio::time::timeout(Duration::from_secs(5), batch.next())
         .await
@@ -577,4 +604,201 @@ async fn three_node_cluster_from_the_deploy_config_enforces_permissions() {
         "the broker hit a permission: {:?}",
         broker_errors.lock().unwrap()
     );
+}
+
+/// Connects an SDK client with its demo nkey, which authenticates both the NATS connection
+/// (a NATS nkey user in accounts.conf) and the msgtrail channel (clients.json).
+async fn demo_client(cluster: &Cluster, id: &str) -> (async_nats::Client, Identity) {
+    let seed = read(&format!("msgtrail/demo-keys/{id}.nk"))
+        .trim()
+        .to_owned();
+    let nats = NatsOptions {
+        urls: cluster.url_of(2),
+        nkey_seed: Some(seed.clone()),
+        ..Default::default()
+    }
+    .connect()
+    .await
+    .expect("nkey client connects");
+    let identity = Identity::from_seed(ClientId::new(id).unwrap(), &seed).unwrap();
+    (nats, identity)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_brokers_and_nkey_clients_work_within_the_deploy_permissions() {
+    let cluster = Cluster::start();
+    let clients = ClientRegistry::load(&deploy_dir().join("msgtrail/clients.json")).unwrap();
+    // Each broker on its own node; the clients on the third.
+    let broker_config = |node: usize| BrokerConfig {
+        nats: NatsOptions {
+            urls: cluster.url_of(node),
+            user: Some("broker".into()),
+            password: Some(BROKER_PASSWORD.into()),
+            ..Default::default()
+        },
+        clients: clients.clone(),
+        replicas: 3,
+        stage_batch_linger: Duration::from_millis(5),
+        ack_wait: Duration::from_secs(1),
+        max_deliver: 2,
+        ..Default::default()
+    };
+    // The first start may race the cluster's JetStream leader election.
+    let deadline = Instant::now() + Duration::from_secs(45);
+    let mut brokers = Vec::new();
+    while brokers.len() < 2 {
+        match msgtrail_broker::start(broker_config(brokers.len())).await {
+            Ok(b) => brokers.push(b),
+            Err(e) if Instant::now() < deadline => {
+                let _ = e;
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => panic!(
+                "broker under the deploy permissions: {e}\n{}",
+                cluster.logs()
+            ),
+        }
+    }
+
+    // The streams are R3.
+    let (admin, _) = connect(
+        async_nats::ConnectOptions::with_user_and_password("broker".into(), BROKER_PASSWORD.into()),
+        &cluster.urls(),
+    )
+    .await;
+    let js = async_nats::jetstream::new(admin);
+    for name in ["MSGTRAIL_MESSAGES", "MSGTRAIL_STAGES"] {
+        let mut s = js.get_stream(name).await.unwrap();
+        let cl = s.info().await.unwrap().cluster.clone().expect("clustered");
+        assert_eq!(cl.replicas.len(), 2, "{name} is R3: {cl:?}");
+    }
+
+    // The demo producer uploads; the demo consumer fetches, processes and acks.
+    let (pn, pid) = demo_client(&cluster, "shop").await;
+    let producer = Producer::connect(pn, pid).await.expect("producer channel");
+    let reply = producer
+        .send_message(Outgoing::new("orders.eu", "hello"))
+        .await
+        .expect("upload within the permissions");
+    let (cn, cid) = demo_client(&cluster, "billing-1").await;
+    let consumer = Consumer::connect(cn, cid).await.expect("consumer channel");
+    let sub = Subscription {
+        group: ClientId::new("billing").unwrap(),
+        topic: "orders.>".into(),
+        filter: Default::default(),
+        message_id: None,
+    };
+    let got = consumer
+        .fetch(&sub, 1, Duration::from_secs(5))
+        .await
+        .expect("fetch within the permissions");
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].message_id, reply.message_id);
+    let outcome = consumer
+        .process(got[0].clone(), |_| async { Ok::<(), String>(()) })
+        .await
+        .expect("ack within the permissions");
+    assert!(outcome.is_ok());
+
+    // A message that fails every attempt is dead-lettered (the max-deliveries advisory).
+    let poison = producer
+        .send_message(Outgoing::new("orders.eu", "poison"))
+        .await
+        .unwrap();
+    let only = |id| Subscription {
+        message_id: Some(id),
+        ..sub.clone()
+    };
+    for attempt in 1..=2 {
+        let got = consumer
+            .fetch(&only(poison.message_id), 1, Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert_eq!(got.len(), 1, "attempt {attempt}");
+        let _ = consumer
+            .process(got[0].clone(), |_| async {
+                Err::<(), _>("insufficient funds")
+            })
+            .await
+            .unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let mut dlq = js.get_stream("MSGTRAIL_DEAD_LETTERS").await.unwrap();
+        if dlq.info().await.unwrap().state.messages == 1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never dead-lettered");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // Push delivery to the consumer's inbox (a new group gets both messages).
+    let mut push = consumer
+        .subscribe(
+            &Subscription {
+                group: ClientId::new("billing-push").unwrap(),
+                ..sub.clone()
+            },
+            PushOptions::default(),
+        )
+        .await
+        .expect("push subscription within the permissions");
+    let mut pushed = Vec::new();
+    while pushed.len() < 2 {
+        let m = tokio::time::timeout(Duration::from_secs(10), push.next())
+            .await
+            .expect("pushed messages in time")
+            .expect("a pushed message");
+        consumer.ack(&m).await.expect("ack of a push");
+        pushed.push(m.message_id);
+    }
+    assert!(pushed.contains(&reply.message_id), "{pushed:?}");
+
+    // The listener user reads the whole trajectory from the stage stream.
+    let (_listener, _, reader) = listener_reader(&cluster.urls()).await;
+    let want = [
+        Stage::UploadReceived,
+        Stage::Stored,
+        Stage::StoreConfirmed,
+        Stage::PullSent,
+        Stage::PullAckReceived,
+        Stage::ProcessFinished,
+        Stage::PushSent,
+    ];
+    let mut seen = std::collections::HashSet::new();
+    let mut dead_lettered = false;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !(dead_lettered && want.iter().all(|s| seen.contains(s))) {
+        assert!(
+            Instant::now() < deadline,
+            "stage records seen: {seen:?}, dead letter: {dead_lettered}"
+        );
+        let mut batch = reader
+            .fetch()
+            .max_messages(50)
+            .expires(Duration::from_millis(500))
+            .messages()
+            .await
+            .unwrap();
+        while let Some(Ok(m)) = batch.next().await {
+            for r in decode_batch(&m.payload).unwrap() {
+                if r.message_id == Some(reply.message_id) {
+                    seen.insert(r.stage);
+                }
+                if r.message_id == Some(poison.message_id)
+                    && r.outcome.as_deref() == Some("dead_letter")
+                {
+                    dead_lettered = true;
+                }
+            }
+            m.ack().await.expect("ack allowed");
+        }
+    }
+    for b in brokers {
+        b.shutdown().await;
+    }
+    // Nobody needed more than the deploy config grants.
+    let logs = cluster.logs();
+    let violations: Vec<&str> = logs.lines().filter(|l| l.contains("Violation")).collect();
+    assert!(violations.is_empty(), "{violations:#?}");
 }
