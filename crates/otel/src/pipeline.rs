@@ -1,7 +1,7 @@
 //! The listener's side of the bridge in one piece: give it a trajectory whenever it changes
 //! (and on the watchdog's ticks), and it exports each hop **once**, when the hop has ended
-//! and a short grace for stragglers has passed — or at once when the hop failed or its
-//! deadline closed it — after asking the tail sampler.
+//! (ok or failed) and a short grace for stragglers has passed — or at once when its deadline
+//! closed it — after asking the tail sampler.
 //!
 //! It remembers, per trace, which hops it exported and which the sampler left out (a 64-bit
 //! hash and a flag per hop, about 100 bytes per trace). When a trajectory that was healthy
@@ -185,12 +185,13 @@ impl TracePipeline {
         let due: Vec<&str> = t
             .hops
             .iter()
-            .filter(|h| match h.status {
-                HopStatus::Incomplete => false,
-                HopStatus::Error => true,
-                HopStatus::Ok => h
-                    .end
-                    .is_some_and(|e| now >= e.saturating_add(self.grace_nanos)),
+            .filter(|h| match (h.status, h.end) {
+                (HopStatus::Incomplete, _) => false,
+                // Closed by its deadline: nothing more is coming.
+                (HopStatus::Error, None) => true,
+                // Ended, well or badly: wait for stragglers (the nack after a failure).
+                (_, Some(end)) => now >= end.saturating_add(self.grace_nanos),
+                (HopStatus::Ok, None) => true,
             })
             .map(|h| h.key.as_str())
             .collect();

@@ -78,7 +78,8 @@ async fn hops_left_out_come_back_when_the_trajectory_turns_bad() {
     let mut r = upload(true);
     r.extend(delivery(1, 10, false));
     let failed = assemble(r, None);
-    assert_eq!(p.observe(&failed, ms(20)), 4);
+    assert_eq!(p.observe(&failed, ms(20)), 0, "failures wait for stragglers too");
+    assert_eq!(p.observe(&failed, ms(3_000)), 4);
     let got = rx.spans(4, Duration::from_secs(10)).await;
     assert_eq!(hops(&got), all_four());
     for s in &got {
