@@ -28,7 +28,7 @@ use crate::export::{ExportConfig, ExportHandle, StatsSnapshot, TraceExporter};
 use crate::mapping::{hop_span, trajectory_trace_id, MappingOptions};
 use crate::sampling::{Decision, SamplingPolicy, TailSampler};
 use msgtrail_core::trajectory::{HopStatus, Trajectory};
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::time::Duration;
 
 /// How long after a hop ends it is exported, in milliseconds (stragglers: events that arrive
@@ -66,6 +66,9 @@ pub struct PipelineConfig {
     pub grace: Duration,
     /// Most traces remembered at once (default 100,000, about 10 MB).
     pub max_traces: usize,
+    /// Most trajectories kept waiting for a hop's grace (default 10,000); beyond it the one
+    /// due first is exported early.
+    pub max_waiting: usize,
 }
 
 impl Default for PipelineConfig {
@@ -75,6 +78,7 @@ impl Default for PipelineConfig {
             sampling: SamplingPolicy::default(),
             grace: Duration::from_secs(2),
             max_traces: 100_000,
+            max_waiting: 10_000,
         }
     }
 }
@@ -153,6 +157,11 @@ pub struct TracePipeline {
     /// compaction (their generation no longer matches), so forgetting is O(1).
     order: VecDeque<(String, u64)>,
     generation: u64,
+    /// Trajectories with hops inside their grace, by trace, with when the next is due.
+    waiting: HashMap<String, (Trajectory, u64)>,
+    /// The same, ordered by due time.
+    due_order: BTreeSet<(u64, String)>,
+    max_waiting: usize,
 }
 
 impl TracePipeline {
@@ -173,12 +182,86 @@ impl TracePipeline {
             traces: HashMap::new(),
             order: VecDeque::new(),
             generation: 0,
+            waiting: HashMap::new(),
+            due_order: BTreeSet::new(),
+            max_waiting: config.max_waiting.max(1),
         })
     }
 
     /// Looks at the trajectory as it is at `now` (Unix nanoseconds) and exports the hops
-    /// that are due. Never blocks. Returns how many spans were enqueued.
+    /// that are due. A trajectory with hops still inside their grace is kept (a copy, bounded
+    /// by [`PipelineConfig::max_waiting`]) and exported by a later [`TracePipeline::observe`]
+    /// or [`TracePipeline::tick`] once they are due, so the caller need not call again. Never
+    /// blocks. Returns how many spans were enqueued.
     pub fn observe(&mut self, t: &Trajectory, now: u64) -> usize {
+        let mut n = self.process(t, now);
+        if let Some(trace) = trajectory_trace_id(t).map(|id| id.to_string()) {
+            self.unwait(&trace);
+            if let Some(due) = self.next_due(t, &trace, now) {
+                self.wait(trace, t.clone(), due);
+            }
+        }
+        n += self.tick(now);
+        n
+    }
+
+    /// Exports the hops of kept trajectories whose grace has passed by `now`; call it on a
+    /// timer (every few hundred milliseconds). Returns how many spans were enqueued.
+    pub fn tick(&mut self, now: u64) -> usize {
+        let mut n = 0;
+        while let Some((due, trace)) = self.due_order.first().cloned() {
+            if due > now {
+                break;
+            }
+            self.due_order.remove(&(due, trace.clone()));
+            if let Some((t, _)) = self.waiting.remove(&trace) {
+                n += self.process(&t, now);
+                if let Some(next) = self.next_due(&t, &trace, now) {
+                    self.wait(trace, t, next);
+                }
+            }
+        }
+        n
+    }
+
+    /// How many trajectories are kept waiting for a hop's grace.
+    pub fn waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    fn wait(&mut self, trace: String, t: Trajectory, due: u64) {
+        while self.waiting.len() >= self.max_waiting {
+            // Full: the one due first goes now, a little early, rather than never.
+            let Some((d, old)) = self.due_order.pop_first() else {
+                break;
+            };
+            if let Some((ot, _)) = self.waiting.remove(&old) {
+                self.process(&ot, d);
+            }
+        }
+        self.due_order.insert((due, trace.clone()));
+        self.waiting.insert(trace, (t, due));
+    }
+
+    fn unwait(&mut self, trace: &str) {
+        if let Some((_, due)) = self.waiting.remove(trace) {
+            self.due_order.remove(&(due, trace.to_owned()));
+        }
+    }
+
+    /// When the next undecided hop of `t` that has ended comes out of its grace.
+    fn next_due(&self, t: &Trajectory, trace: &str, now: u64) -> Option<u64> {
+        let state = self.traces.get(trace).map(|(s, _)| s);
+        t.hops
+            .iter()
+            .filter(|h| h.status != HopStatus::Incomplete)
+            .filter(|h| !state.is_some_and(|s| s.decided(&h.key)))
+            .filter_map(|h| h.end.map(|e| e.saturating_add(self.grace_nanos)))
+            .filter(|due| *due > now)
+            .min()
+    }
+
+    fn process(&mut self, t: &Trajectory, now: u64) -> usize {
         let Some(trace) = trajectory_trace_id(t).map(|id| id.to_string()) else {
             return 0;
         };
@@ -279,8 +362,20 @@ impl TracePipeline {
         self.handle.snapshot()
     }
 
-    /// Drains the exporter within `grace` (see [`TraceExporter::shutdown`]).
+    /// Exports what is still waiting for its grace (now rather than never), then drains the
+    /// exporter within `grace` (see [`TraceExporter::shutdown`]).
     pub async fn shutdown(mut self, grace: Duration) -> StatsSnapshot {
+        self.due_order.clear();
+        for (_, (t, _)) in std::mem::take(&mut self.waiting) {
+            // At the end of the last grace, every ended hop is due.
+            let last = t
+                .hops
+                .iter()
+                .filter_map(|h| h.end.map(|e| e.saturating_add(self.grace_nanos)))
+                .max()
+                .unwrap_or(0);
+            self.process(&t, last);
+        }
         match self.exporter.take() {
             Some(e) => e.shutdown(grace).await,
             None => self.handle.snapshot(),

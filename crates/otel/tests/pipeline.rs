@@ -78,7 +78,11 @@ async fn hops_left_out_come_back_when_the_trajectory_turns_bad() {
     let mut r = upload(true);
     r.extend(delivery(1, 10, false));
     let failed = assemble(r, None);
-    assert_eq!(p.observe(&failed, ms(20)), 0, "failures wait for stragglers too");
+    assert_eq!(
+        p.observe(&failed, ms(20)),
+        0,
+        "failures wait for stragglers too"
+    );
     assert_eq!(p.observe(&failed, ms(3_000)), 4);
     let got = rx.spans(4, Duration::from_secs(10)).await;
     assert_eq!(hops(&got), all_four());
@@ -153,4 +157,32 @@ async fn memory_is_bounded_by_max_traces() {
     }
     assert_eq!(p.tracked_traces(), 3);
     p.shutdown(Duration::from_secs(5)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hops_inside_their_grace_are_kept_and_go_out_on_tick_or_shutdown() {
+    let (mut p, mut rx) = pipeline(SamplingPolicy::default()).await;
+    let mut r = upload(true);
+    r.extend(delivery(1, 10, false));
+    let failed = assemble(r, None);
+    // Observed once, while every hop is inside its grace: nothing yet, but kept.
+    assert_eq!(p.observe(&failed, ms(20)), 0);
+    assert_eq!(p.waiting(), 1);
+    assert_eq!(p.tick(ms(1_000)), 0);
+    // The caller never observes it again: the tick exports it.
+    assert_eq!(p.tick(ms(2_003)), 2, "send and store");
+    assert_eq!(p.tick(ms(2_020)), 2, "the failed deliver and process");
+    assert_eq!(p.waiting(), 0);
+    assert_eq!(
+        hops(&rx.spans(4, Duration::from_secs(10)).await),
+        all_four()
+    );
+
+    // Shutdown exports what is still waiting rather than dropping it.
+    let mut other = success();
+    other.message_id = Some(msgtrail_core::MessageId::new());
+    assert_eq!(p.observe(&other, ms(20)), 0);
+    assert_eq!(p.waiting(), 1);
+    let stats = p.shutdown(Duration::from_secs(5)).await;
+    assert_eq!(stats.exported, 8);
 }
