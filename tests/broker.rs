@@ -789,3 +789,41 @@ async fn retried_sends_share_one_request_id_and_graceful_shutdown_flushes() {
     let e = producer.send("orders.eu", "lost").await.unwrap_err();
     assert!(e.is_transient(), "{e}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ack_timeouts_up_to_max_deliveries_dead_letter_the_message() {
+    let sys = TestSystem::start().await;
+    let producer = sys.producer("shop").await;
+    let consumer = sys.consumer("billing-1").await;
+    let reply = producer.send("orders.eu", "ignored").await.unwrap();
+    for attempt in 1..=MAX_DELIVER {
+        let got = consumer
+            .fetch(&sub("billing", "orders.*"), 1, ACK_WAIT * 3)
+            .await
+            .unwrap();
+        assert_eq!(got.len(), 1, "attempt {attempt}");
+        assert_eq!(got[0].delivery_attempt, attempt);
+    }
+    // JetStream notices the exhausted message when the group asks for more.
+    assert!(consumer
+        .fetch(&sub("billing", "orders.*"), 1, ACK_WAIT * 3)
+        .await
+        .unwrap()
+        .is_empty());
+    let recs = sys
+        .records_for(reply.message_id, |r| {
+            r.iter()
+                .any(|r| r.outcome.as_deref() == Some("dead_letter"))
+        })
+        .await;
+    let dead = recs
+        .iter()
+        .find(|r| r.outcome.as_deref() == Some("dead_letter"))
+        .unwrap();
+    assert!(
+        dead.detail.as_deref().unwrap().contains("not acked"),
+        "{dead:?}"
+    );
+    assert_eq!(dead.group.as_ref().map(|g| g.as_str()), Some("billing"));
+    assert_eq!(sys.stream_messages(DEAD_LETTER_STREAM).await.len(), 1);
+}
