@@ -223,3 +223,60 @@ async fn a_failed_attempt_is_an_error_span_over_http() {
         )
     );
 }
+
+/// The whole chain: broker and SDK write the stage stream, the listener reads it, assembles
+/// the trajectory and exports it through msgtrail-otel's pipeline to the receiver.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_listener_exports_each_consumed_message_as_one_trace() {
+    use msgtrail_otel::PipelineConfig;
+    let sys = TestSystem::start().await;
+    let mut rx = OtlpReceiver::start_grpc().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let listener = msgtrail_listener::start(msgtrail_listener::ListenerConfig {
+        nats_url: sys.server.url().to_owned(),
+        data_dir: dir.path().to_path_buf(),
+        http_addr: "127.0.0.1:0".parse().unwrap(),
+        watchdog_interval: Duration::from_millis(100),
+        otel: Some(PipelineConfig {
+            export: ExportConfig {
+                protocol: Protocol::Grpc,
+                endpoint: Some(rx.endpoint()),
+                batch_delay: Duration::from_millis(10),
+                ..Default::default()
+            },
+            grace: Duration::from_millis(200),
+            ..Default::default()
+        }),
+        ..Default::default()
+    })
+    .await
+    .expect("listener starts");
+    let (id, _) = send_and_consume(&sys, true).await;
+    // send, store, 2 × (deliver, process)
+    let got = rx.spans(6, Duration::from_secs(20)).await;
+    let mine: Vec<&ReceivedSpan> = got
+        .iter()
+        .filter(|s| s.trace_hex() == id.trace_hex())
+        .collect();
+    assert_eq!(
+        mine.len(),
+        6,
+        "{:#?}",
+        got.iter()
+            .map(|s| s.attr("msgtrail.hop"))
+            .collect::<Vec<_>>()
+    );
+    let services: std::collections::BTreeSet<&str> =
+        mine.iter().map(|s| s.service_name.as_str()).collect();
+    assert_eq!(
+        services.into_iter().collect::<Vec<_>>(),
+        ["billing-1-svc", "msgtrail-broker", "shop-svc"]
+    );
+    let failed = span(&got, "process/billing/billing-1/1");
+    assert_eq!(failed.span.status.as_ref().map(|s| s.code), Some(2));
+    assert_eq!(span(&got, "send").parent_hex(), "");
+    assert_eq!(span(&got, "store").parent_hex(), sid(&id, &Hop::Send));
+    listener.shutdown().await.unwrap();
+    // Each hop once.
+    assert!(rx.spans(1, Duration::from_millis(500)).await.is_empty());
+}
