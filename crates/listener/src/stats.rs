@@ -100,6 +100,8 @@ pub struct EventCounts {
 pub struct IngestCounts {
     /// Stage-stream messages (batches) applied since start.
     pub batches: u64,
+    /// Store transactions those were applied in, since start.
+    pub transactions: u64,
     /// Records stored for the first time (persistent).
     pub records: u64,
     /// Records seen again (redeliveries) and skipped, since start.
@@ -284,6 +286,7 @@ impl Stats {
         self.apply_state_changes(&outcome.state_changes);
         let mut g = self.lock();
         g.ingest.batches += batches;
+        g.ingest.transactions += 1;
         g.ingest.repeated_records += outcome.repeated_records;
         for (k, v) in &outcome.counters {
             let e = g.counters.entry(k.clone()).or_default();

@@ -85,6 +85,12 @@ pub struct MessageSummary {
     pub failure: Option<String>,
     /// How many records the message has.
     pub records: usize,
+    /// Which funnel steps it reached: sent, stored, delivered, acked.
+    #[serde(default)]
+    pub funnel: [bool; 4],
+    /// Its completed latency segments (nanoseconds): what the statistics already counted.
+    #[serde(default)]
+    pub segments: Vec<(Segment, u64)>,
 }
 
 impl MessageSummary {
@@ -105,6 +111,8 @@ impl MessageSummary {
             last_at: t.last_at,
             failure: t.failure.clone(),
             records: t.record_count,
+            funnel: funnel_flags(t),
+            segments: t.segment_latencies(),
         }
     }
 }
@@ -222,12 +230,23 @@ impl<'t> Tables<'t> {
         by: i64,
         out: &mut BTreeMap<String, i64>,
     ) -> Result<(), StoreError> {
-        if by == 0 {
-            return Ok(());
+        // Deltas gather in `out` and reach the table once per transaction (`flush`).
+        if by != 0 {
+            *out.entry(name.to_owned()).or_default() += by;
         }
-        let cur = self.counters.get(name)?.map(|v| v.value()).unwrap_or(0);
-        self.counters.insert(name, cur.saturating_add_signed(by))?;
-        *out.entry(name.to_owned()).or_default() += by;
+        Ok(())
+    }
+
+    fn flush(&mut self, deltas: &BTreeMap<String, i64>) -> Result<(), StoreError> {
+        for (name, by) in deltas {
+            let cur = self
+                .counters
+                .get(name.as_str())?
+                .map(|v| v.value())
+                .unwrap_or(0);
+            self.counters
+                .insert(name.as_str(), cur.saturating_add_signed(*by))?;
+        }
         Ok(())
     }
 
@@ -501,15 +520,15 @@ impl Store {
                 // The message's own records before this batch: the base of the statistics
                 // diff. A merged orphan's contribution is taken back first, so that a
                 // message counts once in the funnel whatever the order of P1 and P2.
-                let own_old = t.load_records(&key)?;
-                let mut old = own_old.clone();
+                let mut old = t.load_records(&key)?;
                 let old_summary = t.summary(&key)?;
                 let mut merged_any = false;
                 let mut moved = Vec::new();
                 for orphan in merges.get(&key).into_iter().flatten() {
                     let orecs = t.load_records(orphan)?;
-                    if let Some(ot) = Trajectory::assemble(orecs.clone(), &self.options(now)) {
-                        for (flag, name) in funnel_flags(&ot).iter().zip(FUNNEL) {
+                    let (_, osum) = t.delete_message(orphan)?;
+                    if let Some(s) = osum {
+                        for (flag, name) in s.funnel.iter().zip(FUNNEL) {
                             if *flag {
                                 t.bump(
                                     &format!("{COUNTER_FUNNEL_PREFIX}{name}"),
@@ -518,9 +537,6 @@ impl Store {
                                 )?;
                             }
                         }
-                    }
-                    let (_, osum) = t.delete_message(orphan)?;
-                    if let Some(s) = osum {
                         out.state_changes.push((Some(s.state), None));
                     }
                     old.extend(orecs.iter().cloned());
@@ -545,9 +561,14 @@ impl Store {
                     inserted.push(r);
                 }
                 // Records moved from an orphan are not new; count only the fresh ones.
+                let old_keys: BTreeSet<String> = if merged_any {
+                    old.iter().map(StageRecord::dedup_key).collect()
+                } else {
+                    BTreeSet::new()
+                };
                 let fresh_inserted: Vec<&StageRecord> = inserted
                     .iter()
-                    .filter(|r| !old.iter().any(|o| o.dedup_key() == r.dedup_key()))
+                    .filter(|r| !merged_any || !old_keys.contains(&r.dedup_key()))
                     .collect();
                 for r in &fresh_inserted {
                     t.bump(
@@ -570,7 +591,6 @@ impl Store {
                     continue;
                 }
                 let opts = self.options(now);
-                let old_traj = Trajectory::assemble(own_old, &opts);
                 let mut all = old;
                 all.extend(inserted);
                 let Some(new_traj) = Trajectory::assemble(all, &opts) else {
@@ -583,8 +603,9 @@ impl Store {
                     out.state_changes
                         .push((prev.as_ref().map(|s| s.state), Some(summary.state)));
                 }
-                let old_flags = old_traj.as_ref().map(funnel_flags).unwrap_or_default();
-                let new_flags = funnel_flags(&new_traj);
+                // The summary remembers what the statistics counted for the message so far.
+                let old_flags = prev.as_ref().map(|s| s.funnel).unwrap_or_default();
+                let new_flags = summary.funnel;
                 for (i, name) in FUNNEL.iter().enumerate() {
                     if new_flags[i] && !old_flags[i] {
                         t.bump(
@@ -594,15 +615,19 @@ impl Store {
                         )?;
                     }
                 }
-                let old_l = old_traj.map(|o| o.segment_latencies()).unwrap_or_default();
+                let old_l = prev
+                    .as_ref()
+                    .map(|s| s.segments.as_slice())
+                    .unwrap_or_default();
                 let topic = new_traj.topic.clone().unwrap_or_default();
-                for (s, v) in new_latencies(&old_l, &new_traj.segment_latencies()) {
+                for (s, v) in new_latencies(old_l, &summary.segments) {
                     out.latencies.push((topic.clone(), s, v));
                 }
                 if self.emit_trajectories {
                     out.trajectories.push(new_traj);
                 }
             }
+            t.flush(&out.counters)?;
         }
         tx.commit()?;
         Ok(out)
@@ -714,6 +739,7 @@ impl Store {
             }
             let mut ignored = BTreeMap::new();
             t.bump(COUNTER_RETENTION_DELETED, out.deleted as i64, &mut ignored)?;
+            t.flush(&ignored)?;
         }
         tx.commit()?;
         Ok(out)

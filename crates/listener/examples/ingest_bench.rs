@@ -1,0 +1,171 @@
+//! Listener ingest and query throughput against a real nats-server (not a test).
+//!
+//! Publishes the stage records of `MESSAGES` complete trajectories (10 records each: upload,
+//! store, one pull delivery with processing) in NDJSON batches of `BATCH` records, as the
+//! broker does, then starts a listener on that backlog and times how long it takes to apply
+//! everything; then times trajectory look-ups over HTTP.
+//!
+//! ```text
+//! cargo run --release -p msgtrail-listener --example ingest_bench [messages] [records-per-batch]
+//! ```
+
+use msgtrail_core::record::encode_batch;
+use msgtrail_core::stage::Stage;
+use msgtrail_core::subjects::STAGE_SUBJECT;
+use msgtrail_core::{ClientId, MessageId, RequestId, StageRecord};
+use msgtrail_listener::client::ListenerClient;
+use msgtrail_listener::ListenerConfig;
+use msgtrail_test_support::NatsServer;
+use std::time::{Duration, Instant};
+
+fn trajectory(t0: u64, i: u64) -> (MessageId, Vec<StageRecord>) {
+    let id = MessageId::new();
+    let req = RequestId::new(format!("req-{i}")).unwrap();
+    let producer = ClientId::new("bench-producer").unwrap();
+    let group = ClientId::new("billing").unwrap();
+    let consumer = ClientId::new("b-1").unwrap();
+    let mk = |stage: Stage, us: u64| {
+        let mut r = StageRecord::at(stage, t0 + i * 1_000 + us * 1_000);
+        r.topic = Some(format!("orders.t{}", i % 8));
+        r
+    };
+    let mut out = Vec::new();
+    for (stage, us) in [
+        (Stage::UploadSent, 0),
+        (Stage::UploadReceived, 100),
+        (Stage::Stored, 300),
+        (Stage::StoreConfirmed, 400),
+    ] {
+        let mut r = mk(stage, us);
+        r.request_id = Some(req.clone());
+        r.producer = Some(producer.clone());
+        if stage != Stage::UploadSent {
+            r.message_id = Some(id);
+        }
+        out.push(r);
+    }
+    for (stage, us, outcome) in [
+        (Stage::PullSent, 1_000, None),
+        (Stage::PullReceived, 1_200, None),
+        (Stage::ProcessStarted, 1_300, None),
+        (Stage::ProcessFinished, 2_300, Some("ok")),
+        (Stage::PullAckSent, 2_400, Some("ack")),
+        (Stage::PullAckReceived, 2_600, Some("ack")),
+    ] {
+        let mut r = mk(stage, us);
+        r.message_id = Some(id);
+        r.group = Some(group.clone());
+        r.consumer = Some(consumer.clone());
+        r.attempt = Some(1);
+        r.outcome = outcome.map(Into::into);
+        out.push(r);
+    }
+    (id, out)
+}
+
+#[tokio::main]
+async fn main() {
+    let args: Vec<u64> = std::env::args()
+        .skip(1)
+        .filter_map(|a| a.parse().ok())
+        .collect();
+    let messages = args.first().copied().unwrap_or(20_000);
+    let batch = args.get(1).copied().unwrap_or(50) as usize;
+    let server = NatsServer::start().expect("nats-server");
+    let dir = tempfile::tempdir().unwrap();
+    let client = async_nats::connect(server.url()).await.unwrap();
+    let js = async_nats::jetstream::new(client);
+    js.get_or_create_stream(msgtrail_listener::ingest::stage_stream_config())
+        .await
+        .unwrap();
+
+    let t0 = msgtrail_core::time::now_nanos();
+    let mut records = Vec::new();
+    let mut ids = Vec::new();
+    for i in 0..messages {
+        let (id, rs) = trajectory(t0, i);
+        ids.push(id);
+        records.extend(rs);
+    }
+    // Interleave messages as a busy broker would: shuffle batches' contents a little by
+    // striding through the records.
+    let stride = 7usize;
+    let mut ordered = Vec::with_capacity(records.len());
+    for k in 0..stride {
+        ordered.extend(records.iter().skip(k).step_by(stride).cloned());
+    }
+    let total = ordered.len() as u64;
+    let start = Instant::now();
+    let mut acks = Vec::new();
+    for chunk in ordered.chunks(batch) {
+        acks.push(
+            js.publish(STAGE_SUBJECT, encode_batch(chunk).into())
+                .await
+                .unwrap(),
+        );
+        if acks.len() >= 256 {
+            for a in acks.drain(..) {
+                a.await.unwrap();
+            }
+        }
+    }
+    for a in acks.drain(..) {
+        a.await.unwrap();
+    }
+    println!(
+        "published {total} records ({messages} messages) in {} NATS messages in {:.2?}",
+        total.div_ceil(batch as u64),
+        start.elapsed()
+    );
+
+    let config = ListenerConfig {
+        nats_url: server.url().to_owned(),
+        data_dir: dir.path().to_path_buf(),
+        http_addr: "127.0.0.1:0".parse().unwrap(),
+        retention_max_age: None,
+        retention_max_bytes: None,
+        ..Default::default()
+    };
+    let start = Instant::now();
+    let handle = msgtrail_listener::start(config).await.unwrap();
+    loop {
+        let s = handle.stats(None);
+        if s.ingest.records >= total {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let took = start.elapsed();
+    let s = handle.stats(None);
+    println!(
+        "ingest: {total} records in {took:.2?} = {:.0} records/s ({:.0} messages/s); {} batches in {} transactions; consumed {}",
+        total as f64 / took.as_secs_f64(),
+        messages as f64 / took.as_secs_f64(),
+        s.ingest.batches,
+        s.ingest.transactions,
+        s.states.values().sum::<u64>()
+    );
+    let size: u64 = std::fs::read_dir(dir.path())
+        .unwrap()
+        .filter_map(|e| e.ok()?.metadata().ok())
+        .map(|m| m.len())
+        .sum();
+    println!(
+        "store: {:.1} MB on disk ({:.0} bytes per message)",
+        size as f64 / 1e6,
+        size as f64 / messages as f64
+    );
+
+    let c = ListenerClient::new(&format!("http://{}", handle.http_addr()), None).unwrap();
+    let n = 2_000.min(ids.len());
+    let start = Instant::now();
+    for id in ids.iter().step_by(ids.len() / n).take(n) {
+        c.trajectory(&id.to_string(), None).await.unwrap();
+    }
+    let took = start.elapsed();
+    println!(
+        "query: {n} trajectories over HTTP in {took:.2?} = {:.0} µs each (sequential)",
+        took.as_micros() as f64 / n as f64
+    );
+    handle.shutdown().await.unwrap();
+}
