@@ -676,25 +676,20 @@ async fn oversized_payloads_and_malformed_headers_are_refused_precisely() {
     assert_eq!(errors.get("payload_too_large"), Some(&1));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn clients_cannot_report_records_that_are_not_theirs() {
-    let sys = TestSystem::start().await;
-    let consumer = sys.consumer("billing-1").await;
-    // Open a raw channel with the SDK's identity to send crafted reports.
-    let ident = sys.identity("billing-1");
+/// Opens a channel with raw requests, as a client in another language would.
+async fn raw_channel(sys: &TestSystem, role: &str, name: &str) -> String {
+    let ident = sys.identity(name);
+    let challenge = format!(r#"{{"client_id":"{name}"}}"#);
     let ch: serde_json::Value = serde_json::from_slice(
         &sys.nats
-            .request(
-                "msgtrail.v1.channel.challenge",
-                r#"{"client_id":"billing-1"}"#.into(),
-            )
+            .request("msgtrail.v1.channel.challenge", challenge.into())
             .await
             .unwrap()
             .payload,
     )
     .unwrap();
     let nonce = ch["nonce"].as_str().unwrap();
-    let open = serde_json::json!({"role":"consumer","client_id":"billing-1","nonce":nonce,"signature":ident.sign(nonce),"service_name":"billing-1-svc"});
+    let open = serde_json::json!({"role":role,"client_id":name,"nonce":nonce,"signature":ident.sign(nonce),"service_name":format!("{name}-svc")});
     let opened: serde_json::Value = serde_json::from_slice(
         &sys.nats
             .request("msgtrail.v1.channel.open", open.to_string().into())
@@ -703,65 +698,194 @@ async fn clients_cannot_report_records_that_are_not_theirs() {
             .payload,
     )
     .unwrap();
-    let channel = opened["channel"].as_str().unwrap().to_owned();
-    let report = |body: String| {
-        let nats = sys.nats.clone();
-        let channel = channel.clone();
-        async move {
-            let mut hs = async_nats::HeaderMap::new();
-            hs.insert("Msgtrail-Channel", channel.as_str());
-            let r = nats
-                .request_with_headers("msgtrail.v1.stage", hs, body.into())
-                .await
-                .unwrap();
-            r.headers
-                .and_then(|h| h.get("Msgtrail-Error").map(|v| v.as_str().to_owned()))
-        }
-    };
-    let id = msgtrail_core::MessageId::new();
+    opened["channel"].as_str().unwrap().to_owned()
+}
+
+/// Sends a raw stage report; returns the error code, if refused.
+async fn report(sys: &TestSystem, channel: &str, body: String) -> Option<String> {
+    let mut hs = async_nats::HeaderMap::new();
+    hs.insert("Msgtrail-Channel", channel);
+    let r = sys
+        .nats
+        .request_with_headers("msgtrail.v1.stage", hs, body.into())
+        .await
+        .unwrap();
+    r.headers
+        .and_then(|h| h.get("Msgtrail-Error").map(|v| v.as_str().to_owned()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_cannot_report_records_that_are_not_theirs() {
+    let sys = TestSystem::start().await;
+    let producer = sys.producer("shop").await;
+    let stored = producer.send("orders.eu", "x").await.unwrap();
+    let b1 = sys.consumer("billing-1").await;
+    let got = b1
+        .fetch(&sub("billing", "orders.*"), 1, WAIT)
+        .await
+        .unwrap();
+    let token = got[0].ack_token.clone();
+    let id = stored.message_id;
+    let mine = raw_channel(&sys, "consumer", "billing-1").await;
+    let mallory = raw_channel(&sys, "consumer", "billing-2").await;
+
+    let line = |stage: &str, extra: &str| format!(r#"{{"stage":"{stage}","at":7{extra}}}"#);
+    // Wrong role, wrong name, broker-only stage, garbage.
     assert_eq!(
-        report(r#"{"stage":"P1","at":1,"request_id":"r"}"#.to_string())
+        report(&sys, &mine, line("P1", r#","request_id":"r""#))
             .await
             .as_deref(),
         Some("record_not_owned")
     );
     assert_eq!(
-        report(format!(
-            r#"{{"stage":"C6","at":1,"message_id":"{id}","consumer":"billing-2"}}"#
-        ))
+        report(
+            &sys,
+            &mine,
+            line(
+                "C6",
+                &format!(r#","consumer":"billing-2","token":"{token}""#)
+            )
+        )
         .await
         .as_deref(),
         Some("record_not_owned")
     );
     assert_eq!(
-        report(format!(r#"{{"stage":"C5","at":1,"message_id":"{id}"}}"#))
+        report(&sys, &mine, line("C5", &format!(r#","message_id":"{id}""#)))
             .await
             .as_deref(),
         Some("record_not_owned")
     );
     assert_eq!(
-        report("garbage".into()).await.as_deref(),
+        report(&sys, &mine, "garbage".into()).await.as_deref(),
         Some("invalid_record")
     );
+    // No proof of delivery, another consumer's proof, a proof that does not fit the record.
     assert_eq!(
-        report(format!(
-            r#"{{"stage":"X1","at":7,"message_id":"{id}","service":"forged"}}"#
-        ))
+        report(&sys, &mine, line("X1", &format!(r#","message_id":"{id}""#)))
+            .await
+            .as_deref(),
+        Some("record_not_owned")
+    );
+    assert_eq!(
+        report(
+            &sys,
+            &mallory,
+            line(
+                "C6",
+                &format!(r#","message_id":"{id}","group":"billing","token":"{token}""#)
+            )
+        )
+        .await
+        .as_deref(),
+        Some("record_not_owned"),
+        "a token seen by another consumer does not make the delivery theirs"
+    );
+    let other = msgtrail_core::MessageId::new();
+    assert_eq!(
+        report(
+            &sys,
+            &mine,
+            line(
+                "X1",
+                &format!(r#","message_id":"{other}","token":"{token}""#)
+            )
+        )
+        .await
+        .as_deref(),
+        Some("record_not_owned")
+    );
+    assert_eq!(
+        report(&sys, &mine, line("C2", &format!(r#","token":"{token}""#)))
+            .await
+            .as_deref(),
+        Some("record_not_owned"),
+        "C2 needs a push delivery"
+    );
+    // The real thing: IDs come from the token, service from the channel.
+    assert_eq!(
+        report(
+            &sys,
+            &mine,
+            line("X1", &format!(r#","service":"forged","token":"{token}""#))
+        )
         .await,
         None
     );
-    let recs = sys.records_for(id, |r| !r.is_empty()).await;
-    assert_eq!(recs.len(), 1, "only the valid record was relayed");
+    let recs = sys
+        .records_for(id, |r| {
+            r.iter()
+                .any(|r| r.stage == Stage::ProcessStarted && r.at == 7)
+        })
+        .await;
+    let x1: Vec<_> = recs.iter().filter(|r| r.at == 7).collect();
+    assert_eq!(x1.len(), 1, "only the valid record was relayed: {recs:#?}");
     assert_eq!(
-        recs[0].consumer.as_ref().map(|c| c.as_str()),
+        x1[0].consumer.as_ref().map(|c| c.as_str()),
         Some("billing-1")
     );
+    assert_eq!(x1[0].group.as_ref().map(|c| c.as_str()), Some("billing"));
+    assert_eq!(x1[0].attempt, Some(1));
     assert_eq!(
-        recs[0].service.as_deref(),
+        x1[0].service.as_deref(),
         Some("billing-1-svc"),
         "service comes from the channel"
     );
-    drop(consumer);
+
+    // A producer's P4 needs the receipt of its own upload.
+    let shop2 = raw_channel(&sys, "producer", "shop-2").await;
+    let p4 = |receipt: &str| {
+        line(
+            "P4",
+            &format!(
+                r#","request_id":"{}","message_id":"{id}","token":"{receipt}""#,
+                stored.request_id
+            ),
+        )
+    };
+    assert_eq!(
+        report(&sys, &shop2, p4(&stored.receipt)).await.as_deref(),
+        Some("record_not_owned"),
+        "not shop-2's upload"
+    );
+    let shop = raw_channel(&sys, "producer", "shop").await;
+    assert_eq!(
+        report(&sys, &shop, p4("bm9wZQ")).await.as_deref(),
+        Some("record_not_owned")
+    );
+    assert_eq!(report(&sys, &shop, p4(&stored.receipt)).await, None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_cannot_settle_another_consumers_delivery() {
+    let sys = TestSystem::start().await;
+    let producer = sys.producer("shop").await;
+    producer.send("orders.eu", "x").await.unwrap();
+    let b1 = sys.consumer("billing-1").await;
+    let got = b1
+        .fetch(&sub("billing", "orders.*"), 1, WAIT)
+        .await
+        .unwrap();
+    let mallory = raw_channel(&sys, "consumer", "billing-2").await;
+    // Rewrite the consumer inside the token body and keep the signature.
+    let (body, tag) = got[0].ack_token.split_once('.').unwrap();
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let mut json: serde_json::Value = serde_json::from_slice(&b64.decode(body).unwrap()).unwrap();
+    json["c"] = "billing-2".into();
+    let forged = format!("{}.{tag}", b64.encode(serde_json::to_vec(&json).unwrap()));
+    let req = serde_json::json!({"channel": mallory, "token": forged, "kind": "ack"});
+    let r = sys
+        .nats
+        .request("msgtrail.v1.ack", req.to_string().into())
+        .await
+        .unwrap();
+    assert_eq!(
+        r.headers.unwrap().get("Msgtrail-Error").unwrap().as_str(),
+        "bad_ack_token"
+    );
+    // The delivery is still billing-1's to settle.
+    b1.ack(&got[0]).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -206,6 +206,7 @@ async def walk(nc, args):
                 "request_id": request_id,
                 "message_id": stored["message_id"],
                 "stream_seq": stored["stream_seq"],
+                "token": stored["receipt"],  # proves the message ID was assigned to this upload
             },
         ],
     )
@@ -259,6 +260,7 @@ async def walk(nc, args):
         "group": d["group"],
         "topic": d["topic"],
         "attempt": d["delivery_attempt"],
+        "token": d["ack_token"],  # proves the delivery went to this consumer
     }
     c7_at = time.time_ns()
     accepted = await report(
@@ -339,6 +341,7 @@ async def push(nc, args, producer, consumer, request_id, payload):
         **d,
     )
     ok = msg.data == payload
+    d = {**d, "token": header(msg, "Msgtrail-Ack-Token")}  # proves the delivery was ours
     x_at = time.time_ns()
     accepted = await report(
         nc,

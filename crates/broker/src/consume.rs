@@ -16,6 +16,7 @@ use crate::channels::{Channel, Channels};
 use crate::clients::may_subscribe;
 use crate::config::BrokerConfig;
 use crate::metrics::Metrics;
+use crate::signing::SigningKey;
 use crate::stage_sink::StageSink;
 use crate::token::AckToken;
 use async_nats::jetstream::{self, consumer::pull, consumer::AckPolicy, consumer::DeliverPolicy};
@@ -60,7 +61,10 @@ pub struct Deliverer {
     pub config: Arc<BrokerConfig>,
     /// Core NATS client (for settles and push).
     pub client: async_nats::Client,
-    consumers: Arc<Mutex<HashMap<String, jetstream::consumer::PullConsumer>>>,
+    /// Signs ack tokens.
+    pub key: SigningKey,
+    /// The group consumers created or looked up so far, by durable name.
+    pub(crate) consumers: Arc<Mutex<HashMap<String, jetstream::consumer::PullConsumer>>>,
 }
 
 impl std::fmt::Debug for Deliverer {
@@ -118,28 +122,6 @@ fn matches_filter(filter: &BTreeMap<String, String>, attrs: &BTreeMap<String, St
 }
 
 impl Deliverer {
-    /// A deliverer over the given parts.
-    pub fn new(
-        js: jetstream::Context,
-        stream: jetstream::stream::Stream,
-        channels: Channels,
-        sink: StageSink,
-        metrics: Arc<Metrics>,
-        config: Arc<BrokerConfig>,
-        client: async_nats::Client,
-    ) -> Self {
-        Deliverer {
-            js,
-            stream,
-            channels,
-            sink,
-            metrics,
-            config,
-            client,
-            consumers: Arc::new(Mutex::new(HashMap::new())),
-        }
-    }
-
     /// Validates a subscription for a consumer channel.
     pub(crate) fn check_subscription(
         &self,
@@ -379,7 +361,7 @@ impl Deliverer {
             Stage::PullSent
         };
         self.sink.record(self.record(stage, &token));
-        token.encode()
+        token.encode(&self.key)
     }
 
     fn record(&self, stage: Stage, token: &AckToken) -> StageRecord {
@@ -553,7 +535,7 @@ impl Deliverer {
             .channels
             .lookup_role(&req.channel, Role::Consumer)
             .await?;
-        let token = AckToken::decode_for(&req.token, &channel.client_id)?;
+        let token = AckToken::decode_for(&req.token, &channel.client_id, &self.key)?;
         let last_attempt = token.n >= self.config.max_deliver;
         let (kind, payload) = match req.kind {
             AckKind::Ack => (AckKind::Ack, "+ACK".to_owned()),

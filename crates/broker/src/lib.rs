@@ -14,7 +14,8 @@
 //! - [`upload`]: validation, ID assignment, storage and deduplication.
 //! - [`consume`]: consumer groups, fetch, settling, redelivery and dead letters.
 //! - [`push`]: push subscriptions, immediate or scheduled, with an in-flight bound.
-//! - [`token`]: self-contained ack tokens, so any broker can settle any delivery.
+//! - [`token`]: signed, self-contained ack tokens, so any broker can settle any delivery.
+//! - [`signing`]: the deployment-wide HMAC key behind ack tokens and upload receipts.
 //! - [`relay`]: checking and relaying the clients' own stage records.
 //! - [`stage_sink`]: the bounded, batching, never-blocking writer of the stage stream.
 //! - [`streams`]: the streams and buckets, created if missing.
@@ -30,6 +31,7 @@ pub mod push;
 pub mod relay;
 pub mod server;
 pub mod shutdown;
+pub mod signing;
 pub mod stage_sink;
 pub mod streams;
 pub mod token;

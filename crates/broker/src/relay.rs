@@ -1,21 +1,36 @@
 //! Relaying the clients' own stage records (P1, P4, C2/C3, C6/C7, X1/X2) into the stage
-//! stream, after checking that each record belongs to the sender's channel (DESIGN.md §3.4):
-//! its stage is one the channel's role reports, and the producer or consumer it names is the
-//! channel's client (filled in when absent). The record's `service` is set from the channel,
-//! so no client can speak for another service either. A batch is accepted whole or refused
+//! stream, after checking that each record belongs to the sender's channel (DESIGN.md §3.4).
+//!
+//! A report is newline-delimited JSON: each line a stage record, plus a `token` field where
+//! the record speaks of something the broker handed out:
+//! - every record: its stage must be one the channel's role reports, and the producer or
+//!   consumer it names must be the channel's client (filled in when absent); `service` is
+//!   set from the channel, so no client speaks for another service;
+//! - consumer records (C2/C3, C6/C7, X1/X2): `token` = the delivery's ack token, signed by
+//!   the brokers; it must have been issued to this consumer, and the record's message ID,
+//!   group and attempt are taken from it (a record that names others is refused). C2/C3 need
+//!   a push delivery, C6/C7 a pull delivery;
+//! - P4: `token` = the upload reply's `receipt`, which binds producer, request ID and
+//!   message ID;
+//! - P1 needs none: a request ID lives in its producer's own namespace.
+//!
+//! The `token` is not written to the stage stream. A report is accepted whole or refused
 //! whole, with the first offending line named.
 
 use crate::channels::Channels;
 use crate::metrics::Metrics;
+use crate::signing::SigningKey;
 use crate::stage_sink::StageSink;
+use crate::token::AckToken;
 use crate::upload::required;
 use msgtrail_core::headers as h;
-use msgtrail_core::record::decode_batch;
-use msgtrail_core::{ErrorCode, Role, WireError};
+use msgtrail_core::{ErrorCode, Role, Stage, StageRecord, WireError};
 use std::sync::Arc;
 
 /// Most records in one report.
 pub const MAX_REPORT_RECORDS: usize = 1000;
+/// Largest report body.
+pub const MAX_REPORT_BYTES: usize = 1024 * 1024;
 
 /// Checks and relays client stage reports.
 #[derive(Debug, Clone)]
@@ -26,6 +41,16 @@ pub struct Relay {
     pub sink: StageSink,
     /// Counters.
     pub metrics: Arc<Metrics>,
+    /// Verifies tokens and receipts.
+    pub key: SigningKey,
+}
+
+fn not_owned(line: usize, why: impl std::fmt::Display) -> WireError {
+    WireError::new(ErrorCode::RecordNotOwned, format!("line {line}: {why}"))
+}
+
+fn invalid(line: usize, why: impl std::fmt::Display) -> WireError {
+    WireError::new(ErrorCode::InvalidRecord, format!("line {line}: {why}"))
 }
 
 impl Relay {
@@ -38,57 +63,35 @@ impl Relay {
             )
         })?;
         let channel = self.channels.lookup(required(headers, h::CHANNEL)?).await?;
-        let mut records = decode_batch(&msg.payload)
-            .map_err(|e| WireError::new(ErrorCode::InvalidRecord, e.to_string()))?;
-        if records.len() > MAX_REPORT_RECORDS {
+        if msg.payload.len() > MAX_REPORT_BYTES {
             return Err(WireError::new(
                 ErrorCode::InvalidRecord,
-                format!(
-                    "{} records in one report; at most {MAX_REPORT_RECORDS}",
-                    records.len()
-                ),
+                format!("report is over {MAX_REPORT_BYTES} bytes"),
             ));
         }
-        for (i, r) in records.iter_mut().enumerate() {
-            let line = i + 1;
-            if !r.stage.reportable_by(channel.role) {
+        let mut records = Vec::new();
+        for (i, line) in msg.payload.split(|b| *b == b'\n').enumerate() {
+            if line.iter().all(|b| b.is_ascii_whitespace()) {
+                continue;
+            }
+            if records.len() == MAX_REPORT_RECORDS {
                 return Err(WireError::new(
-                    ErrorCode::RecordNotOwned,
-                    format!(
-                        "line {line}: a {} channel cannot report stage {}",
-                        channel.role, r.stage
-                    ),
+                    ErrorCode::InvalidRecord,
+                    format!("more than {MAX_REPORT_RECORDS} records in one report"),
                 ));
             }
-            let who = match channel.role {
-                Role::Producer => &mut r.producer,
-                Role::Consumer => &mut r.consumer,
+            let n = i + 1;
+            let mut value: serde_json::Value =
+                serde_json::from_slice(line).map_err(|e| invalid(n, e))?;
+            let token = match value.as_object_mut().map(|o| o.remove("token")) {
+                Some(Some(serde_json::Value::String(t))) => Some(t),
+                Some(None) => None,
+                Some(Some(_)) => return Err(invalid(n, "token must be a string")),
+                None => return Err(invalid(n, "a record is a JSON object")),
             };
-            match who {
-                Some(id) if *id != channel.client_id => {
-                    return Err(WireError::new(
-                        ErrorCode::RecordNotOwned,
-                        format!(
-                            "line {line}: record names {} {id}, but the channel belongs to {}",
-                            channel.role, channel.client_id
-                        ),
-                    ))
-                }
-                _ => *who = Some(channel.client_id.clone()),
-            }
-            if r.stage.reportable_by(Role::Producer) && r.request_id.is_none() {
-                return Err(WireError::new(
-                    ErrorCode::InvalidRecord,
-                    format!("line {line}: stage {} needs a request_id", r.stage),
-                ));
-            }
-            if r.stage.reportable_by(Role::Consumer) && r.message_id.is_none() {
-                return Err(WireError::new(
-                    ErrorCode::InvalidRecord,
-                    format!("line {line}: stage {} needs a message_id", r.stage),
-                ));
-            }
-            r.service = Some(channel.service_name.clone());
+            let mut r: StageRecord = serde_json::from_value(value).map_err(|e| invalid(n, e))?;
+            self.check(n, &mut r, token.as_deref(), &channel)?;
+            records.push(r);
         }
         let n = records.len();
         for r in records {
@@ -98,5 +101,103 @@ impl Relay {
             .relayed_records
             .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
         Ok(n)
+    }
+
+    fn check(
+        &self,
+        n: usize,
+        r: &mut StageRecord,
+        token: Option<&str>,
+        channel: &crate::channels::Channel,
+    ) -> Result<(), WireError> {
+        if !r.stage.reportable_by(channel.role) {
+            return Err(not_owned(
+                n,
+                format!("a {} channel cannot report stage {}", channel.role, r.stage),
+            ));
+        }
+        let who = match channel.role {
+            Role::Producer => &mut r.producer,
+            Role::Consumer => &mut r.consumer,
+        };
+        match who {
+            Some(id) if *id != channel.client_id => {
+                return Err(not_owned(
+                    n,
+                    format!(
+                        "record names {} {id}, but the channel belongs to {}",
+                        channel.role, channel.client_id
+                    ),
+                ));
+            }
+            _ => *who = Some(channel.client_id.clone()),
+        }
+        r.service = Some(channel.service_name.clone());
+        match r.stage {
+            Stage::UploadSent => {
+                if r.request_id.is_none() {
+                    return Err(invalid(n, "stage P1 needs a request_id"));
+                }
+            }
+            Stage::StoreConfirmed => {
+                let (Some(req), Some(msg)) = (&r.request_id, &r.message_id) else {
+                    return Err(invalid(n, "stage P4 needs a request_id and a message_id"));
+                };
+                let receipt = token.ok_or_else(|| {
+                    not_owned(n, "stage P4 needs token = the upload reply's receipt")
+                })?;
+                if !self
+                    .key
+                    .verify_receipt(&channel.client_id, req, msg, receipt)
+                {
+                    return Err(not_owned(
+                        n,
+                        format!(
+                            "receipt does not match {} / request {req} / message {msg}",
+                            channel.client_id
+                        ),
+                    ));
+                }
+            }
+            _ => {
+                let text = token.ok_or_else(|| {
+                    not_owned(
+                        n,
+                        format!("stage {} needs token = the delivery's ack token", r.stage),
+                    )
+                })?;
+                let t = AckToken::decode_for(text, &channel.client_id, &self.key)
+                    .map_err(|e| not_owned(n, e.message))?;
+                let push_stage = matches!(r.stage, Stage::PushReceived | Stage::PushAckSent);
+                let pull_stage = matches!(r.stage, Stage::PullReceived | Stage::PullAckSent);
+                if (push_stage && !t.p) || (pull_stage && t.p) {
+                    return Err(not_owned(
+                        n,
+                        format!(
+                            "stage {} does not match a {} delivery",
+                            r.stage,
+                            if t.p { "push" } else { "pull" }
+                        ),
+                    ));
+                }
+                if r.message_id.is_some_and(|m| m != t.m)
+                    || r.group.as_ref().is_some_and(|g| *g != t.g)
+                    || r.attempt.is_some_and(|a| a != t.n)
+                {
+                    return Err(not_owned(
+                        n,
+                        "record's message, group or attempt differ from its delivery token",
+                    ));
+                }
+                r.message_id = Some(t.m);
+                r.group = Some(t.g);
+                r.attempt = Some(t.n);
+                r.stream_seq = Some(t.q);
+                if r.topic.is_none() {
+                    r.topic = Some(t.t);
+                }
+            }
+        }
+        Ok(())
     }
 }

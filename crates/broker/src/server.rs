@@ -212,6 +212,9 @@ pub async fn start(config: BrokerConfig) -> Result<RunningBroker, BrokerError> {
     let storage = crate::streams::ensure(&js, &config)
         .await
         .map_err(|e| setup(&e))?;
+    let key = crate::signing::SigningKey::load_or_create(&js, config.replicas)
+        .await
+        .map_err(|e| setup(&e))?;
     let metrics = Arc::new(Metrics::default());
     let (sink, writer) = StageSink::start(
         js.clone(),
@@ -240,19 +243,23 @@ pub async fn start(config: BrokerConfig) -> Result<RunningBroker, BrokerError> {
         sink: sink.clone(),
         metrics: metrics.clone(),
         config: config.clone(),
+        key: key.clone(),
     };
-    let deliverer = Deliverer::new(
-        js.clone(),
-        storage.messages.clone(),
-        channels.clone(),
-        sink.clone(),
-        metrics.clone(),
-        config.clone(),
-        client.clone(),
-    );
+    let deliverer = Deliverer {
+        js: js.clone(),
+        stream: storage.messages.clone(),
+        channels: channels.clone(),
+        sink: sink.clone(),
+        metrics: metrics.clone(),
+        config: config.clone(),
+        client: client.clone(),
+        key: key.clone(),
+        consumers: Default::default(),
+    };
     let handlers = Handlers {
         push: PushManager::new(deliverer.clone(), signal.clone()),
         relay: Relay {
+            key,
             channels: channels.clone(),
             sink: sink.clone(),
             metrics: metrics.clone(),

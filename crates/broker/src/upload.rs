@@ -11,6 +11,7 @@ use crate::channels::Channels;
 use crate::clients::may_publish;
 use crate::config::BrokerConfig;
 use crate::metrics::Metrics;
+use crate::signing::SigningKey;
 use crate::stage_sink::StageSink;
 use async_nats::jetstream;
 use async_nats::HeaderMap;
@@ -37,6 +38,8 @@ pub struct Uploader {
     pub metrics: Arc<Metrics>,
     /// Configuration.
     pub config: Arc<BrokerConfig>,
+    /// Signs upload receipts.
+    pub key: SigningKey,
 }
 
 /// A validated upload request.
@@ -167,6 +170,7 @@ impl Uploader {
             ));
             self.sink.record(d1);
             return Ok(UploadReply {
+                receipt: self.key.receipt(&up.producer, &up.request_id, &original),
                 message_id: original,
                 request_id: up.request_id,
                 stream_seq: ack.sequence,
@@ -194,6 +198,7 @@ impl Uploader {
         p3.stream_seq = Some(ack.sequence);
         self.sink.record(p3);
         Ok(UploadReply {
+            receipt: self.key.receipt(&up.producer, &up.request_id, &message_id),
             message_id,
             request_id: up.request_id,
             stream_seq: ack.sequence,

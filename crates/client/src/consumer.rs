@@ -77,6 +77,7 @@ impl Received {
             group: self.group.clone(),
             attempt: self.delivery_attempt,
             push: self.push,
+            ack_token: self.ack_token.clone(),
         }
     }
 }

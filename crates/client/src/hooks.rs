@@ -135,6 +135,8 @@ pub struct DeliveryInfo {
     pub attempt: u32,
     /// Push (true) or pull (false).
     pub push: bool,
+    /// The delivery's ack token (it also proves the consumer's stage reports).
+    pub ack_token: String,
 }
 
 struct Registered {

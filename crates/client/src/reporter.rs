@@ -1,6 +1,7 @@
 //! Stage reporting, built on the hooks: a hook turns the client's events into its stage
-//! records (P1, P4, C2/C3, C6/C7, X1/X2) and a task sends them in batches to the broker's
-//! stage subject through the channel, which checks and relays them. Reporting is best
+//! records (P1, P4, C2/C3, C6/C7, X1/X2), each with the proof the broker asks for (`token`:
+//! the delivery's ack token, or the upload receipt for P4), and a task sends them in batches
+//! to the broker's stage subject through the channel, which checks and relays them. Reporting is best
 //! effort and never delays the message path: events beyond the queue are dropped and
 //! counted by [`crate::hooks::Hooks::dropped`], and batches the broker refuses are counted by
 //! [`Reporter::failed`].
@@ -9,7 +10,6 @@ use crate::channel::{request_raw, Channel};
 use crate::hooks::{HookEvent, Hooks};
 use async_nats::HeaderMap;
 use msgtrail_core::headers as h;
-use msgtrail_core::record::encode_batch;
 use msgtrail_core::subjects as s;
 use msgtrail_core::{Stage, StageRecord};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -110,6 +110,39 @@ pub fn record_of(event: &HookEvent) -> Option<StageRecord> {
     Some(r)
 }
 
+/// The proof the broker wants with the event's record: the delivery's ack token for consumer
+/// stages, the upload receipt for P4, nothing for P1.
+pub fn token_of(event: &HookEvent) -> Option<String> {
+    match event {
+        HookEvent::StoreConfirmed { reply, .. } => {
+            Some(reply.receipt.clone()).filter(|r| !r.is_empty())
+        }
+        HookEvent::Received { delivery, .. }
+        | HookEvent::ProcessingStarted { delivery, .. }
+        | HookEvent::ProcessingFinished { delivery, .. }
+        | HookEvent::Settled { delivery, .. } => Some(delivery.ack_token.clone()),
+        HookEvent::BeforeSend { .. } | HookEvent::AfterSend { .. } => None,
+    }
+}
+
+/// One report line: the event's record with its `token`, or `None` for events without a stage.
+pub fn report_line(event: &HookEvent) -> Option<serde_json::Value> {
+    let mut v = serde_json::to_value(record_of(event)?).expect("records serialize");
+    if let Some(t) = token_of(event) {
+        v["token"] = serde_json::Value::String(t);
+    }
+    Some(v)
+}
+
+fn encode_report(lines: &[serde_json::Value]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for l in lines {
+        serde_json::to_writer(&mut out, l).expect("values serialize");
+        out.push(b'\n');
+    }
+    out
+}
+
 fn delivery_record(stage: Stage, d: &crate::hooks::DeliveryInfo, at: u64) -> StageRecord {
     let mut r = StageRecord::at(stage, at);
     r.message_id = Some(d.message_id);
@@ -125,13 +158,13 @@ pub(crate) fn install(hooks: &Hooks, channel: Weak<Channel>) -> Arc<Reporter> {
     let mut rx = hooks.channel(&[], QUEUE);
     let counters = reporter.clone();
     tokio::spawn(async move {
-        let mut batch: Vec<StageRecord> = Vec::with_capacity(BATCH);
+        let mut batch: Vec<serde_json::Value> = Vec::with_capacity(BATCH);
         while let Some(first) = rx.recv().await {
-            batch.extend(record_of(&first));
+            batch.extend(report_line(&first));
             let deadline = tokio::time::Instant::now() + LINGER;
             while batch.len() < BATCH {
                 match tokio::time::timeout_at(deadline, rx.recv()).await {
-                    Ok(Some(ev)) => batch.extend(record_of(&ev)),
+                    Ok(Some(ev)) => batch.extend(report_line(&ev)),
                     _ => break,
                 }
             }
@@ -140,7 +173,7 @@ pub(crate) fn install(hooks: &Hooks, channel: Weak<Channel>) -> Arc<Reporter> {
             }
             let Some(ch) = channel.upgrade() else { break };
             let n = batch.len() as u64;
-            let body = encode_batch(batch.iter());
+            let body = encode_report(&batch);
             batch.clear();
             let result = ch
                 .with_channel(|id| {

@@ -198,6 +198,10 @@ pub struct UploadReply {
     pub stream_seq: u64,
     /// True when this upload repeated an earlier request ID and was not stored again.
     pub duplicate: bool,
+    /// The broker's signed receipt binding producer, request ID and message ID; a producer's
+    /// P4 stage report must carry it as `token`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub receipt: String,
 }
 
 /// What a consumer wants: its group, a topic filter, attribute filters, or one message.
