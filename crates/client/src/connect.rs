@@ -116,9 +116,41 @@ impl NatsOptions {
         if let Some(name) = &self.name {
             opts = opts.name(name.clone());
         }
+        // Every URL is a seed: the client tries them all, and learns the rest of the cluster.
+        let addrs = self
+            .urls
+            .iter()
+            .map(|u| {
+                u.parse::<async_nats::ServerAddr>()
+                    .map_err(|e| ConnectError::Options(format!("invalid NATS URL {u:?}: {e}")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         let urls = self.urls.join(",");
-        opts.connect(urls.as_str())
+        opts.connect(addrs)
             .await
             .map_err(|source| ConnectError::Connect { urls, source })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn every_url_is_a_seed_and_bad_urls_are_named() {
+        let server = msgtrail_test_support::NatsServer::start().unwrap();
+        // The first seed is dead; the client moves on to the second.
+        let opts = NatsOptions {
+            urls: vec!["nats://127.0.0.1:1".into(), server.url().into()],
+            ..Default::default()
+        };
+        let client = opts
+            .connect()
+            .await
+            .expect("connects through the second seed");
+        client.flush().await.unwrap();
+        let bad = NatsOptions::url("nats://[not a url");
+        let err = bad.connect().await.unwrap_err().to_string();
+        assert!(err.contains("invalid NATS URL"), "{err}");
     }
 }
