@@ -56,6 +56,8 @@ use tokio::task::JoinSet;
 
 /// Most messages the watchdog or retention handle in one transaction.
 const HOUSEKEEPING_BATCH: usize = 10_000;
+/// Most recent messages whose latencies refill the statistics window at start.
+const RESEED_MAX: usize = 200_000;
 
 /// A running listener. Dropping it without [`ListenerHandle::shutdown`] aborts its tasks.
 #[derive(Debug)]
@@ -173,8 +175,13 @@ pub async fn start_with_client(
     .map_err(|e| ListenerError::Task(e.to_string()))??;
     let store = Arc::new(store);
     let st = store.clone();
-    let (counters, states) = tokio::task::spawn_blocking(move || {
-        Ok::<_, StoreError>((st.counters()?, st.state_counts()?))
+    let since = started_at.saturating_sub(config.stats_window.as_nanos() as u64);
+    let (counters, states, recent) = tokio::task::spawn_blocking(move || {
+        Ok::<_, StoreError>((
+            st.counters()?,
+            st.state_counts()?,
+            st.recent_summaries(since, RESEED_MAX)?,
+        ))
     })
     .await
     .map_err(|e| ListenerError::Task(e.to_string()))??;
@@ -184,6 +191,7 @@ pub async fn start_with_client(
         counters,
         states,
     ));
+    stats.seed(&recent);
     let js = async_nats::jetstream::new(client);
     let consumer = ingest::consumer(
         &js,

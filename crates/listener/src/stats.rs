@@ -3,7 +3,9 @@
 //! their Prometheus text form.
 //!
 //! Counters and state counts are persistent (they come from the store at start); latency
-//! histograms are in memory and start empty after a restart.
+//! histograms live in memory and are refilled at start from the stored messages of the last
+//! window (each message's summary keeps its completed segments), so a restart keeps the
+//! window's percentiles; "since start" then also covers that window.
 
 use crate::store::{
     ApplyOutcome, COUNTER_CHANNELS_REFUSED, COUNTER_DEAD_LETTERS, COUNTER_FUNNEL_PREFIX,
@@ -298,6 +300,22 @@ impl Stats {
                 .entry((topic.clone(), *seg))
                 .or_insert_with(|| Windowed::new(window))
                 .record(now, nanos / 1000);
+        }
+    }
+
+    /// Refills the latency histograms from stored summaries (oldest first), each sample at
+    /// its message's last record time, so that a restart keeps the sliding window.
+    pub fn seed(&self, summaries: &[crate::store::MessageSummary]) {
+        let mut g = self.lock();
+        let window = self.window;
+        for s in summaries {
+            let topic = s.topic.clone().unwrap_or_default();
+            for (seg, nanos) in &s.segments {
+                g.hists
+                    .entry((topic.clone(), *seg))
+                    .or_insert_with(|| Windowed::new(window))
+                    .record(s.last_at, nanos / 1000);
+            }
         }
     }
 

@@ -874,6 +874,30 @@ impl Store {
         Ok(out)
     }
 
+    /// The summaries of messages whose last record is at or after `since`, oldest first (to
+    /// refill the latency window after a restart).
+    pub fn recent_summaries(
+        &self,
+        since: u64,
+        max: usize,
+    ) -> Result<Vec<MessageSummary>, StoreError> {
+        let tx = self.db.begin_read()?;
+        let idx = tx.open_table(BY_STATE)?;
+        let summaries = tx.open_table(SUMMARIES)?;
+        let mut out = Vec::new();
+        for st in MessageState::ALL {
+            for item in idx.range((st.as_str(), since, "")..=(st.as_str(), u64::MAX, "\u{7f}"))? {
+                let key = item?.0.value().2.to_owned();
+                if let Some(v) = summaries.get(key.as_str())? {
+                    out.push(serde_json::from_str::<MessageSummary>(v.value()).map_err(corrupt)?);
+                }
+            }
+        }
+        out.sort_by_key(|s| s.last_at);
+        let skip = out.len().saturating_sub(max);
+        Ok(out.split_off(skip))
+    }
+
     /// How many shadow messages are in each state (a scan of the state index).
     pub fn state_counts(&self) -> Result<BTreeMap<MessageState, u64>, StoreError> {
         let tx = self.db.begin_read()?;

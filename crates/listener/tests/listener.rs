@@ -499,13 +499,19 @@ async fn a_restart_mid_stream_loses_nothing_and_doubles_nothing() {
     );
     handle.shutdown().await.unwrap();
 
-    // A clean restart keeps the counters and states.
+    // A clean restart keeps the counters, the states and the latency window.
     let handle = msgtrail_listener::start(config(&server, dir.path()))
         .await
         .unwrap();
     let s = client(&handle).stats(None).await.unwrap();
     assert_eq!((s.ingest.records, s.funnel.acked), (total, 40));
     assert_eq!(s.states.get(&MessageState::Consumed), Some(&40));
+    let e2e = s
+        .latency
+        .iter()
+        .find(|r| r.segment.as_str() == "end_to_end")
+        .expect("end-to-end latencies refilled from the store");
+    assert_eq!(e2e.window.count, 40);
     handle.shutdown().await.unwrap();
 }
 
