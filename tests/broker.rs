@@ -951,3 +951,69 @@ async fn ack_timeouts_up_to_max_deliveries_dead_letter_the_message() {
     assert_eq!(dead.group.as_ref().map(|g| g.as_str()), Some("billing"));
     assert_eq!(sys.stream_messages(DEAD_LETTER_STREAM).await.len(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_brokers_share_the_work_and_unsubscribe_reaches_the_owner() {
+    let mut sys = TestSystem::start().await;
+    sys.start_another_broker().await;
+    let producer = sys.producer("shop").await;
+    let consumer = sys.consumer("billing-1").await;
+    // Several subscriptions: the queue group spreads them (and their unsubscribes) over both.
+    let mut streams = vec![];
+    for i in 0..6 {
+        let s = sub(&format!("g{i}"), "two.brokers");
+        streams.push(
+            consumer
+                .subscribe(&s, PushOptions::default())
+                .await
+                .unwrap(),
+        );
+    }
+    let reply = producer.send("two.brokers", "x").await.unwrap();
+    for s in streams.iter_mut() {
+        let got = collect(s, 1, Duration::from_secs(10)).await;
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].message_id, reply.message_id);
+        consumer.ack(&got[0]).await.unwrap();
+    }
+    let channel = raw_channel(&sys, "consumer", "billing-1").await;
+    // Unsubscribing needs the subscription's own channel, wherever the request lands.
+    for s in &streams {
+        let req = serde_json::json!({"channel": channel, "subscription_id": s.subscription_id()});
+        let r = sys
+            .nats
+            .request("msgtrail.v1.unsubscribe", req.to_string().into())
+            .await
+            .unwrap();
+        assert_eq!(
+            r.headers.unwrap().get("Msgtrail-Error").unwrap().as_str(),
+            "unknown_subscription"
+        );
+    }
+    let ids: Vec<String> = streams
+        .iter()
+        .map(|s| s.subscription_id().to_owned())
+        .collect();
+    drop(streams); // the SDK unsubscribes on drop, through whichever broker takes the request
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let second = producer.send("two.brokers", "y").await.unwrap();
+    // No subscription pushes any more: every group's message is still there to fetch.
+    for (i, id) in ids.iter().enumerate() {
+        let got = consumer
+            .fetch(&sub(&format!("g{i}"), "two.brokers"), 5, WAIT)
+            .await
+            .unwrap();
+        let seen: Vec<_> = got
+            .iter()
+            .map(|m| (m.message_id, m.delivery_attempt))
+            .collect();
+        assert_eq!(
+            seen,
+            vec![(second.message_id, 1)],
+            "group g{i}: subscription {id} still pushed"
+        );
+    }
+    for b in sys.more_brokers.drain(..) {
+        b.shutdown().await;
+    }
+}

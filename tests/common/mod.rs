@@ -20,6 +20,10 @@ pub struct TestSystem {
     pub nats: async_nats::Client,
     /// Identities configured on the broker, by client ID.
     pub identities: Vec<(Role, Identity)>,
+    /// The broker's configuration (to start more brokers of the same deployment).
+    pub config: BrokerConfig,
+    /// More brokers in the same queue group.
+    pub more_brokers: Vec<RunningBroker>,
 }
 
 /// Ack wait of the test broker.
@@ -70,14 +74,26 @@ impl TestSystem {
             ..Default::default()
         };
         adjust(&mut config);
-        let broker = msgtrail_broker::start(config).await.expect("broker starts");
+        let broker = msgtrail_broker::start(config.clone())
+            .await
+            .expect("broker starts");
         let nats = async_nats::connect(server.url()).await.unwrap();
         TestSystem {
             server,
             broker: Some(broker),
             nats,
             identities,
+            config,
+            more_brokers: vec![],
         }
+    }
+
+    /// Starts another broker of the same deployment (same clients, same queue group).
+    pub async fn start_another_broker(&mut self) {
+        let b = msgtrail_broker::start(self.config.clone())
+            .await
+            .expect("second broker starts");
+        self.more_brokers.push(b);
     }
 
     /// The identity of a configured client.

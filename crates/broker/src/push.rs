@@ -7,7 +7,8 @@
 //! internal subject `msgtrail.internal.settled.<subscription>` (clients cannot publish
 //! there), which frees the in-flight slot. A slot whose settle never comes is freed after the
 //! ack wait, when JetStream redelivers anyway. The task ends on unsubscribe, when its channel
-//! closes or expires, and at shutdown.
+//! closes or expires, and at shutdown. An unsubscribe that lands on another broker is passed
+//! to the owner as a request on `msgtrail.internal.unsubscribe.<subscription>`.
 
 use crate::consume::Deliverer;
 use crate::shutdown::Shutdown;
@@ -23,6 +24,8 @@ use tokio::time::Instant;
 
 /// Prefix of the internal settle notifications.
 pub const SETTLED_PREFIX: &str = "msgtrail.internal.settled";
+/// Prefix of the internal unsubscribe requests, for a subscription owned by another broker.
+pub const UNSUBSCRIBE_PREFIX: &str = "msgtrail.internal.unsubscribe";
 /// Most unsettled deliveries one subscription may ask for.
 pub const MAX_INFLIGHT: u32 = 10_000;
 /// Shortest schedule period.
@@ -113,6 +116,13 @@ impl PushManager {
             .map_err(|e| {
                 WireError::new(ErrorCode::Unavailable, format!("cannot subscribe: {e}"))
             })?;
+        let remote_stop = d
+            .client
+            .subscribe(format!("{UNSUBSCRIBE_PREFIX}.{id}"))
+            .await
+            .map_err(|e| {
+                WireError::new(ErrorCode::Unavailable, format!("cannot subscribe: {e}"))
+            })?;
         let (stop_tx, stop_rx) = watch::channel(false);
         self.subs.lock().expect("subscriptions poisoned").insert(
             id.clone(),
@@ -130,6 +140,10 @@ impl PushManager {
             consumer_id: channel.client_id,
             inflight: HashMap::new(),
         };
+        tokio::spawn(
+            self.clone()
+                .serve_remote_stops(id.clone(), remote_stop, stop_rx.clone()),
+        );
         let subs = self.subs.clone();
         let shutdown = self.shutdown.clone();
         tokio::spawn(async move {
@@ -142,26 +156,90 @@ impl PushManager {
         })
     }
 
-    /// `unsubscribe`: stops a subscription of the caller's channel.
+    /// `unsubscribe`: stops a subscription of the caller's channel, here or on the broker
+    /// that owns it.
     pub async fn unsubscribe(&self, req: UnsubscribeRequest) -> Result<(), WireError> {
         self.deliverer
             .channels
             .lookup_role(&req.channel, Role::Consumer)
             .await?;
-        let mut subs = self.subs.lock().expect("subscriptions poisoned");
-        match subs.get(&req.subscription_id) {
-            Some(h) if h.channel == req.channel => {
-                let _ = h.stop.send(true);
-                subs.remove(&req.subscription_id);
-                Ok(())
-            }
-            _ => Err(WireError::new(
+        let unknown = || {
+            WireError::new(
                 ErrorCode::UnknownSubscription,
                 format!(
                     "subscription {:?} is not open on this channel",
                     req.subscription_id
                 ),
-            )),
+            )
+        };
+        if self
+            .subs
+            .lock()
+            .expect("subscriptions poisoned")
+            .contains_key(&req.subscription_id)
+        {
+            return if self.stop_local(&req.subscription_id, &req.channel) {
+                Ok(())
+            } else {
+                Err(unknown())
+            };
+        }
+        if req.subscription_id.is_empty()
+            || !req
+                .subscription_id
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric())
+        {
+            return Err(unknown());
+        }
+        let subject = format!("{UNSUBSCRIBE_PREFIX}.{}", req.subscription_id);
+        let asked = tokio::time::timeout(
+            Duration::from_secs(2),
+            self.deliverer
+                .client
+                .request(subject, req.channel.clone().into()),
+        )
+        .await;
+        match asked {
+            Ok(Ok(reply)) if &reply.payload[..] == b"ok" => Ok(()),
+            _ => Err(unknown()),
+        }
+    }
+
+    /// Stops a local subscription if it belongs to `channel`.
+    fn stop_local(&self, id: &str, channel: &str) -> bool {
+        let mut subs = self.subs.lock().expect("subscriptions poisoned");
+        match subs.get(id) {
+            Some(h) if h.channel == channel => {
+                let _ = h.stop.send(true);
+                subs.remove(id);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Answers other brokers' unsubscribe requests for subscription `id` until it stops.
+    async fn serve_remote_stops(
+        self,
+        id: String,
+        mut requests: async_nats::Subscriber,
+        mut stopped: watch::Receiver<bool>,
+    ) {
+        loop {
+            let msg = tokio::select! {
+                m = requests.next() => match m { Some(m) => m, None => break },
+                _ = stopped.wait_for(|s| *s) => break,
+            };
+            let channel = String::from_utf8_lossy(&msg.payload).into_owned();
+            let answer: &'static [u8] = if self.stop_local(&id, &channel) {
+                b"ok"
+            } else {
+                b"unknown"
+            };
+            if let Some(reply) = msg.reply {
+                let _ = self.deliverer.client.publish(reply, answer.into()).await;
+            }
         }
     }
 
