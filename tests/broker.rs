@@ -1017,3 +1017,97 @@ async fn two_brokers_share_the_work_and_unsubscribe_reaches_the_owner() {
         b.shutdown().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn channels_expire_without_keepalive_and_close_explicitly() {
+    let sys = TestSystem::start_with(|c| c.channel_ttl = Duration::from_secs(1)).await;
+    let fetch = |channel: String| {
+        let nats = sys.nats.clone();
+        async move {
+            let req =
+                serde_json::json!({"channel": channel, "group": "g", "topic": "t", "wait_ms": 0});
+            let r = nats
+                .request("msgtrail.v1.fetch", req.to_string().into())
+                .await
+                .unwrap();
+            r.headers
+                .and_then(|h| h.get("Msgtrail-Error").map(|v| v.as_str().to_owned()))
+        }
+    };
+    let idle = raw_channel(&sys, "consumer", "billing-1").await;
+    assert_eq!(fetch(idle.clone()).await, None, "open channel works");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(
+        fetch(idle).await.as_deref(),
+        Some("unknown_channel"),
+        "expired without keepalive"
+    );
+
+    let kept = raw_channel(&sys, "consumer", "billing-1").await;
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let req = serde_json::json!({"channel": kept});
+        let r = sys
+            .nats
+            .request("msgtrail.v1.channel.keepalive", req.to_string().into())
+            .await
+            .unwrap();
+        assert!(r.headers.is_none(), "keepalive accepted");
+    }
+    assert_eq!(fetch(kept.clone()).await, None, "kept alive past its ttl");
+    let req = serde_json::json!({"channel": kept});
+    sys.nats
+        .request("msgtrail.v1.channel.close", req.to_string().into())
+        .await
+        .unwrap();
+    assert_eq!(
+        fetch(kept).await.as_deref(),
+        Some("unknown_channel"),
+        "closed"
+    );
+    // The SDK keeps its channel alive by itself.
+    let consumer = sys.consumer("billing-2").await;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert!(consumer
+        .fetch(&sub("g", "t"), 1, Duration::from_millis(100))
+        .await
+        .unwrap()
+        .is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn term_dead_letters_at_once_with_the_reason() {
+    let sys = TestSystem::start().await;
+    let producer = sys.producer("shop").await;
+    let consumer = sys.consumer("billing-1").await;
+    let reply = producer.send("orders.eu", "bad order").await.unwrap();
+    let got = consumer
+        .fetch(&sub("billing", "orders.*"), 1, WAIT)
+        .await
+        .unwrap();
+    consumer.term(&got[0], "malformed order").await.unwrap();
+    assert!(consumer
+        .fetch(&sub("billing", "orders.*"), 1, ACK_WAIT * 2)
+        .await
+        .unwrap()
+        .is_empty());
+    let recs = sys
+        .records_for(reply.message_id, |r| {
+            r.iter()
+                .any(|r| r.outcome.as_deref() == Some("dead_letter"))
+        })
+        .await;
+    let dead = recs
+        .iter()
+        .find(|r| r.outcome.as_deref() == Some("dead_letter"))
+        .unwrap();
+    assert_eq!(dead.attempt, Some(1));
+    assert!(
+        dead.detail.as_deref().unwrap().contains("malformed order"),
+        "{dead:?}"
+    );
+    assert!(recs
+        .iter()
+        .any(|r| r.stage == Stage::PullAckReceived && r.outcome.as_deref() == Some("term")));
+    assert_eq!(sys.stream_messages(DEAD_LETTER_STREAM).await.len(), 1);
+}
