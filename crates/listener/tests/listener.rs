@@ -234,6 +234,10 @@ async fn setup() -> (
 ) {
     let server = NatsServer::start().unwrap();
     let js = nats(&server).await;
+    // As the broker would: the stream exists before any listener runs.
+    js.get_or_create_stream(msgtrail_listener::ingest::stage_stream_config())
+        .await
+        .unwrap();
     (server, tempfile::tempdir().unwrap(), js)
 }
 
@@ -798,4 +802,131 @@ async fn trajectories_are_exported_as_spans_once_per_hop() {
     // Nothing more after the drain: no hop was exported twice.
     let more = rx.spans(1, Duration::from_millis(300)).await;
     assert!(more.is_empty(), "{} extra spans", more.len());
+}
+
+/// Environment of [`child_listener_process`]: the NATS URL, the store and a file to write
+/// the HTTP address to.
+const CHILD_ENV: [&str; 3] = [
+    "MSGTRAIL_TEST_CHILD_NATS",
+    "MSGTRAIL_TEST_CHILD_DIR",
+    "MSGTRAIL_TEST_CHILD_ADDR_FILE",
+];
+
+/// Not a test on its own: the kill -9 test runs this test binary again with only this
+/// test, as a listener process it can SIGKILL. Without the environment it does nothing.
+#[tokio::test]
+#[ignore = "run by a_kill_9_mid_stream_loses_nothing as its child process"]
+async fn child_listener_process() {
+    let (Ok(url), Ok(dir), Ok(addr_file)) = (
+        std::env::var(CHILD_ENV[0]),
+        std::env::var(CHILD_ENV[1]),
+        std::env::var(CHILD_ENV[2]),
+    ) else {
+        return;
+    };
+    let mut cfg = ListenerConfig {
+        nats_url: url,
+        data_dir: dir.into(),
+        http_addr: "127.0.0.1:0".parse().unwrap(),
+        // Small batches: many transactions, so the kill lands between some of them.
+        batch_size: 2,
+        ack_wait: Duration::from_secs(1),
+        ..Default::default()
+    };
+    cfg.retention_max_age = None;
+    let handle = msgtrail_listener::start(cfg).await.unwrap();
+    let tmp = format!("{addr_file}.tmp");
+    std::fs::write(&tmp, handle.http_addr().to_string()).unwrap();
+    std::fs::rename(&tmp, &addr_file).unwrap();
+    std::future::pending::<()>().await;
+}
+
+fn spawn_child(server: &NatsServer, dir: &Path, addr_file: &Path) -> std::process::Child {
+    let _ = std::fs::remove_file(addr_file);
+    std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "child_listener_process",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+        ])
+        .env(CHILD_ENV[0], server.url())
+        .env(CHILD_ENV[1], dir)
+        .env(CHILD_ENV[2], addr_file)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+async fn child_client(addr_file: &Path) -> ListenerClient {
+    let addr = eventually("the child listener's address", || async {
+        std::fs::read_to_string(addr_file).ok()
+    })
+    .await;
+    ListenerClient::new(&format!("http://{addr}"), None).unwrap()
+}
+
+#[tokio::test]
+async fn a_kill_9_mid_stream_loses_nothing_and_doubles_nothing() {
+    let (server, dir, js) = setup().await;
+    let addr_file = dir.path().join("child.addr");
+    let store_dir = dir.path().join("store");
+    let mut rng = Rng(99);
+    let t0 = now();
+    let mut all = Vec::new();
+    for i in 0..100 {
+        let mut s = Scenario::new(t0, "shop", &format!("k-{i}"), "orders.eu");
+        s.stored(i).pull(i + 50, "billing", "b-1", 1, None);
+        all.extend(s.out);
+    }
+    rng.shuffle(&mut all);
+    let total = all.len() as u64;
+    publish(&js, &all, &mut rng).await;
+
+    let mut child = spawn_child(&server, &store_dir, &addr_file);
+    let c = child_client(&addr_file).await;
+    // Kill it while it is still applying the backlog.
+    eventually("some records applied", || async {
+        let s = c.stats(None).await.ok()?;
+        (s.ingest.records > 0).then_some(())
+    })
+    .await;
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    let applied_before = {
+        let store = msgtrail_listener::Store::open(&store_dir, 256, Default::default()).unwrap();
+        let c = store.counters().unwrap();
+        c.iter()
+            .filter(|(k, _)| k.starts_with("stage."))
+            .map(|(_, v)| *v)
+            .sum::<u64>()
+    };
+    assert!(
+        applied_before < total,
+        "the kill came too late to test anything"
+    );
+
+    let mut child = spawn_child(&server, &store_dir, &addr_file);
+    let c = child_client(&addr_file).await;
+    wait_for_records(&c, total).await;
+    eventually("no pending stage messages", || async {
+        let s = c.stats(None).await.ok()?;
+        (s.lag.polled_at.is_some() && s.lag.pending == 0 && s.lag.ack_pending == 0).then_some(())
+    })
+    .await;
+    let s = c.stats(None).await.unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert_eq!(s.ingest.records, total);
+    assert_eq!((s.funnel.sent, s.funnel.acked), (100, 100));
+    assert_eq!(s.states.get(&MessageState::Consumed), Some(&100));
+    let store = msgtrail_listener::Store::open(&store_dir, 256, Default::default()).unwrap();
+    let list = store
+        .search(&msgtrail_listener::SearchQuery {
+            limit: Some(1000),
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(list.len(), 100);
+    assert!(list.iter().all(|m| m.records == 10));
 }
