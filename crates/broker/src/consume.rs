@@ -240,7 +240,7 @@ impl Deliverer {
                     out.push(t);
                 }
             }
-            if !out.is_empty() || out.len() >= max {
+            if !out.is_empty() {
                 return Ok(out);
             }
             let now = tokio::time::Instant::now();
