@@ -285,6 +285,29 @@ async fn wait_for_records(client: &ListenerClient, n: u64) {
     .await;
 }
 
+/// Waits until the listener has no stage message pending or unacknowledged (redeliveries
+/// after a crash included).
+async fn wait_until_idle(client: &ListenerClient) {
+    eventually("no pending stage messages", || async {
+        let s = client.stats(None).await.ok()?;
+        (s.lag.polled_at.is_some() && s.lag.pending == 0 && s.lag.ack_pending == 0).then_some(())
+    })
+    .await;
+}
+
+/// `n` successful pull trajectories (10 records each), shuffled together.
+fn successes(n: u64, prefix: &str, rng: &mut Rng) -> Vec<StageRecord> {
+    let t0 = now();
+    let mut all = Vec::new();
+    for i in 0..n {
+        let mut s = Scenario::new(t0, "shop", &format!("{prefix}-{i}"), "orders.eu");
+        s.stored(i).pull(i + 50, "billing", "b-1", 1, None);
+        all.extend(s.out);
+    }
+    rng.shuffle(&mut all);
+    all
+}
+
 fn client(h: &ListenerHandle) -> ListenerClient {
     ListenerClient::new(&format!("http://{}", h.http_addr()), None).unwrap()
 }
@@ -459,14 +482,7 @@ async fn shuffled_batches_give_the_same_trajectories_as_in_order() {
 async fn a_restart_mid_stream_loses_nothing_and_doubles_nothing() {
     let (server, dir, js) = setup().await;
     let mut rng = Rng(42);
-    let t0 = now();
-    let mut all = Vec::new();
-    for i in 0..40 {
-        let mut s = Scenario::new(t0, "shop", &format!("r-{i}"), "orders.eu");
-        s.stored(i).pull(i + 50, "billing", "b-1", 1, None);
-        all.extend(s.out);
-    }
-    rng.shuffle(&mut all);
+    let all = successes(40, "r", &mut rng);
     let total = all.len() as u64;
     let (first, second) = all.split_at(all.len() / 2);
 
@@ -485,11 +501,7 @@ async fn a_restart_mid_stream_loses_nothing_and_doubles_nothing() {
     let c = client(&handle);
     wait_for_records(&c, total).await;
     // Let any redelivery settle, then check nothing was counted twice.
-    eventually("no pending stage messages", || async {
-        let s = c.stats(None).await.ok()?;
-        (s.lag.polled_at.is_some() && s.lag.pending == 0 && s.lag.ack_pending == 0).then_some(())
-    })
-    .await;
+    wait_until_idle(&c).await;
     let s = c.stats(None).await.unwrap();
     assert_eq!(s.ingest.records, total);
     assert_eq!(s.funnel.sent, 40);
@@ -872,14 +884,7 @@ async fn a_kill_9_mid_stream_loses_nothing_and_doubles_nothing() {
     let addr_file = dir.path().join("child.addr");
     let store_dir = dir.path().join("store");
     let mut rng = Rng(99);
-    let t0 = now();
-    let mut all = Vec::new();
-    for i in 0..100 {
-        let mut s = Scenario::new(t0, "shop", &format!("k-{i}"), "orders.eu");
-        s.stored(i).pull(i + 50, "billing", "b-1", 1, None);
-        all.extend(s.out);
-    }
-    rng.shuffle(&mut all);
+    let all = successes(100, "k", &mut rng);
     let total = all.len() as u64;
     publish(&js, &all, &mut rng).await;
 
@@ -909,11 +914,7 @@ async fn a_kill_9_mid_stream_loses_nothing_and_doubles_nothing() {
     let mut child = spawn_child(&server, &store_dir, &addr_file);
     let c = child_client(&addr_file).await;
     wait_for_records(&c, total).await;
-    eventually("no pending stage messages", || async {
-        let s = c.stats(None).await.ok()?;
-        (s.lag.polled_at.is_some() && s.lag.pending == 0 && s.lag.ack_pending == 0).then_some(())
-    })
-    .await;
+    wait_until_idle(&c).await;
     let s = c.stats(None).await.unwrap();
     child.kill().unwrap();
     child.wait().unwrap();
