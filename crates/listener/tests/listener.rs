@@ -581,6 +581,50 @@ async fn the_watchdog_names_the_failure_point() {
 }
 
 #[tokio::test]
+async fn a_dead_letter_is_the_failure_point() {
+    let (server, dir, js) = setup().await;
+    let handle = msgtrail_listener::start(config(&server, dir.path()))
+        .await
+        .unwrap();
+    let mut dead = Scenario::new(now(), "shop", "poison", "orders.eu");
+    dead.stored(0)
+        .pull(10, "billing", "b-1", 1, Some("bad payload"))
+        .pull(30, "billing", "b-1", 2, Some("bad payload"));
+    // The second failure is the last: dead-lettered rather than redelivered.
+    dead.out
+        .retain(|r| !(r.stage == Stage::Redelivery && r.attempt == Some(2)));
+    dead.deliver(
+        Stage::Redelivery,
+        38,
+        "billing",
+        "b-1",
+        2,
+        Some("dead_letter"),
+        Some("max deliveries reached"),
+    );
+    let mut rng = Rng(11);
+    let mut recs = dead.out.clone();
+    rng.shuffle(&mut recs);
+    publish(&js, &recs, &mut rng).await;
+    let c = client(&handle);
+    wait_for_records(&c, recs.len() as u64).await;
+    let t = c.trajectory("poison", None).await.unwrap();
+    assert_eq!(t.state, MessageState::DeadLettered);
+    assert_eq!(t.groups[0].attempts, 2);
+    assert_eq!(t.groups[0].last_error.as_deref(), Some("bad payload"));
+    let f = t.failure.unwrap();
+    assert!(
+        f.contains("dead-lettered by group billing after 2 attempt(s)"),
+        "{f}"
+    );
+    let s = c.stats(None).await.unwrap();
+    assert_eq!((s.events.dead_letters, s.events.redeliveries), (1, 1));
+    assert_eq!(s.states.get(&MessageState::DeadLettered), Some(&1));
+    assert_eq!(s.funnel.acked, 0);
+    handle.shutdown().await.unwrap();
+}
+
+#[tokio::test]
 async fn retention_deletes_old_messages_and_keeps_new_ones() {
     let (server, dir, js) = setup().await;
     // First without retention, so both messages are stored whole.
