@@ -1020,7 +1020,8 @@ async fn two_brokers_share_the_work_and_unsubscribe_reaches_the_owner() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn channels_expire_without_keepalive_and_close_explicitly() {
-    let sys = TestSystem::start_with(|c| c.channel_ttl = Duration::from_secs(1)).await;
+    let mut sys = TestSystem::start_with(|c| c.channel_ttl = Duration::from_secs(1)).await;
+    sys.start_another_broker().await;
     let fetch = |channel: String| {
         let nats = sys.nats.clone();
         async move {
@@ -1042,6 +1043,35 @@ async fn channels_expire_without_keepalive_and_close_explicitly() {
         Some("unknown_channel"),
         "expired without keepalive"
     );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let expired: Vec<StageRecord> = sys
+            .stage_records()
+            .await
+            .into_iter()
+            .filter(|r| r.stage == Stage::Channel && r.outcome.as_deref() == Some("expired"))
+            .collect();
+        if !expired.is_empty() {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let again = sys
+                .stage_records()
+                .await
+                .into_iter()
+                .filter(|r| r.stage == Stage::Channel && r.outcome.as_deref() == Some("expired"))
+                .count();
+            assert_eq!(again, 1, "recorded once, though both brokers saw it expire");
+            assert_eq!(
+                expired[0].consumer.as_ref().map(|c| c.as_str()),
+                Some("billing-1")
+            );
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no A1 expired record"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 
     let kept = raw_channel(&sys, "consumer", "billing-1").await;
     for _ in 0..3 {

@@ -8,7 +8,8 @@
 //! the queue group can verify a nonce another issued, and serve a channel another opened.
 //! Each broker watches the channel bucket into a local cache so that the message path does
 //! not pay a round trip to look a channel up. A channel expires `channel_ttl` after its last
-//! open or keepalive (the bucket's max age); closing deletes it.
+//! open or keepalive (the bucket's max age); closing deletes it. Expiry and closing are
+//! recorded as A1 (`expired`, `closed`).
 
 use crate::clients::ClientRegistry;
 use crate::metrics::Metrics;
@@ -105,6 +106,7 @@ impl Channels {
                 }
             }
         });
+        tokio::spawn(sweep_expired(Arc::downgrade(&channels.inner)));
         Ok(channels)
     }
 
@@ -324,6 +326,50 @@ impl Channels {
         rec.service = Some(self.inner.service_name.clone());
         self.inner.sink.record(rec);
         Ok(())
+    }
+}
+
+/// Drops expired channels from the cache and records A1 `expired` for each, once per
+/// deployment: every broker sees every channel, so the brokers race to create a marker key in
+/// the nonce bucket and only the winner writes the record.
+async fn sweep_expired(inner: std::sync::Weak<Inner>) {
+    loop {
+        let period = match inner.upgrade() {
+            Some(i) => (i.ttl / 4).max(Duration::from_millis(250)),
+            None => break,
+        };
+        tokio::time::sleep(period).await;
+        let Some(inner) = inner.upgrade() else { break };
+        let now = now_ms();
+        let expired: Vec<Channel> = {
+            let mut cache = inner.cache.write().expect("channel cache poisoned");
+            let gone: Vec<String> = cache
+                .iter()
+                .filter(|(_, c)| c.expires_at_ms <= now)
+                .map(|(k, _)| k.clone())
+                .collect();
+            gone.iter().filter_map(|k| cache.remove(k)).collect()
+        };
+        for ch in expired {
+            let marker = format!("expired-{}", ch.id);
+            if inner
+                .nonces
+                .create(&marker, USED_NONCE.to_vec().into())
+                .await
+                .is_err()
+            {
+                continue; // another broker recorded it
+            }
+            let mut rec = StageRecord::now(Stage::Channel);
+            match ch.role {
+                Role::Producer => rec.producer = Some(ch.client_id.clone()),
+                Role::Consumer => rec.consumer = Some(ch.client_id.clone()),
+            }
+            rec.outcome = Some("expired".into());
+            rec.detail = Some(format!("no keepalive within {} ms", inner.ttl.as_millis()));
+            rec.service = Some(inner.service_name.clone());
+            inner.sink.record(rec);
+        }
     }
 }
 
