@@ -30,3 +30,8 @@ pub use error::ClientError;
 pub use hooks::{HookEvent, HookKind, Hooks};
 pub use identity::Identity;
 pub use producer::{Outgoing, Producer, ProducerOptions};
+
+/// The README's Rust examples, compiled as doc tests so the front door stays true.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+struct ReadmeExamples;
