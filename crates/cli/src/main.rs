@@ -33,6 +33,8 @@ enum Command {
     Trace(commands::trace::Args),
     /// Show latency percentiles, counts by state, the funnel and ingest lag.
     Stats(commands::stats::Args),
+    /// Benchmark msgtrail against raw JetStream, recording off vs on, listener, lookup, export.
+    Bench(commands::bench::Args),
 }
 
 #[tokio::main]
@@ -53,6 +55,7 @@ async fn main() {
         Command::Listener(a) => commands::listener::run(&cli.nats, a).await,
         Command::Trace(a) => commands::trace::run(a).await,
         Command::Stats(a) => commands::stats::run(a).await,
+        Command::Bench(a) => commands::bench::run(&cli.nats, a).await,
     };
     if let Err(e) = result {
         eprintln!("msgtrail: {e:#}");

@@ -1,0 +1,43 @@
+//! # msgtrail-bench
+//!
+//! The benchmark harness behind `msgtrail bench`: it measures msgtrail against raw JetStream
+//! and against itself with stage recording off, side by side in one run, and reports the
+//! ratios the project's targets are stated in (issue 5, BENCHMARKS.md). Benchmarks are not
+//! tests: nothing here asserts a speed.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), msgtrail_bench::BenchError> {
+//! let report = msgtrail_bench::run(msgtrail_bench::BenchConfig::quick(), true).await?;
+//! println!("{}", report.table());
+//! # Ok(()) }
+//! ```
+//!
+//! ## Layout
+//! - [`config`]: [`BenchConfig`]: counts, payload sizes, producers and consumers; the
+//!   `--quick` and `--large` presets.
+//! - [`measure`]: HDR latency summaries, throughput, and the progress line on stderr.
+//! - [`raw`]: S1, raw JetStream with async-nats (publish window, fetch + ack, both at once).
+//! - [`pipeline`]: S2 and S3, the msgtrail pipeline with stage recording off and on (with a
+//!   listener running).
+//! - [`ingest`]: S4, listener ingest alone, replaying recorded stage records on one core.
+//! - [`lookup`]: S5, trajectory lookup latency with many stored messages.
+//! - [`export`]: S6, OTLP export of trajectory spans to a local receiver.
+//! - [`report`]: [`Report`], its ratios and target checks, the table and the JSON.
+//! - [`run`](mod@run): the order of the scenarios and the nats-servers they run against.
+//! - [`error`]: the harness's error type, [`BenchError`].
+
+pub mod config;
+pub mod error;
+pub mod export;
+pub mod ingest;
+pub mod lookup;
+pub mod measure;
+pub mod pipeline;
+pub mod raw;
+pub mod report;
+pub mod run;
+
+pub use config::BenchConfig;
+pub use error::BenchError;
+pub use report::Report;
+pub use run::run;

@@ -1,0 +1,244 @@
+//! Measuring: HDR latency histograms summarised as percentiles, throughput, and a progress
+//! line on stderr.
+//!
+//! The progress line is a plain thread that rewrites one stderr line every 200 ms from an
+//! atomic counter: a progress-bar crate would add dependencies for one line of output.
+
+use hdrhistogram::Histogram;
+use serde::{Deserialize, Serialize};
+use std::io::{IsTerminal, Write};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A latency histogram in microseconds (3 significant digits, auto-resizing).
+#[derive(Debug, Clone)]
+pub struct Recorder(Histogram<u64>);
+
+impl Default for Recorder {
+    fn default() -> Self {
+        Recorder(Histogram::new(3).expect("3 significant digits is valid"))
+    }
+}
+
+impl Recorder {
+    /// Records one latency.
+    pub fn record(&mut self, d: Duration) {
+        self.record_micros(d.as_micros().min(u128::from(u64::MAX)) as u64);
+    }
+
+    /// Records one latency in microseconds (at least 1, the histogram's floor).
+    pub fn record_micros(&mut self, us: u64) {
+        // Auto-resizing histograms only fail past u64 bucket arithmetic.
+        let _ = self.0.record(us.max(1));
+    }
+
+    /// Records the time since `sent_nanos` (Unix nanoseconds, e.g. carried in a payload).
+    pub fn record_since_nanos(&mut self, sent_nanos: u64) {
+        let now = msgtrail_core::time::now_nanos();
+        self.record_micros(now.saturating_sub(sent_nanos) / 1000);
+    }
+
+    /// Adds another recorder's samples.
+    pub fn merge(&mut self, other: &Recorder) {
+        let _ = self.0.add(&other.0);
+    }
+
+    /// The percentiles.
+    pub fn summary(&self) -> Latency {
+        let h = &self.0;
+        let ms = |v: u64| v as f64 / 1000.0;
+        Latency {
+            count: h.len(),
+            p50_ms: ms(h.value_at_quantile(0.50)),
+            p90_ms: ms(h.value_at_quantile(0.90)),
+            p99_ms: ms(h.value_at_quantile(0.99)),
+            max_ms: ms(h.max()),
+            mean_ms: if h.is_empty() { 0.0 } else { h.mean() / 1000.0 },
+        }
+    }
+}
+
+/// Latency percentiles, milliseconds.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Latency {
+    /// Samples.
+    pub count: u64,
+    /// Median.
+    pub p50_ms: f64,
+    /// 90th percentile.
+    pub p90_ms: f64,
+    /// 99th percentile.
+    pub p99_ms: f64,
+    /// Maximum.
+    pub max_ms: f64,
+    /// Mean.
+    pub mean_ms: f64,
+}
+
+/// How much was done in how long.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Throughput {
+    /// Units done (messages, records, spans, lookups).
+    pub count: u64,
+    /// Wall-clock seconds.
+    pub seconds: f64,
+    /// `count / seconds`.
+    pub per_sec: f64,
+}
+
+impl Throughput {
+    /// `count` units in `elapsed`.
+    pub fn new(count: u64, elapsed: Duration) -> Self {
+        let seconds = elapsed.as_secs_f64().max(1e-9);
+        Throughput {
+            count,
+            seconds,
+            per_sec: count as f64 / seconds,
+        }
+    }
+}
+
+/// Where progress goes: a line rewritten in place on a terminal, start and end lines
+/// otherwise, nothing when quiet.
+#[derive(Debug, Clone, Copy)]
+pub struct Progress {
+    enabled: bool,
+    tty: bool,
+}
+
+impl Progress {
+    /// Progress on stderr when `enabled`.
+    pub fn new(enabled: bool) -> Self {
+        Progress {
+            enabled,
+            tty: std::io::stderr().is_terminal(),
+        }
+    }
+
+    /// Starts a phase of `total` units; count done units on the returned [`Phase`].
+    pub fn phase(&self, name: &str, total: u64) -> Phase {
+        let done = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let start = Instant::now();
+        let ticker = if self.enabled && self.tty {
+            let (done, stop, name) = (done.clone(), stop.clone(), name.to_owned());
+            Some(std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(200));
+                    let d = done.load(Ordering::Relaxed);
+                    let rate = d as f64 / start.elapsed().as_secs_f64().max(1e-9);
+                    let pct = (d * 100).checked_div(total).unwrap_or(0);
+                    let _ = write!(
+                        std::io::stderr(),
+                        "\r\x1b[2K{name:<28} {d:>10}/{total:<10} {pct:>3}% {rate:>12.0}/s"
+                    );
+                }
+            }))
+        } else {
+            if self.enabled {
+                eprintln!("{name}: {total} …");
+            }
+            None
+        };
+        Phase {
+            name: name.to_owned(),
+            done,
+            stop,
+            ticker,
+            start,
+            enabled: self.enabled,
+            tty: self.tty,
+        }
+    }
+}
+
+/// One running phase of the progress indicator; finished on drop.
+#[derive(Debug)]
+pub struct Phase {
+    name: String,
+    done: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+    ticker: Option<std::thread::JoinHandle<()>>,
+    start: Instant,
+    enabled: bool,
+    tty: bool,
+}
+
+impl Phase {
+    /// The shared counter of done units, for tasks to add to.
+    pub fn counter(&self) -> Arc<AtomicU64> {
+        self.done.clone()
+    }
+
+    /// Adds `n` done units.
+    pub fn add(&self, n: u64) {
+        self.done.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+impl Drop for Phase {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.ticker.take() {
+            let _ = t.join();
+        }
+        if self.enabled {
+            let d = self.done.load(Ordering::Relaxed);
+            let secs = self.start.elapsed().as_secs_f64();
+            let clear = if self.tty { "\r\x1b[2K" } else { "" };
+            eprintln!("{clear}{:<28} {d:>10} in {secs:.2} s", self.name);
+        }
+    }
+}
+
+/// Resident memory of this process, bytes (Linux `/proc/self/statm`); 0 where unknown.
+pub fn rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .map(|pages| pages * 4096)
+        .unwrap_or(0)
+}
+
+/// Counts done units towards a total, from many tasks, and notes when the last one was done:
+/// a consumer still waiting on an empty fetch must not stretch the measured time.
+#[derive(Debug, Clone)]
+pub struct Countdown {
+    done: Arc<AtomicU64>,
+    total: u64,
+    finished: Arc<std::sync::Mutex<Option<Instant>>>,
+}
+
+impl Countdown {
+    /// Counts into `done` (e.g. a [`Phase::counter`]) towards `total`.
+    pub fn new(done: Arc<AtomicU64>, total: u64) -> Self {
+        Countdown {
+            done,
+            total,
+            finished: Arc::default(),
+        }
+    }
+
+    /// One more unit done.
+    pub fn one(&self) {
+        if self.done.fetch_add(1, Ordering::Relaxed) + 1 == self.total {
+            *self.finished.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+        }
+    }
+
+    /// Units done so far.
+    pub fn done(&self) -> u64 {
+        self.done.load(Ordering::Relaxed)
+    }
+
+    /// Whether the total is reached.
+    pub fn is_done(&self) -> bool {
+        self.done() >= self.total
+    }
+
+    /// When the last unit was done.
+    pub fn finished(&self) -> Option<Instant> {
+        *self.finished.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}

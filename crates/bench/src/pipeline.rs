@@ -1,0 +1,455 @@
+//! S2 and S3: the msgtrail pipeline — producers upload through a broker in this process,
+//! consumers of one group fetch and process (ack) through it — with stage recording off
+//! (S2: the broker writes no stage stream and the clients report nothing) and on (S3: every
+//! stage recorded, clients reporting, and a listener ingesting the stage stream).
+//!
+//! Each payload carries its send time, so consumers measure end-to-end latency (send call to
+//! receipt), the same definition as S1's pipeline run.
+
+use crate::error::BenchError;
+use crate::measure::{Countdown, Latency, Progress, Recorder, Throughput};
+use crate::raw::{payload_stamp, share, stamped_payload, Load};
+use async_nats::jetstream;
+use bytes::Bytes;
+use futures::StreamExt;
+use msgtrail_broker::{BrokerConfig, ClientEntry, ClientRegistry, RunningBroker};
+use msgtrail_client::{Consumer, Identity, NatsOptions, Producer, ProducerOptions};
+use msgtrail_core::subjects::{MESSAGE_STREAM, STAGE_STREAM};
+use msgtrail_core::wire::Subscription;
+use msgtrail_core::{ClientId, Role};
+use serde::{Deserialize, Serialize};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Everything one S2 or S3 run needs.
+#[derive(Debug, Clone)]
+pub struct PipelineParams {
+    /// The NATS server.
+    pub nats_url: String,
+    /// The load.
+    pub load: Load,
+    /// Stage recording on (S3) or off (S2).
+    pub record_stages: bool,
+    /// Names the run's topic, group and listener durable (`s2_128`).
+    pub tag: String,
+}
+
+/// The broker's counters after a run.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct BrokerCounts {
+    /// Messages stored.
+    pub uploads: u64,
+    /// Deliveries.
+    pub deliveries: u64,
+    /// Acks.
+    pub acks: u64,
+    /// Redeliveries.
+    pub redeliveries: u64,
+    /// Stage records accepted into the sink.
+    pub stage_records: u64,
+    /// Stage-stream messages written.
+    pub stage_batches: u64,
+    /// Stage records dropped (buffer full).
+    pub stage_dropped: u64,
+    /// Stage records lost to refused stage-stream writes.
+    pub stage_publish_failed: u64,
+    /// Client stage records relayed.
+    pub relayed_records: u64,
+}
+
+/// What the listener did during an S3 run.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ListenerIngest {
+    /// Records stored.
+    pub records: u64,
+    /// Stage-stream messages applied.
+    pub batches: u64,
+    /// Seconds from the end of the load until the listener had applied every stage-stream
+    /// message the broker wrote.
+    pub catch_up_seconds: f64,
+    /// Stage-stream messages that could not be decoded.
+    pub decode_errors: u64,
+    /// Store failures.
+    pub store_errors: u64,
+}
+
+/// What one S2 or S3 run measured.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PipelineResult {
+    /// Payload size, bytes.
+    pub payload_bytes: usize,
+    /// Stage recording on.
+    pub record_stages: bool,
+    /// Uploads confirmed per second (producers' view).
+    pub send: Throughput,
+    /// Upload round trip (send call to store confirmation).
+    pub send_latency: Latency,
+    /// Messages processed and acked per second, from the first send to the last ack.
+    pub throughput: Throughput,
+    /// End-to-end latency (send call to consumer receipt).
+    pub e2e: Latency,
+    /// The broker's counters.
+    pub broker: BrokerCounts,
+    /// Stage-stream messages per stored message.
+    pub stage_messages_per_message: f64,
+    /// Stage records per stored message.
+    pub stage_records_per_message: f64,
+    /// The listener (S3 only).
+    pub listener: Option<ListenerIngest>,
+}
+
+fn id(s: &str) -> Result<ClientId, BenchError> {
+    ClientId::new(s).map_err(|e| BenchError::Config(e.to_string()))
+}
+
+fn timeout_err(p: &PipelineParams, what: &str, done: u64) -> BenchError {
+    BenchError::Timeout {
+        scenario: format!("{} {what}", p.tag),
+        secs: p.load.timeout.as_secs(),
+        done,
+        total: p.load.messages,
+    }
+}
+
+/// Runs S2 (`record_stages` off) or S3 (on, with a listener) once.
+pub async fn run(p: &PipelineParams, progress: &Progress) -> Result<PipelineResult, BenchError> {
+    let producers: Vec<Identity> = (0..p.load.producers)
+        .map(|i| Ok(Identity::generate(id(&format!("bench-p{i}"))?)))
+        .collect::<Result<_, BenchError>>()?;
+    let consumers: Vec<Identity> = (0..p.load.consumers)
+        .map(|i| Ok(Identity::generate(id(&format!("bench-c{i}"))?)))
+        .collect::<Result<_, BenchError>>()?;
+    let entries = producers
+        .iter()
+        .map(|i| (Role::Producer, i))
+        .chain(consumers.iter().map(|i| (Role::Consumer, i)))
+        .map(|(role, i)| ClientEntry {
+            id: i.client_id.clone(),
+            role,
+            public_key: i.public_key(),
+            topics: vec![">".into()],
+            service_name: None,
+        })
+        .collect();
+    let config = BrokerConfig {
+        nats: NatsOptions::url(p.nats_url.clone()),
+        clients: ClientRegistry::new(entries).map_err(BenchError::Broker)?,
+        record_stages: p.record_stages,
+        ..Default::default()
+    };
+    let broker = msgtrail_broker::start(config)
+        .await
+        .map_err(|e| BenchError::Broker(e.to_string()))?;
+    let result = run_with_broker(p, &broker, producers, consumers, progress).await;
+    let (measured, listener) = match result {
+        Ok(v) => v,
+        Err(e) => {
+            broker.shutdown().await;
+            return Err(e);
+        }
+    };
+    let metrics = broker.metrics.clone();
+    broker.shutdown().await;
+    let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+    let broker = BrokerCounts {
+        uploads: g(&metrics.uploads),
+        deliveries: g(&metrics.deliveries),
+        acks: g(&metrics.acks),
+        redeliveries: g(&metrics.redeliveries),
+        stage_records: g(&metrics.stage_records),
+        stage_batches: g(&metrics.stage_batches),
+        stage_dropped: g(&metrics.stage_dropped),
+        stage_publish_failed: g(&metrics.stage_publish_failed),
+        relayed_records: g(&metrics.relayed_records),
+    };
+    let listener = match listener {
+        Some((handle, _dir, load_end)) => {
+            Some(listener_catch_up(p, handle, broker.stage_batches, load_end).await?)
+        }
+        None => None,
+    };
+    let per = |n: u64| n as f64 / broker.uploads.max(1) as f64;
+    Ok(PipelineResult {
+        payload_bytes: p.load.payload_bytes,
+        record_stages: p.record_stages,
+        send: measured.send,
+        send_latency: measured.send_latency,
+        throughput: measured.throughput,
+        e2e: measured.e2e,
+        stage_messages_per_message: per(broker.stage_batches),
+        stage_records_per_message: per(broker.stage_records),
+        broker,
+        listener,
+    })
+}
+
+struct Measured {
+    send: Throughput,
+    send_latency: Latency,
+    throughput: Throughput,
+    e2e: Latency,
+}
+
+type RunningListener = (
+    msgtrail_listener::ListenerHandle,
+    tempfile::TempDir,
+    Instant,
+);
+
+async fn run_with_broker(
+    p: &PipelineParams,
+    _broker: &RunningBroker,
+    producer_ids: Vec<Identity>,
+    consumer_ids: Vec<Identity>,
+    progress: &Progress,
+) -> Result<(Measured, Option<RunningListener>), BenchError> {
+    let admin = async_nats::connect(p.nats_url.as_str())
+        .await
+        .map_err(BenchError::nats)?;
+    let js = jetstream::new(admin.clone());
+    // Every run starts from empty streams, so runs do not see each other's data.
+    for name in [MESSAGE_STREAM, STAGE_STREAM] {
+        let mut s = js.get_stream(name).await.map_err(BenchError::nats)?;
+        s.purge().await.map_err(BenchError::nats)?;
+        let _ = s.info().await;
+    }
+    let listener = if p.record_stages {
+        let dir = tempfile::Builder::new()
+            .prefix("msgtrail-bench-listener-")
+            .tempdir()?;
+        let config = msgtrail_listener::ListenerConfig {
+            nats_url: p.nats_url.clone(),
+            data_dir: dir.path().to_owned(),
+            http_addr: "127.0.0.1:0".parse().expect("valid address"),
+            durable_name: format!("bench-{}", p.tag),
+            ..Default::default()
+        };
+        let handle = msgtrail_listener::start_with_client(config, admin.clone())
+            .await
+            .map_err(|e| BenchError::Listener(e.to_string()))?;
+        Some((handle, dir))
+    } else {
+        None
+    };
+
+    let topic = format!("bench.{}", p.tag);
+    let sub = Subscription {
+        group: id(&format!("bench-{}", p.tag.replace('_', "-")))?,
+        topic: topic.clone(),
+        filter: Default::default(),
+        message_id: None,
+    };
+    let mut producers = Vec::new();
+    for ident in producer_ids {
+        let nats = async_nats::connect(p.nats_url.as_str())
+            .await
+            .map_err(BenchError::nats)?;
+        let options = ProducerOptions {
+            report_stages: p.record_stages,
+            ..Default::default()
+        };
+        producers.push(Producer::connect_with(nats, ident, options).await?);
+    }
+    let mut consumers = Vec::new();
+    for ident in consumer_ids {
+        let nats = async_nats::connect(p.nats_url.as_str())
+            .await
+            .map_err(BenchError::nats)?;
+        let c =
+            Consumer::connect_with(nats, ident, Duration::from_secs(10), p.record_stages).await?;
+        // Creates the group's JetStream consumer before the clock starts.
+        let warm = c.fetch(&sub, 1, Duration::ZERO).await?;
+        if !warm.is_empty() {
+            return Err(BenchError::Config("the bench topic is not empty".into()));
+        }
+        consumers.push(c);
+    }
+
+    let phase = progress.phase(
+        &format!(
+            "{} {} B",
+            if p.record_stages { "S3" } else { "S2" },
+            p.load.payload_bytes
+        ),
+        p.load.messages,
+    );
+    let consumed = Countdown::new(phase.counter(), p.load.messages);
+    let start = Instant::now();
+    let deadline = tokio::time::Instant::now() + p.load.timeout;
+    let consumer_tasks: Vec<_> = consumers
+        .iter()
+        .map(|c| {
+            tokio::spawn(consume(
+                c.clone(),
+                sub.clone(),
+                p.load.fetch_batch,
+                consumed.clone(),
+                deadline,
+            ))
+        })
+        .collect();
+    let sent = Arc::new(AtomicU64::new(0));
+    let producer_tasks: Vec<_> = producers
+        .iter()
+        .enumerate()
+        .map(|(i, pr)| {
+            tokio::spawn(produce(
+                pr.clone(),
+                topic.clone(),
+                share(p.load.messages, p.load.producers, i),
+                p.load.window,
+                p.load.payload_bytes,
+                sent.clone(),
+            ))
+        })
+        .collect();
+    let mut send_latency = Recorder::default();
+    for t in producer_tasks {
+        let r = tokio::time::timeout_at(deadline, t)
+            .await
+            .map_err(|_| timeout_err(p, "send", sent.load(Ordering::Relaxed)))?
+            .map_err(|e| BenchError::Broker(e.to_string()))??;
+        send_latency.merge(&r);
+    }
+    let send = Throughput::new(p.load.messages, start.elapsed());
+    let mut e2e = Recorder::default();
+    for t in consumer_tasks {
+        e2e.merge(&t.await.map_err(|e| BenchError::Broker(e.to_string()))??);
+    }
+    let end = consumed
+        .finished()
+        .ok_or_else(|| timeout_err(p, "consume", consumed.done()))?;
+    let throughput = Throughput::new(p.load.messages, end - start);
+    drop(phase);
+    let load_end = Instant::now();
+    for pr in producers {
+        let _ = pr.close().await;
+    }
+    for c in consumers {
+        let _ = c.close().await;
+    }
+    Ok((
+        Measured {
+            send,
+            send_latency: send_latency.summary(),
+            throughput,
+            e2e: e2e.summary(),
+        },
+        listener.map(|(h, d)| (h, d, load_end)),
+    ))
+}
+
+async fn produce(
+    producer: Producer,
+    topic: String,
+    n: u64,
+    window: usize,
+    size: usize,
+    sent: Arc<AtomicU64>,
+) -> Result<Recorder, BenchError> {
+    let mut rec = Recorder::default();
+    let mut sends = futures::stream::iter(0..n)
+        .map(|_| {
+            let (producer, topic) = (&producer, &topic);
+            async move {
+                let t = Instant::now();
+                producer
+                    .send(topic, stamped_payload(size))
+                    .await
+                    .map(|_| t.elapsed())
+            }
+        })
+        .buffer_unordered(window);
+    while let Some(r) = sends.next().await {
+        rec.record(r?);
+        sent.fetch_add(1, Ordering::Relaxed);
+    }
+    Ok(rec)
+}
+
+async fn consume(
+    consumer: Consumer,
+    sub: Subscription,
+    batch: usize,
+    done: Countdown,
+    deadline: tokio::time::Instant,
+) -> Result<Recorder, BenchError> {
+    let mut rec = Recorder::default();
+    while !done.is_done() && tokio::time::Instant::now() < deadline {
+        let msgs = consumer
+            .fetch(&sub, batch as u32, Duration::from_millis(200))
+            .await?;
+        for m in &msgs {
+            if let Some(t) = payload_stamp(&m.payload) {
+                rec.record_since_nanos(t);
+            }
+        }
+        let settled = futures::future::join_all(
+            msgs.into_iter()
+                .map(|m| consumer.process(m, |_| async { Ok::<(), String>(()) })),
+        )
+        .await;
+        for s in settled {
+            s?.map_err(BenchError::Broker)?;
+            done.one();
+        }
+    }
+    Ok(rec)
+}
+
+async fn listener_catch_up(
+    p: &PipelineParams,
+    handle: msgtrail_listener::ListenerHandle,
+    stage_batches: u64,
+    load_end: Instant,
+) -> Result<ListenerIngest, BenchError> {
+    let deadline = Instant::now() + p.load.timeout;
+    loop {
+        let s = handle.stats(None);
+        if s.ingest.batches >= stage_batches || Instant::now() > deadline {
+            let out = ListenerIngest {
+                records: s.ingest.records,
+                batches: s.ingest.batches,
+                catch_up_seconds: load_end.elapsed().as_secs_f64(),
+                decode_errors: s.ingest.decode_errors,
+                store_errors: s.ingest.store_errors,
+            };
+            handle
+                .shutdown()
+                .await
+                .map_err(|e| BenchError::Listener(e.to_string()))?;
+            if out.batches < stage_batches {
+                return Err(BenchError::Timeout {
+                    scenario: format!("{} listener ingest", p.tag),
+                    secs: p.load.timeout.as_secs(),
+                    done: out.batches,
+                    total: stage_batches,
+                });
+            }
+            return Ok(out);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Every stage-stream message now in the stream (the payloads, in order): what S4 replays.
+pub async fn stage_batches(client: &async_nats::Client) -> Result<Vec<Bytes>, BenchError> {
+    let js = jetstream::new(client.clone());
+    let mut stream = js
+        .get_stream(STAGE_STREAM)
+        .await
+        .map_err(BenchError::nats)?;
+    let state = stream.info().await.map_err(BenchError::nats)?.state.clone();
+    let mut out = Vec::with_capacity(state.messages as usize);
+    if state.messages == 0 {
+        return Ok(out);
+    }
+    for seq in state.first_sequence..=state.last_sequence {
+        match stream.get_raw_message(seq).await {
+            Ok(m) => out.push(m.payload),
+            Err(e) => tracing::debug!(seq, error = %e, "stage message gone"),
+        }
+    }
+    Ok(out)
+}

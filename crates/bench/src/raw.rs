@@ -1,0 +1,281 @@
+//! S1: raw JetStream with async-nats, no msgtrail in the way — the ceiling msgtrail is
+//! measured against.
+//!
+//! Three runs on a stream of its own (`BENCH_RAW`, file storage like the message stream):
+//! - *publish*: `producers` tasks each keep `window` publish acks in flight;
+//! - *consume*: `consumers` tasks on one durable pull consumer fetch batches and ack each
+//!   message explicitly, from a stream filled by the publish run;
+//! - *pipeline*: both at once on an empty stream; each payload carries its send time, so the
+//!   consumers measure end-to-end latency.
+
+use crate::error::BenchError;
+use crate::measure::{Countdown, Latency, Progress, Recorder, Throughput};
+use async_nats::jetstream::{self, consumer::pull, consumer::AckPolicy, stream};
+use bytes::Bytes;
+use futures::stream::FuturesUnordered;
+use futures::StreamExt;
+use serde::{Deserialize, Serialize};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The stream S1 uses.
+pub const RAW_STREAM: &str = "BENCH_RAW";
+/// Its subject.
+pub const RAW_SUBJECT: &str = "bench.raw.data";
+
+/// What S1 measured for one payload size.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RawResult {
+    /// Payload size, bytes.
+    pub payload_bytes: usize,
+    /// Publish with a window of acks in flight.
+    pub publish: Throughput,
+    /// Publish-to-ack latency.
+    pub publish_ack: Latency,
+    /// Fetch + explicit ack of a filled stream.
+    pub consume: Throughput,
+    /// Publish and consume at once: messages consumed per second.
+    pub pipeline: Throughput,
+    /// End-to-end latency (publish call to consumer receipt) in the pipeline run.
+    pub e2e: Latency,
+}
+
+/// A payload of `size` bytes whose first 8 bytes are the send time (Unix nanoseconds).
+pub fn stamped_payload(size: usize) -> Bytes {
+    let mut v = vec![b'x'; size.max(8)];
+    v[..8].copy_from_slice(&msgtrail_core::time::now_nanos().to_be_bytes());
+    Bytes::from(v)
+}
+
+/// The send time a [`stamped_payload`] carries.
+pub fn payload_stamp(p: &[u8]) -> Option<u64> {
+    Some(u64::from_be_bytes(p.get(..8)?.try_into().ok()?))
+}
+
+/// Shares `total` among `parts` as evenly as possible.
+pub fn share(total: u64, parts: usize, i: usize) -> u64 {
+    let parts = parts as u64;
+    total / parts + u64::from((i as u64) < total % parts)
+}
+
+/// The shape of a load, the same for S1, S2 and S3 so that they compare.
+#[derive(Debug, Clone)]
+pub struct Load {
+    /// Messages per run.
+    pub messages: u64,
+    /// Payload size.
+    pub payload_bytes: usize,
+    /// Producers (S1: publishing tasks), each its own connection in S2/S3.
+    pub producers: usize,
+    /// Sends (S1: publish acks) in flight per producer.
+    pub window: usize,
+    /// Consumers (S1: fetching tasks), one group in S2/S3.
+    pub consumers: usize,
+    /// Messages per fetch.
+    pub fetch_batch: usize,
+    /// Bound of each run.
+    pub timeout: Duration,
+}
+
+impl Load {
+    /// The load of `config` with payloads of `payload_bytes`.
+    pub fn of(config: &crate::BenchConfig, payload_bytes: usize) -> Self {
+        Load {
+            messages: config.messages,
+            payload_bytes,
+            producers: config.producers,
+            window: config.window,
+            consumers: config.consumers,
+            fetch_batch: config.fetch_batch,
+            timeout: config.scenario_timeout,
+        }
+    }
+}
+
+/// Runs S1 for one payload size.
+pub async fn run(
+    client: &async_nats::Client,
+    p: &Load,
+    progress: &Progress,
+    label: &str,
+) -> Result<RawResult, BenchError> {
+    let js = jetstream::new(client.clone());
+    let _ = js.delete_stream(RAW_STREAM).await;
+    let stream = js
+        .create_stream(stream::Config {
+            name: RAW_STREAM.to_owned(),
+            subjects: vec![RAW_SUBJECT.to_owned()],
+            storage: stream::StorageType::File,
+            ..Default::default()
+        })
+        .await
+        .map_err(BenchError::nats)?;
+
+    // Publish alone.
+    let phase = progress.phase(&format!("{label} S1 publish"), p.messages);
+    let start = Instant::now();
+    let publish_ack = publish(&js, p, phase.counter()).await?;
+    let publish_tp = Throughput::new(p.messages, start.elapsed());
+    drop(phase);
+
+    // Consume alone, from the filled stream.
+    let consumer = make_consumer(&stream, "raw-consume").await?;
+    let phase = progress.phase(&format!("{label} S1 consume"), p.messages);
+    let start = Instant::now();
+    let (_, end) = consume(consumer, p, phase.counter(), "S1 consume").await?;
+    let consume_tp = Throughput::new(p.messages, end - start);
+    drop(phase);
+
+    // Both at once, on an empty stream.
+    stream.purge().await.map_err(BenchError::nats)?;
+    let consumer = make_consumer(&stream, "raw-pipeline").await?;
+    let phase = progress.phase(&format!("{label} S1 pipeline"), p.messages);
+    let start = Instant::now();
+    let consumers = tokio::spawn({
+        let (p, counter) = (p.clone(), phase.counter());
+        async move { consume(consumer, &p, counter, "S1 pipeline").await }
+    });
+    publish(&js, p, Arc::new(AtomicU64::new(0))).await?;
+    let (e2e, end) = consumers
+        .await
+        .map_err(|e| BenchError::Nats(e.to_string()))??;
+    let pipeline_tp = Throughput::new(p.messages, end - start);
+    drop(phase);
+    let _ = js.delete_stream(RAW_STREAM).await;
+    Ok(RawResult {
+        payload_bytes: p.payload_bytes,
+        publish: publish_tp,
+        publish_ack: publish_ack.summary(),
+        consume: consume_tp,
+        pipeline: pipeline_tp,
+        e2e: e2e.summary(),
+    })
+}
+
+async fn make_consumer(
+    stream: &stream::Stream,
+    name: &str,
+) -> Result<jetstream::consumer::PullConsumer, BenchError> {
+    stream
+        .create_consumer(pull::Config {
+            durable_name: Some(name.to_owned()),
+            ack_policy: AckPolicy::Explicit,
+            max_ack_pending: 100_000,
+            ..Default::default()
+        })
+        .await
+        .map_err(BenchError::nats)
+}
+
+/// Publishes `p.messages` from `p.producers` tasks, each with `p.window` acks in flight;
+/// returns the publish-to-ack latencies.
+async fn publish(
+    js: &jetstream::Context,
+    p: &Load,
+    done: Arc<AtomicU64>,
+) -> Result<Recorder, BenchError> {
+    let mut tasks = Vec::new();
+    for i in 0..p.producers {
+        let (js, done) = (js.clone(), done.clone());
+        let (n, window, size) = (share(p.messages, p.producers, i), p.window, p.payload_bytes);
+        tasks.push(tokio::spawn(async move {
+            let mut rec = Recorder::default();
+            let mut acks = FuturesUnordered::new();
+            for _ in 0..n {
+                while acks.len() >= window {
+                    if let Some(r) = acks.next().await {
+                        note(&mut rec, &done, r)?;
+                    }
+                }
+                let sent = Instant::now();
+                let ack = js
+                    .publish(RAW_SUBJECT, stamped_payload(size))
+                    .await
+                    .map_err(BenchError::nats)?;
+                acks.push(async move { (sent, ack.await) });
+            }
+            while let Some(r) = acks.next().await {
+                note(&mut rec, &done, r)?;
+            }
+            Ok::<_, BenchError>(rec)
+        }));
+    }
+    let mut all = Recorder::default();
+    let deadline = tokio::time::Instant::now() + p.timeout;
+    for t in tasks {
+        let rec = tokio::time::timeout_at(deadline, t)
+            .await
+            .map_err(|_| BenchError::Timeout {
+                scenario: "S1 publish".into(),
+                secs: p.timeout.as_secs(),
+                done: done.load(Ordering::Relaxed),
+                total: p.messages,
+            })?
+            .map_err(|e| BenchError::Nats(e.to_string()))??;
+        all.merge(&rec);
+    }
+    Ok(all)
+}
+
+fn note<T, E: std::fmt::Display>(
+    rec: &mut Recorder,
+    done: &AtomicU64,
+    (sent, r): (Instant, Result<T, E>),
+) -> Result<(), BenchError> {
+    r.map_err(BenchError::nats)?;
+    rec.record(sent.elapsed());
+    done.fetch_add(1, Ordering::Relaxed);
+    Ok(())
+}
+
+/// Fetches and acks `p.messages` from `p.consumers` tasks; returns the end-to-end latencies
+/// and when the last message was acked.
+async fn consume(
+    consumer: jetstream::consumer::PullConsumer,
+    p: &Load,
+    done: Arc<AtomicU64>,
+    scenario: &str,
+) -> Result<(Recorder, Instant), BenchError> {
+    let deadline = tokio::time::Instant::now() + p.timeout;
+    let done = Countdown::new(done, p.messages);
+    let mut tasks = Vec::new();
+    for _ in 0..p.consumers {
+        let (consumer, done) = (consumer.clone(), done.clone());
+        let batch = p.fetch_batch;
+        tasks.push(tokio::spawn(async move {
+            let mut rec = Recorder::default();
+            while !done.is_done() && tokio::time::Instant::now() < deadline {
+                let mut msgs = consumer
+                    .batch()
+                    .max_messages(batch)
+                    .expires(Duration::from_millis(100))
+                    .messages()
+                    .await
+                    .map_err(BenchError::nats)?;
+                while let Some(m) = msgs.next().await {
+                    let m = m.map_err(BenchError::nats)?;
+                    if let Some(t) = payload_stamp(&m.payload) {
+                        rec.record_since_nanos(t);
+                    }
+                    m.ack().await.map_err(BenchError::nats)?;
+                    done.one();
+                }
+            }
+            Ok::<_, BenchError>(rec)
+        }));
+    }
+    let mut all = Recorder::default();
+    for t in tasks {
+        all.merge(&t.await.map_err(|e| BenchError::Nats(e.to_string()))??);
+    }
+    match done.finished() {
+        Some(end) => Ok((all, end)),
+        None => Err(BenchError::Timeout {
+            scenario: scenario.to_owned(),
+            secs: p.timeout.as_secs(),
+            done: done.done(),
+            total: p.messages,
+        }),
+    }
+}

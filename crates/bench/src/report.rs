@@ -1,0 +1,365 @@
+//! The report: every scenario's figures, the ratios side by side, the checks against the
+//! project's targets (issue 5), as a table for people and as JSON for machines.
+
+use crate::export::ExportResult;
+use crate::ingest::IngestResult;
+use crate::lookup::LookupResult;
+use crate::measure::Latency;
+use crate::pipeline::PipelineResult;
+use crate::raw::RawResult;
+use serde::{Deserialize, Serialize};
+use std::fmt::Write as _;
+
+/// The machine the run happened on.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Machine {
+    /// Logical CPUs available to the process.
+    pub cores: usize,
+    /// CPU model (`/proc/cpuinfo`).
+    pub cpu: String,
+    /// Total memory, bytes (`/proc/meminfo`).
+    pub memory_bytes: u64,
+    /// nats-server version (from the server's INFO).
+    pub nats_server: String,
+    /// Whether this binary was built with optimizations.
+    pub release_build: bool,
+}
+
+impl Machine {
+    /// Reads the machine's facts; the NATS version from a connected client.
+    pub fn detect(client: &async_nats::Client) -> Self {
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let cpu = cpuinfo
+            .lines()
+            .find_map(|l| l.strip_prefix("model name")?.split_once(':').map(|x| x.1))
+            .unwrap_or("unknown")
+            .trim()
+            .to_owned();
+        let memory_bytes = std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|m| {
+                let l = m.lines().find(|l| l.starts_with("MemTotal:"))?;
+                l.split_whitespace().nth(1)?.parse::<u64>().ok()
+            })
+            .map(|kb| kb * 1024)
+            .unwrap_or(0);
+        Machine {
+            cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            cpu,
+            memory_bytes,
+            nats_server: client.server_info().version,
+            release_build: !cfg!(debug_assertions),
+        }
+    }
+}
+
+/// The ratios of one payload size, side by side.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Ratios {
+    /// S2 throughput ÷ S1 pipeline throughput (target ≥ 0.70).
+    pub s2_over_s1: f64,
+    /// S3 throughput ÷ S2 throughput (target ≥ 0.95).
+    pub s3_over_s2: f64,
+    /// Stage-stream messages per stored message in S3 (target ≤ 0.25).
+    pub stage_messages_per_message: f64,
+    /// S3 end-to-end p99 ÷ S2 end-to-end p99 (target ≤ 1.10).
+    pub e2e_p99_s3_over_s2: f64,
+    /// S2 end-to-end p99 ÷ S1 pipeline end-to-end p99 (no target; where msgtrail's latency
+    /// comes from).
+    pub e2e_p99_s2_over_s1: f64,
+}
+
+/// S1, S2 and S3 of one payload size.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PayloadRun {
+    /// Payload size, bytes.
+    pub payload_bytes: usize,
+    /// Raw JetStream.
+    pub s1: RawResult,
+    /// msgtrail, recording off.
+    pub s2: PipelineResult,
+    /// msgtrail, recording on, listener running.
+    pub s3: PipelineResult,
+    /// The ratios.
+    pub ratios: Ratios,
+}
+
+impl PayloadRun {
+    /// Puts the three results together and computes the ratios.
+    pub fn new(s1: RawResult, s2: PipelineResult, s3: PipelineResult) -> Self {
+        let ratios = Ratios {
+            s2_over_s1: s2.throughput.per_sec / s1.pipeline.per_sec,
+            s3_over_s2: s3.throughput.per_sec / s2.throughput.per_sec,
+            stage_messages_per_message: s3.stage_messages_per_message,
+            e2e_p99_s3_over_s2: s3.e2e.p99_ms / s2.e2e.p99_ms,
+            e2e_p99_s2_over_s1: s2.e2e.p99_ms / s1.e2e.p99_ms,
+        };
+        PayloadRun {
+            payload_bytes: s1.payload_bytes,
+            s1,
+            s2,
+            s3,
+            ratios,
+        }
+    }
+}
+
+/// One target of issue 5 and whether this run met it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TargetCheck {
+    /// What is measured.
+    pub name: String,
+    /// The target, in words.
+    pub target: String,
+    /// The measured value.
+    pub value: f64,
+    /// Met or missed.
+    pub met: bool,
+}
+
+/// Everything one `msgtrail bench` run measured.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Report {
+    /// The machine.
+    pub machine: Machine,
+    /// The settings.
+    pub settings: crate::BenchConfig,
+    /// Against a nats-server the harness started (false: `--nats-url`).
+    pub own_server: bool,
+    /// S1–S3 per payload size, JetStream's default sync (fsync every 2 minutes).
+    pub runs: Vec<PayloadRun>,
+    /// S1–S3 per payload size with JetStream `sync_interval: always` (`--durable`).
+    pub durable: Option<Vec<PayloadRun>>,
+    /// S4.
+    pub s4: IngestResult,
+    /// S5.
+    pub s5: LookupResult,
+    /// S6.
+    pub s6: ExportResult,
+    /// The targets of issue 5.
+    pub targets: Vec<TargetCheck>,
+    /// Wall-clock seconds of the whole run.
+    pub total_seconds: f64,
+}
+
+fn check(name: String, target: &str, value: f64, met: bool) -> TargetCheck {
+    TargetCheck {
+        name,
+        target: target.to_owned(),
+        value,
+        met,
+    }
+}
+
+impl Report {
+    /// Fills [`Report::targets`] from the figures.
+    pub fn check_targets(&mut self) {
+        let mut t = Vec::new();
+        for r in &self.runs {
+            let b = r.payload_bytes;
+            let x = &r.ratios;
+            t.push(check(
+                format!("S2 ÷ S1 throughput, {b} B"),
+                "≥ 0.70",
+                x.s2_over_s1,
+                x.s2_over_s1 >= 0.70,
+            ));
+            t.push(check(
+                format!("S3 ÷ S2 throughput, {b} B"),
+                "≥ 0.95",
+                x.s3_over_s2,
+                x.s3_over_s2 >= 0.95,
+            ));
+            t.push(check(
+                format!("stage-stream messages per message, {b} B"),
+                "≤ 0.25",
+                x.stage_messages_per_message,
+                x.stage_messages_per_message <= 0.25,
+            ));
+            t.push(check(
+                format!("e2e p99 S3 ÷ S2, {b} B"),
+                "≤ 1.10",
+                x.e2e_p99_s3_over_s2,
+                x.e2e_p99_s3_over_s2 <= 1.10,
+            ));
+        }
+        let s4 = &self.s4;
+        t.push(check(
+            "listener records/s on one core (S4)".into(),
+            "≥ 1,000,000, zero drops",
+            s4.records.per_sec,
+            s4.records.per_sec >= 1e6 && s4.drops == 0,
+        ));
+        t.push(check(
+            "listener memory per in-flight message, bytes (S4)".into(),
+            "≤ 512",
+            s4.rss_bytes_per_inflight_message,
+            s4.rss_bytes_per_inflight_message <= 512.0,
+        ));
+        t.push(check(
+            format!("lookup p99 ms with {} stored (S5)", self.s5.stored_messages),
+            "≤ 5 ms at 10 M",
+            self.s5.latency.p99_ms,
+            self.s5.latency.p99_ms <= 5.0 && self.s5.stored_messages >= 10_000_000,
+        ));
+        self.targets = t;
+    }
+
+    /// The report as a plain-text table.
+    pub fn table(&self) -> String {
+        let mut s = String::new();
+        let m = &self.machine;
+        let _ = writeln!(
+            s,
+            "msgtrail bench ({}) — {} cores ({}), {:.1} GiB, nats-server {}, {} build, {:.0} s",
+            self.settings.preset,
+            m.cores,
+            m.cpu,
+            m.memory_bytes as f64 / (1u64 << 30) as f64,
+            m.nats_server,
+            if m.release_build { "release" } else { "debug" },
+            self.total_seconds
+        );
+        let c = &self.settings;
+        let _ = writeln!(
+            s,
+            "{} messages per run, {} producers × {} in flight, {} consumers, fetch {}{}",
+            c.messages,
+            c.producers,
+            c.window,
+            c.consumers,
+            c.fetch_batch,
+            if self.own_server {
+                ""
+            } else {
+                " (external nats-server)"
+            }
+        );
+        pipeline_table(&mut s, "S1–S3 (JetStream default sync)", &self.runs);
+        if let Some(d) = &self.durable {
+            pipeline_table(&mut s, "S1–S3 durable (JetStream sync_interval: always)", d);
+        }
+        let s4 = &self.s4;
+        let _ = writeln!(
+            s,
+            "\nS4 listener ingest (one thread): {:.0} records/s ({} records, {} stage messages, {} transactions, {:.2} s), drops {}, repeated {}; {:.0} B RSS per in-flight message ({} messages); store {:.0} B/message",
+            s4.records.per_sec,
+            s4.records.count,
+            s4.stage_messages,
+            s4.transactions,
+            s4.records.seconds,
+            s4.drops,
+            s4.repeated_records,
+            s4.rss_bytes_per_inflight_message,
+            s4.inflight_messages,
+            s4.store_bytes_per_message,
+        );
+        let s5 = &self.s5;
+        let _ = writeln!(
+            s,
+            "S5 lookup with {} stored messages ({} records each; fill {:.0} records/s, store {:.1} MiB): p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms ({} lookups, {} found, {:.0}/s)",
+            s5.stored_messages,
+            s5.records_per_message,
+            s5.fill.per_sec,
+            s5.store_bytes as f64 / (1u64 << 20) as f64,
+            s5.latency.p50_ms,
+            s5.latency.p99_ms,
+            s5.latency.max_ms,
+            s5.lookups.count,
+            s5.found,
+            s5.lookups.per_sec,
+        );
+        let s6 = &self.s6;
+        let _ = writeln!(
+            s,
+            "S6 OTLP/gRPC export: {:.0} spans/s ({} spans, {} received in {} requests, {} dropped); mapping {:.0} spans/s; {:.1} spans per trajectory",
+            s6.export.per_sec,
+            s6.export.count,
+            s6.received_spans,
+            s6.requests,
+            s6.dropped,
+            s6.mapping.per_sec,
+            s6.spans_per_trajectory,
+        );
+        let _ = writeln!(s, "\nTargets (issue 5)");
+        for t in &self.targets {
+            let _ = writeln!(
+                s,
+                "  {:<4} {:<52} {:>12.3}  (target {})",
+                if t.met { "met" } else { "MISS" },
+                t.name,
+                t.value,
+                t.target
+            );
+        }
+        s
+    }
+}
+
+fn lat(l: &Latency) -> String {
+    format!("{:.2}/{:.2}", l.p50_ms, l.p99_ms)
+}
+
+fn pipeline_table(s: &mut String, title: &str, runs: &[PayloadRun]) {
+    let _ = writeln!(s, "\n{title}");
+    let _ = writeln!(
+        s,
+        "  {:<7} {:<26} {:>11} {:>17} {:>17}",
+        "payload", "scenario", "msgs/s", "e2e p50/p99 ms", "send p50/p99 ms"
+    );
+    for r in runs {
+        let b = format!("{} B", r.payload_bytes);
+        let row = |s: &mut String, name: &str, rate: f64, e2e: String, send: String| {
+            let _ = writeln!(s, "  {b:<7} {name:<26} {rate:>11.0} {e2e:>17} {send:>17}");
+        };
+        row(
+            s,
+            "S1 raw publish (window)",
+            r.s1.publish.per_sec,
+            "-".into(),
+            lat(&r.s1.publish_ack),
+        );
+        row(
+            s,
+            "S1 raw fetch + ack",
+            r.s1.consume.per_sec,
+            "-".into(),
+            "-".into(),
+        );
+        row(
+            s,
+            "S1 raw both at once",
+            r.s1.pipeline.per_sec,
+            lat(&r.s1.e2e),
+            "-".into(),
+        );
+        row(
+            s,
+            "S2 msgtrail, recording off",
+            r.s2.throughput.per_sec,
+            lat(&r.s2.e2e),
+            lat(&r.s2.send_latency),
+        );
+        row(
+            s,
+            "S3 msgtrail, recording on",
+            r.s3.throughput.per_sec,
+            lat(&r.s3.e2e),
+            lat(&r.s3.send_latency),
+        );
+        let x = &r.ratios;
+        let catch_up = r.s3.listener.as_ref().map_or(0.0, |l| l.catch_up_seconds);
+        let _ = writeln!(
+            s,
+            "  {b:<7} ratios: S2/S1 {:.3}  S3/S2 {:.3}  stage msgs/msg {:.3} ({:.1} records/msg, {} dropped)  e2e p99 S3/S2 {:.3}  S2/S1 {:.3}  listener caught up {:.2} s after the load",
+            x.s2_over_s1,
+            x.s3_over_s2,
+            x.stage_messages_per_message,
+            r.s3.stage_records_per_message,
+            r.s3.broker.stage_dropped,
+            x.e2e_p99_s3_over_s2,
+            x.e2e_p99_s2_over_s1,
+            catch_up,
+        );
+    }
+}

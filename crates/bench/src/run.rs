@@ -1,0 +1,129 @@
+//! The order of a run: S1–S3 per payload size against one nats-server (started here, or
+//! `nats_url`), again on a `sync_interval: always` server with `durable`, then S4–S6 from the
+//! stage records S3 wrote.
+
+use crate::config::BenchConfig;
+use crate::error::BenchError;
+use crate::measure::Progress;
+use crate::pipeline::PipelineParams;
+use crate::raw::Load;
+use crate::report::{Machine, PayloadRun, Report};
+use crate::{export, ingest, lookup, pipeline, raw};
+use bytes::Bytes;
+use msgtrail_test_support::{NatsServer, NatsServerOptions};
+use std::time::Instant;
+
+/// The JetStream block of the durable variant: every write fsynced before it is acked.
+pub fn durable_jetstream_config(store_dir: &std::path::Path) -> String {
+    format!(
+        "jetstream {{ store_dir: {:?}, sync_interval: always }}",
+        store_dir.display().to_string()
+    )
+}
+
+/// Runs every scenario and returns the report; progress goes to stderr when `progress`.
+pub async fn run(config: BenchConfig, progress: bool) -> Result<Report, BenchError> {
+    config.validate()?;
+    let progress = Progress::new(progress);
+    let started = Instant::now();
+    let (_server, url) = match &config.nats_url {
+        Some(u) => (None, u.clone()),
+        None => {
+            let s = NatsServer::start()?;
+            let url = s.url().to_owned();
+            (Some(s), url)
+        }
+    };
+    let client = async_nats::connect(url.as_str())
+        .await
+        .map_err(BenchError::nats)?;
+    let machine = Machine::detect(&client);
+    let (runs, recorded) = variant(&config, &url, "", &progress).await?;
+
+    let durable = if config.durable && config.nats_url.is_none() {
+        let dir = tempfile::Builder::new()
+            .prefix("msgtrail-bench-durable-")
+            .tempdir()?;
+        let server = NatsServer::start_with(NatsServerOptions {
+            jetstream: false,
+            extra_config: durable_jetstream_config(&dir.path().join("jetstream")),
+            ..Default::default()
+        })?;
+        let (runs, _) = variant(&config, server.url(), "durable ", &progress).await?;
+        drop(server);
+        Some(runs)
+    } else {
+        if config.durable {
+            tracing::warn!(
+                "--durable needs a nats-server the harness starts; skipped with --nats-url"
+            );
+        }
+        None
+    };
+
+    let decoded = ingest::decode_all(&recorded);
+    let template = lookup::template(&decoded)
+        .ok_or_else(|| BenchError::Config("S3 recorded no trajectory to replay".into()))?;
+    let (copies, batch) = (config.ingest_copies, config.ingest_batch);
+    let s4 = tokio::task::spawn_blocking(move || ingest::run(&recorded, copies, batch, &progress))
+        .await
+        .map_err(|e| BenchError::Listener(e.to_string()))??;
+    let (tpl, n, q) = (
+        template.clone(),
+        config.lookup_messages,
+        config.lookup_queries,
+    );
+    let s5 = tokio::task::spawn_blocking(move || lookup::run(&tpl, n, q, &progress))
+        .await
+        .map_err(|e| BenchError::Listener(e.to_string()))??;
+    let s6 = export::run(
+        &template,
+        config.export_spans,
+        config.scenario_timeout,
+        &progress,
+    )
+    .await?;
+
+    let mut report = Report {
+        machine,
+        own_server: config.nats_url.is_none(),
+        settings: config,
+        runs,
+        durable,
+        s4,
+        s5,
+        s6,
+        targets: Vec::new(),
+        total_seconds: started.elapsed().as_secs_f64(),
+    };
+    report.check_targets();
+    Ok(report)
+}
+
+/// S1–S3 for every payload size against `url`; returns the runs and the stage-stream
+/// messages every S3 run wrote.
+async fn variant(
+    config: &BenchConfig,
+    url: &str,
+    label: &str,
+    progress: &Progress,
+) -> Result<(Vec<PayloadRun>, Vec<Bytes>), BenchError> {
+    let client = async_nats::connect(url).await.map_err(BenchError::nats)?;
+    let mut runs = Vec::new();
+    let mut recorded = Vec::new();
+    for &size in &config.payload_sizes {
+        let load = Load::of(config, size);
+        let s1 = raw::run(&client, &load, progress, &format!("{label}{size} B")).await?;
+        let params = |record: bool| PipelineParams {
+            nats_url: url.to_owned(),
+            load: load.clone(),
+            record_stages: record,
+            tag: format!("{}_{size}", if record { "s3" } else { "s2" }),
+        };
+        let s2 = pipeline::run(&params(false), progress).await?;
+        let s3 = pipeline::run(&params(true), progress).await?;
+        recorded.extend(pipeline::stage_batches(&client).await?);
+        runs.push(PayloadRun::new(s1, s2, s3));
+    }
+    Ok((runs, recorded))
+}

@@ -1,0 +1,110 @@
+//! The harness keeps working: a `--quick` run (with even smaller counts in debug builds, so
+//! that it stays well under a minute on 2 cores) produces every scenario with non-zero
+//! counts and finite ratios. No speed is asserted: benchmarks are not tests.
+
+use msgtrail_bench::BenchConfig;
+use serde_json::Value;
+
+fn config() -> BenchConfig {
+    let mut c = BenchConfig::quick();
+    if cfg!(debug_assertions) {
+        c.messages = 150;
+        c.lookup_messages = 500;
+        c.lookup_queries = 100;
+        c.export_spans = 500;
+    }
+    // Exercise the durable variant too (one payload size keeps it short).
+    c.durable = true;
+    c
+}
+
+fn num(v: &Value, path: &str) -> f64 {
+    let mut cur = v;
+    for k in path.split('.') {
+        cur = match k.parse::<usize>() {
+            Ok(i) => &cur[i],
+            Err(_) => &cur[k],
+        };
+    }
+    cur.as_f64()
+        .unwrap_or_else(|| panic!("{path} is not a number: {cur}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quick_run_reports_every_scenario() {
+    let c = config();
+    let report = msgtrail_bench::run(c.clone(), false)
+        .await
+        .expect("quick bench runs");
+    let json = serde_json::to_value(&report).unwrap();
+    let table = report.table();
+
+    let positive = |path: &str| {
+        let x = num(&json, path);
+        assert!(x.is_finite() && x > 0.0, "{path} = {x}\n{table}");
+    };
+    for variant in ["runs", "durable"] {
+        let runs = json[variant]
+            .as_array()
+            .unwrap_or_else(|| panic!("{variant} missing"));
+        assert_eq!(runs.len(), c.payload_sizes.len(), "{variant}");
+        for i in 0..runs.len() {
+            let p = |s: &str| format!("{variant}.{i}.{s}");
+            for s in [
+                "s1.publish.count",
+                "s1.publish.per_sec",
+                "s1.consume.per_sec",
+                "s1.pipeline.per_sec",
+                "s1.e2e.count",
+                "s1.e2e.p99_ms",
+                "s2.throughput.per_sec",
+                "s2.broker.uploads",
+                "s2.broker.acks",
+                "s2.e2e.count",
+                "s2.e2e.p99_ms",
+                "s3.throughput.per_sec",
+                "s3.broker.uploads",
+                "s3.broker.stage_records",
+                "s3.broker.stage_batches",
+                "s3.e2e.p99_ms",
+                "s3.listener.records",
+                "s3.listener.batches",
+                "ratios.s2_over_s1",
+                "ratios.s3_over_s2",
+                "ratios.stage_messages_per_message",
+                "ratios.e2e_p99_s3_over_s2",
+                "ratios.e2e_p99_s2_over_s1",
+            ] {
+                positive(&p(s));
+            }
+            // Recording off writes no stage stream.
+            assert_eq!(num(&json, &p("s2.broker.stage_batches")), 0.0, "{table}");
+            assert_eq!(num(&json, &p("s3.broker.uploads")), c.messages as f64);
+        }
+    }
+    for s in [
+        "s4.records.count",
+        "s4.records.per_sec",
+        "s4.new_records",
+        "s4.messages",
+        "s4.inflight_messages",
+        "s4.store_bytes_per_message",
+        "s5.stored_messages",
+        "s5.latency.count",
+        "s5.latency.p99_ms",
+        "s5.found",
+        "s6.export.count",
+        "s6.export.per_sec",
+        "s6.received_spans",
+        "s6.mapping.per_sec",
+    ] {
+        positive(s);
+    }
+    assert_eq!(num(&json, "s4.drops"), 0.0, "{table}");
+    assert_eq!(num(&json, "s5.found"), c.lookup_queries as f64, "{table}");
+    assert!(!report.targets.is_empty());
+    assert!(
+        table.contains("S1 raw both at once") && table.contains("Targets"),
+        "{table}"
+    );
+}
