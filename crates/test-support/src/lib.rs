@@ -7,7 +7,8 @@
 //! ## Layout
 //! - [`nats_server`]: finding the binary and running a server ([`NatsServer`]).
 //! - [`otlp_receiver`]: an OTLP trace receiver over gRPC and HTTP/protobuf that hands each
-//!   export request to the test ([`OtlpReceiver`]).
+//!   export request to the test ([`OtlpReceiver`]); `examples/otlp_dump.rs` runs one that
+//!   prints every span, a stand-in for Jaeger on a machine without Docker.
 
 pub mod nats_server;
 pub mod otlp_receiver;
