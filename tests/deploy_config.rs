@@ -93,12 +93,11 @@ fn compose_file_describes_the_whole_deployment() {
     }
     // Both brokers are built from the one Dockerfile, run R3 and know every node.
     let env = |svc: &Value, k: &str| svc["environment"][k].as_str().map(str::to_owned);
-    // Each msgtrail process starts from a node of its own.
-    let mut nodes = std::collections::BTreeSet::new();
-    let mut on_a_node = |svc: &Value| {
+    // Every node is a seed of every msgtrail process.
+    let all_nodes = |svc: &Value| {
         let url = env(svc, "NATS_URL").unwrap_or_default();
-        let ok = (1..=3).any(|n| url == format!("nats://nats-{n}:4222"));
-        ok && nodes.insert(url)
+        let seeds: Vec<&str> = url.split(',').collect();
+        (1..=3).all(|n| seeds.contains(&format!("nats://nats-{n}:4222").as_str()))
     };
     for b in ["broker-1", "broker-2"] {
         let svc = &compose["services"][b];
@@ -111,14 +110,14 @@ fn compose_file_describes_the_whole_deployment() {
         );
         assert_eq!(env(svc, "NATS_USER").as_deref(), Some("broker"), "{b}");
         assert!(env(svc, "NATS_PASSWORD").is_some(), "{b}");
-        assert!(on_a_node(svc), "{b}");
+        assert!(all_nodes(svc), "{b}");
         assert_eq!(svc["build"]["dockerfile"].as_str(), Some("Dockerfile"));
     }
     let listener = &compose["services"]["listener"];
     let cmd = strs(&listener["command"]);
     assert_eq!(cmd.first().map(String::as_str), Some("listener"));
     assert_eq!(env(listener, "NATS_USER").as_deref(), Some("listener"));
-    assert!(on_a_node(listener));
+    assert!(all_nodes(listener));
     assert_eq!(
         env(listener, "MSGTRAIL_LISTENER_ADDR").as_deref(),
         Some("0.0.0.0:7380")
@@ -365,12 +364,12 @@ impl Cluster {
         }
     }
 
-    /// The client URL of node `i`, as the SDK's `NatsOptions` takes it.
-    fn url_of(&self, i: usize) -> Vec<String> {
-        // One URL per connection: NatsOptions::connect joins several with commas, which
-        // async-nats does not parse (reported to the client's owner); async-nats learns the
-        // other nodes from the server anyway.
-        vec![format!("nats://127.0.0.1:{}", self.ports[i].client)]
+    /// Every node's client URL, as the SDK's `NatsOptions` takes them.
+    fn url_strings(&self) -> Vec<String> {
+        self.ports
+            .iter()
+            .map(|p| format!("nats://127.0.0.1:{}", p.client))
+            .collect()
     }
 
     fn urls(&self) -> Vec<async_nats::ServerAddr> {
@@ -616,7 +615,7 @@ async fn demo_client(cluster: &Cluster, id: &str) -> (async_nats::Client, Identi
         .trim()
         .to_owned();
     let nats = NatsOptions {
-        urls: cluster.url_of(2),
+        urls: cluster.url_strings(),
         nkey_seed: Some(seed.clone()),
         ..Default::default()
     }
@@ -631,10 +630,9 @@ async fn demo_client(cluster: &Cluster, id: &str) -> (async_nats::Client, Identi
 async fn two_brokers_and_nkey_clients_work_within_the_deploy_permissions() {
     let cluster = Cluster::start();
     let clients = ClientRegistry::load(&deploy_dir().join("msgtrail/clients.json")).unwrap();
-    // Each broker on its own node; the clients on the third.
-    let broker_config = |node: usize| BrokerConfig {
+    let broker_config = || BrokerConfig {
         nats: NatsOptions {
-            urls: cluster.url_of(node),
+            urls: cluster.url_strings(),
             user: Some("broker".into()),
             password: Some(BROKER_PASSWORD.into()),
             ..Default::default()
@@ -650,7 +648,7 @@ async fn two_brokers_and_nkey_clients_work_within_the_deploy_permissions() {
     let deadline = Instant::now() + Duration::from_secs(45);
     let mut brokers = Vec::new();
     while brokers.len() < 2 {
-        match msgtrail_broker::start(broker_config(brokers.len())).await {
+        match msgtrail_broker::start(broker_config()).await {
             Ok(b) => brokers.push(b),
             Err(e) if Instant::now() < deadline => {
                 let _ = e;
