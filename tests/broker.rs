@@ -1141,3 +1141,20 @@ async fn term_dead_letters_at_once_with_the_reason() {
         .any(|r| r.stage == Stage::PullAckReceived && r.outcome.as_deref() == Some("term")));
     assert_eq!(sys.stream_messages(DEAD_LETTER_STREAM).await.len(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn brokers_starting_together_on_a_fresh_server_all_come_up() {
+    let server = msgtrail_test_support::NatsServer::start().unwrap();
+    let config = msgtrail_broker::BrokerConfig {
+        nats: msgtrail_client::NatsOptions::url(server.url()),
+        ..Default::default()
+    };
+    let (a, b, c) = tokio::join!(
+        msgtrail_broker::start(config.clone()),
+        msgtrail_broker::start(config.clone()),
+        msgtrail_broker::start(config),
+    );
+    for broker in [a, b, c] {
+        broker.expect("every broker starts").shutdown().await;
+    }
+}

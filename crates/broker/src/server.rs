@@ -209,12 +209,7 @@ pub async fn start(config: BrokerConfig) -> Result<RunningBroker, BrokerError> {
     let client = config.nats.connect().await?;
     let js = async_nats::jetstream::new(client.clone());
     let setup = |e: &dyn std::fmt::Display| BrokerError::Setup(e.to_string());
-    let storage = crate::streams::ensure(&js, &config)
-        .await
-        .map_err(|e| setup(&e))?;
-    let key = crate::signing::SigningKey::load_or_create(&js, config.replicas)
-        .await
-        .map_err(|e| setup(&e))?;
+    let (storage, key) = ensure_storage(&js, &config).await.map_err(|e| setup(&e))?;
     let metrics = Arc::new(Metrics::default());
     let (sink, writer) = StageSink::start(
         js.clone(),
@@ -333,6 +328,38 @@ pub async fn start(config: BrokerConfig) -> Result<RunningBroker, BrokerError> {
         trigger,
         task,
     })
+}
+
+/// Attempts at creating streams and buckets before giving up.
+const SETUP_ATTEMPTS: u32 = 8;
+
+/// Creates or finds the streams, buckets and signing key, retrying with backoff: brokers
+/// starting together against a fresh cluster race to create replicated streams, and JetStream
+/// answers "no responders" or times out while a stream's replicas are being placed.
+async fn ensure_storage(
+    js: &async_nats::jetstream::Context,
+    config: &BrokerConfig,
+) -> Result<(crate::streams::Storage, crate::signing::SigningKey), async_nats::Error> {
+    let mut backoff = std::time::Duration::from_millis(250);
+    let mut attempt = 1;
+    loop {
+        let result = async {
+            let storage = crate::streams::ensure(js, config).await?;
+            let key = crate::signing::SigningKey::load_or_create(js, config.replicas).await?;
+            Ok::<_, async_nats::Error>((storage, key))
+        }
+        .await;
+        match result {
+            Ok(done) => return Ok(done),
+            Err(e) if attempt < SETUP_ATTEMPTS => {
+                tracing::warn!(attempt, error = %e, "JetStream setup failed; retrying");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(std::time::Duration::from_secs(5));
+                attempt += 1;
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 async fn serve(
