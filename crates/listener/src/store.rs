@@ -294,15 +294,31 @@ impl<'t> Tables<'t> {
         old: Option<&MessageSummary>,
         new: &MessageSummary,
     ) -> Result<(), StoreError> {
-        if let Some(o) = old {
-            self.unindex(o)?;
-        }
         let key = new.key.as_str();
-        self.by_topic
-            .insert((new.topic.as_deref().unwrap_or(""), new.first_at, key), ())?;
-        self.by_state
-            .insert((new.state.as_str(), new.last_at, key), ())?;
-        self.by_time.insert((new.first_at, key), ())?;
+        // Touch only the index entries whose key changed: most changes move `last_at`
+        // (and sometimes the state), rarely the topic or the first time.
+        let topic = |s: &MessageSummary| (s.topic.clone().unwrap_or_default(), s.first_at);
+        let same_topic = old.is_some_and(|o| topic(o) == topic(new));
+        let same_state = old.is_some_and(|o| (o.state, o.last_at) == (new.state, new.last_at));
+        if let Some(o) = old {
+            if !same_topic {
+                self.by_topic
+                    .remove((o.topic.as_deref().unwrap_or(""), o.first_at, key))?;
+                self.by_time.remove((o.first_at, key))?;
+            }
+            if !same_state {
+                self.by_state.remove((o.state.as_str(), o.last_at, key))?;
+            }
+        }
+        if !same_topic {
+            self.by_topic
+                .insert((new.topic.as_deref().unwrap_or(""), new.first_at, key), ())?;
+            self.by_time.insert((new.first_at, key), ())?;
+        }
+        if !same_state {
+            self.by_state
+                .insert((new.state.as_str(), new.last_at, key), ())?;
+        }
         let json = serde_json::to_string(new).map_err(corrupt)?;
         self.summaries.insert(key, json.as_str())?;
         Ok(())
