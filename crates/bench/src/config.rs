@@ -21,6 +21,11 @@ pub struct BenchConfig {
     pub window: usize,
     /// Most messages per fetch.
     pub fetch_batch: usize,
+    /// Latency runs (S1–S3): messages per second offered, in all — well below what S3
+    /// sustains, so that latency is the path's and not a queue's.
+    pub latency_rate: f64,
+    /// Latency runs: messages.
+    pub latency_messages: u64,
     /// S4: copies of the recorded stage records replayed (each copy with other IDs).
     pub ingest_copies: u64,
     /// S4: stage-stream messages applied per store transaction (the listener's batch size).
@@ -49,6 +54,8 @@ impl Default for BenchConfig {
             consumers: 4,
             window: 64,
             fetch_batch: 128,
+            latency_rate: 500.0,
+            latency_messages: 3_000,
             ingest_copies: 4,
             ingest_batch: 512,
             lookup_messages: 200_000,
@@ -71,6 +78,7 @@ impl BenchConfig {
             consumers: 2,
             window: 16,
             fetch_batch: 64,
+            latency_messages: 100,
             ingest_copies: 2,
             lookup_messages: 2_000,
             lookup_queries: 500,
@@ -102,6 +110,10 @@ impl BenchConfig {
         }
         if self.producers == 0 || self.consumers == 0 || self.window == 0 || self.fetch_batch == 0 {
             return bad("producers, consumers, window and fetch batch must be at least 1");
+        }
+        if self.latency_messages == 0 || !self.latency_rate.is_finite() || self.latency_rate <= 0.0
+        {
+            return bad("latency messages and rate must be positive");
         }
         if self.ingest_copies == 0 || self.ingest_batch == 0 {
             return bad("ingest copies and batch must be at least 1");

@@ -8,7 +8,7 @@
 
 use crate::error::BenchError;
 use crate::measure::{Countdown, Latency, Progress, Recorder, Throughput};
-use crate::raw::{payload_stamp, share, stamped_payload, Load};
+use crate::raw::{payload_stamp, share, stamped_payload, Load, Paced};
 use async_nats::jetstream;
 use bytes::Bytes;
 use futures::StreamExt;
@@ -27,8 +27,10 @@ use std::time::{Duration, Instant};
 pub struct PipelineParams {
     /// The NATS server.
     pub nats_url: String,
-    /// The load.
+    /// The throughput run.
     pub load: Load,
+    /// The latency run after it, on the same broker and clients.
+    pub paced: Load,
     /// Stage recording on (S3) or off (S2).
     pub record_stages: bool,
     /// Names the run's topic, group and listener durable (`s2_128`).
@@ -89,7 +91,9 @@ pub struct PipelineResult {
     pub throughput: Throughput,
     /// End-to-end latency (send call to consumer receipt).
     pub e2e: Latency,
-    /// The broker's counters.
+    /// The latency run at a fixed rate.
+    pub paced: Paced,
+    /// The broker's counters (both runs).
     pub broker: BrokerCounts,
     /// Stage-stream messages per stored message.
     pub stage_messages_per_message: f64,
@@ -142,7 +146,7 @@ pub async fn run(p: &PipelineParams, progress: &Progress) -> Result<PipelineResu
         .await
         .map_err(|e| BenchError::Broker(e.to_string()))?;
     let result = run_with_broker(p, &broker, producers, consumers, progress).await;
-    let (measured, listener) = match result {
+    let (measured, paced, listener) = match result {
         Ok(v) => v,
         Err(e) => {
             broker.shutdown().await;
@@ -177,6 +181,12 @@ pub async fn run(p: &PipelineParams, progress: &Progress) -> Result<PipelineResu
         send_latency: measured.send_latency,
         throughput: measured.throughput,
         e2e: measured.e2e,
+        paced: Paced {
+            rate_per_sec: p.paced.rate.unwrap_or_default(),
+            messages: p.paced.messages,
+            e2e: paced.e2e,
+            send: paced.send_latency,
+        },
         stage_messages_per_message: per(broker.stage_batches),
         stage_records_per_message: per(broker.stage_records),
         broker,
@@ -203,7 +213,7 @@ async fn run_with_broker(
     producer_ids: Vec<Identity>,
     consumer_ids: Vec<Identity>,
     progress: &Progress,
-) -> Result<(Measured, Option<RunningListener>), BenchError> {
+) -> Result<(Measured, Measured, Option<RunningListener>), BenchError> {
     let admin = async_nats::connect(p.nats_url.as_str())
         .await
         .map_err(BenchError::nats)?;
@@ -266,90 +276,124 @@ async fn run_with_broker(
         consumers.push(c);
     }
 
-    let phase = progress.phase(
-        &format!(
-            "{} {} B",
-            if p.record_stages { "S3" } else { "S2" },
-            p.load.payload_bytes
-        ),
-        p.load.messages,
-    );
-    let consumed = Countdown::new(phase.counter(), p.load.messages);
-    let start = Instant::now();
-    let deadline = tokio::time::Instant::now() + p.load.timeout;
-    let consumer_tasks: Vec<_> = consumers
-        .iter()
-        .map(|c| {
-            tokio::spawn(consume(
-                c.clone(),
-                sub.clone(),
-                p.load.fetch_batch,
-                consumed.clone(),
-                deadline,
-            ))
-        })
-        .collect();
-    let sent = Arc::new(AtomicU64::new(0));
-    let producer_tasks: Vec<_> = producers
-        .iter()
-        .enumerate()
-        .map(|(i, pr)| {
-            tokio::spawn(produce(
-                pr.clone(),
-                topic.clone(),
-                share(p.load.messages, p.load.producers, i),
-                p.load.window,
-                p.load.payload_bytes,
-                sent.clone(),
-            ))
-        })
-        .collect();
-    let mut send_latency = Recorder::default();
-    for t in producer_tasks {
-        let r = tokio::time::timeout_at(deadline, t)
-            .await
-            .map_err(|_| timeout_err(p, "send", sent.load(Ordering::Relaxed)))?
-            .map_err(|e| BenchError::Broker(e.to_string()))??;
-        send_latency.merge(&r);
-    }
-    let send = Throughput::new(p.load.messages, start.elapsed());
-    let mut e2e = Recorder::default();
-    for t in consumer_tasks {
-        e2e.merge(&t.await.map_err(|e| BenchError::Broker(e.to_string()))??);
-    }
-    let end = consumed
-        .finished()
-        .ok_or_else(|| timeout_err(p, "consume", consumed.done()))?;
-    let throughput = Throughput::new(p.load.messages, end - start);
-    drop(phase);
+    let name = if p.record_stages { "S3" } else { "S2" };
+    let b = p.load.payload_bytes;
+    let run = Drive {
+        p,
+        producers: &producers,
+        consumers: &consumers,
+        sub: &sub,
+        topic: &topic,
+    };
+    let measured = run
+        .drive(&p.load, progress, &format!("{name} {b} B"))
+        .await?;
     let load_end = Instant::now();
+    let paced = run
+        .drive(&p.paced, progress, &format!("{name} {b} B paced"))
+        .await?;
     for pr in producers {
         let _ = pr.close().await;
     }
     for c in consumers {
         let _ = c.close().await;
     }
-    Ok((
-        Measured {
+    Ok((measured, paced, listener.map(|(h, d)| (h, d, load_end))))
+}
+
+/// The clients of one run, driving loads through the broker.
+struct Drive<'a> {
+    p: &'a PipelineParams,
+    producers: &'a [Producer],
+    consumers: &'a [Consumer],
+    sub: &'a Subscription,
+    topic: &'a str,
+}
+
+impl Drive<'_> {
+    async fn drive(
+        &self,
+        load: &Load,
+        progress: &Progress,
+        label: &str,
+    ) -> Result<Measured, BenchError> {
+        let p = self.p;
+        let phase = progress.phase(label, load.messages);
+        let consumed = Countdown::new(phase.counter(), load.messages);
+        let start = Instant::now();
+        let deadline = tokio::time::Instant::now() + load.timeout;
+        let consumer_tasks: Vec<_> = self
+            .consumers
+            .iter()
+            .map(|c| {
+                tokio::spawn(consume(
+                    c.clone(),
+                    self.sub.clone(),
+                    load.fetch_batch,
+                    consumed.clone(),
+                    deadline,
+                ))
+            })
+            .collect();
+        let sent = Arc::new(AtomicU64::new(0));
+        let producer_tasks: Vec<_> = self
+            .producers
+            .iter()
+            .enumerate()
+            .map(|(i, pr)| {
+                tokio::spawn(produce(
+                    pr.clone(),
+                    self.topic.to_owned(),
+                    load.clone(),
+                    share(load.messages, load.producers, i),
+                    sent.clone(),
+                ))
+            })
+            .collect();
+        let mut send_latency = Recorder::default();
+        for t in producer_tasks {
+            let r = tokio::time::timeout_at(deadline, t)
+                .await
+                .map_err(|_| timeout_err(p, "send", sent.load(Ordering::Relaxed)))?
+                .map_err(|e| BenchError::Broker(e.to_string()))??;
+            send_latency.merge(&r);
+        }
+        let send = Throughput::new(load.messages, start.elapsed());
+        let mut e2e = Recorder::default();
+        for t in consumer_tasks {
+            e2e.merge(&t.await.map_err(|e| BenchError::Broker(e.to_string()))??);
+        }
+        let end = consumed
+            .finished()
+            .ok_or_else(|| timeout_err(p, "consume", consumed.done()))?;
+        let throughput = Throughput::new(load.messages, end - start);
+        Ok(Measured {
             send,
             send_latency: send_latency.summary(),
             throughput,
             e2e: e2e.summary(),
-        },
-        listener.map(|(h, d)| (h, d, load_end)),
-    ))
+        })
+    }
 }
 
 async fn produce(
     producer: Producer,
     topic: String,
+    load: Load,
     n: u64,
-    window: usize,
-    size: usize,
     sent: Arc<AtomicU64>,
 ) -> Result<Recorder, BenchError> {
     let mut rec = Recorder::default();
-    let mut sends = futures::stream::iter(0..n)
+    let (size, t0) = (load.payload_bytes, tokio::time::Instant::now());
+    let sends = futures::stream::iter(0..n)
+        .then(|i| {
+            let at = load.slot(t0, i);
+            async move {
+                if let Some(at) = at {
+                    tokio::time::sleep_until(at).await;
+                }
+            }
+        })
         .map(|_| {
             let (producer, topic) = (&producer, &topic);
             async move {
@@ -360,7 +404,8 @@ async fn produce(
                     .map(|_| t.elapsed())
             }
         })
-        .buffer_unordered(window);
+        .buffer_unordered(load.window);
+    let mut sends = std::pin::pin!(sends);
     while let Some(r) = sends.next().await {
         rec.record(r?);
         sent.fetch_add(1, Ordering::Relaxed);

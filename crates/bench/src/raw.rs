@@ -39,6 +39,8 @@ pub struct RawResult {
     pub pipeline: Throughput,
     /// End-to-end latency (publish call to consumer receipt) in the pipeline run.
     pub e2e: Latency,
+    /// The pipeline at a fixed rate.
+    pub paced: Paced,
 }
 
 /// A payload of `size` bytes whose first 8 bytes are the send time (Unix nanoseconds).
@@ -74,6 +76,9 @@ pub struct Load {
     pub consumers: usize,
     /// Messages per fetch.
     pub fetch_batch: usize,
+    /// Paced: send at this many messages per second in all (a latency run); `None` sends
+    /// as fast as the window allows (a throughput run).
+    pub rate: Option<f64>,
     /// Bound of each run.
     pub timeout: Duration,
 }
@@ -88,15 +93,47 @@ impl Load {
             window: config.window,
             consumers: config.consumers,
             fetch_batch: config.fetch_batch,
+            rate: None,
             timeout: config.scenario_timeout,
         }
     }
+
+    /// The latency run of the same shape: `config.latency_messages` at
+    /// `config.latency_rate` per second.
+    pub fn paced(&self, config: &crate::BenchConfig) -> Self {
+        Load {
+            messages: config.latency_messages,
+            rate: Some(config.latency_rate),
+            ..self.clone()
+        }
+    }
+
+    /// When one producer sends its message `i` (`None` unpaced: at once).
+    pub fn slot(&self, start: tokio::time::Instant, i: u64) -> Option<tokio::time::Instant> {
+        let per_producer = self.rate? / self.producers as f64;
+        Some(start + Duration::from_secs_f64(i as f64 / per_producer))
+    }
+}
+
+/// A latency run: a fixed rate well below saturation, so that latency is the path's own
+/// and not the queue a saturated run builds.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Paced {
+    /// Messages per second offered, in all.
+    pub rate_per_sec: f64,
+    /// Messages.
+    pub messages: u64,
+    /// End-to-end latency (send call to consumer receipt).
+    pub e2e: Latency,
+    /// Send latency (S1: publish to ack; S2/S3: upload to store confirmation).
+    pub send: Latency,
 }
 
 /// Runs S1 for one payload size.
 pub async fn run(
     client: &async_nats::Client,
     p: &Load,
+    paced: &Load,
     progress: &Progress,
     label: &str,
 ) -> Result<RawResult, BenchError> {
@@ -127,21 +164,25 @@ pub async fn run(
     let consume_tp = Throughput::new(p.messages, end - start);
     drop(phase);
 
-    // Both at once, on an empty stream.
-    stream.purge().await.map_err(BenchError::nats)?;
-    let consumer = make_consumer(&stream, "raw-pipeline").await?;
-    let phase = progress.phase(&format!("{label} S1 pipeline"), p.messages);
-    let start = Instant::now();
-    let consumers = tokio::spawn({
-        let (p, counter) = (p.clone(), phase.counter());
-        async move { consume(consumer, &p, counter, "S1 pipeline").await }
-    });
-    publish(&js, p, Arc::new(AtomicU64::new(0))).await?;
-    let (e2e, end) = consumers
-        .await
-        .map_err(|e| BenchError::Nats(e.to_string()))??;
-    let pipeline_tp = Throughput::new(p.messages, end - start);
-    drop(phase);
+    // Both at once, on an empty stream: as fast as it goes, then paced.
+    let (e2e, _, pipeline_tp) = pipeline(
+        &js,
+        &stream,
+        p,
+        "raw-pipeline",
+        progress,
+        &format!("{label} S1 pipeline"),
+    )
+    .await?;
+    let (paced_e2e, paced_send, _) = pipeline(
+        &js,
+        &stream,
+        paced,
+        "raw-paced",
+        progress,
+        &format!("{label} S1 paced"),
+    )
+    .await?;
     let _ = js.delete_stream(RAW_STREAM).await;
     Ok(RawResult {
         payload_bytes: p.payload_bytes,
@@ -150,7 +191,38 @@ pub async fn run(
         consume: consume_tp,
         pipeline: pipeline_tp,
         e2e: e2e.summary(),
+        paced: Paced {
+            rate_per_sec: paced.rate.unwrap_or_default(),
+            messages: paced.messages,
+            e2e: paced_e2e.summary(),
+            send: paced_send.summary(),
+        },
     })
+}
+
+/// Publishes and consumes at once on the emptied stream; returns the end-to-end and
+/// publish latencies and the throughput.
+async fn pipeline(
+    js: &jetstream::Context,
+    stream: &stream::Stream,
+    p: &Load,
+    consumer_name: &str,
+    progress: &Progress,
+    label: &str,
+) -> Result<(Recorder, Recorder, Throughput), BenchError> {
+    stream.purge().await.map_err(BenchError::nats)?;
+    let consumer = make_consumer(stream, consumer_name).await?;
+    let phase = progress.phase(label, p.messages);
+    let start = Instant::now();
+    let consumers = tokio::spawn({
+        let (p, counter) = (p.clone(), phase.counter());
+        async move { consume(consumer, &p, counter, "S1 pipeline").await }
+    });
+    let send = publish(js, p, Arc::new(AtomicU64::new(0))).await?;
+    let (e2e, end) = consumers
+        .await
+        .map_err(|e| BenchError::Nats(e.to_string()))??;
+    Ok((e2e, send, Throughput::new(p.messages, end - start)))
 }
 
 async fn make_consumer(
@@ -177,12 +249,22 @@ async fn publish(
 ) -> Result<Recorder, BenchError> {
     let mut tasks = Vec::new();
     for i in 0..p.producers {
-        let (js, done) = (js.clone(), done.clone());
+        let (js, done, load) = (js.clone(), done.clone(), p.clone());
         let (n, window, size) = (share(p.messages, p.producers, i), p.window, p.payload_bytes);
         tasks.push(tokio::spawn(async move {
             let mut rec = Recorder::default();
             let mut acks = FuturesUnordered::new();
-            for _ in 0..n {
+            let t0 = tokio::time::Instant::now();
+            for k in 0..n {
+                // Waiting for the slot, keep taking acks so that their latency is exact.
+                if let Some(at) = load.slot(t0, k) {
+                    loop {
+                        tokio::select! {
+                            _ = tokio::time::sleep_until(at) => break,
+                            Some(r) = acks.next(), if !acks.is_empty() => note(&mut rec, &done, r)?,
+                        }
+                    }
+                }
                 while acks.len() >= window {
                     if let Some(r) = acks.next().await {
                         note(&mut rec, &done, r)?;

@@ -113,10 +113,19 @@ async fn variant(
     let mut recorded = Vec::new();
     for &size in &config.payload_sizes {
         let load = Load::of(config, size);
-        let s1 = raw::run(&client, &load, progress, &format!("{label}{size} B")).await?;
+        let paced = load.paced(config);
+        let s1 = raw::run(
+            &client,
+            &load,
+            &paced,
+            progress,
+            &format!("{label}{size} B"),
+        )
+        .await?;
         let params = |record: bool| PipelineParams {
             nats_url: url.to_owned(),
             load: load.clone(),
+            paced: paced.clone(),
             record_stages: record,
             tag: format!("{}_{size}", if record { "s3" } else { "s2" }),
         };

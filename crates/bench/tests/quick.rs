@@ -74,12 +74,20 @@ async fn quick_run_reports_every_scenario() {
                 "ratios.stage_messages_per_message",
                 "ratios.e2e_p99_s3_over_s2",
                 "ratios.e2e_p99_s2_over_s1",
+                "ratios.e2e_p99_s3_over_s2_saturated",
+                "s1.paced.e2e.count",
+                "s2.paced.e2e.p99_ms",
+                "s3.paced.e2e.p99_ms",
+                "s3.paced.send.count",
             ] {
                 positive(&p(s));
             }
             // Recording off writes no stage stream.
             assert_eq!(num(&json, &p("s2.broker.stage_batches")), 0.0, "{table}");
-            assert_eq!(num(&json, &p("s3.broker.uploads")), c.messages as f64);
+            assert_eq!(
+                num(&json, &p("s3.broker.uploads")),
+                (c.messages + c.latency_messages) as f64
+            );
         }
     }
     for s in [
