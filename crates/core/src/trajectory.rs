@@ -415,24 +415,26 @@ impl Trajectory {
         records: impl IntoIterator<Item = StageRecord>,
         options: &AssembleOptions,
     ) -> Option<Trajectory> {
-        let mut seen = BTreeSet::new();
-        let mut recs: Vec<(String, StageRecord)> = Vec::new();
-        for r in records {
-            let k = r.dedup_key();
-            if seen.insert(k.clone()) {
-                recs.push((k, r));
-            }
-        }
+        let mut recs: Vec<StageRecord> = records.into_iter().collect();
         if recs.is_empty() {
             return None;
         }
-        // A total order on records, so that every permutation gives the same result.
-        recs.sort_by(|(ka, a), (kb, b)| {
-            (a.at, a.stage, ka)
-                .cmp(&(b.at, b.stage, kb))
-                .then_with(|| a.to_json().cmp(&b.to_json()))
+        // A total order on records, so that every permutation gives the same result. The
+        // dedup key starts with the stage and the time, so only records that tie on those
+        // can share it: the costly tie-breaks run for them alone.
+        recs.sort_by(|a, b| {
+            (a.at, a.stage).cmp(&(b.at, b.stage)).then_with(|| {
+                a.dedup_key()
+                    .cmp(&b.dedup_key())
+                    .then_with(|| a.to_json().cmp(&b.to_json()))
+            })
         });
-        let recs: Vec<StageRecord> = recs.into_iter().map(|(_, r)| r).collect();
+        // Repeats are now adjacent; the first (smallest) of each dedup key stays.
+        recs.dedup_by(|later, kept| {
+            later.at == kept.at
+                && later.stage == kept.stage
+                && later.dedup_key() == kept.dedup_key()
+        });
         Some(Builder::new(recs, options).build())
     }
 
@@ -547,8 +549,8 @@ impl<'a> Builder<'a> {
         }
     }
 
-    fn build(self) -> Trajectory {
-        let recs = &self.recs;
+    fn build(mut self) -> Trajectory {
+        let recs = std::mem::take(&mut self.recs);
         let d = self.opts.deadlines;
         let message_id = recs.iter().find_map(|r| r.message_id);
         let request_id = recs.iter().find_map(|r| r.request_id.clone());
@@ -562,6 +564,14 @@ impl<'a> Builder<'a> {
             (None, Some(p), Some(r)) => Some(trace_ids::hex(&trace_ids::orphan_trace_id(p, r))),
             _ => None,
         };
+        // What the result needs from all records, taken before they are moved into hops.
+        let attrs = p2.map(|r| r.attrs.clone()).unwrap_or_default();
+        let payload_size = p2.and_then(|r| r.payload_size);
+        let payload_head = p2.and_then(|r| r.payload_head.clone());
+        let traceparent = recs.iter().find_map(|r| r.traceparent.clone());
+        let record_count = recs.len();
+        let first_at = recs.iter().map(|r| r.at).min().unwrap_or(0);
+        let last_at = recs.iter().map(|r| r.at).max().unwrap_or(0);
         let span = |key: &str, hop: trace_ids::Hop<'_>| -> Option<String> {
             let _ = key;
             message_id.map(|m| trace_ids::hex(&trace_ids::span_id(&m, &hop)))
@@ -583,27 +593,23 @@ impl<'a> Builder<'a> {
         let mut partial = Vec::new();
         for r in recs {
             match r.stage {
-                Stage::UploadSent | Stage::StoreConfirmed | Stage::Duplicate => {
-                    send_recs.push(r.clone())
-                }
-                Stage::UploadReceived | Stage::Stored => store_recs.push(r.clone()),
+                Stage::UploadSent | Stage::StoreConfirmed | Stage::Duplicate => send_recs.push(r),
+                Stage::UploadReceived | Stage::Stored => store_recs.push(r),
                 s if is_deliver_stage(s) || is_process_stage(s) || s == Stage::Redelivery => {
-                    match full_key(r) {
+                    match full_key(&r) {
                         Some(k) => {
                             let e = attempts.entry(k).or_default();
                             if is_process_stage(s) {
-                                e.process.push(r.clone())
+                                e.process.push(r)
                             } else {
-                                e.deliver.push(r.clone())
+                                e.deliver.push(r)
                             }
                         }
-                        None if r.consumer.is_some() || r.group.is_some() => {
-                            partial.push(r.clone())
-                        }
-                        None => other.push(r.clone()),
+                        None if r.consumer.is_some() || r.group.is_some() => partial.push(r),
+                        None => other.push(r),
                     }
                 }
-                _ => other.push(r.clone()),
+                _ => other.push(r),
             }
         }
         // Records that lack a group or an attempt go to the matching attempt that started
@@ -839,7 +845,9 @@ impl<'a> Builder<'a> {
         }
 
         // ---- deliver and process hops, per (group, consumer, attempt)
-        for ((g, c, a), v) in &attempts {
+        let group_names: BTreeSet<String> = attempts.keys().map(|(g, _, _)| g.clone()).collect();
+        for ((g, c, a), mut v) in attempts {
+            let (g, c, a) = (&g, &c, &a);
             let group = ClientId::new(g.clone()).ok();
             let consumer = ClientId::new(c.clone()).ok();
             let mode = v
@@ -941,7 +949,7 @@ impl<'a> Builder<'a> {
                     status,
                     reason,
                     synthesized: ev.is_empty(),
-                    events: ev.clone(),
+                    events: std::mem::take(&mut v.deliver),
                 });
             }
             if !v.process.is_empty() {
@@ -1024,7 +1032,7 @@ impl<'a> Builder<'a> {
                     status,
                     reason,
                     synthesized: false,
-                    events: ev.clone(),
+                    events: std::mem::take(&mut v.process),
                 });
             }
         }
@@ -1044,8 +1052,7 @@ impl<'a> Builder<'a> {
             .find(|h| h.kind == HopKind::Send)
             .map(|h| h.start);
         let mut groups = Vec::new();
-        let group_names: BTreeSet<&String> = attempts.keys().map(|(g, _, _)| g).collect();
-        for g in group_names {
+        for g in &group_names {
             let Ok(group) = ClientId::new(g.clone()) else {
                 continue;
             };
@@ -1235,18 +1242,16 @@ impl<'a> Builder<'a> {
             (a.at, a.state, &a.group, &a.consumer).cmp(&(b.at, b.state, &b.group, &b.consumer))
         });
 
-        let first_at = recs.iter().map(|r| r.at).min().unwrap_or(0);
-        let last_at = recs.iter().map(|r| r.at).max().unwrap_or(0);
         let mut t = Trajectory {
             message_id,
             request_id,
             producer,
             topic,
             trace_id,
-            attrs: p2.map(|r| r.attrs.clone()).unwrap_or_default(),
-            payload_size: p2.and_then(|r| r.payload_size),
-            payload_head: p2.and_then(|r| r.payload_head.clone()),
-            traceparent: recs.iter().find_map(|r| r.traceparent.clone()),
+            attrs,
+            payload_size,
+            payload_head,
+            traceparent,
             upload_attempts,
             duplicates,
             first_at,
@@ -1258,7 +1263,7 @@ impl<'a> Builder<'a> {
             failure,
             diagnosis: String::new(),
             other_records: other,
-            record_count: recs.len(),
+            record_count,
         };
         t.diagnosis = diagnose(&t);
         t
