@@ -39,6 +39,12 @@ pub struct Args {
     /// Sends in flight per producer.
     #[arg(long)]
     pub window: Option<usize>,
+    /// Latency runs: messages per second offered (default 500).
+    #[arg(long)]
+    pub latency_rate: Option<f64>,
+    /// Latency runs: messages (default 3000).
+    #[arg(long)]
+    pub latency_messages: Option<u64>,
     /// S5: stored messages.
     #[arg(long)]
     pub lookup_messages: Option<u64>,
@@ -74,6 +80,12 @@ pub async fn run(nats: &NatsArgs, args: Args) -> anyhow::Result<()> {
     }
     if let Some(v) = args.window {
         config.window = v;
+    }
+    if let Some(v) = args.latency_rate {
+        config.latency_rate = v;
+    }
+    if let Some(v) = args.latency_messages {
+        config.latency_messages = v;
     }
     if let Some(v) = args.lookup_messages {
         config.lookup_messages = v;
