@@ -8,8 +8,9 @@
 //! window's percentiles; "since start" then also covers that window.
 
 use crate::store::{
-    ApplyOutcome, COUNTER_CHANNELS_REFUSED, COUNTER_DEAD_LETTERS, COUNTER_FUNNEL_PREFIX,
-    COUNTER_REDELIVERIES, COUNTER_RETENTION_DELETED, COUNTER_STAGE_PREFIX, COUNTER_UNKEYED, FUNNEL,
+    topic_counter, ApplyOutcome, TopicState, COUNTER_CHANNELS_REFUSED, COUNTER_DEAD_LETTERS,
+    COUNTER_DUPLICATES, COUNTER_FUNNEL_PREFIX, COUNTER_REDELIVERIES, COUNTER_RETENTION_DELETED,
+    COUNTER_STAGE_PREFIX, COUNTER_UNKEYED, FUNNEL,
 };
 use hdrhistogram::Histogram;
 use msgtrail_core::trajectory::{MessageState, Segment};
@@ -119,6 +120,14 @@ pub struct IngestCounts {
 /// The statistics as the API serves them (`GET /api/stats`).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct StatsSnapshot {
+    /// The topic the snapshot is limited to (`?topic=`): states, funnel, duplicates,
+    /// redeliveries, dead letters and latencies are then of that topic; no-match notices,
+    /// refused channels, retention, stages, ingest and lag are always global.
+    #[serde(default)]
+    pub topic: Option<String>,
+    /// Without a topic: the states per topic (`""` for messages whose topic is unknown).
+    #[serde(default)]
+    pub topics: BTreeMap<String, BTreeMap<MessageState, u64>>,
     /// When the snapshot was taken, Unix nanoseconds.
     pub generated_at: u64,
     /// When the listener started, Unix nanoseconds.
@@ -220,7 +229,7 @@ fn summarize(h: &Histogram<u64>, secs: f64) -> LatencyStats {
 
 struct Inner {
     hists: BTreeMap<(String, Segment), Windowed>,
-    states: BTreeMap<MessageState, u64>,
+    states: BTreeMap<TopicState, u64>,
     counters: BTreeMap<String, u64>,
     ingest: IngestCounts,
     lag: IngestLag,
@@ -248,7 +257,7 @@ impl Stats {
         window: Duration,
         started_at: u64,
         counters: BTreeMap<String, u64>,
-        states: BTreeMap<MessageState, u64>,
+        states: BTreeMap<TopicState, u64>,
     ) -> Self {
         Stats {
             window,
@@ -273,11 +282,11 @@ impl Stats {
         let mut g = self.lock();
         for (old, new) in changes {
             if let Some(o) = old {
-                let e = g.states.entry(*o).or_default();
+                let e = g.states.entry(o.clone()).or_default();
                 *e = e.saturating_sub(1);
             }
             if let Some(n) = new {
-                *g.states.entry(*n).or_default() += 1;
+                *g.states.entry(n.clone()).or_default() += 1;
             }
         }
         g.states.retain(|_, v| *v > 0);
@@ -351,16 +360,24 @@ impl Stats {
     pub fn snapshot(&self, topic: Option<&str>, now: u64) -> StatsSnapshot {
         let mut g = self.lock();
         let c = |name: &str| g.counters.get(name).copied().unwrap_or(0);
+        // Funnel, duplicates, redeliveries, dead letters and states are kept per topic too.
+        let scoped = |name: &str| match topic {
+            Some(t) => c(&topic_counter(t, name)),
+            None => c(name),
+        };
         let funnel = Funnel {
-            sent: c(&format!("{COUNTER_FUNNEL_PREFIX}{}", FUNNEL[0])),
-            stored: c(&format!("{COUNTER_FUNNEL_PREFIX}{}", FUNNEL[1])),
-            delivered: c(&format!("{COUNTER_FUNNEL_PREFIX}{}", FUNNEL[2])),
-            acked: c(&format!("{COUNTER_FUNNEL_PREFIX}{}", FUNNEL[3])),
+            sent: scoped(&format!("{COUNTER_FUNNEL_PREFIX}{}", FUNNEL[0])),
+            stored: scoped(&format!("{COUNTER_FUNNEL_PREFIX}{}", FUNNEL[1])),
+            delivered: scoped(&format!("{COUNTER_FUNNEL_PREFIX}{}", FUNNEL[2])),
+            acked: scoped(&format!("{COUNTER_FUNNEL_PREFIX}{}", FUNNEL[3])),
         };
         let events = EventCounts {
-            duplicates: c(&format!("{COUNTER_STAGE_PREFIX}D1")),
-            redeliveries: c(COUNTER_REDELIVERIES),
-            dead_letters: c(COUNTER_DEAD_LETTERS),
+            duplicates: match topic {
+                Some(t) => c(&topic_counter(t, COUNTER_DUPLICATES)),
+                None => c(&format!("{COUNTER_STAGE_PREFIX}D1")),
+            },
+            redeliveries: scoped(COUNTER_REDELIVERIES),
+            dead_letters: scoped(COUNTER_DEAD_LETTERS),
             no_match: c(&format!("{COUNTER_STAGE_PREFIX}N1")),
             channels_refused: c(COUNTER_CHANNELS_REFUSED),
             retention_deleted: c(COUNTER_RETENTION_DELETED),
@@ -384,7 +401,23 @@ impl Stats {
         let uptime = (now.saturating_sub(self.started_at) as f64 / 1e9).max(1e-9);
         let wsecs = window_secs.min(uptime);
         let mut latency = Vec::new();
-        let states = g.states.clone();
+        let mut states: BTreeMap<MessageState, u64> = BTreeMap::new();
+        for ((t, st), n) in &g.states {
+            if topic.is_none_or(|want| want == t) && *n > 0 {
+                *states.entry(*st).or_default() += n;
+            }
+        }
+        let topics: BTreeMap<String, BTreeMap<MessageState, u64>> = if topic.is_none() {
+            let mut m: BTreeMap<String, BTreeMap<MessageState, u64>> = BTreeMap::new();
+            for ((t, st), n) in &g.states {
+                if *n > 0 {
+                    *m.entry(t.clone()).or_default().entry(*st).or_default() += n;
+                }
+            }
+            m
+        } else {
+            BTreeMap::new()
+        };
         let lag = g.lag.clone();
         for ((t, seg), w) in g.hists.iter_mut() {
             if topic.is_some_and(|want| want != t) {
@@ -399,6 +432,8 @@ impl Stats {
             });
         }
         StatsSnapshot {
+            topic: topic.map(str::to_owned),
+            topics,
             generated_at: now,
             started_at: self.started_at,
             window_secs: self.window.as_secs(),
@@ -432,16 +467,30 @@ pub fn prometheus(s: &StatsSnapshot) -> String {
     metric(
         "msgtrail_messages",
         "gauge",
-        "Shadow messages by state.",
-        MessageState::ALL
-            .iter()
-            .map(|st| {
-                (
-                    format!("{{state=\"{st}\"}}"),
-                    s.states.get(st).copied().unwrap_or(0) as f64,
-                )
-            })
-            .collect(),
+        "Shadow messages by topic and state.",
+        if s.topics.is_empty() {
+            MessageState::ALL
+                .iter()
+                .map(|st| {
+                    (
+                        format!("{{state=\"{st}\"}}"),
+                        s.states.get(st).copied().unwrap_or(0) as f64,
+                    )
+                })
+                .collect()
+        } else {
+            s.topics
+                .iter()
+                .flat_map(|(t, states)| {
+                    MessageState::ALL.iter().map(move |st| {
+                        (
+                            format!("{{topic=\"{}\",state=\"{st}\"}}", escape(t)),
+                            states.get(st).copied().unwrap_or(0) as f64,
+                        )
+                    })
+                })
+                .collect()
+        },
     );
     metric(
         "msgtrail_funnel_messages_total",

@@ -52,6 +52,8 @@ pub const COUNTER_FUNNEL_PREFIX: &str = "funnel.";
 pub const COUNTER_REDELIVERIES: &str = "redeliveries";
 /// Counter: R1 records with outcome `dead_letter`.
 pub const COUNTER_DEAD_LETTERS: &str = "dead_letters";
+/// Counter (per topic only): D1 records, duplicate uploads suppressed.
+pub const COUNTER_DUPLICATES: &str = "duplicates";
 /// Counter: A1 records with outcome `refused`.
 pub const COUNTER_CHANNELS_REFUSED: &str = "channels_refused";
 /// Counter: records that name no message, no request and no client (ignored).
@@ -132,9 +134,25 @@ pub struct SearchQuery {
     pub limit: Option<usize>,
 }
 
+/// A message's topic (`""` when unknown) and state: what the counts by state are kept by.
+pub type TopicState = (String, MessageState);
+
 /// A shadow-message state change for the counts by state: (old, new); `None` for a message
 /// created or deleted.
-pub type StateDelta = (Option<MessageState>, Option<MessageState>);
+pub type StateDelta = (Option<TopicState>, Option<TopicState>);
+
+/// The name of a per-topic counter: `topic/<topic>/<name>` (`/` is not in the topic
+/// grammar, so the name cannot be mistaken for a global one).
+pub fn topic_counter(topic: &str, name: &str) -> String {
+    format!("{COUNTER_TOPIC_PREFIX}{topic}/{name}")
+}
+
+/// Prefix of the per-topic counters (see [`topic_counter`]).
+pub const COUNTER_TOPIC_PREFIX: &str = "topic/";
+
+fn topic_state(s: &MessageSummary) -> TopicState {
+    (s.topic.clone().unwrap_or_default(), s.state)
+}
 
 /// What applying one batch changed, for the statistics.
 #[derive(Debug, Default, Clone, PartialEq)]
@@ -544,16 +562,15 @@ impl Store {
                     let orecs = t.load_records(orphan)?;
                     let (_, osum) = t.delete_message(orphan)?;
                     if let Some(s) = osum {
+                        let topic = s.topic.clone().unwrap_or_default();
                         for (flag, name) in s.funnel.iter().zip(FUNNEL) {
                             if *flag {
-                                t.bump(
-                                    &format!("{COUNTER_FUNNEL_PREFIX}{name}"),
-                                    -1,
-                                    &mut out.counters,
-                                )?;
+                                let c = format!("{COUNTER_FUNNEL_PREFIX}{name}");
+                                t.bump(&c, -1, &mut out.counters)?;
+                                t.bump(&topic_counter(&topic, &c), -1, &mut out.counters)?;
                             }
                         }
-                        out.state_changes.push((Some(s.state), None));
+                        out.state_changes.push((Some(topic_state(&s)), None));
                     }
                     old.extend(orecs.iter().cloned());
                     moved.extend(orecs);
@@ -586,19 +603,23 @@ impl Store {
                     .iter()
                     .filter(|r| !merged_any || !old_keys.contains(&r.dedup_key()))
                     .collect();
+                // Events also count per topic, once the message's topic is known (below).
+                let mut topic_events: Vec<&'static str> = Vec::new();
                 for r in &fresh_inserted {
-                    t.bump(
-                        &format!("{COUNTER_STAGE_PREFIX}{}", r.stage),
-                        1,
-                        &mut out.counters,
-                    )?;
-                    if r.stage == Stage::Redelivery {
-                        match r.outcome.as_deref() {
-                            Some("dead_letter") => {
-                                t.bump(COUNTER_DEAD_LETTERS, 1, &mut out.counters)?
-                            }
-                            _ => t.bump(COUNTER_REDELIVERIES, 1, &mut out.counters)?,
+                    let stage_counter = format!("{COUNTER_STAGE_PREFIX}{}", r.stage);
+                    t.bump(&stage_counter, 1, &mut out.counters)?;
+                    match (r.stage, r.outcome.as_deref()) {
+                        (Stage::Redelivery, Some("dead_letter")) => {
+                            topic_events.push(COUNTER_DEAD_LETTERS)
                         }
+                        (Stage::Redelivery, _) => topic_events.push(COUNTER_REDELIVERIES),
+                        (Stage::Duplicate, _) => topic_events.push(COUNTER_DUPLICATES),
+                        _ => {}
+                    }
+                }
+                for e in &topic_events {
+                    if *e != COUNTER_DUPLICATES {
+                        t.bump(e, 1, &mut out.counters)?;
                     }
                 }
                 out.new_records += fresh_inserted.len() as u64;
@@ -615,20 +636,35 @@ impl Store {
                 let summary = MessageSummary::of(&key, &new_traj);
                 let prev = old_summary;
                 t.put_summary(prev.as_ref(), &summary)?;
-                if prev.as_ref().map(|s| s.state) != Some(summary.state) {
-                    out.state_changes
-                        .push((prev.as_ref().map(|s| s.state), Some(summary.state)));
+                let (old_ts, new_ts) = (prev.as_ref().map(topic_state), topic_state(&summary));
+                if old_ts.as_ref() != Some(&new_ts) {
+                    out.state_changes.push((old_ts, Some(new_ts)));
                 }
-                // The summary remembers what the statistics counted for the message so far.
+                let topic = summary.topic.clone().unwrap_or_default();
+                for e in topic_events {
+                    t.bump(&topic_counter(&topic, e), 1, &mut out.counters)?;
+                }
+                // The summary remembers what the statistics counted for the message so far;
+                // a message whose topic became known moves its funnel to that topic.
                 let old_flags = prev.as_ref().map(|s| s.funnel).unwrap_or_default();
-                let new_flags = summary.funnel;
+                let old_topic = prev.as_ref().map(|s| s.topic.clone().unwrap_or_default());
                 for (i, name) in FUNNEL.iter().enumerate() {
-                    if new_flags[i] && !old_flags[i] {
-                        t.bump(
-                            &format!("{COUNTER_FUNNEL_PREFIX}{name}"),
-                            1,
-                            &mut out.counters,
-                        )?;
+                    let c = format!("{COUNTER_FUNNEL_PREFIX}{name}");
+                    if summary.funnel[i] && !old_flags[i] {
+                        t.bump(&c, 1, &mut out.counters)?;
+                    }
+                    match &old_topic {
+                        Some(ot) if *ot != topic && old_flags[i] => {
+                            t.bump(&topic_counter(ot, &c), -1, &mut out.counters)?;
+                            if summary.funnel[i] {
+                                t.bump(&topic_counter(&topic, &c), 1, &mut out.counters)?;
+                            }
+                        }
+                        _ => {
+                            if summary.funnel[i] && !old_flags[i] {
+                                t.bump(&topic_counter(&topic, &c), 1, &mut out.counters)?;
+                            }
+                        }
                     }
                 }
                 let old_l = prev
@@ -695,8 +731,9 @@ impl Store {
                 let new = MessageSummary::of(&key, &traj);
                 if new != old {
                     t.put_summary(Some(&old), &new)?;
-                    if new.state != old.state {
-                        out.state_changes.push((Some(old.state), Some(new.state)));
+                    if topic_state(&new) != topic_state(&old) {
+                        out.state_changes
+                            .push((Some(topic_state(&old)), Some(topic_state(&new))));
                     }
                     if self.emit_trajectories {
                         out.trajectories.push(traj);
@@ -750,7 +787,7 @@ impl Store {
                 out.deleted += 1;
                 out.bytes_freed += freed;
                 if let Some(s) = summary {
-                    out.state_changes.push((Some(s.state), None));
+                    out.state_changes.push((Some(topic_state(&s)), None));
                 }
             }
             let mut ignored = BTreeMap::new();
@@ -914,8 +951,8 @@ impl Store {
         Ok(out.split_off(skip))
     }
 
-    /// How many shadow messages are in each state (a scan of the state index).
-    pub fn state_counts(&self) -> Result<BTreeMap<MessageState, u64>, StoreError> {
+    /// How many shadow messages are in each state, all topics (a scan of the state index).
+    pub fn state_totals(&self) -> Result<BTreeMap<MessageState, u64>, StoreError> {
         let tx = self.db.begin_read()?;
         let idx = tx.open_table(BY_STATE)?;
         let mut out = BTreeMap::new();
@@ -926,6 +963,26 @@ impl Store {
             if n > 0 {
                 out.insert(*st, n);
             }
+        }
+        Ok(out)
+    }
+
+    /// How many shadow messages each topic has in each state (a scan of the summaries, done
+    /// once at start; the statistics follow the changes from then on).
+    pub fn state_counts(&self) -> Result<BTreeMap<TopicState, u64>, StoreError> {
+        #[derive(Deserialize)]
+        struct Slim {
+            topic: Option<String>,
+            state: MessageState,
+        }
+        let tx = self.db.begin_read()?;
+        let summaries = tx.open_table(SUMMARIES)?;
+        let mut out = BTreeMap::new();
+        for item in summaries.iter()? {
+            let (_, v) = item?;
+            let s: Slim = serde_json::from_str(v.value()).map_err(corrupt)?;
+            *out.entry((s.topic.unwrap_or_default(), s.state))
+                .or_default() += 1;
         }
         Ok(out)
     }

@@ -444,6 +444,27 @@ async fn shuffled_batches_give_the_same_trajectories_as_in_order() {
     assert!((22.0..=24.0).contains(&e2e.p50_ms), "{e2e:?}");
     let only_us = c.stats(Some("orders.us")).await.unwrap();
     assert!(only_us.latency.iter().all(|r| r.topic == "orders.us"));
+    // Per topic: orders.us holds only the open delivery; orders.eu the other five.
+    assert_eq!(
+        only_us.funnel,
+        msgtrail_listener::stats::Funnel {
+            sent: 1,
+            stored: 1,
+            delivered: 1,
+            acked: 0
+        }
+    );
+    assert_eq!(only_us.states.get(&MessageState::Delivered), Some(&1));
+    assert_eq!(only_us.states.values().sum::<u64>(), 1);
+    let eu = c.stats(Some("orders.eu")).await.unwrap();
+    assert_eq!((eu.funnel.sent, eu.funnel.acked), (5, 3));
+    assert_eq!((eu.events.duplicates, eu.events.redeliveries), (1, 1));
+    let all = c.stats(None).await.unwrap();
+    assert_eq!(
+        all.topics["orders.us"].get(&MessageState::Delivered),
+        Some(&1)
+    );
+    assert_eq!(all.topics["orders.eu"].values().sum::<u64>(), 5);
 
     // Search: by topic, by state.
     let eu = c.search("topic=orders.eu").await.unwrap();
@@ -462,7 +483,7 @@ async fn shuffled_batches_give_the_same_trajectories_as_in_order() {
     let body = String::from_utf8(body).unwrap();
     assert_eq!(status, 200);
     assert!(
-        body.contains("msgtrail_messages{state=\"consumed\"} 3"),
+        body.contains("msgtrail_messages{topic=\"orders.eu\",state=\"consumed\"} 3"),
         "{body}"
     );
     assert!(
@@ -703,7 +724,7 @@ async fn size_retention_deletes_the_oldest_first() {
         .trajectory(&ids[19].to_string(), now())
         .unwrap()
         .is_some());
-    let counts: BTreeMap<_, _> = store.state_counts().unwrap();
+    let counts: BTreeMap<_, _> = store.state_totals().unwrap();
     assert_eq!(counts.values().sum::<u64>(), 20 - out.deleted);
 }
 
@@ -774,6 +795,14 @@ fn statistics_do_not_depend_on_arrival_order() {
             .map(|f| c[&format!("funnel.{f}")])
             .collect();
         assert_eq!(funnel, [6, 5, 4, 3], "seed {seed}");
+        let per_topic = |t: &str, f: &str| c.get(&format!("topic/{t}/funnel.{f}")).copied();
+        assert_eq!(
+            per_topic("orders.eu", "sent"),
+            Some(5),
+            "seed {seed}: {c:?}"
+        );
+        assert_eq!(per_topic("orders.eu", "acked"), Some(3), "seed {seed}");
+        assert_eq!(per_topic("orders.us", "delivered"), Some(1), "seed {seed}");
         let stages: u64 = c
             .iter()
             .filter(|(k, _)| k.starts_with("stage."))
@@ -790,7 +819,7 @@ fn statistics_do_not_depend_on_arrival_order() {
             Some(&5),
             "seed {seed}: {samples:?}"
         );
-        let states = store.state_counts().unwrap();
+        let states = store.state_totals().unwrap();
         assert_eq!(states.values().sum::<u64>(), 6, "seed {seed}: {states:?}");
         assert_eq!(states.get(&MessageState::Consumed), Some(&3), "seed {seed}");
     }

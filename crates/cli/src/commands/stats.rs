@@ -63,6 +63,11 @@ fn row(topic: &str, segment: &str, l: &LatencyStats) -> String {
 /// The statistics as printed by `msgtrail stats`.
 pub fn render(s: &StatsSnapshot) -> String {
     let mut o = String::new();
+    if let Some(t) = &s.topic {
+        o.push_str(&format!(
+            "topic {t} (no-match, refused channels, ingest and lag are for all topics)\n"
+        ));
+    }
     let states: Vec<String> = MessageState::ALL
         .iter()
         .filter_map(|st| s.states.get(st).map(|n| format!("{st} {n}")))
@@ -75,6 +80,16 @@ pub fn render(s: &StatsSnapshot) -> String {
             states.join(" · ")
         }
     ));
+    if s.topics.len() > 1 {
+        for (topic, states) in &s.topics {
+            let line: Vec<String> = MessageState::ALL
+                .iter()
+                .filter_map(|st| states.get(st).map(|n| format!("{st} {n}")))
+                .collect();
+            let topic = if topic.is_empty() { "?" } else { topic };
+            o.push_str(&format!("  {topic:<17} {}\n", line.join(" · ")));
+        }
+    }
     let f = &s.funnel;
     o.push_str(&format!(
         "funnel              sent {} → stored {}{} → delivered {}{} → acked {}{}\n",
