@@ -16,14 +16,23 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 
-/// The stage stream's configuration. The broker creates the same; whoever starts first
-/// creates it, the other gets it.
+/// How long the stage stream keeps records when the listener is the one that creates it:
+/// the broker's default (`stage_max_age`, 7 days), so that a stream created by either is the
+/// same.
+pub const STAGE_STREAM_MAX_AGE: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// The stage stream's configuration, as the broker creates it (single replica, default
+/// maximum age); whoever starts first creates it, the other gets it as it is.
 pub fn stage_stream_config() -> stream::Config {
     stream::Config {
         name: STAGE_STREAM.to_owned(),
         subjects: vec![STAGE_SUBJECT.to_owned()],
         storage: stream::StorageType::File,
         retention: stream::RetentionPolicy::Limits,
+        num_replicas: 1,
+        max_age: STAGE_STREAM_MAX_AGE,
+        allow_direct: true,
+        description: Some("msgtrail stage records (newline-delimited JSON batches)".into()),
         ..Default::default()
     }
 }

@@ -62,7 +62,11 @@ impl ColorChoice {
     }
 }
 
-/// Options of `msgtrail trace`.
+/// Exit status of `msgtrail trace` when nothing carries the ID (a failed query exits 1).
+pub const NOT_FOUND_EXIT: i32 = 2;
+
+/// Options of `msgtrail trace`. Exit status: 0 found (complete or not: the state says),
+/// 2 not found, 1 the query failed.
 #[derive(Debug, ClapArgs)]
 pub struct Args {
     /// A message ID (UUIDv7) or a request ID.
@@ -87,10 +91,12 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let t = match client.trajectory(&args.id, args.producer.as_deref()).await {
         Ok(t) => t,
         Err(e) if e.is_not_found() => {
-            anyhow::bail!(
-                "no stage record carries {:?}: not found (the listener has seen nothing of it)",
+            // Exit status 2 tells scripts "not found" apart from a failed query (1).
+            eprintln!(
+                "msgtrail: not found: no stage record carries {:?} (the listener has seen nothing of it)",
                 args.id
-            )
+            );
+            std::process::exit(NOT_FOUND_EXIT);
         }
         Err(e) => return Err(e).context("query failed"),
     };
