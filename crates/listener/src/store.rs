@@ -821,10 +821,12 @@ impl Store {
         now: u64,
     ) -> Result<Trajectory, QueryError> {
         let id = id.trim();
+        // Generated request IDs are UUIDv7 text too: an ID that looks like a message ID and
+        // is not one is looked up as a request ID.
         if let Ok(m) = id.parse::<MessageId>() {
-            return self
-                .trajectory(&m.to_string(), now)?
-                .ok_or_else(|| QueryError::NotFound(format!("message id {m}")));
+            if let Some(t) = self.trajectory(&m.to_string(), now)? {
+                return Ok(t);
+            }
         }
         if RequestId::new(id).is_err() {
             return Err(QueryError::BadRequest(format!(
@@ -848,7 +850,9 @@ impl Store {
             v
         };
         match keys.as_slice() {
-            [] => Err(QueryError::NotFound(format!("request id {id}"))),
+            [] => Err(QueryError::NotFound(format!(
+                "message id or request id {id}"
+            ))),
             [(_, key)] => self
                 .trajectory(key, now)?
                 .ok_or_else(|| QueryError::NotFound(format!("request id {id}"))),

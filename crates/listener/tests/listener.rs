@@ -496,6 +496,18 @@ async fn shuffled_batches_give_the_same_trajectories_as_in_order() {
         ),
         "{body}"
     );
+    // A request ID generated as a UUIDv7 (as the SDK does) is found as a request ID.
+    let mut gen = Scenario::new(
+        now(),
+        "shop",
+        &RequestId::generate().to_string(),
+        "orders.eu",
+    );
+    gen.stored(0);
+    publish(&js, &gen.out, &mut rng).await;
+    wait_for_records(&c, total + 4).await;
+    let t = c.trajectory(gen.req.as_str(), None).await.unwrap();
+    assert_eq!(t.message_id, Some(gen.id));
     handle.shutdown().await.unwrap();
 }
 
