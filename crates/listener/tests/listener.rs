@@ -497,12 +497,7 @@ async fn shuffled_batches_give_the_same_trajectories_as_in_order() {
         "{body}"
     );
     // A request ID generated as a UUIDv7 (as the SDK does) is found as a request ID.
-    let mut gen = Scenario::new(
-        now(),
-        "shop",
-        &RequestId::generate().to_string(),
-        "orders.eu",
-    );
+    let mut gen = Scenario::new(now(), "shop", RequestId::generate().as_str(), "orders.eu");
     gen.stored(0);
     publish(&js, &gen.out, &mut rng).await;
     wait_for_records(&c, total + 4).await;
