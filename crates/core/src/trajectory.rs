@@ -1317,56 +1317,52 @@ fn diagnose(t: &Trajectory) -> String {
             }
         }
     }
-    for g in &t.groups {
-        let delivers: Vec<&HopSpan> = t
-            .hops
-            .iter()
-            .filter(|h| h.kind == HopKind::Deliver && h.group.as_ref() == Some(&g.group))
-            .collect();
-        for d in delivers {
-            let c = d.consumer.as_ref().map(|c| c.as_str()).unwrap_or("?");
-            let a = d.attempt.unwrap_or(1);
-            let intro = if a > 1 {
-                format!(
-                    "redelivered to {}/{c}, attempt {a}, at {}",
-                    g.group,
-                    format_clock(d.start)
-                )
-            } else {
-                format!("delivered to {}/{c} at {}", g.group, format_clock(d.start))
-            };
-            parts.push(intro);
-            let p = t.hops.iter().find(|h| {
-                h.kind == HopKind::Process
-                    && h.group == d.group
-                    && h.consumer == d.consumer
-                    && h.attempt == d.attempt
-            });
-            if let Some(p) = p {
-                if p.status != HopStatus::Ok {
-                    if let Some(r) = &p.reason {
-                        parts.push(r.clone());
-                    }
-                }
-            }
-            match d.status {
-                HopStatus::Ok => parts.push(format!(
-                    "acked after {}",
-                    format_latency(d.latency_nanos.unwrap_or(0))
-                )),
-                _ => {
-                    if let Some(r) = &d.reason {
-                        parts.push(r.clone());
-                    }
+    // Deliveries in the order they happened, across groups; each group's outcome after its
+    // last delivery.
+    let delivers: Vec<&HopSpan> = t
+        .hops
+        .iter()
+        .filter(|h| h.kind == HopKind::Deliver)
+        .collect();
+    for (i, d) in delivers.iter().enumerate() {
+        let g = d.group.as_ref().map(|g| g.as_str()).unwrap_or("?");
+        let c = d.consumer.as_ref().map(|c| c.as_str()).unwrap_or("?");
+        let a = d.attempt.unwrap_or(1);
+        parts.push(if a > 1 {
+            format!(
+                "redelivered to {g}/{c}, attempt {a}, at {}",
+                format_clock(d.start)
+            )
+        } else {
+            format!("delivered to {g}/{c} at {}", format_clock(d.start))
+        });
+        let p = t.hops.iter().find(|h| {
+            h.kind == HopKind::Process
+                && h.group == d.group
+                && h.consumer == d.consumer
+                && h.attempt == d.attempt
+        });
+        if let Some(r) = p
+            .filter(|p| p.status != HopStatus::Ok)
+            .and_then(|p| p.reason.clone())
+        {
+            parts.push(r);
+        }
+        match d.status {
+            HopStatus::Ok => parts.push(format!(
+                "acked after {}",
+                format_latency(d.latency_nanos.unwrap_or(0))
+            )),
+            _ => {
+                if let Some(r) = &d.reason {
+                    parts.push(r.clone());
                 }
             }
         }
-        if let Some(e) = g.end_to_end_nanos {
-            parts.push(format!(
-                "group {} done {} end to end",
-                g.group,
-                format_latency(e)
-            ));
+        let last_of_group = !delivers[i + 1..].iter().any(|later| later.group == d.group);
+        let summary = t.groups.iter().find(|s| Some(&s.group) == d.group.as_ref());
+        if let (true, Some(e)) = (last_of_group, summary.and_then(|s| s.end_to_end_nanos)) {
+            parts.push(format!("group {g} done {} end to end", format_latency(e)));
         }
     }
     if t.groups.is_empty() && t.state == MessageState::Enqueued {
@@ -1641,6 +1637,31 @@ mod tests {
         assert_eq!(t.groups[1].state, MessageState::DeadLettered);
         assert_eq!(t.state, MessageState::DeadLettered);
         assert!(t.failure.unwrap().contains("dead-lettered by group b"));
+    }
+
+    #[test]
+    fn the_diagnosis_follows_time_across_groups() {
+        let recs = vec![
+            up(Stage::UploadReceived, 1, true),
+            up(Stage::Stored, 2, true),
+            dl(Stage::PushSent, 5, "zeta", "z1", 1),
+            with_outcome(dl(Stage::PushAckReceived, 6, "zeta", "z1", 1), "ack", None),
+            dl(Stage::PullSent, 9, "alpha", "a1", 1),
+            with_outcome(
+                dl(Stage::PullAckReceived, 12, "alpha", "a1", 1),
+                "ack",
+                None,
+            ),
+        ];
+        let t = Trajectory::assemble(recs, &AssembleOptions::default()).unwrap();
+        let z = t.diagnosis.find("delivered to zeta/z1").unwrap();
+        let a = t.diagnosis.find("delivered to alpha/a1").unwrap();
+        assert!(z < a, "{}", t.diagnosis);
+        assert!(
+            t.diagnosis.contains("group zeta done 5.0 ms end to end"),
+            "{}",
+            t.diagnosis
+        );
     }
 
     #[test]
