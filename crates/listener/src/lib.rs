@@ -308,6 +308,9 @@ async fn housekeeping(
     let mut watchdog = tokio::time::interval(config.watchdog_interval);
     let mut retention = tokio::time::interval(config.retention_interval);
     watchdog.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The first pass looks at every open message (the listener may have been down past
+    // their deadlines); later ones only at those that can still cross one.
+    let mut deadline_since = 0u64;
     retention.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
@@ -315,8 +318,10 @@ async fn housekeeping(
             _ = watchdog.tick() => {
                 let now = now_nanos();
                 let st = store.clone();
-                match tokio::task::spawn_blocking(move || st.check_deadlines(now, HOUSEKEEPING_BATCH)).await {
+                let since = deadline_since;
+                match tokio::task::spawn_blocking(move || st.check_deadlines(now, since, HOUSEKEEPING_BATCH)).await {
                     Ok(Ok(out)) => {
+                        deadline_since = out.next_since;
                         stats.apply_state_changes(&out.state_changes);
                         if let Some(x) = &exporter {
                             x.offer(out.trajectories);

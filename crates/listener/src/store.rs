@@ -181,6 +181,8 @@ pub struct DeadlineOutcome {
     pub state_changes: Vec<StateDelta>,
     /// The trajectories whose summary changed, when the store emits them.
     pub trajectories: Vec<Trajectory>,
+    /// The `since` to pass to the next pass.
+    pub next_since: u64,
 }
 
 /// What a retention run deleted.
@@ -687,14 +689,30 @@ impl Store {
 
     /// Re-examines open messages whose last record is older than the shortest deadline and
     /// marks those that missed one (stuck, lost). Returns the state changes.
-    pub fn check_deadlines(&self, now: u64, max: usize) -> Result<DeadlineOutcome, StoreError> {
+    ///
+    /// Only messages whose last record is at or after `since` are looked at: a message whose
+    /// last record is older than every deadline cannot change any more with time alone, so
+    /// the caller passes the previous pass's `next_since` (0 the first time, or after a pass
+    /// that hit `max`).
+    pub fn check_deadlines(
+        &self,
+        now: u64,
+        since: u64,
+        max: usize,
+    ) -> Result<DeadlineOutcome, StoreError> {
         let d = self.deadlines;
+        let ms = |v: u64| v.saturating_mul(1_000_000);
         let shortest = d
             .stored_ms
             .min(d.delivered_ms)
             .min(d.acked_ms)
             .min(d.processed_ms);
-        let cutoff = now.saturating_sub(shortest.saturating_mul(1_000_000));
+        let longest = d
+            .stored_ms
+            .max(d.delivered_ms)
+            .max(d.acked_ms)
+            .max(d.processed_ms);
+        let cutoff = now.saturating_sub(ms(shortest));
         let open = [
             MessageState::Sent,
             MessageState::Enqueued,
@@ -707,18 +725,28 @@ impl Store {
         {
             let mut t = Tables::open(&tx)?;
             let mut candidates = Vec::new();
+            let mut truncated = false;
             for st in open {
+                if since >= cutoff {
+                    break;
+                }
                 for item in t
                     .by_state
-                    .range((st.as_str(), 0, "")..(st.as_str(), cutoff, ""))?
+                    .range((st.as_str(), since, "")..(st.as_str(), cutoff, ""))?
                 {
                     let (k, _) = item?;
                     candidates.push(k.value().2.to_owned());
                     if candidates.len() >= max {
+                        truncated = true;
                         break;
                     }
                 }
             }
+            out.next_since = if truncated {
+                since
+            } else {
+                now.saturating_sub(ms(longest))
+            };
             let opts = self.options(now);
             for key in candidates {
                 let Some(old) = t.summary(&key)? else {
