@@ -1,8 +1,10 @@
 //! `msgtrail dev`: a whole local system in one command — a nats-server child with JetStream
-//! in a temporary directory on a free port, a broker in this process, and dev identities
-//! written to the dev file (see [`DevFile::path`]) so that `send` and `consume` work with no
-//! setup. `--demo` adds a small load: a producer, a consumer group that fails some messages,
-//! and a second group. Ctrl-C stops everything it started.
+//! in a temporary directory on a free port, a broker and a listener in this process (the
+//! listener's page and API on 127.0.0.1:7380, or a free port when that is taken; OTLP export
+//! when `OTEL_EXPORTER_OTLP_ENDPOINT` is set), and dev identities written to the dev file (see
+//! [`DevFile::path`]) so that `send`, `consume`, `trace` and `stats` work with no setup.
+//! `--demo` adds a small load: a producer, a consumer group that fails some messages, and a
+//! second group. Ctrl-C stops everything it started.
 
 use crate::common::{DevFile, DevIdentity};
 use anyhow::Context;
@@ -63,6 +65,10 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         ..Default::default()
     };
     let broker = msgtrail_broker::start(config).await?;
+    let listener_dir =
+        std::env::temp_dir().join(format!("msgtrail-dev-listener-{}", std::process::id()));
+    let listener = start_listener(server.url(), &listener_dir).await?;
+    let listener_url = format!("http://{}", listener.http_addr());
     let dev = DevFile {
         nats_url: server.url().to_owned(),
         producer: DevIdentity {
@@ -73,7 +79,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             id: consumer.client_id.to_string(),
             seed: consumer.seed(),
         },
-        listener_url: None,
+        listener_url: Some(listener_url.clone()),
     };
     let path = dev.save()?;
     println!("msgtrail dev is running");
@@ -85,12 +91,21 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     );
     println!("  broker        in this process (NATS service \"msgtrail\")");
     println!(
+        "  listener      {listener_url} (page, API, /metrics; store in {})",
+        listener_dir.display()
+    );
+    if msgtrail_otel::export_requested() {
+        println!("  traces        exported over OTLP (OTEL_EXPORTER_OTLP_* settings)");
+    }
+    println!(
         "  identities    {} (producer dev-producer, consumer dev-consumer)",
         path.display()
     );
     println!("try:");
     println!("  msgtrail send --topic orders.eu --attr category=refund --data hello");
     println!("  msgtrail consume --topic 'orders.*' --group billing --pull --max 1");
+    println!("  msgtrail trace <message-id or request-id>");
+    println!("  msgtrail stats");
     println!("Ctrl-C stops everything.");
 
     let nats = async_nats::connect(server.url()).await?;
@@ -112,8 +127,39 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         d.abort();
     }
     broker.shutdown().await;
+    if let Err(e) = listener.shutdown().await {
+        eprintln!("listener: {e}");
+    }
     drop(server);
+    let _ = std::fs::remove_dir_all(&listener_dir);
     Ok(())
+}
+
+/// Starts the listener in this process, on 127.0.0.1:7380 or else a free port.
+async fn start_listener(
+    nats_url: &str,
+    data_dir: &std::path::Path,
+) -> anyhow::Result<msgtrail_listener::ListenerHandle> {
+    let mut config = msgtrail_listener::ListenerConfig {
+        nats_url: nats_url.to_owned(),
+        data_dir: data_dir.to_owned(),
+        trace_ui: msgtrail_otel::TraceUi::from_env(),
+        ..Default::default()
+    };
+    if msgtrail_otel::export_requested() {
+        config.otel = Some(
+            msgtrail_otel::PipelineConfig::from_env().context("OpenTelemetry export settings")?,
+        );
+    }
+    match msgtrail_listener::start(config.clone()).await {
+        Ok(l) => Ok(l),
+        Err(first) => {
+            config.http_addr = "127.0.0.1:0".parse().expect("valid address");
+            msgtrail_listener::start(config)
+                .await
+                .with_context(|| format!("starting the listener (on its default port: {first})"))
+        }
+    }
 }
 
 async fn demo(
