@@ -18,6 +18,24 @@
 //! # Ok(()) }
 //! ```
 //!
+//! ## Guarantees
+//! - **Nothing lost, nothing doubled**: a batch is committed (fsynced) before its
+//!   stage-stream messages are acked; redelivered records are recognised by
+//!   `StageRecord::dedup_key` and skipped (tests kill a listener process with SIGKILL
+//!   mid-backlog and restart it).
+//! - **Order does not matter**: records are merged per message and the trajectory is
+//!   assembled from the set, so any arrival order gives the same answer; an upload seen
+//!   before the broker's P2 is kept under `(producer, request ID)` and moved under the
+//!   message ID when a record carries both.
+//! - **Not found is not incomplete is not failed**: 404, 200 with the state and the open
+//!   hops, 5xx (see [`http`]).
+//!
+//! ## Running it
+//! `msgtrail listener` (see `--help`; `MSGTRAIL_LISTENER_*` variables), then
+//! `msgtrail trace <message-id | request-id>`, `msgtrail stats`, the page on
+//! `http://127.0.0.1:7380/`, Prometheus on `/metrics`. With `OTEL_EXPORTER_OTLP_ENDPOINT`
+//! set, trajectories also go out as traces.
+//!
 //! ## Layout
 //! - [`client`]: a small HTTP client of the API (used by `msgtrail trace` and `stats`).
 //! - [`config`]: [`ListenerConfig`], its defaults and environment variable names.
@@ -28,7 +46,8 @@
 //! - [`store`]: the embedded redb store: records per message, shadow-message summaries and
 //!   their indexes, counters, retention.
 //! - [`stats`]: HDR latency histograms, counts by state, funnel, lag; Prometheus text.
-//! - [`http`]: the axum API (`/api/messages`, `/api/stats`, `/metrics`, `/healthz`).
+//! - [`http`]: the axum API (`/api/messages`, `/api/stats`, `/metrics`, `/healthz`) and
+//!   the page (`/`).
 //!
 //! Trajectory assembly itself is pure and lives in `msgtrail_core::trajectory`.
 
