@@ -95,6 +95,37 @@ async fn main() {
         ordered.extend(records.iter().skip(k).step_by(stride).cloned());
     }
     let total = ordered.len() as u64;
+
+    // The parts alone, on this thread: decoding NDJSON, then the store.
+    let batches: Vec<Vec<u8>> = ordered.chunks(batch).map(encode_batch).collect();
+    let start = Instant::now();
+    let mut decoded = Vec::with_capacity(ordered.len());
+    for b in &batches {
+        decoded.extend(msgtrail_core::record::decode_batch(b).unwrap());
+    }
+    let took = start.elapsed();
+    println!(
+        "decode only: {total} records in {took:.2?} = {:.0} records/s",
+        total as f64 / took.as_secs_f64()
+    );
+    let alone = tempfile::tempdir().unwrap();
+    let store = msgtrail_listener::Store::open(alone.path(), 256, Default::default()).unwrap();
+    let per_txn = batch * 512;
+    let start = Instant::now();
+    let mut txns = 0;
+    for chunk in decoded.chunks(per_txn) {
+        store
+            .apply(chunk.to_vec(), msgtrail_core::time::now_nanos())
+            .unwrap();
+        txns += 1;
+    }
+    let took = start.elapsed();
+    println!(
+        "store.apply only: {total} records in {txns} transactions in {took:.2?} = {:.0} records/s",
+        total as f64 / took.as_secs_f64()
+    );
+    drop(store);
+
     let start = Instant::now();
     let mut acks = Vec::new();
     for chunk in ordered.chunks(batch) {
