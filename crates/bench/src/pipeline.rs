@@ -67,8 +67,8 @@ pub struct ListenerIngest {
     pub records: u64,
     /// Stage-stream messages applied.
     pub batches: u64,
-    /// Seconds from the end of the load until the listener had applied every stage-stream
-    /// message the broker wrote.
+    /// Seconds from the end of the load (the latency run, after the throughput run) until
+    /// the listener had applied every stage-stream message the broker wrote.
     pub catch_up_seconds: f64,
     /// Stage-stream messages that could not be decoded.
     pub decode_errors: u64,
@@ -288,10 +288,10 @@ async fn run_with_broker(
     let measured = run
         .drive(&p.load, progress, &format!("{name} {b} B"))
         .await?;
-    let load_end = Instant::now();
     let paced = run
         .drive(&p.paced, progress, &format!("{name} {b} B paced"))
         .await?;
+    let load_end = Instant::now();
     for pr in producers {
         let _ = pr.close().await;
     }

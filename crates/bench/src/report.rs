@@ -351,6 +351,15 @@ fn pipeline_table(s: &mut String, title: &str, runs: &[PayloadRun]) {
             lat(&r.s3.e2e),
             lat(&r.s3.send_latency),
         );
+        for (name, x) in [
+            ("S1 raw", &r.s1.paced),
+            ("S2 recording off", &r.s2.paced),
+            ("S3 recording on", &r.s3.paced),
+        ] {
+            let rate = x.rate_per_sec;
+            let name = format!("{name} @ {rate:.0}/s");
+            row(s, &name, rate, lat(&x.e2e), lat(&x.send));
+        }
         let x = &r.ratios;
         let catch_up = r.s3.listener.as_ref().map_or(0.0, |l| l.catch_up_seconds);
         let _ = writeln!(

@@ -45,6 +45,9 @@ pub struct Args {
     /// Latency runs: messages (default 3000).
     #[arg(long)]
     pub latency_messages: Option<u64>,
+    /// S4: copies of the recorded stage records replayed (default 4).
+    #[arg(long)]
+    pub ingest_copies: Option<u64>,
     /// S5: stored messages.
     #[arg(long)]
     pub lookup_messages: Option<u64>,
@@ -86,6 +89,9 @@ pub async fn run(nats: &NatsArgs, args: Args) -> anyhow::Result<()> {
     }
     if let Some(v) = args.latency_messages {
         config.latency_messages = v;
+    }
+    if let Some(v) = args.ingest_copies {
+        config.ingest_copies = v;
     }
     if let Some(v) = args.lookup_messages {
         config.lookup_messages = v;
