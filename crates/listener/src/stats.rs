@@ -579,25 +579,20 @@ pub fn prometheus(s: &StatsSnapshot) -> String {
         "Latency per topic and segment over the sliding window.",
         rows,
     );
-    let _ = writeln!(o);
-    let mut counts = String::new();
+    // _count and _sum belong to the summary family: they follow its samples, which the
+    // summary above wrote last.
     for r in &s.latency {
         let l = format!("topic=\"{}\",segment=\"{}\"", escape(&r.topic), r.segment);
         let _ = writeln!(
-            counts,
+            o,
             "msgtrail_hop_latency_seconds_count{{{l}}} {}",
             r.window.count
         );
         let _ = writeln!(
-            counts,
+            o,
             "msgtrail_hop_latency_seconds_sum{{{l}}} {}",
             r.window.mean_ms * r.window.count as f64 / 1000.0
         );
     }
-    // _count and _sum belong to the summary family: put them right after its samples.
-    let cut = o.trim_end().len();
-    o.truncate(cut);
-    o.push('\n');
-    o.push_str(&counts);
     o
 }
