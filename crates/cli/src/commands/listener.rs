@@ -69,7 +69,8 @@ pub struct Args {
     /// Bearer token required by /api/* and /metrics.
     #[arg(long, env = ENV_TOKEN, hide_env_values = true)]
     pub token: Option<String>,
-    /// Name of the durable consumer on the stage stream (one per listener partition).
+    /// Name of the durable consumer on the stage stream (each listener with its own store
+    /// needs its own name: two sharing one would split the records between them).
     #[arg(long, env = ENV_DURABLE, default_value = DEFAULT_DURABLE)]
     pub durable: String,
     /// Most stage-stream messages applied per store transaction.
@@ -93,7 +94,8 @@ pub struct Args {
     /// Delete messages older than this (0 keeps them).
     #[arg(long, default_value = "7d", value_parser = parse_long_duration)]
     pub retention_max_age: Duration,
-    /// Delete the oldest messages when the store holds more than this (0: no limit).
+    /// Delete the oldest messages when their stored records exceed this many bytes (0: no
+    /// limit). Counts record bytes, not the file: the file is about twice as large.
     #[arg(long, default_value = "1GiB", value_parser = parse_size)]
     pub retention_max_size: u64,
     /// Width of the sliding window of the latency percentiles.
