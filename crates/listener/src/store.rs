@@ -59,6 +59,9 @@ pub const COUNTER_CHANNELS_REFUSED: &str = "channels_refused";
 /// Counter: records that name no message, no request and no client (ignored).
 pub const COUNTER_UNKEYED: &str = "unkeyed_records";
 
+/// Most summaries one search reads before it answers with what it found.
+const SEARCH_SCAN_MAX: usize = 200_000;
+
 /// The funnel steps, in order.
 pub const FUNNEL: [&str; 4] = ["sent", "stored", "delivered", "acked"];
 
@@ -901,45 +904,54 @@ impl Store {
         }
         let tx = self.db.begin_read()?;
         let summaries = tx.open_table(SUMMARIES)?;
-        let mut keys = Vec::new();
+        let mut out = Vec::new();
+        let mut examined = 0usize;
+        // Looks at one candidate; true when the search is done (enough results, or the
+        // scan bound reached: a search never reads more than SEARCH_SCAN_MAX summaries).
+        let mut consider = |key: &str, out: &mut Vec<MessageSummary>| -> Result<bool, StoreError> {
+            examined += 1;
+            if let Some(v) = summaries.get(key)? {
+                let s: MessageSummary = serde_json::from_str(v.value()).map_err(corrupt)?;
+                let wanted = q.state.is_none_or(|st| st == s.state)
+                    && q.topic
+                        .as_deref()
+                        .is_none_or(|t| s.topic.as_deref() == Some(t))
+                    && s.first_at >= from
+                    && s.first_at < to;
+                if wanted {
+                    out.push(s);
+                }
+            }
+            Ok(out.len() >= limit || examined >= SEARCH_SCAN_MAX)
+        };
         if let Some(topic) = &q.topic {
             let idx = tx.open_table(BY_TOPIC)?;
             for item in idx
                 .range((topic.as_str(), from, "")..(topic.as_str(), to, ""))?
                 .rev()
             {
-                keys.push(item?.0.value().2.to_owned());
-                if q.state.is_none() && keys.len() >= limit {
+                if consider(item?.0.value().2, &mut out)? {
                     break;
                 }
             }
         } else if let Some(state) = q.state {
-            // by_state is ordered by the last record time; filter on the first below.
+            // by_state is ordered by the last record time (never before the first), so the
+            // range from `from` holds every candidate; the first time is checked above.
             let idx = tx.open_table(BY_STATE)?;
             for item in idx
                 .range((state.as_str(), from, "")..=(state.as_str(), u64::MAX, "\u{7f}"))?
                 .rev()
             {
-                keys.push(item?.0.value().2.to_owned());
+                if consider(item?.0.value().2, &mut out)? {
+                    break;
+                }
             }
         } else {
             let idx = tx.open_table(BY_TIME)?;
             for item in idx.range((from, "")..(to, ""))?.rev() {
-                keys.push(item?.0.value().1.to_owned());
-                if keys.len() >= limit {
+                if consider(item?.0.value().1, &mut out)? {
                     break;
                 }
-            }
-        }
-        let mut out = Vec::new();
-        for k in keys {
-            if let Some(v) = summaries.get(k.as_str())? {
-                let s: MessageSummary = serde_json::from_str(v.value()).map_err(corrupt)?;
-                if q.state.is_some_and(|st| st != s.state) || s.first_at < from || s.first_at >= to
-                {
-                    continue;
-                }
-                out.push(s);
             }
         }
         out.sort_by(|a, b| (b.first_at, &b.key).cmp(&(a.first_at, &a.key)));
