@@ -153,6 +153,14 @@ pub fn topic_counter(topic: &str, name: &str) -> String {
 /// Prefix of the per-topic counters (see [`topic_counter`]).
 pub const COUNTER_TOPIC_PREFIX: &str = "topic/";
 
+/// The persistent counter of messages of `topic` in `state`.
+fn state_counter(topic: &str, state: MessageState) -> String {
+    topic_counter(topic, &format!("{STATE_COUNTER_PREFIX}{state}"))
+}
+
+/// Prefix of the state part of a per-topic state counter.
+const STATE_COUNTER_PREFIX: &str = "state.";
+
 fn topic_state(s: &MessageSummary) -> TopicState {
     (s.topic.clone().unwrap_or_default(), s.state)
 }
@@ -256,6 +264,24 @@ impl<'t> Tables<'t> {
         // Deltas gather in `out` and reach the table once per transaction (`flush`).
         if by != 0 {
             *out.entry(name.to_owned()).or_default() += by;
+        }
+        Ok(())
+    }
+
+    /// Keeps the per-topic state counts as persistent counters
+    /// (`topic/<topic>/state.<state>`), so a start reads them instead of every summary.
+    fn count_states(
+        &mut self,
+        changes: &[StateDelta],
+        out: &mut BTreeMap<String, i64>,
+    ) -> Result<(), StoreError> {
+        for (old, new) in changes {
+            if let Some((topic, st)) = old {
+                self.bump(&state_counter(topic, *st), -1, out)?;
+            }
+            if let Some((topic, st)) = new {
+                self.bump(&state_counter(topic, *st), 1, out)?;
+            }
         }
         Ok(())
     }
@@ -684,6 +710,7 @@ impl Store {
                     out.trajectories.push(new_traj);
                 }
             }
+            t.count_states(&out.state_changes, &mut out.counters)?;
             t.flush(&out.counters)?;
         }
         tx.commit()?;
@@ -771,6 +798,9 @@ impl Store {
                     }
                 }
             }
+            let mut deltas = BTreeMap::new();
+            t.count_states(&out.state_changes, &mut deltas)?;
+            t.flush(&deltas)?;
         }
         tx.commit()?;
         Ok(out)
@@ -822,6 +852,7 @@ impl Store {
                 }
             }
             let mut ignored = BTreeMap::new();
+            t.count_states(&out.state_changes, &mut ignored)?;
             t.bump(COUNTER_RETENTION_DELETED, out.deleted as i64, &mut ignored)?;
             t.flush(&ignored)?;
         }
@@ -1011,22 +1042,24 @@ impl Store {
         Ok(out)
     }
 
-    /// How many shadow messages each topic has in each state (a scan of the summaries, done
-    /// once at start; the statistics follow the changes from then on).
+    /// How many shadow messages each topic has in each state, from the persistent per-topic
+    /// state counters (kept in the same transactions as the summaries).
     pub fn state_counts(&self) -> Result<BTreeMap<TopicState, u64>, StoreError> {
-        #[derive(Deserialize)]
-        struct Slim {
-            topic: Option<String>,
-            state: MessageState,
-        }
         let tx = self.db.begin_read()?;
-        let summaries = tx.open_table(SUMMARIES)?;
+        let counters = tx.open_table(COUNTERS)?;
         let mut out = BTreeMap::new();
-        for item in summaries.iter()? {
-            let (_, v) = item?;
-            let s: Slim = serde_json::from_str(v.value()).map_err(corrupt)?;
-            *out.entry((s.topic.unwrap_or_default(), s.state))
-                .or_default() += 1;
+        let marker = format!("/{STATE_COUNTER_PREFIX}");
+        for item in counters.range(COUNTER_TOPIC_PREFIX..)? {
+            let (k, v) = item?;
+            let Some(rest) = k.value().strip_prefix(COUNTER_TOPIC_PREFIX) else {
+                break;
+            };
+            let Some((topic, state)) = rest.rsplit_once(&marker) else {
+                continue;
+            };
+            if let (Ok(st), n @ 1..) = (state.parse::<MessageState>(), v.value()) {
+                out.insert((topic.to_owned(), st), n);
+            }
         }
         Ok(out)
     }

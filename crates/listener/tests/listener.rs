@@ -733,6 +733,8 @@ async fn size_retention_deletes_the_oldest_first() {
         .is_some());
     let counts: BTreeMap<_, _> = store.state_totals().unwrap();
     assert_eq!(counts.values().sum::<u64>(), 20 - out.deleted);
+    let by_topic = store.state_counts().unwrap();
+    assert_eq!(by_topic.values().sum::<u64>(), 20 - out.deleted);
 }
 
 #[tokio::test]
@@ -829,6 +831,15 @@ fn statistics_do_not_depend_on_arrival_order() {
         let states = store.state_totals().unwrap();
         assert_eq!(states.values().sum::<u64>(), 6, "seed {seed}: {states:?}");
         assert_eq!(states.get(&MessageState::Consumed), Some(&3), "seed {seed}");
+        // The persistent per-topic counts agree with the index.
+        let by_topic = store.state_counts().unwrap();
+        assert_eq!(
+            by_topic.values().sum::<u64>(),
+            6,
+            "seed {seed}: {by_topic:?}"
+        );
+        let us = ("orders.us".to_owned(), MessageState::Delivered);
+        assert_eq!(by_topic.get(&us), Some(&1), "seed {seed}: {by_topic:?}");
     }
 }
 
