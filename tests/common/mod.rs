@@ -6,7 +6,10 @@ use msgtrail_broker::{BrokerConfig, ClientEntry, ClientRegistry, RunningBroker};
 use msgtrail_client::{Consumer, Identity, NatsOptions, Producer};
 use msgtrail_core::record::decode_batch;
 use msgtrail_core::subjects::STAGE_STREAM;
+use msgtrail_core::trajectory::Trajectory;
 use msgtrail_core::{ClientId, MessageId, Role, Stage, StageRecord};
+use msgtrail_listener::client::ListenerClient;
+use msgtrail_listener::{ListenerConfig, ListenerHandle};
 use msgtrail_test_support::NatsServer;
 use std::time::Duration;
 
@@ -183,6 +186,71 @@ impl TestSystem {
             }
         }
         out
+    }
+}
+
+/// A listener running in-process on a test system's nats-server, its store in a temporary
+/// directory, and a client of its HTTP API.
+pub struct TestListener {
+    /// The running listener.
+    pub handle: ListenerHandle,
+    /// A client of its HTTP API.
+    pub client: ListenerClient,
+    _dir: tempfile::TempDir,
+}
+
+impl TestSystem {
+    /// Starts a listener on this system's nats-server (HTTP on a free loopback port, the
+    /// watchdog every 100 ms), letting the test adjust its configuration (deadlines, ...).
+    pub async fn start_listener(&self, adjust: impl FnOnce(&mut ListenerConfig)) -> TestListener {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = ListenerConfig {
+            nats_url: self.server.url().to_owned(),
+            data_dir: dir.path().to_path_buf(),
+            http_addr: "127.0.0.1:0".parse().unwrap(),
+            watchdog_interval: Duration::from_millis(100),
+            ..Default::default()
+        };
+        adjust(&mut config);
+        let nats = async_nats::connect(self.server.url()).await.unwrap();
+        let handle = msgtrail_listener::start_with_client(config, nats)
+            .await
+            .expect("listener starts");
+        let client = ListenerClient::new(&format!("http://{}", handle.http_addr()), None).unwrap();
+        TestListener {
+            handle,
+            client,
+            _dir: dir,
+        }
+    }
+}
+
+impl TestListener {
+    /// The base URL of the HTTP API.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.handle.http_addr())
+    }
+
+    /// Polls `GET /api/messages/{id}` (a message ID or a request ID) until the trajectory
+    /// satisfies `done`, and returns it; panics after 20 s with the last answer.
+    pub async fn trajectory_when(
+        &self,
+        id: &str,
+        done: impl Fn(&Trajectory) -> bool,
+    ) -> Trajectory {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let last = self.client.trajectory(id, None).await;
+            if let Ok(t) = &last {
+                if done(t) {
+                    return t.clone();
+                }
+            }
+            if tokio::time::Instant::now() > deadline {
+                panic!("the trajectory of {id} never got there; last answer: {last:#?}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 }
 
