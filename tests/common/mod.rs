@@ -6,7 +6,7 @@ use msgtrail_broker::{BrokerConfig, ClientEntry, ClientRegistry, RunningBroker};
 use msgtrail_client::{Consumer, Identity, NatsOptions, Producer};
 use msgtrail_core::record::decode_batch;
 use msgtrail_core::subjects::STAGE_STREAM;
-use msgtrail_core::trajectory::Trajectory;
+use msgtrail_core::trajectory::{HopKind, Trajectory};
 use msgtrail_core::{ClientId, MessageId, Role, Stage, StageRecord};
 use msgtrail_listener::client::ListenerClient;
 use msgtrail_listener::{ListenerConfig, ListenerHandle};
@@ -252,6 +252,25 @@ impl TestListener {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
+}
+
+/// Whether every record of a trajectory that ended is in: no hop is open, and every
+/// delivery has its consumer side with the consumer's settle (C3/C7). The producer's and the
+/// consumers' reports travel apart from the broker's records, so they can arrive after the
+/// broker's ack record (C4/C8).
+pub fn settled(t: &Trajectory) -> bool {
+    t.hops.iter().all(|h| h.end.is_some())
+        && t.hops
+            .iter()
+            .filter(|h| h.kind == HopKind::Deliver)
+            .all(|d| {
+                t.hop(&d.key.replacen("deliver/", "process/", 1))
+                    .is_some_and(|p| {
+                        p.events
+                            .iter()
+                            .any(|r| matches!(r.stage, Stage::PushAckSent | Stage::PullAckSent))
+                    })
+            })
 }
 
 /// The stage codes of records, in order.

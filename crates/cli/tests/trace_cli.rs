@@ -6,7 +6,7 @@ use msgtrail_client::Outgoing;
 use msgtrail_core::trajectory::{MessageState, Trajectory};
 use msgtrail_core::wire::Subscription;
 use msgtrail_core::{ClientId, RequestId};
-use msgtrail_e2e::{TestListener, TestSystem};
+use msgtrail_e2e::{settled, TestListener, TestSystem};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::process::Output;
@@ -100,12 +100,11 @@ async fn the_api_and_the_cli_agree() {
         .unwrap_err();
 
     let id = reply.message_id.to_string();
-    let done = |t: &Trajectory| {
-        t.state == MessageState::Consumed
-            && t.hops.len() == 4
-            && t.hops.iter().all(|h| h.end.is_some())
-    };
-    let t = l.trajectory_when(&id, done).await;
+    let t = l
+        .trajectory_when(&id, |t| {
+            t.state == MessageState::Consumed && t.hops.len() == 4 && settled(t)
+        })
+        .await;
     l.trajectory_when(refused.as_str(), |t| t.state == MessageState::Lost)
         .await;
 
