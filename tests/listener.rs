@@ -6,7 +6,7 @@
 use msgtrail_client::{Consumer, Outgoing, PushOptions, Received};
 use msgtrail_core::trace_ids;
 use msgtrail_core::trajectory::{
-    DeliveryMode, HopKind, HopSpan, HopStatus, MessageState, Trajectory,
+    DeliveryMode, HopKind, HopSpan, HopStatus, MessageState, Segment, Trajectory,
 };
 use msgtrail_core::wire::Subscription;
 use msgtrail_core::{ClientId, ErrorCode, RequestId};
@@ -518,6 +518,10 @@ async fn a_delivery_never_acked_is_stuck_at_its_consumer() {
             .any(|s| s.message_id == Some(reply.message_id) && s.state == MessageState::Stuck)
     })
     .await;
+    eventually("the stuck message in the statistics", async || {
+        l.handle.stats(None).states.get(&MessageState::Stuck) == Some(&1)
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -594,11 +598,16 @@ async fn two_consumer_groups_each_end_to_end() {
         .await;
     let names: Vec<&str> = t.groups.iter().map(|g| g.group.as_str()).collect();
     assert_eq!(names, ["audit", "billing"]);
+    let sent_at = hop(&t, "send").start;
     for g in &t.groups {
         assert_eq!(g.state, MessageState::Consumed, "{g:?}");
         assert_eq!(g.attempts, 1);
-        assert!(g.acked_at.is_some());
-        assert!(g.end_to_end_nanos.is_some());
+        let acked = g.acked_at.expect("acked");
+        assert_eq!(
+            g.end_to_end_nanos,
+            Some(acked - sent_at),
+            "P1 → the group's ack"
+        );
     }
     assert_eq!(t.groups[0].consumers, [ClientId::new("audit-1").unwrap()]);
     assert_eq!(t.groups[1].consumers, [ClientId::new("billing-1").unwrap()]);
@@ -623,4 +632,13 @@ async fn two_consumer_groups_each_end_to_end() {
             "group billing done",
         ],
     );
+    // One end-to-end latency per group in the topic's statistics.
+    eventually("2 end-to-end latencies for orders.apac", async || {
+        l.handle
+            .stats(Some("orders.apac"))
+            .latency
+            .iter()
+            .any(|r| r.segment == Segment::EndToEnd && r.total.count == 2)
+    })
+    .await;
 }
