@@ -1158,3 +1158,44 @@ async fn brokers_starting_together_on_a_fresh_server_all_come_up() {
         broker.expect("every broker starts").shutdown().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reports_survive_dropping_the_producer_and_consumer_right_away() {
+    let sys = TestSystem::start().await;
+    let rid = RequestId::new("drop-me").unwrap();
+    let reply = {
+        let producer = sys.producer("shop").await;
+        producer
+            .send_message(Outgoing::new("orders.eu", "x").request_id(rid.clone()))
+            .await
+            .unwrap()
+    };
+    {
+        let consumer = sys.consumer("billing-1").await;
+        let got = consumer
+            .fetch(&sub("billing", "orders.*"), 1, WAIT)
+            .await
+            .unwrap();
+        consumer.ack(&got[0]).await.unwrap();
+    }
+    let recs = sys
+        .records_for(reply.message_id, |r| {
+            has_all(
+                r,
+                &[
+                    Stage::StoreConfirmed,
+                    Stage::PullReceived,
+                    Stage::PullAckSent,
+                ],
+            )
+        })
+        .await;
+    assert_eq!(count(&recs, Stage::StoreConfirmed), 1);
+    let p1 = sys
+        .stage_records()
+        .await
+        .into_iter()
+        .filter(|r| r.stage == Stage::UploadSent && r.request_id.as_ref() == Some(&rid))
+        .count();
+    assert_eq!(p1, 1);
+}

@@ -25,7 +25,7 @@ use crate::channel::{request_json, Channel, DEFAULT_TIMEOUT};
 use crate::error::ClientError;
 use crate::hooks::{DeliveryInfo, HookEvent, Hooks};
 use crate::identity::Identity;
-use crate::reporter::{self, Reporter};
+use crate::reporter::{Reporter, Reporting};
 use base64::Engine;
 use bytes::Bytes;
 use futures::{Stream, StreamExt};
@@ -105,7 +105,7 @@ impl Default for PushOptions {
 pub struct Consumer {
     channel: Arc<Channel>,
     hooks: Hooks,
-    reporter: Option<Arc<Reporter>>,
+    reporting: Reporting,
 }
 
 impl Consumer {
@@ -126,11 +126,11 @@ impl Consumer {
     ) -> Result<Self, ClientError> {
         let channel = Channel::open(client, identity, Role::Consumer, timeout).await?;
         let hooks = Hooks::default();
-        let reporter = report_stages.then(|| reporter::install(&hooks, Arc::downgrade(&channel)));
+        let reporting = Reporting::start(report_stages, &hooks, &channel);
         Ok(Consumer {
             channel,
             hooks,
-            reporter,
+            reporting,
         })
     }
 
@@ -141,7 +141,7 @@ impl Consumer {
 
     /// The stage reporter's counters, if reporting is on.
     pub fn reporter(&self) -> Option<&Reporter> {
-        self.reporter.as_deref()
+        self.reporting.counters.as_deref()
     }
 
     /// The consumer's ID.
@@ -308,9 +308,12 @@ impl Consumer {
         Ok(outcome)
     }
 
-    /// Closes the channel. Pending stage reports are sent first (best effort).
+    /// Sends the stage reports still queued (waiting up to the request timeout), then closes
+    /// the channel. Without `close`, dropping the last clone still sends them.
     pub async fn close(self) -> Result<(), ClientError> {
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        self.reporting
+            .finish(&self.hooks, self.channel.timeout)
+            .await;
         self.channel.close().await
     }
 }

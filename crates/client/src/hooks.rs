@@ -220,6 +220,11 @@ impl Hooks {
         }
     }
 
+    /// Unregisters every hook: their tasks finish the events already queued, then end.
+    pub fn close(&self) {
+        self.hooks.write().expect("hooks poisoned").clear();
+    }
+
     /// Events dropped because a hook's queue was full or the hook had ended.
     pub fn dropped(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)

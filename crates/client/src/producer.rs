@@ -17,7 +17,7 @@ use crate::channel::{decode, request_raw, Channel, DEFAULT_TIMEOUT};
 use crate::error::ClientError;
 use crate::hooks::{HookEvent, Hooks};
 use crate::identity::Identity;
-use crate::reporter::{self, Reporter};
+use crate::reporter::{Reporter, Reporting};
 use async_nats::HeaderMap;
 use bytes::Bytes;
 use msgtrail_core::headers as h;
@@ -99,7 +99,7 @@ pub struct Producer {
     channel: Arc<Channel>,
     hooks: Hooks,
     options: ProducerOptions,
-    reporter: Option<Arc<Reporter>>,
+    reporting: Reporting,
 }
 
 impl Producer {
@@ -119,14 +119,12 @@ impl Producer {
     ) -> Result<Self, ClientError> {
         let channel = Channel::open(client, identity, Role::Producer, options.timeout).await?;
         let hooks = Hooks::default();
-        let reporter = options
-            .report_stages
-            .then(|| reporter::install(&hooks, Arc::downgrade(&channel)));
+        let reporting = Reporting::start(options.report_stages, &hooks, &channel);
         Ok(Producer {
             channel,
             hooks,
             options,
-            reporter,
+            reporting,
         })
     }
 
@@ -137,7 +135,7 @@ impl Producer {
 
     /// The stage reporter's counters, if reporting is on.
     pub fn reporter(&self) -> Option<&Reporter> {
-        self.reporter.as_deref()
+        self.reporting.counters.as_deref()
     }
 
     /// Sends `payload` to `topic` with a generated request ID.
@@ -229,9 +227,13 @@ impl Producer {
         decode(&reply)
     }
 
-    /// Closes the channel. Pending stage reports are sent first (best effort).
+    /// Sends the stage reports still queued (waiting up to the request timeout), then closes
+    /// the channel. Without `close`, dropping the last clone still sends them, and the
+    /// channel expires by itself.
     pub async fn close(self) -> Result<(), ClientError> {
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        self.reporting
+            .finish(&self.hooks, self.options.timeout)
+            .await;
         self.channel.close().await
     }
 }

@@ -13,8 +13,9 @@ use msgtrail_core::headers as h;
 use msgtrail_core::subjects as s;
 use msgtrail_core::{Stage, StageRecord};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::Duration;
+use tokio::task::JoinHandle;
 
 /// Records per report.
 const BATCH: usize = 256;
@@ -152,12 +153,16 @@ fn delivery_record(stage: Stage, d: &crate::hooks::DeliveryInfo, at: u64) -> Sta
     r
 }
 
-/// Registers the reporting hook on `hooks`, sending through `channel`.
-pub(crate) fn install(hooks: &Hooks, channel: Weak<Channel>) -> Arc<Reporter> {
+/// Registers the reporting hook on `hooks`, sending through `channel`. The task keeps the
+/// channel open until every event is reported: it ends when the hooks are closed
+/// ([`Hooks::close`]) or dropped with the last producer or consumer clone, after sending what
+/// it still holds.
+pub(crate) fn install(hooks: &Hooks, channel: Arc<Channel>) -> (Arc<Reporter>, JoinHandle<()>) {
     let reporter = Arc::new(Reporter::default());
     let mut rx = hooks.channel(&[], QUEUE);
     let counters = reporter.clone();
-    tokio::spawn(async move {
+    let task = tokio::spawn(async move {
+        let ch = channel;
         let mut batch: Vec<serde_json::Value> = Vec::with_capacity(BATCH);
         while let Some(first) = rx.recv().await {
             batch.extend(report_line(&first));
@@ -171,7 +176,6 @@ pub(crate) fn install(hooks: &Hooks, channel: Weak<Channel>) -> Arc<Reporter> {
             if batch.is_empty() {
                 continue;
             }
-            let Some(ch) = channel.upgrade() else { break };
             let n = batch.len() as u64;
             let body = encode_report(&batch);
             batch.clear();
@@ -197,5 +201,38 @@ pub(crate) fn install(hooks: &Hooks, channel: Weak<Channel>) -> Arc<Reporter> {
             };
         }
     });
-    reporter
+    (reporter, task)
+}
+
+/// A producer's or consumer's reporting: the counters and the task, shared by its clones.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Reporting {
+    /// The counters, when reporting is on.
+    pub(crate) counters: Option<Arc<Reporter>>,
+    task: Arc<std::sync::Mutex<Option<JoinHandle<()>>>>,
+}
+
+impl Reporting {
+    /// Starts reporting through `channel` if `enabled`.
+    pub(crate) fn start(enabled: bool, hooks: &Hooks, channel: &Arc<Channel>) -> Self {
+        if !enabled {
+            return Reporting::default();
+        }
+        let (counters, task) = install(hooks, channel.clone());
+        Reporting {
+            counters: Some(counters),
+            task: Arc::new(std::sync::Mutex::new(Some(task))),
+        }
+    }
+
+    /// Closes the hooks and waits up to `timeout` for the reports still queued to be sent.
+    pub(crate) async fn finish(&self, hooks: &Hooks, timeout: std::time::Duration) {
+        hooks.close();
+        let task = self.task.lock().expect("reporter task poisoned").take();
+        if let Some(task) = task {
+            if tokio::time::timeout(timeout, task).await.is_err() {
+                tracing::warn!("stage reports still unsent at close");
+            }
+        }
+    }
 }
