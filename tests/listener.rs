@@ -9,7 +9,7 @@ use msgtrail_core::trajectory::{
     DeliveryMode, HopKind, HopSpan, HopStatus, MessageState, Segment, Trajectory,
 };
 use msgtrail_core::wire::Subscription;
-use msgtrail_core::{ClientId, ErrorCode, RequestId};
+use msgtrail_core::{ClientId, ErrorCode, RequestId, Stage};
 use msgtrail_e2e::{collect, settled, TestListener, TestSystem, MAX_DELIVER};
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -405,9 +405,10 @@ async fn dead_letter_after_max_deliveries() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_refused_upload_never_reached_the_broker() {
-    // The broker refuses both uploads before assigning an ID, so only the producer's P1
-    // exists: found by request ID, lost once the store deadline passes.
+async fn a_refused_upload_says_why_it_went_no_further() {
+    // The broker refuses both uploads before assigning an ID: the producer's P1 and the
+    // broker's refusal (P2, outcome refused) are found by request ID, lost at once, with the
+    // broker's reason as the failure point.
     let sys = TestSystem::start_with(|c| c.max_payload = 1024).await;
     let l = sys.start_listener(|c| c.deadlines.stored_ms = 300).await;
     let narrow = sys.producer("shop-2").await; // may publish to orders.> only
@@ -425,12 +426,17 @@ async fn a_refused_upload_never_reached_the_broker() {
         .unwrap_err();
     assert_eq!(err.code(), Some(ErrorCode::PayloadTooLarge), "{err}");
 
-    for (req, producer, topic) in [
-        (&forbidden, "shop-2", "payments.card"),
-        (&too_large, "shop", "orders.eu"),
+    for (req, producer, topic, code) in [
+        (&forbidden, "shop-2", "payments.card", "not_permitted"),
+        (&too_large, "shop", "orders.eu", "payload_too_large"),
     ] {
         let t = l
-            .trajectory_when(req.as_str(), |t| t.state == MessageState::Lost)
+            .trajectory_when(req.as_str(), |t| {
+                // Lost as soon as the refusal is in; wait for the producer's P1 as well.
+                t.state == MessageState::Lost
+                    && t.hop("send")
+                        .is_some_and(|h| h.events.iter().any(|r| r.stage == Stage::UploadSent))
+            })
             .await;
         assert_eq!(t.message_id, None);
         assert_eq!(t.request_id.as_ref(), Some(req));
@@ -442,17 +448,19 @@ async fn a_refused_upload_never_reached_the_broker() {
             Some(trace_ids::hex(&trace_ids::orphan_trace_id(&p, req))),
             "an upload without a message ID is traced under the (producer, request ID) hash"
         );
-        assert_eq!(keys(&t), ["send"]);
+        assert_eq!(keys(&t), ["send", "store"]);
         let send = hop(&t, "send");
         assert_eq!(codes(send), ["P1"]);
         assert_eq!(send.status, HopStatus::Error);
-        assert!(!t.reached_broker());
+        let store = hop(&t, "store");
+        assert_eq!(codes(store), ["P2"]);
+        assert_eq!(store.status, HopStatus::Error);
         assert!(t.groups.is_empty());
         let failure = t.failure.as_deref().expect("a failure point");
-        assert_contains(failure, &["did not reach the broker", "300 ms"]);
+        assert_contains(failure, &["refused by the broker", code]);
         assert_contains(
             &t.diagnosis,
-            &[&format!("sent by {producer}"), "did not reach the broker"],
+            &[&format!("sent by {producer}"), "refused by the broker"],
         );
         assert_eq!(t.states.last().map(|s| s.state), Some(MessageState::Lost));
     }

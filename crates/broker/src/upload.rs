@@ -5,7 +5,8 @@
 //! <producer>:<request-id>`, so a retry inside the stream's duplicate window is not stored
 //! again; the PubAck then names the original's sequence, whose headers give back the original
 //! message ID (a direct get). Records: P2 (received, ID assigned) and P3 (stored) for a new
-//! message, D1 for a suppressed duplicate.
+//! message, D1 for a suppressed duplicate, and P2 with outcome `refused` (no message ID, the
+//! error as detail) for an upload refused on an open producer channel.
 
 use crate::channels::Channels;
 use crate::clients::may_publish;
@@ -102,27 +103,17 @@ impl Uploader {
         let received_at = msgtrail_core::time::now_nanos();
         let empty = HeaderMap::new();
         let headers = msg.headers.as_ref().unwrap_or(&empty);
-        if msg.payload.len() > self.config.max_payload {
-            return Err(WireError::new(
-                ErrorCode::PayloadTooLarge,
-                format!(
-                    "payload is {} bytes; this broker accepts at most {}",
-                    msg.payload.len(),
-                    self.config.max_payload
-                ),
-            ));
-        }
-        let hb = header_bytes(headers);
-        if hb > self.config.max_header_bytes {
-            return Err(WireError::new(
-                ErrorCode::HeadersTooLarge,
-                format!(
-                    "headers are {hb} bytes; this broker accepts at most {}",
-                    self.config.max_header_bytes
-                ),
-            ));
-        }
-        let up = self.validate(headers).await?;
+        let checked = match self.check_sizes(msg, headers) {
+            Ok(()) => self.validate(headers).await,
+            Err(e) => Err(e),
+        };
+        let up = match checked {
+            Ok(up) => up,
+            Err(e) => {
+                self.record_refusal(headers, received_at, &e).await;
+                return Err(e);
+            }
+        };
         let message_id = MessageId::new();
 
         let mut stored = HeaderMap::new();
@@ -204,6 +195,66 @@ impl Uploader {
             stream_seq: ack.sequence,
             duplicate: false,
         })
+    }
+
+    fn check_sizes(&self, msg: &async_nats::Message, headers: &HeaderMap) -> Result<(), WireError> {
+        if msg.payload.len() > self.config.max_payload {
+            return Err(WireError::new(
+                ErrorCode::PayloadTooLarge,
+                format!(
+                    "payload is {} bytes; this broker accepts at most {}",
+                    msg.payload.len(),
+                    self.config.max_payload
+                ),
+            ));
+        }
+        let hb = header_bytes(headers);
+        if hb > self.config.max_header_bytes {
+            return Err(WireError::new(
+                ErrorCode::HeadersTooLarge,
+                format!(
+                    "headers are {hb} bytes; this broker accepts at most {}",
+                    self.config.max_header_bytes
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Records a refused upload as P2 with outcome `refused`, so that the trajectory of the
+    /// request says why it went no further. Only for a request on an open producer channel
+    /// with a valid request ID: anything else cannot be placed on a trajectory.
+    async fn record_refusal(&self, headers: &HeaderMap, at: u64, e: &WireError) {
+        let Some(channel) = headers.get(h::CHANNEL) else {
+            return;
+        };
+        let Ok(channel) = self
+            .channels
+            .lookup_role(channel.as_str(), Role::Producer)
+            .await
+        else {
+            return;
+        };
+        let Some(request_id) = headers
+            .get(h::REQUEST_ID)
+            .and_then(|v| RequestId::new(v.as_str()).ok())
+        else {
+            return;
+        };
+        let mut p2 = StageRecord::at(Stage::UploadReceived, at);
+        p2.request_id = Some(request_id);
+        p2.producer = Some(channel.client_id);
+        p2.topic = headers
+            .get(h::TOPIC)
+            .and_then(|t| Topic::new(t.as_str()).ok())
+            .map(|t| t.to_string());
+        p2.attempt = headers
+            .get(h::ATTEMPT)
+            .and_then(|a| a.as_str().parse().ok());
+        p2.outcome = Some("refused".into());
+        p2.detail = Some(e.to_string());
+        p2.service = Some(self.config.service_name.clone());
+        self.sink.record(p2);
     }
 
     fn base_record(&self, stage: Stage, at: u64, up: &Upload, id: MessageId) -> StageRecord {

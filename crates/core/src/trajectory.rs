@@ -685,26 +685,47 @@ impl<'a> Builder<'a> {
         };
 
         // ---- store hop
-        let p2_at = at_of(&store_recs, &[Stage::UploadReceived]);
+        // A P2 with outcome `refused` is the broker's answer to an upload it refused (too
+        // large, topic not permitted, …): received, but never a message.
+        let is_refusal = |r: &StageRecord| {
+            r.stage == Stage::UploadReceived && r.outcome.as_deref() == Some("refused")
+        };
+        let refusal = store_recs
+            .iter()
+            .filter(|r| is_refusal(r))
+            .max_by_key(|r| r.at);
+        let p2_at = store_recs
+            .iter()
+            .filter(|r| r.stage == Stage::UploadReceived && !is_refusal(r))
+            .map(|r| r.at)
+            .min();
         let p3_at = last_at_of(&store_recs, &[Stage::Stored]);
         let store_hop = if store_recs.is_empty() {
             None
         } else {
-            let start = p2_at.or(p3_at).unwrap_or(0);
-            let (status, reason) = match p3_at {
-                Some(_) => (HopStatus::Ok, None),
-                None if self.overdue(start, d.stored_ms) => (
+            let start = p2_at.or(p3_at).or(refusal.map(|r| r.at)).unwrap_or(0);
+            let (status, reason) = match (p3_at, refusal) {
+                (Some(_), _) => (HopStatus::Ok, None),
+                (None, Some(r)) if p2_at.is_none() => (
+                    HopStatus::Error,
+                    Some(format!(
+                        "refused by the broker: {}",
+                        r.detail.as_deref().unwrap_or("no reason given")
+                    )),
+                ),
+                (None, _) if self.overdue(start, d.stored_ms) => (
                     HopStatus::Error,
                     Some(format!(
                         "not stored: the broker received it but stored nothing within {} ms",
                         d.stored_ms
                     )),
                 ),
-                None => (
+                (None, _) => (
                     HopStatus::Incomplete,
                     Some("received by the broker, not stored yet".to_owned()),
                 ),
             };
+            let end = p3_at.or_else(|| refusal.filter(|_| p2_at.is_none()).map(|r| r.at));
             Some(HopSpan {
                 kind: HopKind::Store,
                 key: "store".into(),
@@ -716,8 +737,8 @@ impl<'a> Builder<'a> {
                 mode: None,
                 service: first_service(&store_recs),
                 start,
-                end: p3_at,
-                latency_nanos: p3_at.map(|e| e.saturating_sub(start)),
+                end,
+                latency_nanos: end.map(|e| e.saturating_sub(start)),
                 status,
                 reason,
                 synthesized: false,
@@ -1582,6 +1603,34 @@ mod tests {
             .unwrap()
             .starts_with("did not reach the broker"));
         assert_eq!(t.upload_attempts, 3);
+    }
+
+    #[test]
+    fn a_refused_upload_says_why() {
+        let p1 = up(Stage::UploadSent, 0, false);
+        let mut p2 = up(Stage::UploadReceived, 1, false);
+        p2.outcome = Some("refused".into());
+        p2.detail = Some("payload_too_large: payload is 2048 bytes".into());
+        let t =
+            Trajectory::assemble([p1.clone(), p2.clone()], &AssembleOptions::default()).unwrap();
+        assert_eq!(t.state, MessageState::Lost);
+        let store = t.hop("store").unwrap();
+        assert_eq!(store.status, HopStatus::Error);
+        assert_eq!(store.end, Some(store.start));
+        assert_eq!(
+            t.failure.as_deref(),
+            Some("refused by the broker: payload_too_large: payload is 2048 bytes")
+        );
+        // A later attempt that went through wins.
+        let recs = vec![
+            p1,
+            p2,
+            up(Stage::UploadReceived, 5, true),
+            up(Stage::Stored, 6, true),
+        ];
+        let ok = Trajectory::assemble(recs, &AssembleOptions::default()).unwrap();
+        assert_eq!(ok.hop("store").unwrap().status, HopStatus::Ok);
+        assert_eq!(ok.state, MessageState::Enqueued);
     }
 
     #[test]
