@@ -570,6 +570,7 @@ async fn a_duplicate_upload_is_one_message_with_the_duplicate_counted() {
     let mut send_codes = codes(send);
     send_codes.sort();
     assert_eq!(send_codes, ["D1", "P1", "P1", "P4", "P4"]);
+    assert_eq!(t.upload_attempts, 2, "both sends count as attempts");
     assert_contains(
         &t.diagnosis,
         &["1 duplicate upload(s) suppressed", "stored"],

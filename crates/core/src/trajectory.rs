@@ -749,6 +749,12 @@ impl<'a> Builder<'a> {
         // ---- send hop
         let p1_at = at_of(&send_recs, &[Stage::UploadSent]);
         let p4_at = last_at_of(&send_recs, &[Stage::StoreConfirmed]);
+        // Every P1 is an attempt (a retry, or the same request ID sent again); the highest
+        // attempt number also counts, for attempts whose own P1 never arrived.
+        let sent_p1s = send_recs
+            .iter()
+            .filter(|r| r.stage == Stage::UploadSent)
+            .count() as u32;
         let upload_attempts = send_recs
             .iter()
             .filter(|r| matches!(r.stage, Stage::UploadSent | Stage::Duplicate))
@@ -758,7 +764,8 @@ impl<'a> Builder<'a> {
                 1
             } else {
                 0
-            });
+            })
+            .max(sent_p1s);
         let duplicates = send_recs
             .iter()
             .filter(|r| r.stage == Stage::Duplicate)
@@ -1603,6 +1610,23 @@ mod tests {
             .unwrap()
             .starts_with("did not reach the broker"));
         assert_eq!(t.upload_attempts, 3);
+    }
+
+    #[test]
+    fn the_same_request_sent_twice_counts_two_attempts() {
+        let first = up(Stage::UploadSent, 0, false);
+        let again = up(Stage::UploadSent, 10, false); // a new send, attempt 1 again
+        let mut d1 = up(Stage::Duplicate, 11, true);
+        d1.attempt = Some(1);
+        let recs = vec![
+            first,
+            up(Stage::UploadReceived, 1, true),
+            up(Stage::Stored, 2, true),
+            again,
+            d1,
+        ];
+        let t = Trajectory::assemble(recs, &AssembleOptions::default()).unwrap();
+        assert_eq!((t.upload_attempts, t.duplicates), (2, 1));
     }
 
     #[test]
