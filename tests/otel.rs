@@ -27,7 +27,12 @@ fn sub() -> Subscription {
 
 /// Sends one message, fetches it, fails the first attempt if `fail_first`, processes it
 /// successfully, and returns its ID and its stage records once they are all there.
-async fn send_and_consume(sys: &TestSystem, fail_first: bool) -> (MessageId, Vec<StageRecord>) {
+/// Sends one message and consumes it (failing the first attempt if asked); returns its ID,
+/// its stage records, and the `process` traceparent the handler saw on each attempt.
+async fn send_and_consume(
+    sys: &TestSystem,
+    fail_first: bool,
+) -> (MessageId, Vec<StageRecord>, Vec<String>) {
     let producer = sys.producer("shop").await;
     let consumer = sys.consumer("billing-1").await;
     let reply = producer
@@ -35,6 +40,7 @@ async fn send_and_consume(sys: &TestSystem, fail_first: bool) -> (MessageId, Vec
         .await
         .unwrap();
     let mut attempts = 0;
+    let mut handler_parents = vec![];
     let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
     loop {
         assert!(tokio::time::Instant::now() < deadline, "never processed");
@@ -43,6 +49,7 @@ async fn send_and_consume(sys: &TestSystem, fail_first: bool) -> (MessageId, Vec
             continue;
         };
         attempts += 1;
+        handler_parents.push(m.process_traceparent());
         let fail = fail_first && attempts == 1;
         let outcome = consumer
             .process(m, |_| async move {
@@ -97,7 +104,7 @@ async fn send_and_consume(sys: &TestSystem, fail_first: bool) -> (MessageId, Vec
         assert!(tokio::time::Instant::now() < deadline, "no P1 record");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    (reply.message_id, all)
+    (reply.message_id, all, handler_parents)
 }
 
 fn assemble(records: Vec<StageRecord>) -> Trajectory {
@@ -154,7 +161,7 @@ fn codes(s: &ReceivedSpan) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_consumed_message_is_one_trace_over_grpc() {
     let sys = TestSystem::start().await;
-    let (id, records) = send_and_consume(&sys, false).await;
+    let (id, records, handler_parents) = send_and_consume(&sys, false).await;
     let t = assemble(records);
     assert!(!t.hops.iter().any(|h| h.synthesized), "{:#?}", t.hops);
     let got = export_and_receive(&t, OtlpProtocol::Grpc, Protocol::Grpc).await;
@@ -171,6 +178,15 @@ async fn a_consumed_message_is_one_trace_over_grpc() {
     let store = span(&got, "store");
     let deliver = span(&got, &deliver_hop.key());
     let process = span(&got, "process/billing/billing-1/1");
+    // The handler knew its process span without any propagation: its own spans nest there.
+    assert_eq!(
+        handler_parents,
+        [format!(
+            "00-{}-{}-01",
+            process.trace_hex(),
+            process.span_hex()
+        )]
+    );
     assert_eq!(send.parent_hex(), "");
     assert_eq!(store.parent_hex(), sid(&id, &Hop::Send));
     assert_eq!(deliver.parent_hex(), sid(&id, &Hop::Store));
@@ -195,13 +211,19 @@ async fn a_consumed_message_is_one_trace_over_grpc() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_attempt_is_an_error_span_over_http() {
     let sys = TestSystem::start().await;
-    let (id, records) = send_and_consume(&sys, true).await;
+    let (id, records, handler_parents) = send_and_consume(&sys, true).await;
     let t = assemble(records);
     let got = export_and_receive(&t, OtlpProtocol::HttpProtobuf, Protocol::HttpProtobuf).await;
     for s in &got {
         assert_eq!(s.trace_hex(), id.trace_hex());
     }
     let failed = span(&got, "process/billing/billing-1/1");
+    let retried = span(&got, "process/billing/billing-1/2");
+    assert_eq!(
+        handler_parents,
+        [failed, retried].map(|s| format!("00-{}-{}-01", s.trace_hex(), s.span_hex())),
+        "each attempt's handler sees its own process span"
+    );
     let status = failed.span.status.as_ref().expect("a status");
     assert_eq!(status.code, 2, "ERROR");
     assert!(
@@ -251,7 +273,7 @@ async fn the_listener_exports_each_consumed_message_as_one_trace() {
     })
     .await
     .expect("listener starts");
-    let (id, _) = send_and_consume(&sys, true).await;
+    let (id, _, _) = send_and_consume(&sys, true).await;
     // send, store, 2 × (deliver, process)
     let got = rx.spans(6, Duration::from_secs(20)).await;
     let mine: Vec<&ReceivedSpan> = got

@@ -63,6 +63,8 @@ pub struct Received {
     pub producer: ClientId,
     /// The consumer group.
     pub group: ClientId,
+    /// The consumer it was delivered to (this consumer).
+    pub consumer: ClientId,
     /// Pushed (true) or pulled (false).
     pub push: bool,
     /// The token to settle it with.
@@ -70,6 +72,33 @@ pub struct Received {
 }
 
 impl Received {
+    /// The trace and span IDs of this delivery's `process` span, the span the listener
+    /// exports for it: trace ID = message ID, span ID = the documented hash of
+    /// (message ID, `process/<group>/<consumer>/<attempt>`). No propagation involved.
+    pub fn process_span_ids(&self) -> ([u8; 16], [u8; 8]) {
+        let hop = msgtrail_core::trace_ids::Hop::Process {
+            group: self.group.as_str(),
+            consumer: self.consumer.as_str(),
+            attempt: self.delivery_attempt,
+        };
+        (
+            msgtrail_core::trace_ids::trace_id(&self.message_id),
+            msgtrail_core::trace_ids::span_id(&self.message_id, &hop),
+        )
+    }
+
+    /// The W3C `traceparent` of this delivery's `process` span, so that the application's
+    /// own spans can be its children with any tracing library (extract it as a remote parent;
+    /// with OpenTelemetry, `TraceContextPropagator`).
+    pub fn process_traceparent(&self) -> String {
+        let (trace, span) = self.process_span_ids();
+        format!(
+            "00-{}-{}-01",
+            msgtrail_core::trace_ids::hex(&trace),
+            msgtrail_core::trace_ids::hex(&span)
+        )
+    }
+
     fn info(&self) -> DeliveryInfo {
         DeliveryInfo {
             message_id: self.message_id,
@@ -184,6 +213,7 @@ impl Consumer {
                 stream_seq: d.stream_seq,
                 producer: d.producer,
                 group: d.group,
+                consumer: self.client_id().clone(),
                 push: false,
                 ack_token: d.ack_token,
             };
@@ -352,6 +382,7 @@ impl PushStream {
             stream_seq: get(h::STREAM_SEQ)?.parse().ok()?,
             producer: ClientId::new(get(h::PRODUCER)?).ok()?,
             group: self.group.clone(),
+            consumer: self.consumer.client_id().clone(),
             push: true,
             ack_token: get(h::ACK_TOKEN)?,
         })
