@@ -7,7 +7,9 @@ use std::time::Duration;
 /// The benchmark's settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct BenchConfig {
-    /// Run against this NATS server instead of starting one (no durable variant then).
+    /// Run against this NATS server instead of starting one (no durable variant then). The
+    /// pipeline runs purge msgtrail's streams there, so the run refuses a server whose
+    /// streams hold data.
     pub nats_url: Option<String>,
     /// Messages per S1–S3 run (per payload size).
     pub messages: u64,

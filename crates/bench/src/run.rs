@@ -10,6 +10,7 @@ use crate::raw::Load;
 use crate::report::{Machine, PayloadRun, Report};
 use crate::{export, ingest, lookup, pipeline, raw};
 use bytes::Bytes;
+use msgtrail_core::subjects::{MESSAGE_STREAM, STAGE_STREAM};
 use msgtrail_test_support::{NatsServer, NatsServerOptions};
 use std::time::Instant;
 
@@ -37,6 +38,9 @@ pub async fn run(config: BenchConfig, progress: bool) -> Result<Report, BenchErr
     let client = async_nats::connect(url.as_str())
         .await
         .map_err(BenchError::nats)?;
+    if config.nats_url.is_some() {
+        refuse_live_data(&client).await?;
+    }
     let machine = Machine::detect(&client);
     let (runs, recorded) = variant(&config, &url, "", &progress).await?;
 
@@ -100,6 +104,29 @@ pub async fn run(config: BenchConfig, progress: bool) -> Result<Report, BenchErr
     Ok(report)
 }
 
+/// The pipeline runs purge msgtrail's streams between runs: on a server the harness did not
+/// start, refuse to run when they hold anything (a deployment's data).
+async fn refuse_live_data(client: &async_nats::Client) -> Result<(), BenchError> {
+    let js = async_nats::jetstream::new(client.clone());
+    for name in [MESSAGE_STREAM, STAGE_STREAM] {
+        if let Ok(mut stream) = js.get_stream(name).await {
+            let n = stream
+                .info()
+                .await
+                .map_err(BenchError::nats)?
+                .state
+                .messages;
+            if n > 0 {
+                return Err(BenchError::Config(format!(
+                    "stream {name} on that server holds {n} messages; the bench purges it \
+                     between runs, so point --nats-url at a scratch server (or purge it first)"
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// S1–S3 for every payload size against `url`; returns the runs and the stage-stream
 /// messages every S3 run wrote.
 async fn variant(
@@ -133,6 +160,13 @@ async fn variant(
         let s3 = pipeline::run(&params(true), progress).await?;
         recorded.extend(pipeline::stage_batches(&client).await?);
         runs.push(PayloadRun::new(s1, s2, s3));
+    }
+    // Leave msgtrail's streams empty, as the next run expects them on a shared server.
+    let js = async_nats::jetstream::new(client.clone());
+    for name in [MESSAGE_STREAM, STAGE_STREAM] {
+        if let Ok(stream) = js.get_stream(name).await {
+            let _ = stream.purge().await;
+        }
     }
     Ok((runs, recorded))
 }
