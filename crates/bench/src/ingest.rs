@@ -188,3 +188,41 @@ pub fn run(
         after.saturating_sub(before) as f64 / out.inflight_messages.max(1) as f64;
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use msgtrail_core::Stage;
+
+    #[test]
+    fn relabelled_copies_are_other_messages_of_the_same_shape() {
+        let mut r = StageRecord::now(Stage::UploadReceived);
+        r.message_id = Some(MessageId::new());
+        r.request_id = Some(RequestId::generate());
+        let mut c = r.clone();
+        relabel(&mut c, 7);
+        assert_ne!(c.message_id, r.message_id);
+        assert_ne!(c.request_id, r.request_id);
+        assert_eq!(c.stage, r.stage);
+        // Still a UUIDv7 with the same timestamp.
+        let (a, b) = (r.message_id.unwrap(), c.message_id.unwrap());
+        assert_eq!(a.unix_millis(), b.unix_millis());
+        let mut same = r.clone();
+        relabel(&mut same, 0);
+        assert_eq!(same, r);
+    }
+
+    #[test]
+    fn replay_set_holds_every_copy() {
+        let mut r = StageRecord::now(Stage::UploadReceived);
+        r.message_id = Some(MessageId::new());
+        let set = replay_set(&[vec![r.clone(), r]], 3);
+        assert_eq!(set.len(), 3);
+        let ids: BTreeSet<_> = set
+            .iter()
+            .flat_map(|b| decode_batch(b).unwrap())
+            .filter_map(|r| r.message_id)
+            .collect();
+        assert_eq!(ids.len(), 3);
+    }
+}

@@ -242,3 +242,30 @@ impl Countdown {
         *self.finished.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn countdown_notes_the_last_unit() {
+        let c = Countdown::new(Arc::new(AtomicU64::new(0)), 3);
+        c.one();
+        c.one();
+        assert!(!c.is_done() && c.finished().is_none());
+        c.one();
+        assert!(c.is_done() && c.finished().is_some());
+    }
+
+    #[test]
+    fn percentiles_in_milliseconds() {
+        let mut r = Recorder::default();
+        for us in 1..=1000 {
+            r.record_micros(us);
+        }
+        let s = r.summary();
+        assert_eq!(s.count, 1000);
+        assert!((s.p50_ms - 0.5).abs() < 0.01, "{s:?}");
+        assert!((s.p99_ms - 0.99).abs() < 0.01, "{s:?}");
+    }
+}

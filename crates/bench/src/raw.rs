@@ -361,3 +361,27 @@ async fn consume(
         }),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shares_add_up_and_differ_by_at_most_one() {
+        for (total, parts) in [(10, 3), (3, 4), (20_000, 4), (1, 1)] {
+            let s: Vec<u64> = (0..parts).map(|i| share(total, parts, i)).collect();
+            assert_eq!(s.iter().sum::<u64>(), total);
+            assert!(s.iter().max().unwrap() - s.iter().min().unwrap() <= 1);
+        }
+    }
+
+    #[test]
+    fn payload_carries_its_send_time() {
+        let before = msgtrail_core::time::now_nanos();
+        let p = stamped_payload(128);
+        assert_eq!(p.len(), 128);
+        let t = payload_stamp(&p).unwrap();
+        assert!(t >= before && t <= msgtrail_core::time::now_nanos());
+        assert_eq!(payload_stamp(b"short"), None);
+    }
+}
