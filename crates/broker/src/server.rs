@@ -76,7 +76,7 @@ const ENDPOINTS: &[(Kind, &str, &str)] = &[
 ];
 
 /// The request handlers of one broker.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 struct Handlers {
     channels: Channels,
     uploader: Uploader,
@@ -251,7 +251,8 @@ pub async fn start(config: BrokerConfig) -> Result<RunningBroker, BrokerError> {
         key: key.clone(),
         consumers: Default::default(),
     };
-    let handlers = Handlers {
+    // Shared, not cloned, per request: a clone deep-copies the stream handles and their info.
+    let handlers = Arc::new(Handlers {
         push: PushManager::new(deliverer.clone(), signal.clone()),
         relay: Relay {
             key,
@@ -263,7 +264,7 @@ pub async fn start(config: BrokerConfig) -> Result<RunningBroker, BrokerError> {
         uploader,
         deliverer: deliverer.clone(),
         metrics: metrics.clone(),
-    };
+    });
     drop(sink);
 
     let stats_metrics = metrics.clone();
@@ -365,7 +366,7 @@ async fn ensure_storage(
 async fn serve(
     kind: Kind,
     mut endpoint: service::endpoint::Endpoint,
-    handlers: Handlers,
+    handlers: Arc<Handlers>,
     in_flight: Arc<RwLock<()>>,
     mut shutdown: Shutdown,
 ) {
