@@ -17,6 +17,17 @@ fn sub(group: &str, topic: &str) -> Subscription {
     }
 }
 
+/// Waits for a message's R1 `dead_letter` record; returns it and all the message's records.
+async fn dead_letter_record(
+    sys: &TestSystem,
+    id: msgtrail_core::MessageId,
+) -> (StageRecord, Vec<StageRecord>) {
+    let is_dead = |r: &StageRecord| r.outcome.as_deref() == Some("dead_letter");
+    let recs = sys.records_for(id, |r| r.iter().any(is_dead)).await;
+    let dead = recs.iter().find(|r| is_dead(r)).cloned().unwrap();
+    (dead, recs)
+}
+
 fn count(recs: &[StageRecord], stage: Stage) -> usize {
     recs.iter().filter(|r| r.stage == stage).count()
 }
@@ -454,16 +465,7 @@ async fn failures_up_to_max_deliveries_dead_letter_the_message() {
     assert_eq!(dlq.len(), 1);
     assert_eq!(dlq[0].subject.as_str(), "msgtrail.dlq.billing.orders.eu");
     assert_eq!(&dlq[0].payload[..], b"poison");
-    let recs = sys
-        .records_for(reply.message_id, |r| {
-            r.iter()
-                .any(|r| r.outcome.as_deref() == Some("dead_letter"))
-        })
-        .await;
-    let dead = recs
-        .iter()
-        .find(|r| r.outcome.as_deref() == Some("dead_letter"))
-        .unwrap();
+    let (dead, recs) = dead_letter_record(&sys, reply.message_id).await;
     assert_eq!(dead.attempt, Some(MAX_DELIVER));
     assert!(
         dead.detail
@@ -934,16 +936,7 @@ async fn ack_timeouts_up_to_max_deliveries_dead_letter_the_message() {
         .await
         .unwrap()
         .is_empty());
-    let recs = sys
-        .records_for(reply.message_id, |r| {
-            r.iter()
-                .any(|r| r.outcome.as_deref() == Some("dead_letter"))
-        })
-        .await;
-    let dead = recs
-        .iter()
-        .find(|r| r.outcome.as_deref() == Some("dead_letter"))
-        .unwrap();
+    let (dead, _) = dead_letter_record(&sys, reply.message_id).await;
     assert!(
         dead.detail.as_deref().unwrap().contains("not acked"),
         "{dead:?}"
@@ -1121,16 +1114,7 @@ async fn term_dead_letters_at_once_with_the_reason() {
         .await
         .unwrap()
         .is_empty());
-    let recs = sys
-        .records_for(reply.message_id, |r| {
-            r.iter()
-                .any(|r| r.outcome.as_deref() == Some("dead_letter"))
-        })
-        .await;
-    let dead = recs
-        .iter()
-        .find(|r| r.outcome.as_deref() == Some("dead_letter"))
-        .unwrap();
+    let (dead, recs) = dead_letter_record(&sys, reply.message_id).await;
     assert_eq!(dead.attempt, Some(1));
     assert!(
         dead.detail.as_deref().unwrap().contains("malformed order"),
