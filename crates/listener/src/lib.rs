@@ -37,6 +37,7 @@
 //! set, trajectories also go out as traces.
 //!
 //! ## Layout
+//! - [`cache`]: the bounded in-memory cache of in-flight messages that ingest works from.
 //! - [`client`]: a small HTTP client of the API (used by `msgtrail trace` and `stats`).
 //! - [`config`]: [`ListenerConfig`], its defaults and environment variable names.
 //! - [`error`]: configuration, runtime, store and query errors.
@@ -51,6 +52,7 @@
 //!
 //! Trajectory assembly itself is pure and lives in `msgtrail_core::trajectory`.
 
+pub mod cache;
 pub mod client;
 pub mod config;
 pub mod error;

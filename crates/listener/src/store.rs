@@ -20,6 +20,7 @@
 //! new and counts nothing twice. A batch is one write transaction, committed (fsynced)
 //! before the ingest acks the stage-stream messages it came from.
 
+use crate::cache::{Cache, CacheStats, Cached, DEFAULT_CACHE_MESSAGES};
 use crate::error::{QueryError, StoreError};
 use base64::Engine;
 use msgtrail_core::stage::Stage;
@@ -27,8 +28,9 @@ use msgtrail_core::trajectory::{AssembleOptions, Deadlines, MessageState, Segmen
 use msgtrail_core::{ClientId, MessageId, RequestId, StageRecord};
 use redb::{Database, ReadableDatabase, ReadableTable, Table, TableDefinition};
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::Path;
+use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 const RECORDS: TableDefinition<(&str, &str), &str> = TableDefinition::new("records");
@@ -214,6 +216,9 @@ pub struct Store {
     payload_head_bytes: usize,
     deadlines: Deadlines,
     emit_trajectories: bool,
+    /// In-flight messages as committed. Every write transaction holds this lock from before
+    /// it begins until the cache reflects its commit, so the cache never lags the store.
+    cache: Mutex<Cache>,
 }
 
 impl std::fmt::Debug for Store {
@@ -310,6 +315,38 @@ impl<'t> Tables<'t> {
         Ok(())
     }
 
+    /// The message key (request ID, producer) is linked to, through a per-transaction memo.
+    fn link(
+        &self,
+        memo: &mut HashMap<(String, String), Option<String>>,
+        request: &str,
+        producer: &str,
+    ) -> Result<Option<String>, StoreError> {
+        let k = (request.to_owned(), producer.to_owned());
+        if let Some(v) = memo.get(&k) {
+            return Ok(v.clone());
+        }
+        let v = self
+            .requests
+            .get((request, producer))?
+            .map(|v| v.value().to_owned());
+        memo.insert(k, v.clone());
+        Ok(v)
+    }
+
+    /// Links (request ID, producer) to a message key, in the table and the memo.
+    fn set_link(
+        &mut self,
+        memo: &mut HashMap<(String, String), Option<String>>,
+        request: &str,
+        producer: &str,
+        key: String,
+    ) -> Result<(), StoreError> {
+        self.requests.insert((request, producer), key.as_str())?;
+        memo.insert((request.to_owned(), producer.to_owned()), Some(key));
+        Ok(())
+    }
+
     fn load_records(&self, key: &str) -> Result<Vec<StageRecord>, StoreError> {
         let mut out = Vec::new();
         for item in self.records.range((key, "")..)? {
@@ -373,6 +410,57 @@ impl<'t> Tables<'t> {
         Ok(())
     }
 
+    /// Reads a message as the cache holds it: its records, their dedup keys and size, its
+    /// summary.
+    fn load_cached(&self, key: &str) -> Result<Cached, StoreError> {
+        let mut c = Cached::default();
+        for item in self.records.range((key, "")..)? {
+            let (k, v) = item?;
+            let (mk, dk) = k.value();
+            if mk != key {
+                break;
+            }
+            c.bytes += (mk.len() + dk.len() + v.value().len()) as u64;
+            c.dedup_keys.insert(dk.to_owned());
+            c.records
+                .push(serde_json::from_str(v.value()).map_err(corrupt)?);
+        }
+        c.summary = self.summary(key)?;
+        Ok(c)
+    }
+
+    /// Deletes a message the cache held (its records are known, nothing is read back);
+    /// returns (bytes freed, its summary).
+    fn delete_known(
+        &mut self,
+        key: &str,
+        c: Cached,
+    ) -> Result<(u64, Option<MessageSummary>), StoreError> {
+        for dk in &c.dedup_keys {
+            self.records.remove((key, dk.as_str()))?;
+        }
+        self.delete_summary(key, c.summary.as_ref())?;
+        self.sub_bytes(c.bytes)?;
+        Ok((c.bytes, c.summary))
+    }
+
+    fn delete_summary(&mut self, key: &str, s: Option<&MessageSummary>) -> Result<(), StoreError> {
+        if let Some(s) = s {
+            self.unindex(s)?;
+            self.summaries.remove(key)?;
+            if let (Some(p), Some(r)) = (&s.producer, &s.request_id) {
+                let points_here = self
+                    .requests
+                    .get((r.as_str(), p.as_str()))?
+                    .is_some_and(|v| v.value() == key);
+                if points_here {
+                    self.requests.remove((r.as_str(), p.as_str()))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Deletes a message entirely; returns (bytes freed, its summary).
     fn delete_message(&mut self, key: &str) -> Result<(u64, Option<MessageSummary>), StoreError> {
         let mut keys = Vec::new();
@@ -390,19 +478,7 @@ impl<'t> Tables<'t> {
             self.records.remove((key, dk.as_str()))?;
         }
         let summary = self.summary(key)?;
-        if let Some(s) = &summary {
-            self.unindex(s)?;
-            self.summaries.remove(key)?;
-            if let (Some(p), Some(r)) = (&s.producer, &s.request_id) {
-                let points_here = self
-                    .requests
-                    .get((r.as_str(), p.as_str()))?
-                    .is_some_and(|v| v.value() == key);
-                if points_here {
-                    self.requests.remove((r.as_str(), p.as_str()))?;
-                }
-            }
-        }
+        self.delete_summary(key, summary.as_ref())?;
         self.sub_bytes(freed)?;
         Ok((freed, summary))
     }
@@ -478,6 +554,7 @@ impl Store {
             payload_head_bytes,
             deadlines,
             emit_trajectories: false,
+            cache: Mutex::new(Cache::new(DEFAULT_CACHE_MESSAGES)),
         })
     }
 
@@ -486,6 +563,24 @@ impl Store {
     pub fn emit_trajectories(mut self, on: bool) -> Self {
         self.emit_trajectories = on;
         self
+    }
+
+    /// Sets how many in-flight messages [`Store::apply`] keeps in memory (default
+    /// [`DEFAULT_CACHE_MESSAGES`]; 0 keeps none and reads every touched message back).
+    pub fn cache_capacity(self, messages: usize) -> Self {
+        *self.lock_cache() = Cache::new(messages);
+        self
+    }
+
+    /// The in-flight cache's counters.
+    pub fn cache_stats(&self) -> CacheStats {
+        self.lock_cache().stats()
+    }
+
+    fn lock_cache(&self) -> MutexGuard<'_, Cache> {
+        // A panic while holding the lock leaves only committed entries in the cache (work
+        // in progress is taken out of it), so a poisoned cache is still sound.
+        self.cache.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn options(&self, now: u64) -> AssembleOptions {
@@ -516,18 +611,20 @@ impl Store {
     /// already stored are skipped, so applying the same batch twice changes nothing.
     pub fn apply(&self, records: Vec<StageRecord>, now: u64) -> Result<ApplyOutcome, StoreError> {
         let mut out = ApplyOutcome::default();
+        let mut cache = self.lock_cache();
+        // The messages this batch touched, as they will be once it commits.
+        let mut staged: Vec<(String, Cached)> = Vec::new();
         let tx = self.db.begin_write()?;
         {
             let mut t = Tables::open(&tx)?;
+            // (request ID, producer) → message key, as read or written in this transaction.
+            let mut links: HashMap<(String, String), Option<String>> = HashMap::new();
             // Pass 1: links (producer, request ID) → message ID; orphans to merge.
             let mut merges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
             for r in &records {
                 if let (Some(m), Some(p), Some(q)) = (&r.message_id, &r.producer, &r.request_id) {
                     let mkey = m.to_string();
-                    let cur = t
-                        .requests
-                        .get((q.as_str(), p.as_str()))?
-                        .map(|v| v.value().to_owned());
+                    let cur = t.link(&mut links, q.as_str(), p.as_str())?;
                     match cur {
                         Some(c) if c == mkey => {}
                         // A request ID already linked to another message (a retry after the
@@ -537,7 +634,7 @@ impl Store {
                             if let Some(orphan) = other {
                                 merges.entry(mkey.clone()).or_default().insert(orphan);
                             }
-                            t.requests.insert((q.as_str(), p.as_str()), mkey.as_str())?;
+                            t.set_link(&mut links, q.as_str(), p.as_str(), mkey)?;
                         }
                     }
                 }
@@ -545,19 +642,14 @@ impl Store {
             // Pass 2: group the records by message key.
             let mut by_key: BTreeMap<String, Vec<StageRecord>> = BTreeMap::new();
             for mut r in records {
-                let stage_counter = format!("{COUNTER_STAGE_PREFIX}{}", r.stage);
                 let key = match (&r.message_id, &r.producer, &r.request_id) {
                     (Some(m), _, _) => m.to_string(),
                     (None, Some(p), Some(q)) => {
-                        let linked = t
-                            .requests
-                            .get((q.as_str(), p.as_str()))?
-                            .map(|v| v.value().to_owned());
-                        match linked {
+                        match t.link(&mut links, q.as_str(), p.as_str())? {
                             Some(k) => k,
                             None => {
                                 let k = orphan_key(p.as_str(), q.as_str());
-                                t.requests.insert((q.as_str(), p.as_str()), k.as_str())?;
+                                t.set_link(&mut links, q.as_str(), p.as_str(), k.clone())?;
                                 k
                             }
                         }
@@ -565,6 +657,7 @@ impl Store {
                     _ => {
                         // Channel and no-match records name no message: they are counted,
                         // not stored (a redelivered batch may count them twice).
+                        let stage_counter = format!("{COUNTER_STAGE_PREFIX}{}", r.stage);
                         t.bump(&stage_counter, 1, &mut out.counters)?;
                         if r.stage == Stage::Channel && r.outcome.as_deref() == Some("refused") {
                             t.bump(COUNTER_CHANNELS_REFUSED, 1, &mut out.counters)?;
@@ -582,16 +675,30 @@ impl Store {
             }
             // Pass 3: per message, insert what is new and rebuild the shadow message.
             for (key, fresh) in by_key {
-                // The message's own records before this batch: the base of the statistics
-                // diff. A merged orphan's contribution is taken back first, so that a
-                // message counts once in the funnel whatever the order of P1 and P2.
-                let mut old = t.load_records(&key)?;
-                let old_summary = t.summary(&key)?;
+                // The message's own records before this batch (from the cache, else read
+                // once): the base of the statistics diff. A merged orphan's contribution is
+                // taken back first, so that a message counts once in the funnel whatever the
+                // order of P1 and P2.
+                let mut own = match cache.take(&key) {
+                    Some(c) => c,
+                    None => t.load_cached(&key)?,
+                };
+                let old_summary = own.summary.take();
                 let mut merged_any = false;
-                let mut moved = Vec::new();
+                let mut moved: Vec<StageRecord> = Vec::new();
+                let mut moved_keys: HashSet<String> = HashSet::new();
                 for orphan in merges.get(&key).into_iter().flatten() {
-                    let orecs = t.load_records(orphan)?;
-                    let (_, osum) = t.delete_message(orphan)?;
+                    let o = match cache.remove(orphan) {
+                        Some(c) => c,
+                        None => t.load_cached(orphan)?,
+                    };
+                    let orecs = o.records.clone();
+                    moved_keys.extend(o.dedup_keys.iter().cloned());
+                    let (_, osum) = if o.records.is_empty() && o.summary.is_none() {
+                        (0, None)
+                    } else {
+                        t.delete_known(orphan, o)?
+                    };
                     if let Some(s) = osum {
                         let topic = s.topic.clone().unwrap_or_default();
                         for (flag, name) in s.funnel.iter().zip(FUNNEL) {
@@ -603,18 +710,20 @@ impl Store {
                         }
                         out.state_changes.push((Some(topic_state(&s)), None));
                     }
-                    old.extend(orecs.iter().cloned());
                     moved.extend(orecs);
                     merged_any = true;
                 }
-                let mut inserted = Vec::new();
+                // The records to assemble from: the message's own, the merged orphans'
+                // (repeats are harmless: assembly drops them), and the inserted ones.
+                let mut all: Vec<StageRecord> = own.records.clone();
+                all.extend(moved.iter().cloned());
+                let mut inserted = 0usize;
+                let mut fresh_inserted: Vec<StageRecord> = Vec::new();
                 let mut bytes = 0u64;
-                let mut seen: BTreeSet<String> = BTreeSet::new();
+                let mut seen: HashSet<String> = HashSet::new();
                 for r in moved.into_iter().chain(fresh) {
                     let dk = r.dedup_key();
-                    if !seen.insert(dk.clone())
-                        || t.records.get((key.as_str(), dk.as_str()))?.is_some()
-                    {
+                    if own.dedup_keys.contains(&dk) || !seen.insert(dk.clone()) {
                         out.repeated_records += 1;
                         continue;
                     }
@@ -622,18 +731,17 @@ impl Store {
                     bytes += (key.len() + dk.len() + json.len()) as u64;
                     t.records
                         .insert((key.as_str(), dk.as_str()), json.as_str())?;
-                    inserted.push(r);
+                    inserted += 1;
+                    // Records moved from an orphan are not new; count only the fresh ones.
+                    let is_fresh = !merged_any || !moved_keys.contains(&dk);
+                    all.push(r.clone());
+                    own.records.push(r.clone());
+                    if is_fresh {
+                        fresh_inserted.push(r);
+                    }
                 }
-                // Records moved from an orphan are not new; count only the fresh ones.
-                let old_keys: BTreeSet<String> = if merged_any {
-                    old.iter().map(StageRecord::dedup_key).collect()
-                } else {
-                    BTreeSet::new()
-                };
-                let fresh_inserted: Vec<&StageRecord> = inserted
-                    .iter()
-                    .filter(|r| !merged_any || !old_keys.contains(&r.dedup_key()))
-                    .collect();
+                own.dedup_keys.extend(seen);
+                own.bytes += bytes;
                 // Events also count per topic, once the message's topic is known (below).
                 let mut topic_events: Vec<&'static str> = Vec::new();
                 for r in &fresh_inserted {
@@ -655,13 +763,15 @@ impl Store {
                 }
                 out.new_records += fresh_inserted.len() as u64;
                 t.bump(COUNTER_BYTES, bytes as i64, &mut out.counters)?;
-                if inserted.is_empty() && !merged_any {
+                if inserted == 0 && !merged_any {
+                    own.summary = old_summary;
+                    staged.push((key, own));
                     continue;
                 }
                 let opts = self.options(now);
-                let mut all = old;
-                all.extend(inserted);
                 let Some(new_traj) = Trajectory::assemble(all, &opts) else {
+                    own.summary = old_summary;
+                    staged.push((key, own));
                     continue;
                 };
                 let summary = MessageSummary::of(&key, &new_traj);
@@ -706,6 +816,8 @@ impl Store {
                 for (s, v) in new_latencies(old_l, &summary.segments) {
                     out.latencies.push((topic.clone(), s, v));
                 }
+                own.summary = Some(summary);
+                staged.push((key, own));
                 if self.emit_trajectories {
                     out.trajectories.push(new_traj);
                 }
@@ -714,6 +826,7 @@ impl Store {
             t.flush(&out.counters)?;
         }
         tx.commit()?;
+        cache.put_all(staged);
         Ok(out)
     }
 
@@ -751,6 +864,8 @@ impl Store {
             MessageState::Failed,
         ];
         let mut out = DeadlineOutcome::default();
+        let mut cache = self.lock_cache();
+        let mut changed: Vec<(String, MessageSummary)> = Vec::new();
         let tx = self.db.begin_write()?;
         {
             let mut t = Tables::open(&tx)?;
@@ -779,10 +894,13 @@ impl Store {
             };
             let opts = self.options(now);
             for key in candidates {
-                let Some(old) = t.summary(&key)? else {
+                let (old, recs) = match cache.get_mut(&key) {
+                    Some(c) => (c.summary.clone(), c.records.clone()),
+                    None => (t.summary(&key)?, t.load_records(&key)?),
+                };
+                let Some(old) = old else {
                     continue;
                 };
-                let recs = t.load_records(&key)?;
                 let Some(traj) = Trajectory::assemble(recs, &opts) else {
                     continue;
                 };
@@ -796,6 +914,7 @@ impl Store {
                     if self.emit_trajectories {
                         out.trajectories.push(traj);
                     }
+                    changed.push((key, new));
                 }
             }
             let mut deltas = BTreeMap::new();
@@ -803,6 +922,11 @@ impl Store {
             t.flush(&deltas)?;
         }
         tx.commit()?;
+        for (key, new) in changed {
+            if let Some(c) = cache.get_mut(&key) {
+                c.summary = Some(new);
+            }
+        }
         Ok(out)
     }
 
@@ -817,6 +941,7 @@ impl Store {
         max: usize,
     ) -> Result<RetentionOutcome, StoreError> {
         let mut out = RetentionOutcome::default();
+        let mut cache = self.lock_cache();
         let tx = self.db.begin_write()?;
         {
             let mut t = Tables::open(&tx)?;
@@ -839,6 +964,9 @@ impl Store {
                 if !too_old && !too_big {
                     break;
                 }
+                // Out of the cache first: should the transaction fail, the message is read
+                // back from the store next time.
+                cache.remove(&key);
                 let (freed, summary) = t.delete_message(&key)?;
                 if summary.is_none() {
                     // An index entry without a summary: drop it so the loop advances.

@@ -1022,3 +1022,85 @@ async fn a_kill_9_mid_stream_loses_nothing_and_doubles_nothing() {
     assert_eq!(list.len(), 100);
     assert!(list.iter().all(|m| m.records == 10));
 }
+
+/// The in-flight cache changes nothing: stores with no cache, a tiny one that evicts all
+/// the time (and restarts midway) and the default one give the same outcome for every
+/// batch, the same summaries, counters and trajectories; the tiny one stays within its
+/// bound and counts its evictions.
+#[test]
+fn the_in_flight_cache_changes_nothing() {
+    use msgtrail_listener::{SearchQuery, Store};
+    for seed in 1..25u64 {
+        let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+        let caps = [0usize, 2, 1_000];
+        let open = |i: usize| {
+            Store::open(dirs[i].path(), 256, Default::default())
+                .unwrap()
+                .cache_capacity(caps[i])
+        };
+        let mut stores: Vec<Store> = (0..3).map(open).collect();
+        let t = now();
+        let sc = scenarios(t);
+        let mut all: Vec<StageRecord> = sc.iter().flat_map(|s| s.out.clone()).collect();
+        let mut rng = Rng(seed * 104_729 + 3);
+        rng.shuffle(&mut all);
+        let (mut i, mut batch) = (0, 0);
+        let mut evictions = 0;
+        while i < all.len() {
+            let end = (i + (1 + rng.next() % 9) as usize).min(all.len());
+            for _ in 0..2 {
+                let outs: Vec<_> = stores
+                    .iter()
+                    .map(|s| s.apply(all[i..end].to_vec(), t).unwrap())
+                    .collect();
+                assert_eq!(outs[0], outs[1], "seed {seed} batch {batch}");
+                assert_eq!(outs[0], outs[2], "seed {seed} batch {batch}");
+            }
+            batch += 1;
+            if batch == 3 {
+                // The watchdog an hour later: stuck marks go through the cache too.
+                let outs: Vec<_> = stores
+                    .iter()
+                    .map(|s| s.check_deadlines(t + 3600 * 1000 * MS, 0, 1000).unwrap())
+                    .collect();
+                assert_eq!(outs[0], outs[1], "seed {seed}");
+                assert_eq!(outs[0], outs[2], "seed {seed}");
+            }
+            if batch == 4 {
+                // A restart of the tiny-cache store: it starts empty and reads back.
+                evictions += stores[1].cache_stats().evictions;
+                drop(stores.remove(1));
+                stores.insert(1, open(1));
+            }
+            i = end;
+        }
+        let c = stores[0].cache_stats();
+        assert_eq!((c.messages, c.capacity), (0, 0), "seed {seed}");
+        let c = stores[1].cache_stats();
+        assert!(c.messages <= 2, "seed {seed}: {c:?}");
+        evictions += c.evictions;
+        assert!(evictions > 0, "seed {seed}: {c:?}");
+        let c = stores[2].cache_stats();
+        assert!(c.hits > 0 && c.evictions == 0, "seed {seed}: {c:?}");
+        let q = SearchQuery {
+            limit: Some(1000),
+            ..Default::default()
+        };
+        let summaries: Vec<_> = stores.iter().map(|s| s.search(&q).unwrap()).collect();
+        assert_eq!(summaries[0].len(), 6, "seed {seed}");
+        assert_eq!(summaries[0], summaries[1], "seed {seed}");
+        assert_eq!(summaries[0], summaries[2], "seed {seed}");
+        for s in &stores[1..] {
+            assert_eq!(s.counters().unwrap(), stores[0].counters().unwrap());
+            assert_eq!(s.state_counts().unwrap(), stores[0].state_counts().unwrap());
+            assert_eq!(s.state_totals().unwrap(), stores[0].state_totals().unwrap());
+        }
+        for m in &summaries[0] {
+            let want = stores[0].trajectory(&m.key, t).unwrap();
+            assert!(want.is_some(), "seed {seed}: {}", m.key);
+            for s in &stores[1..] {
+                assert_eq!(s.trajectory(&m.key, t).unwrap(), want, "seed {seed}");
+            }
+        }
+    }
+}
