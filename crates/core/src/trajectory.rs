@@ -415,6 +415,25 @@ impl Trajectory {
         records: impl IntoIterator<Item = StageRecord>,
         options: &AssembleOptions,
     ) -> Option<Trajectory> {
+        Self::assemble_with(records, options, false)
+    }
+
+    /// Like [`Trajectory::assemble`], without what only a reader of the trajectory needs:
+    /// the diagnosis is empty and the hops have no span ID. Everything else (states,
+    /// hops, groups, failure, latencies) is the same; the listener uses it for shadow-message
+    /// summaries and statistics, where assembly runs once per touched message per batch.
+    pub fn assemble_for_summary(
+        records: impl IntoIterator<Item = StageRecord>,
+        options: &AssembleOptions,
+    ) -> Option<Trajectory> {
+        Self::assemble_with(records, options, true)
+    }
+
+    fn assemble_with(
+        records: impl IntoIterator<Item = StageRecord>,
+        options: &AssembleOptions,
+        lite: bool,
+    ) -> Option<Trajectory> {
         let mut recs: Vec<StageRecord> = records.into_iter().collect();
         if recs.is_empty() {
             return None;
@@ -435,7 +454,7 @@ impl Trajectory {
                 && later.stage == kept.stage
                 && later.dedup_key() == kept.dedup_key()
         });
-        Some(Builder::new(recs, options).build())
+        Some(Builder::new(recs, options, lite).build())
     }
 
     /// The latency of each segment this trajectory completed, for statistics: one entry per
@@ -528,6 +547,8 @@ impl Trajectory {
 
 struct Builder<'a> {
     recs: Vec<StageRecord>,
+    /// Skip the diagnosis and the span IDs ([`Trajectory::assemble_for_summary`]).
+    lite: bool,
     opts: &'a AssembleOptions,
 }
 
@@ -538,8 +559,8 @@ struct AttemptRecs {
 }
 
 impl<'a> Builder<'a> {
-    fn new(recs: Vec<StageRecord>, opts: &'a AssembleOptions) -> Self {
-        Builder { recs, opts }
+    fn new(recs: Vec<StageRecord>, opts: &'a AssembleOptions, lite: bool) -> Self {
+        Builder { recs, opts, lite }
     }
 
     fn overdue(&self, since: u64, deadline_ms: u64) -> bool {
@@ -572,8 +593,12 @@ impl<'a> Builder<'a> {
         let record_count = recs.len();
         let first_at = recs.iter().map(|r| r.at).min().unwrap_or(0);
         let last_at = recs.iter().map(|r| r.at).max().unwrap_or(0);
+        let lite = self.lite;
         let span = |key: &str, hop: trace_ids::Hop<'_>| -> Option<String> {
             let _ = key;
+            if lite {
+                return None;
+            }
             message_id.map(|m| trace_ids::hex(&trace_ids::span_id(&m, &hop)))
         };
 
@@ -1293,7 +1318,9 @@ impl<'a> Builder<'a> {
             other_records: other,
             record_count,
         };
-        t.diagnosis = diagnose(&t);
+        if !self.lite {
+            t.diagnosis = diagnose(&t);
+        }
         t
     }
 }
@@ -1562,6 +1589,31 @@ mod tests {
         let json = serde_json::to_string(&t).unwrap();
         let back: Trajectory = serde_json::from_str(&json).unwrap();
         assert_eq!(back, t);
+    }
+
+    #[test]
+    fn the_summary_assembly_differs_only_by_diagnosis_and_span_ids() {
+        let opts = AssembleOptions {
+            now: Some(u64::MAX / 2),
+            deadlines: Deadlines::default(),
+        };
+        let mut sets = vec![failure_then_success()];
+        sets.push(vec![up(Stage::UploadSent, 0, false)]);
+        sets.push(failure_then_success()[..5].to_vec());
+        for recs in sets {
+            for o in [AssembleOptions::default(), opts] {
+                let full = Trajectory::assemble(recs.clone(), &o).unwrap();
+                let mut lite = Trajectory::assemble_for_summary(recs.clone(), &o).unwrap();
+                assert!(lite.diagnosis.is_empty());
+                assert!(lite.hops.iter().all(|h| h.span_id.is_none()));
+                lite.diagnosis = full.diagnosis.clone();
+                for (l, f) in lite.hops.iter_mut().zip(&full.hops) {
+                    l.span_id = f.span_id.clone();
+                }
+                assert_eq!(lite, full);
+                assert_eq!(lite.segment_latencies(), full.segment_latencies());
+            }
+        }
     }
 
     #[test]

@@ -583,6 +583,16 @@ impl Store {
         self.cache.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Assembles a trajectory for a summary and the statistics: without the diagnosis and
+    /// span IDs unless the trajectories are emitted (for export).
+    fn assemble(&self, recs: Vec<StageRecord>, opts: &AssembleOptions) -> Option<Trajectory> {
+        if self.emit_trajectories {
+            Trajectory::assemble(recs, opts)
+        } else {
+            Trajectory::assemble_for_summary(recs, opts)
+        }
+    }
+
     fn options(&self, now: u64) -> AssembleOptions {
         AssembleOptions {
             now: Some(now),
@@ -715,10 +725,15 @@ impl Store {
                 }
                 // The records to assemble from: the message's own, the merged orphans'
                 // (repeats are harmless: assembly drops them), and the inserted ones.
-                let mut all: Vec<StageRecord> = own.records.clone();
-                all.extend(moved.iter().cloned());
+                let incoming = moved.len() + fresh.len();
+                let mut all: Vec<StageRecord> =
+                    Vec::with_capacity(own.records.len() + moved.len() + incoming);
+                all.extend_from_slice(&own.records);
+                all.extend_from_slice(&moved);
+                own.records.reserve(incoming);
                 let mut inserted = 0usize;
-                let mut fresh_inserted: Vec<StageRecord> = Vec::new();
+                // (stage, outcome) of the inserted records that are new to the store.
+                let mut fresh_inserted: Vec<(Stage, Option<String>)> = Vec::new();
                 let mut bytes = 0u64;
                 let mut seen: HashSet<String> = HashSet::new();
                 for r in moved.into_iter().chain(fresh) {
@@ -733,21 +748,20 @@ impl Store {
                         .insert((key.as_str(), dk.as_str()), json.as_str())?;
                     inserted += 1;
                     // Records moved from an orphan are not new; count only the fresh ones.
-                    let is_fresh = !merged_any || !moved_keys.contains(&dk);
-                    all.push(r.clone());
-                    own.records.push(r.clone());
-                    if is_fresh {
-                        fresh_inserted.push(r);
+                    if !merged_any || !moved_keys.contains(&dk) {
+                        fresh_inserted.push((r.stage, r.outcome.clone()));
                     }
+                    all.push(r.clone());
+                    own.records.push(r);
                 }
                 own.dedup_keys.extend(seen);
                 own.bytes += bytes;
                 // Events also count per topic, once the message's topic is known (below).
                 let mut topic_events: Vec<&'static str> = Vec::new();
-                for r in &fresh_inserted {
-                    let stage_counter = format!("{COUNTER_STAGE_PREFIX}{}", r.stage);
+                for (stage, outcome) in &fresh_inserted {
+                    let stage_counter = format!("{COUNTER_STAGE_PREFIX}{stage}");
                     t.bump(&stage_counter, 1, &mut out.counters)?;
-                    match (r.stage, r.outcome.as_deref()) {
+                    match (*stage, outcome.as_deref()) {
                         (Stage::Redelivery, Some("dead_letter")) => {
                             topic_events.push(COUNTER_DEAD_LETTERS)
                         }
@@ -769,7 +783,7 @@ impl Store {
                     continue;
                 }
                 let opts = self.options(now);
-                let Some(new_traj) = Trajectory::assemble(all, &opts) else {
+                let Some(new_traj) = self.assemble(all, &opts) else {
                     own.summary = old_summary;
                     staged.push((key, own));
                     continue;
@@ -901,7 +915,7 @@ impl Store {
                 let Some(old) = old else {
                     continue;
                 };
-                let Some(traj) = Trajectory::assemble(recs, &opts) else {
+                let Some(traj) = self.assemble(recs, &opts) else {
                     continue;
                 };
                 let new = MessageSummary::of(&key, &traj);
