@@ -13,8 +13,9 @@ use msgtrail_core::StageRecord;
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet};
 
-/// How many in-flight messages the cache holds by default.
-pub const DEFAULT_CACHE_MESSAGES: usize = 50_000;
+/// How many in-flight messages the cache holds by default. A cached message costs about
+/// 9–18 KB (its records and summary), so the default bounds the cache near 100–200 MB.
+pub const DEFAULT_CACHE_MESSAGES: usize = 10_000;
 
 /// The cache's counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]

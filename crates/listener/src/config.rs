@@ -45,6 +45,9 @@ pub struct ListenerConfig {
     pub ack_wait: Duration,
     /// How many payload bytes of each message to keep (0 keeps none).
     pub payload_head_bytes: usize,
+    /// In-flight messages kept in memory so that ingest does not read them back from the
+    /// store (0 keeps none). Each costs about 9–18 KB.
+    pub cache_messages: usize,
     /// Deadlines of the watchdog, per hop.
     pub deadlines: Deadlines,
     /// How often the watchdog looks for overdue messages and polls the ingest lag.
@@ -79,6 +82,7 @@ impl Default for ListenerConfig {
             batch_size: 512,
             ack_wait: Duration::from_secs(30),
             payload_head_bytes: 256,
+            cache_messages: crate::cache::DEFAULT_CACHE_MESSAGES,
             deadlines: Deadlines::default(),
             watchdog_interval: Duration::from_secs(2),
             retention_max_age: Some(Duration::from_secs(7 * 24 * 3600)),
@@ -103,6 +107,7 @@ impl fmt::Debug for ListenerConfig {
             .field("batch_size", &self.batch_size)
             .field("ack_wait", &self.ack_wait)
             .field("payload_head_bytes", &self.payload_head_bytes)
+            .field("cache_messages", &self.cache_messages)
             .field("deadlines", &self.deadlines)
             .field("watchdog_interval", &self.watchdog_interval)
             .field("retention_max_age", &self.retention_max_age)

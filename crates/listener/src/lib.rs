@@ -189,8 +189,10 @@ pub async fn start_with_client(
     let started_at = now_nanos();
     let cfg = config.clone();
     let store = tokio::task::spawn_blocking(move || {
-        Store::open(&cfg.data_dir, cfg.payload_head_bytes, cfg.deadlines)
-            .map(|s| s.emit_trajectories(cfg.otel.is_some()))
+        Store::open(&cfg.data_dir, cfg.payload_head_bytes, cfg.deadlines).map(|s| {
+            s.emit_trajectories(cfg.otel.is_some())
+                .cache_capacity(cfg.cache_messages)
+        })
     })
     .await
     .map_err(|e| ListenerError::Task(e.to_string()))??;

@@ -79,6 +79,9 @@ pub struct Args {
     /// Payload bytes kept per message (0 keeps none).
     #[arg(long, default_value_t = 256)]
     pub payload_head_bytes: usize,
+    /// In-flight messages kept in memory for ingest (0 keeps none; each costs ~9–18 KB).
+    #[arg(long, default_value_t = msgtrail_listener::cache::DEFAULT_CACHE_MESSAGES)]
+    pub cache_messages: usize,
     /// Deadline from upload to stored before a message is "stuck" / "did not reach the broker".
     #[arg(long, default_value = "10s", value_parser = parse_long_duration)]
     pub deadline_stored: Duration,
@@ -115,6 +118,7 @@ impl Args {
             durable_name: self.durable.clone(),
             batch_size: self.batch_size,
             payload_head_bytes: self.payload_head_bytes,
+            cache_messages: self.cache_messages,
             deadlines: Deadlines {
                 stored_ms: ms(self.deadline_stored),
                 delivered_ms: ms(self.deadline_delivered),
