@@ -1183,3 +1183,17 @@ async fn reports_survive_dropping_the_producer_and_consumer_right_away() {
         .count();
     assert_eq!(p1, 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_finishes_even_when_nats_is_already_gone() {
+    let sys = TestSystem::start_with(|c| c.shutdown_grace = Duration::from_secs(1)).await;
+    let producer = sys.producer("shop").await;
+    producer.send("orders.eu", "x").await.unwrap();
+    let TestSystem {
+        server, mut broker, ..
+    } = sys;
+    drop(server); // as when a Ctrl-C reaches nats-server and the broker at once
+    let stopped =
+        tokio::time::timeout(Duration::from_secs(20), broker.take().unwrap().shutdown()).await;
+    assert!(stopped.is_ok(), "the broker must stop without NATS");
+}

@@ -651,3 +651,14 @@ async fn two_consumer_groups_each_end_to_end() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_listener_stops_even_when_nats_is_already_gone() {
+    let sys = TestSystem::start().await;
+    let l = sys.start_listener(|_| {}).await;
+    let TestSystem { server, .. } = sys;
+    drop(server); // as when a Ctrl-C reaches nats-server and the listener at once
+    let TestListener { handle, .. } = l;
+    let stopped = tokio::time::timeout(Duration::from_secs(20), handle.shutdown()).await;
+    assert!(stopped.is_ok(), "the listener must stop without NATS");
+}

@@ -318,10 +318,12 @@ pub async fn start(config: BrokerConfig) -> Result<RunningBroker, BrokerError> {
             );
         }
         let _ = advisories.await;
-        let _ = service.stop().await;
+        // Each step is bounded: when NATS is already gone (a Ctrl-C reaches nats-server too),
+        // stopping the service or flushing would otherwise wait for a reconnect forever.
+        let _ = tokio::time::timeout(grace, service.stop()).await;
         // The handlers are gone, so every sink clone is dropped: the writer flushes and ends.
         let _ = tokio::time::timeout(grace, writer).await;
-        let _ = client.flush().await;
+        let _ = tokio::time::timeout(grace, client.flush()).await;
         tracing::info!("broker stopped");
     });
     Ok(RunningBroker {
@@ -363,6 +365,9 @@ async fn ensure_storage(
     }
 }
 
+/// How long an endpoint may take to unsubscribe at shutdown.
+const ENDPOINT_STOP_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 async fn serve(
     kind: Kind,
     mut endpoint: service::endpoint::Endpoint,
@@ -382,5 +387,5 @@ async fn serve(
             drop(guard);
         });
     }
-    let _ = endpoint.stop().await;
+    let _ = tokio::time::timeout(ENDPOINT_STOP_WAIT, endpoint.stop()).await;
 }
