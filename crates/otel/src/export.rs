@@ -143,6 +143,17 @@ impl ExportConfig {
         Ok(c)
     }
 
+    /// Sets the endpoint and timeout, when configured, on either transport's builder.
+    fn endpoint_and_timeout<B: WithExportConfig>(&self, mut b: B) -> B {
+        if let Some(e) = &self.endpoint {
+            b = b.with_endpoint(e.clone());
+        }
+        if let Some(t) = self.timeout {
+            b = b.with_timeout(t);
+        }
+        b
+    }
+
     /// Builds the OTLP exporter of one `service.name`.
     pub fn build_exporter(
         &self,
@@ -152,31 +163,23 @@ impl ExportConfig {
             Protocol::Grpc => {
                 // Retries are the worker's (backoff without limit while the endpoint is down,
                 // prompt shutdown), not the exporter's.
-                let mut b = opentelemetry_otlp::SpanExporter::builder()
-                    .with_tonic()
-                    .with_retry_policy(RetryPolicy::disabled());
-                if let Some(e) = &self.endpoint {
-                    b = b.with_endpoint(e.clone());
-                }
-                if let Some(t) = self.timeout {
-                    b = b.with_timeout(t);
-                }
+                let mut b = self.endpoint_and_timeout(
+                    opentelemetry_otlp::SpanExporter::builder()
+                        .with_tonic()
+                        .with_retry_policy(RetryPolicy::disabled()),
+                );
                 if let Some(c) = self.compression {
                     b = b.with_compression(c);
                 }
                 b.build()?
             }
             Protocol::HttpProtobuf => {
-                let mut b = opentelemetry_otlp::SpanExporter::builder()
-                    .with_http()
-                    .with_retry_policy(RetryPolicy::disabled())
-                    .with_protocol(opentelemetry_otlp::Protocol::HttpBinary);
-                if let Some(e) = &self.endpoint {
-                    b = b.with_endpoint(e.clone());
-                }
-                if let Some(t) = self.timeout {
-                    b = b.with_timeout(t);
-                }
+                let mut b = self.endpoint_and_timeout(
+                    opentelemetry_otlp::SpanExporter::builder()
+                        .with_http()
+                        .with_retry_policy(RetryPolicy::disabled())
+                        .with_protocol(opentelemetry_otlp::Protocol::HttpBinary),
+                );
                 if let Some(c) = self.compression {
                     b = b.with_compression(c);
                 }
