@@ -12,12 +12,10 @@
 //! `dead_letter` on term, on a nack of the last allowed attempt, and when JetStream reports
 //! the maximum deliveries reached after ack timeouts; N1 for a fetch that matched nothing.
 
-use crate::channels::{Channel, Channels};
+use crate::channels::Channel;
 use crate::clients::may_subscribe;
-use crate::config::BrokerConfig;
 use crate::metrics::Metrics;
-use crate::signing::SigningKey;
-use crate::stage_sink::StageSink;
+use crate::shared::Shared;
 use crate::token::AckToken;
 use async_nats::jetstream::{self, consumer::pull, consumer::AckPolicy, consumer::DeliverPolicy};
 use base64::Engine;
@@ -47,22 +45,8 @@ const GROUP_INACTIVE: Duration = Duration::from_secs(7 * 24 * 3600);
 /// Delivers messages to consumers and settles them.
 #[derive(Clone)]
 pub struct Deliverer {
-    /// JetStream.
-    pub js: jetstream::Context,
-    /// The message stream.
-    pub stream: jetstream::stream::Stream,
-    /// Channels.
-    pub channels: Channels,
-    /// The stage sink.
-    pub sink: StageSink,
-    /// Counters.
-    pub metrics: Arc<Metrics>,
-    /// Configuration.
-    pub config: Arc<BrokerConfig>,
-    /// Core NATS client (for settles and push).
-    pub client: async_nats::Client,
-    /// Signs ack tokens.
-    pub key: SigningKey,
+    /// What every handler shares.
+    pub shared: Arc<Shared>,
     /// The group consumers created or looked up so far, by durable name.
     pub(crate) consumers: Arc<Mutex<HashMap<String, jetstream::consumer::PullConsumer>>>,
 }
@@ -70,7 +54,7 @@ pub struct Deliverer {
 impl std::fmt::Debug for Deliverer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Deliverer")
-            .field("config", &self.config)
+            .field("config", &self.shared.config)
             .finish_non_exhaustive()
     }
 }
@@ -178,11 +162,11 @@ impl Deliverer {
             durable_name: Some(name.clone()),
             filter_subject: message_subject(&sub.topic),
             ack_policy: AckPolicy::Explicit,
-            ack_wait: self.config.ack_wait,
-            max_deliver: i64::from(self.config.max_deliver),
+            ack_wait: self.shared.config.ack_wait,
+            max_deliver: i64::from(self.shared.config.max_deliver),
             deliver_policy: DeliverPolicy::All,
             inactive_threshold: GROUP_INACTIVE,
-            num_replicas: self.config.replicas,
+            num_replicas: self.shared.config.replicas,
             ..Default::default()
         };
         let consumer = self.create_consumer(config).await?;
@@ -198,7 +182,8 @@ impl Deliverer {
         config: pull::Config,
     ) -> Result<jetstream::consumer::PullConsumer, WireError> {
         let name = config.durable_name.clone().unwrap_or_default();
-        self.stream
+        self.shared
+            .stream
             .get_or_create_consumer::<pull::Config>(&name, config)
             .await
             .map_err(|e| {
@@ -331,7 +316,7 @@ impl Deliverer {
         consumer: &ClientId,
         push: Option<&str>,
     ) -> String {
-        Metrics::inc(&self.metrics.deliveries);
+        Metrics::inc(&self.shared.metrics.deliveries);
         let token = AckToken {
             m: t.message_id,
             g: group.clone(),
@@ -344,24 +329,24 @@ impl Deliverer {
             a: t.ack_subject.clone(),
         };
         if t.attempt > 1 {
-            Metrics::inc(&self.metrics.redeliveries);
+            Metrics::inc(&self.shared.metrics.redeliveries);
             let mut r1 = self.record(Stage::Redelivery, &token);
             r1.outcome = Some("redeliver".into());
             r1.detail = Some(format!(
                 "delivery attempt {} of {}: the previous delivery was nacked or not acked within the ack wait ({} ms)",
                 t.attempt,
-                self.config.max_deliver,
-                self.config.ack_wait.as_millis()
+                self.shared.config.max_deliver,
+                self.shared.config.ack_wait.as_millis()
             ));
-            self.sink.record(r1);
+            self.shared.sink.record(r1);
         }
         let stage = if push.is_some() {
             Stage::PushSent
         } else {
             Stage::PullSent
         };
-        self.sink.record(self.record(stage, &token));
-        token.encode(&self.key)
+        self.shared.sink.record(self.record(stage, &token));
+        token.encode(&self.shared.key)
     }
 
     fn record(&self, stage: Stage, token: &AckToken) -> StageRecord {
@@ -372,13 +357,14 @@ impl Deliverer {
         r.attempt = Some(token.n);
         r.topic = Some(token.t.clone());
         r.stream_seq = Some(token.q);
-        r.service = Some(self.config.service_name.clone());
+        r.service = Some(self.shared.config.service_name.clone());
         r
     }
 
     /// `fetch`: pull matching messages, or answer with a no-matching-message notice.
     pub async fn fetch(&self, req: FetchRequest) -> Result<FetchReply, WireError> {
         let channel = self
+            .shared
             .channels
             .lookup_role(&req.channel, Role::Consumer)
             .await?;
@@ -431,7 +417,7 @@ impl Deliverer {
 
     /// Records N1 for a consume request that matched nothing.
     pub(crate) fn no_match(&self, channel: &Channel, sub: &Subscription) {
-        Metrics::inc(&self.metrics.no_match);
+        Metrics::inc(&self.shared.metrics.no_match);
         let mut n1 = StageRecord::now(Stage::NoMatch);
         n1.consumer = Some(channel.client_id.clone());
         n1.group = Some(sub.group.clone());
@@ -446,8 +432,8 @@ impl Deliverer {
                     .join(","),
             );
         }
-        n1.service = Some(self.config.service_name.clone());
-        self.sink.record(n1);
+        n1.service = Some(self.shared.config.service_name.clone());
+        self.shared.sink.record(n1);
     }
 
     /// Fetch by message ID: find the message's sequence from the time in its UUIDv7, then
@@ -467,13 +453,13 @@ impl Deliverer {
             durable_name: Some(name),
             filter_subject: subject,
             ack_policy: AckPolicy::Explicit,
-            ack_wait: self.config.ack_wait,
-            max_deliver: i64::from(self.config.max_deliver),
+            ack_wait: self.shared.config.ack_wait,
+            max_deliver: i64::from(self.shared.config.max_deliver),
             deliver_policy: DeliverPolicy::ByStartSequence {
                 start_sequence: seq,
             },
             inactive_threshold: Duration::from_secs(3600),
-            num_replicas: self.config.replicas,
+            num_replicas: self.shared.config.replicas,
             ..Default::default()
         };
         let consumer = self.create_consumer(config).await?;
@@ -497,6 +483,7 @@ impl Deliverer {
             time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(start_ms) * 1_000_000)
                 .map_err(|e| unavailable(&e))?;
         let consumer = self
+            .shared
             .stream
             .create_consumer(pull::OrderedConfig {
                 filter_subject: message_subject(&sub.topic),
@@ -532,11 +519,12 @@ impl Deliverer {
     /// `ack`: settles a delivery (ack, nack with optional delay, or term).
     pub async fn ack(&self, req: AckRequest) -> Result<Option<(String, u64)>, WireError> {
         let channel = self
+            .shared
             .channels
             .lookup_role(&req.channel, Role::Consumer)
             .await?;
-        let token = AckToken::decode_for(&req.token, &channel.client_id, &self.key)?;
-        let last_attempt = token.n >= self.config.max_deliver;
+        let token = AckToken::decode_for(&req.token, &channel.client_id, &self.shared.key)?;
+        let last_attempt = token.n >= self.shared.config.max_deliver;
         let (kind, payload) = match req.kind {
             AckKind::Ack => (AckKind::Ack, "+ACK".to_owned()),
             AckKind::Nack if !last_attempt => match req.delay_ms {
@@ -549,7 +537,8 @@ impl Deliverer {
             // A nack of the last allowed attempt is a dead letter: term it explicitly.
             AckKind::Nack | AckKind::Term => (AckKind::Term, "+TERM".to_owned()),
         };
-        self.client
+        self.shared
+            .client
             .request(token.a.clone(), payload.into())
             .await
             .map_err(|e| {
@@ -559,9 +548,9 @@ impl Deliverer {
                 )
             })?;
         match kind {
-            AckKind::Ack => Metrics::inc(&self.metrics.acks),
-            AckKind::Nack => Metrics::inc(&self.metrics.nacks),
-            AckKind::Term => Metrics::inc(&self.metrics.terms),
+            AckKind::Ack => Metrics::inc(&self.shared.metrics.acks),
+            AckKind::Nack => Metrics::inc(&self.shared.metrics.nacks),
+            AckKind::Term => Metrics::inc(&self.shared.metrics.terms),
         }
         let stage = if token.p {
             Stage::PushAckReceived
@@ -571,13 +560,13 @@ impl Deliverer {
         let mut settle = self.record(stage, &token);
         settle.outcome = Some(req.kind.as_str().into());
         settle.detail = req.reason.clone();
-        self.sink.record(settle);
+        self.shared.sink.record(settle);
         if kind == AckKind::Term {
             let why = match req.kind {
                 AckKind::Nack => format!(
                     "nacked on the last allowed delivery attempt ({} of {}){}",
                     token.n,
-                    self.config.max_deliver,
+                    self.shared.config.max_deliver,
                     req.reason
                         .as_deref()
                         .map(|r| format!(": {r}"))
@@ -607,8 +596,8 @@ impl Deliverer {
         attempt: u32,
         why: &str,
     ) {
-        Metrics::inc(&self.metrics.dead_letters);
-        let original = self.stream.direct_get(seq).await;
+        Metrics::inc(&self.shared.metrics.dead_letters);
+        let original = self.shared.stream.direct_get(seq).await;
         let mut r1 = StageRecord::now(Stage::Redelivery);
         r1.outcome = Some("dead_letter".into());
         r1.detail = Some(why.to_owned());
@@ -616,7 +605,7 @@ impl Deliverer {
         r1.consumer = consumer.cloned();
         r1.attempt = Some(attempt);
         r1.stream_seq = Some(seq);
-        r1.service = Some(self.config.service_name.clone());
+        r1.service = Some(self.shared.config.service_name.clone());
         match original {
             Ok(m) => {
                 r1.message_id = m
@@ -635,6 +624,7 @@ impl Deliverer {
                 );
                 headers.insert(h::GROUP, group.as_str());
                 let published = self
+                    .shared
                     .js
                     .publish_with_headers(
                         dead_letter_subject(group.as_str(), &topic),
@@ -653,7 +643,7 @@ impl Deliverer {
                 tracing::warn!(seq, error = %e, "dead-lettered message no longer in the stream")
             }
         }
-        self.sink.record(r1);
+        self.shared.sink.record(r1);
     }
 
     /// Watches JetStream's max-deliveries advisories (ack timeouts on the last attempt) and
@@ -661,6 +651,7 @@ impl Deliverer {
     pub async fn watch_max_deliveries(self, shutdown: crate::shutdown::Shutdown) {
         let subject = format!("$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{MESSAGE_STREAM}.*");
         let mut sub = match self
+            .shared
             .client
             .queue_subscribe(subject, msgtrail_core::subjects::BROKER_QUEUE_GROUP.into())
             .await
@@ -690,7 +681,7 @@ impl Deliverer {
             let attempt = v["deliveries"].as_u64().unwrap_or(0) as u32;
             let why = format!(
                 "not acked within the ack wait ({} ms) on any of {attempt} delivery attempts",
-                self.config.ack_wait.as_millis()
+                self.shared.config.ack_wait.as_millis()
             );
             self.dead_letter(seq, &group, None, attempt, &why).await;
         }

@@ -7,6 +7,7 @@
 //! writes. It knows nothing of OpenTelemetry: the listener turns the records into traces.
 //!
 //! ## Layout
+//! - [`shared`]: the parts every request handler shares.
 //! - [`server`]: the NATS service, request dispatch, startup and graceful shutdown.
 //! - [`config`]: [`BrokerConfig`] and its defaults.
 //! - [`clients`]: the configured clients (IDs, nkeys, topic permissions).
@@ -30,6 +31,7 @@ pub mod metrics;
 pub mod push;
 pub mod relay;
 pub mod server;
+pub mod shared;
 pub mod shutdown;
 pub mod signing;
 pub mod stage_sink;

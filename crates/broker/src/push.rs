@@ -80,7 +80,11 @@ impl PushManager {
     /// `subscribe`: validates and starts a subscription task.
     pub async fn subscribe(&self, req: SubscribeRequest) -> Result<SubscribeReply, WireError> {
         let d = &self.deliverer;
-        let channel = d.channels.lookup_role(&req.channel, Role::Consumer).await?;
+        let channel = d
+            .shared
+            .channels
+            .lookup_role(&req.channel, Role::Consumer)
+            .await?;
         d.check_subscription(&channel, &req.subscription)?;
         if req.subscription.message_id.is_some() {
             return Err(WireError::new(
@@ -110,6 +114,7 @@ impl PushManager {
         let consumer = d.group_consumer(&req.subscription).await?;
         let id = uuid::Uuid::new_v4().simple().to_string();
         let settled = d
+            .shared
             .client
             .subscribe(format!("{SETTLED_PREFIX}.{id}"))
             .await
@@ -117,6 +122,7 @@ impl PushManager {
                 WireError::new(ErrorCode::Unavailable, format!("cannot subscribe: {e}"))
             })?;
         let remote_stop = d
+            .shared
             .client
             .subscribe(format!("{UNSUBSCRIBE_PREFIX}.{id}"))
             .await
@@ -160,6 +166,7 @@ impl PushManager {
     /// that owns it.
     pub async fn unsubscribe(&self, req: UnsubscribeRequest) -> Result<(), WireError> {
         self.deliverer
+            .shared
             .channels
             .lookup_role(&req.channel, Role::Consumer)
             .await?;
@@ -196,6 +203,7 @@ impl PushManager {
         let asked = tokio::time::timeout(
             Duration::from_secs(2),
             self.deliverer
+                .shared
                 .client
                 .request(subject, req.channel.clone().into()),
         )
@@ -238,7 +246,12 @@ impl PushManager {
                 b"unknown"
             };
             if let Some(reply) = msg.reply {
-                let _ = self.deliverer.client.publish(reply, answer.into()).await;
+                let _ = self
+                    .deliverer
+                    .shared
+                    .client
+                    .publish(reply, answer.into())
+                    .await;
             }
         }
     }
@@ -247,6 +260,7 @@ impl PushManager {
     pub async fn notify_settled(&self, id: &str, seq: u64) {
         let _ = self
             .deliverer
+            .shared
             .client
             .publish(format!("{SETTLED_PREFIX}.{id}"), seq.to_string().into())
             .await;
@@ -278,6 +292,7 @@ impl PushTask {
             }
             if self
                 .deliverer
+                .shared
                 .channels
                 .lookup(&self.req.channel)
                 .await
@@ -287,7 +302,7 @@ impl PushTask {
                 break;
             }
             let now = Instant::now();
-            let ack_wait = self.deliverer.config.ack_wait;
+            let ack_wait = self.deliverer.shared.config.ack_wait;
             self.inflight.retain(|_, expires| *expires > now);
             let free = self.req.max_inflight as usize
                 - self.inflight.len().min(self.req.max_inflight as usize);
@@ -363,6 +378,7 @@ impl PushTask {
             headers.insert(format!("{}{k}", h::ATTR_PREFIX).as_str(), v.as_str());
         }
         if let Err(e) = d
+            .shared
             .client
             .publish_with_headers(self.req.deliver_subject.clone(), headers, t.payload.clone())
             .await

@@ -231,24 +231,21 @@ pub async fn start(config: BrokerConfig) -> Result<RunningBroker, BrokerError> {
     )
     .await
     .map_err(|e| setup(&e))?;
-    let uploader = Uploader {
+    let shared = Arc::new(crate::shared::Shared {
         js: js.clone(),
         stream: storage.messages.clone(),
+        client: client.clone(),
         channels: channels.clone(),
         sink: sink.clone(),
         metrics: metrics.clone(),
         config: config.clone(),
         key: key.clone(),
+    });
+    let uploader = Uploader {
+        shared: shared.clone(),
     };
     let deliverer = Deliverer {
-        js: js.clone(),
-        stream: storage.messages.clone(),
-        channels: channels.clone(),
-        sink: sink.clone(),
-        metrics: metrics.clone(),
-        config: config.clone(),
-        client: client.clone(),
-        key: key.clone(),
+        shared,
         consumers: Default::default(),
     };
     // Shared, not cloned, per request: a clone deep-copies the stream handles and their info.

@@ -8,13 +8,9 @@
 //! message, D1 for a suppressed duplicate, and P2 with outcome `refused` (no message ID, the
 //! error as detail) for an upload refused on an open producer channel.
 
-use crate::channels::Channels;
 use crate::clients::may_publish;
-use crate::config::BrokerConfig;
 use crate::metrics::Metrics;
-use crate::signing::SigningKey;
-use crate::stage_sink::StageSink;
-use async_nats::jetstream;
+use crate::shared::Shared;
 use async_nats::HeaderMap;
 use base64::Engine;
 use msgtrail_core::headers as h;
@@ -27,20 +23,8 @@ use std::sync::Arc;
 /// What the upload handler needs.
 #[derive(Debug, Clone)]
 pub struct Uploader {
-    /// JetStream.
-    pub js: jetstream::Context,
-    /// The message stream (for direct gets of duplicates' originals).
-    pub stream: jetstream::stream::Stream,
-    /// Channels.
-    pub channels: Channels,
-    /// The stage sink.
-    pub sink: StageSink,
-    /// Counters.
-    pub metrics: Arc<Metrics>,
-    /// Configuration.
-    pub config: Arc<BrokerConfig>,
-    /// Signs upload receipts.
-    pub key: SigningKey,
+    /// What every handler shares.
+    pub shared: Arc<Shared>,
 }
 
 /// A validated upload request.
@@ -139,6 +123,7 @@ impl Uploader {
             )
         };
         let ack = self
+            .shared
             .js
             .publish_with_headers(
                 message_subject(up.topic.as_str()),
@@ -152,16 +137,19 @@ impl Uploader {
 
         if ack.duplicate {
             let original = self.original_id(ack.sequence).await?;
-            Metrics::inc(&self.metrics.duplicates);
+            Metrics::inc(&self.shared.metrics.duplicates);
             let mut d1 = self.base_record(Stage::Duplicate, received_at, &up, original);
             d1.stream_seq = Some(ack.sequence);
             d1.detail = Some(format!(
                 "request id {} from {} already stored within the dedup window",
                 up.request_id, up.producer
             ));
-            self.sink.record(d1);
+            self.shared.sink.record(d1);
             return Ok(UploadReply {
-                receipt: self.key.receipt(&up.producer, &up.request_id, &original),
+                receipt: self
+                    .shared
+                    .key
+                    .receipt(&up.producer, &up.request_id, &original),
                 message_id: original,
                 request_id: up.request_id,
                 stream_seq: ack.sequence,
@@ -169,17 +157,20 @@ impl Uploader {
             });
         }
 
-        Metrics::inc(&self.metrics.uploads);
+        Metrics::inc(&self.shared.metrics.uploads);
         let mut p2 = self.base_record(Stage::UploadReceived, received_at, &up, message_id);
         p2.attrs = up.attrs.clone();
         p2.traceparent = up.traceparent.clone();
         p2.payload_size = Some(msg.payload.len() as u64);
-        if self.config.record_payload_bytes > 0 {
-            let n = msg.payload.len().min(self.config.record_payload_bytes);
+        if self.shared.config.record_payload_bytes > 0 {
+            let n = msg
+                .payload
+                .len()
+                .min(self.shared.config.record_payload_bytes);
             p2.payload_head =
                 Some(base64::engine::general_purpose::STANDARD.encode(&msg.payload[..n]));
         }
-        self.sink.record(p2);
+        self.shared.sink.record(p2);
         let mut p3 = self.base_record(
             Stage::Stored,
             msgtrail_core::time::now_nanos(),
@@ -187,9 +178,12 @@ impl Uploader {
             message_id,
         );
         p3.stream_seq = Some(ack.sequence);
-        self.sink.record(p3);
+        self.shared.sink.record(p3);
         Ok(UploadReply {
-            receipt: self.key.receipt(&up.producer, &up.request_id, &message_id),
+            receipt: self
+                .shared
+                .key
+                .receipt(&up.producer, &up.request_id, &message_id),
             message_id,
             request_id: up.request_id,
             stream_seq: ack.sequence,
@@ -198,23 +192,23 @@ impl Uploader {
     }
 
     fn check_sizes(&self, msg: &async_nats::Message, headers: &HeaderMap) -> Result<(), WireError> {
-        if msg.payload.len() > self.config.max_payload {
+        if msg.payload.len() > self.shared.config.max_payload {
             return Err(WireError::new(
                 ErrorCode::PayloadTooLarge,
                 format!(
                     "payload is {} bytes; this broker accepts at most {}",
                     msg.payload.len(),
-                    self.config.max_payload
+                    self.shared.config.max_payload
                 ),
             ));
         }
         let hb = header_bytes(headers);
-        if hb > self.config.max_header_bytes {
+        if hb > self.shared.config.max_header_bytes {
             return Err(WireError::new(
                 ErrorCode::HeadersTooLarge,
                 format!(
                     "headers are {hb} bytes; this broker accepts at most {}",
-                    self.config.max_header_bytes
+                    self.shared.config.max_header_bytes
                 ),
             ));
         }
@@ -229,6 +223,7 @@ impl Uploader {
             return;
         };
         let Ok(channel) = self
+            .shared
             .channels
             .lookup_role(channel.as_str(), Role::Producer)
             .await
@@ -253,8 +248,8 @@ impl Uploader {
             .and_then(|a| a.as_str().parse().ok());
         p2.outcome = Some("refused".into());
         p2.detail = Some(e.to_string());
-        p2.service = Some(self.config.service_name.clone());
-        self.sink.record(p2);
+        p2.service = Some(self.shared.config.service_name.clone());
+        self.shared.sink.record(p2);
     }
 
     fn base_record(&self, stage: Stage, at: u64, up: &Upload, id: MessageId) -> StageRecord {
@@ -264,12 +259,13 @@ impl Uploader {
         r.producer = Some(up.producer.clone());
         r.topic = Some(up.topic.to_string());
         r.attempt = Some(up.attempt);
-        r.service = Some(self.config.service_name.clone());
+        r.service = Some(self.shared.config.service_name.clone());
         r
     }
 
     async fn validate(&self, headers: &HeaderMap) -> Result<Upload, WireError> {
         let channel = self
+            .shared
             .channels
             .lookup_role(required(headers, h::CHANNEL)?, Role::Producer)
             .await?;
@@ -353,7 +349,7 @@ impl Uploader {
     }
 
     async fn original_id(&self, seq: u64) -> Result<MessageId, WireError> {
-        let original = self.stream.direct_get(seq).await.map_err(|e| {
+        let original = self.shared.stream.direct_get(seq).await.map_err(|e| {
             WireError::new(
                 ErrorCode::Unavailable,
                 format!("cannot read the original of a duplicate: {e}"),

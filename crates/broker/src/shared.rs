@@ -1,0 +1,30 @@
+//! What every request handler of one broker shares.
+
+use crate::channels::Channels;
+use crate::config::BrokerConfig;
+use crate::metrics::Metrics;
+use crate::signing::SigningKey;
+use crate::stage_sink::StageSink;
+use async_nats::jetstream;
+use std::sync::Arc;
+
+/// The broker's shared parts, built once at startup.
+#[derive(Debug, Clone)]
+pub struct Shared {
+    /// JetStream.
+    pub js: jetstream::Context,
+    /// The message stream (direct gets, consumers).
+    pub stream: jetstream::stream::Stream,
+    /// Core NATS client (settles, pushes, internal notices).
+    pub client: async_nats::Client,
+    /// Channels.
+    pub channels: Channels,
+    /// The stage sink.
+    pub sink: StageSink,
+    /// Counters.
+    pub metrics: Arc<Metrics>,
+    /// Configuration.
+    pub config: Arc<BrokerConfig>,
+    /// Signs ack tokens and upload receipts.
+    pub key: SigningKey,
+}
