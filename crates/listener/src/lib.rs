@@ -75,6 +75,9 @@ use std::sync::Arc;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
+/// How long [`ListenerHandle::shutdown`] waits for its tasks before aborting them.
+pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Most messages the watchdog or retention handle in one transaction.
 const HOUSEKEEPING_BATCH: usize = 10_000;
 /// Most recent messages whose latencies refill the statistics window at start.
@@ -107,12 +110,27 @@ impl ListenerHandle {
     }
 
     /// Stops ingest (the batch in hand is finished and acked), the watchdog and the HTTP
-    /// server, and waits for them. Returns the first task error.
+    /// server, and waits for them up to [`SHUTDOWN_GRACE`]; tasks still busy then (a NATS
+    /// request to a server that is already gone) are aborted, which loses nothing: an
+    /// unacked batch comes back after a restart. Returns the first task error.
     pub async fn shutdown(mut self) -> Result<(), ListenerError> {
         let _ = self.stop.send(true);
+        let deadline = tokio::time::Instant::now() + SHUTDOWN_GRACE;
         let mut first = Ok(());
-        while let Some(r) = self.tasks.join_next().await {
-            let r = r
+        loop {
+            let next = match tokio::time::timeout_at(deadline, self.tasks.join_next()).await {
+                Ok(Some(r)) => r,
+                Ok(None) => break,
+                Err(_) => {
+                    tracing::warn!(
+                        "listener tasks still busy after the shutdown grace; aborting them"
+                    );
+                    self.tasks.abort_all();
+                    while self.tasks.join_next().await.is_some() {}
+                    break;
+                }
+            };
+            let r = next
                 .map_err(|e| ListenerError::Task(e.to_string()))
                 .and_then(|r| r);
             if first.is_ok() {
