@@ -24,6 +24,15 @@ pub const ACK_TOKEN: &str = "Msgtrail-Ack-Token";
 pub const GROUP: &str = "Msgtrail-Group";
 /// The stream sequence of a delivered message.
 pub const STREAM_SEQ: &str = "Msgtrail-Stream-Seq";
+/// On a stored message: when the broker received its upload (P2), Unix nanoseconds by the
+/// broker's clock. With the message's JetStream stored time it is the evidence of the store
+/// hop (P2/P3) that survives any crash: it is stored atomically with the message.
+pub const RECEIVED_AT: &str = "Msgtrail-Received-At";
+/// On a stored message: the `service.name` of the broker that stored it.
+pub const BROKER_SERVICE: &str = "Msgtrail-Broker-Service";
+/// On a stored message: the first bytes of the payload, base64 (the broker's
+/// `record_payload_bytes`; only with stage recording on).
+pub const PAYLOAD_HEAD: &str = "Msgtrail-Payload-Head";
 /// The machine-readable error code of an error reply (see [`crate::wire::ErrorCode`]).
 pub const ERROR: &str = "Msgtrail-Error";
 /// W3C trace context, passed through and linked, never required.

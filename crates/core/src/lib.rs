@@ -8,7 +8,9 @@
 //! - [`trace_ids`]: the documented derivation of OpenTelemetry trace and span IDs from
 //!   message IDs, so every part computes the same IDs without propagating context.
 //! - [`stage`]: the stage model (P1–P4, C1–C8, X1/X2, N1, A1, R1, D1).
-//! - [`record`]: a stage record and its wire encoding (newline-delimited JSON batches).
+//! - [`record`]: a stage record and its JSON encoding (stage stream version 1, reports).
+//! - [`frame`]: the binary frames of the batched message path and the compact stage-record
+//!   encoding (stage stream version 2).
 //! - [`subjects`]: the NATS subjects and stream names of the protocol.
 //! - [`headers`]: the NATS header names of the protocol.
 //! - [`wire`]: the JSON bodies of requests and replies, and the error codes.
@@ -19,6 +21,7 @@
 //! docs/PROTOCOL.md at the repository root describes the same protocol for clients in
 //! other languages.
 
+pub mod frame;
 pub mod headers;
 pub mod ids;
 pub mod record;

@@ -1,8 +1,9 @@
 //! A stage record — one stage log of seed 000 — and its wire encoding.
 //!
-//! On the wire a record is one JSON object; a batch is newline-delimited JSON (one record per
-//! line), which is what clients send on the stage-report subject and what the broker writes
-//! to the stage stream, many records per NATS message. Absent fields are omitted.
+//! In JSON a record is one object; a batch is newline-delimited JSON (one record per line):
+//! what hand-written clients send on the stage-report subject, and version 1 of the stage
+//! stream. Brokers now write the stage stream in the compact binary encoding of
+//! [`crate::frame`] (version 2); [`decode_batch`] reads both. Absent fields are omitted.
 
 use crate::ids::{ClientId, MessageId, RequestId};
 use crate::stage::Stage;
@@ -76,6 +77,9 @@ pub enum RecordError {
         /// The JSON error.
         source: serde_json::Error,
     },
+    /// A compact (version 2) batch was malformed.
+    #[error(transparent)]
+    Frame(#[from] crate::frame::FrameError),
 }
 
 impl StageRecord {
@@ -148,9 +152,15 @@ pub fn encode_batch<'a>(records: impl IntoIterator<Item = &'a StageRecord>) -> V
     out
 }
 
-/// Decodes a newline-delimited JSON batch. Blank lines are skipped; the first invalid line
-/// fails the whole batch so that a sender learns exactly which line was wrong.
+/// Decodes a stage-stream message of either version: the compact binary encoding (version 2,
+/// [`crate::frame::encode_stage_batch`], what brokers write now) or newline-delimited JSON
+/// (version 1, what earlier brokers wrote and what hand-written reports use). In JSON, blank
+/// lines are skipped; the first invalid line fails the whole batch so that a sender learns
+/// exactly which line was wrong.
 pub fn decode_batch(bytes: &[u8]) -> Result<Vec<StageRecord>, RecordError> {
+    if crate::frame::frame_kind(bytes) == Some(crate::frame::FrameKind::StageBatch) {
+        return Ok(crate::frame::decode_stage_batch(bytes)?);
+    }
     let mut out = Vec::new();
     for (i, line) in bytes.split(|b| *b == b'\n').enumerate() {
         if line.iter().all(|b| b.is_ascii_whitespace()) {

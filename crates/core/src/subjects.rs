@@ -15,6 +15,10 @@ pub const CHANNEL_KEEPALIVE: &str = "msgtrail.v1.channel.keepalive";
 pub const CHANNEL_CLOSE: &str = "msgtrail.v1.channel.close";
 /// Upload a message (headers + raw payload).
 pub const UPLOAD: &str = "msgtrail.v1.upload";
+/// Upload many messages in one request: a binary upload-batch frame (docs/PROTOCOL.md §18).
+pub const UPLOAD_BATCH: &str = "msgtrail.v1.upload.batch";
+/// Settle many deliveries in one request: a binary settle-batch frame or a JSON batch.
+pub const SETTLE: &str = "msgtrail.v1.settle";
 /// Pull: fetch matching messages.
 pub const FETCH: &str = "msgtrail.v1.fetch";
 /// Push: start a subscription.
@@ -23,7 +27,7 @@ pub const SUBSCRIBE: &str = "msgtrail.v1.subscribe";
 pub const UNSUBSCRIBE: &str = "msgtrail.v1.unsubscribe";
 /// Settle a delivery: ack, nack (optionally delayed) or term.
 pub const ACK: &str = "msgtrail.v1.ack";
-/// Report the client's own stage records (newline-delimited JSON).
+/// Report the client's own stage records (newline-delimited JSON, or a binary report frame).
 pub const STAGE_REPORT: &str = "msgtrail.v1.stage";
 
 /// The queue group brokers share, so that several brokers split the requests.

@@ -233,6 +233,27 @@ pub struct FetchRequest {
     /// Wait up to this long for the first message (0–30000 ms; default 1000).
     #[serde(default = "default_wait_ms")]
     pub wait_ms: u64,
+    /// The reply's form: a JSON [`FetchReply`] (default) or a binary delivery frame.
+    #[serde(default, skip_serializing_if = "Format::is_json")]
+    pub format: Format,
+}
+
+/// How deliveries travel: JSON with base64 payloads (the default, for hand-written clients)
+/// or binary [`crate::frame::DeliveryBatch`] frames with raw payload bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Format {
+    /// JSON bodies, payloads in base64.
+    #[default]
+    Json,
+    /// Binary frames (docs/PROTOCOL.md §18).
+    Binary,
+}
+
+impl Format {
+    fn is_json(&self) -> bool {
+        *self == Format::Json
+    }
 }
 
 fn one() -> u32 {
@@ -296,6 +317,10 @@ pub struct SubscribeRequest {
     /// At most this many unsettled deliveries to this consumer (default 64).
     #[serde(default = "default_max_inflight")]
     pub max_inflight: u32,
+    /// How pushes travel: one NATS message per delivery with headers (JSON, the default), or
+    /// one binary delivery frame per push batch.
+    #[serde(default, skip_serializing_if = "Format::is_json")]
+    pub format: Format,
 }
 
 fn default_max_inflight() -> u32 {
@@ -356,6 +381,68 @@ pub struct AckRequest {
     /// For a nack or term: why (recorded in the trajectory).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+}
+
+/// `settle` request in JSON (the binary form is [`crate::frame::SettleBatch`]).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SettleRequest {
+    /// The consumer's channel.
+    pub channel: String,
+    /// The settles, answered in this order.
+    pub settles: Vec<SettleItem>,
+}
+
+/// One settle of a JSON [`SettleRequest`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SettleItem {
+    /// The delivery's ack token.
+    pub token: String,
+    /// Ack, nack or term.
+    pub kind: AckKind,
+    /// For a nack: redeliver after this delay.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delay_ms: Option<u64>,
+    /// For a nack or term: why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// `settle` reply in JSON: one result per settle, in order.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SettleReply {
+    /// Per settle: `{"ok":true}` or `{"ok":false,"code":…,"error":…}`.
+    pub results: Vec<ItemResult>,
+}
+
+/// The result of one item of a batch in JSON.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ItemResult {
+    /// True when this item succeeded.
+    pub ok: bool,
+    /// The error code when it did not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<ErrorCode>,
+    /// The error message when it did not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl ItemResult {
+    /// The result of `r`.
+    pub fn of(r: &Result<(), WireError>) -> Self {
+        match r {
+            Ok(()) => ItemResult {
+                ok: true,
+                code: None,
+                error: None,
+            },
+            Err(e) => ItemResult {
+                ok: false,
+                code: Some(e.code),
+                error: Some(e.message.clone()),
+            },
+        }
+    }
 }
 
 /// Reply to `ack`, `unsubscribe`, `channel.close` and `stage`.
