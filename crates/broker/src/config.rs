@@ -47,6 +47,9 @@ pub struct BrokerConfig {
     pub record_stages: bool,
     /// Time allowed for in-flight work at shutdown.
     pub shutdown_grace: Duration,
+    /// Requests handled at once; beyond it the broker stops taking new ones until one ends,
+    /// so overload slows producers down instead of growing tasks without limit.
+    pub max_concurrent_requests: usize,
 }
 
 impl Default for BrokerConfig {
@@ -71,6 +74,7 @@ impl Default for BrokerConfig {
             stage_batch_linger: Duration::from_millis(20),
             record_stages: true,
             shutdown_grace: Duration::from_secs(10),
+            max_concurrent_requests: 512,
         }
     }
 }
@@ -92,6 +96,9 @@ impl BrokerConfig {
         }
         if self.stage_batch_max == 0 || self.stage_buffer == 0 {
             return Err("stage batch and buffer sizes must be positive".into());
+        }
+        if self.max_concurrent_requests == 0 {
+            return Err("max concurrent requests must be at least 1".into());
         }
         if self.channel_ttl < Duration::from_secs(1) {
             return Err("channel ttl must be at least 1 s".into());

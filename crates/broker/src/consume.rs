@@ -19,14 +19,17 @@ use crate::shared::Shared;
 use crate::token::AckToken;
 use async_nats::jetstream::{self, consumer::pull, consumer::AckPolicy, consumer::DeliverPolicy};
 use base64::Engine;
+use bytes::Bytes;
 use futures::StreamExt;
+use msgtrail_core::frame::{DeliveredMessage, DeliveryBatch};
 use msgtrail_core::headers as h;
 use msgtrail_core::ids::validate_topic_filter;
 use msgtrail_core::subjects::{
     dead_letter_subject, message_subject, topic_of_subject, MESSAGE_STREAM,
 };
 use msgtrail_core::wire::{
-    AckKind, AckRequest, Delivery, FetchReply, FetchRequest, Subscription, NO_MATCHING_MESSAGE,
+    AckKind, AckRequest, Delivery, FetchReply, FetchRequest, Format, Subscription,
+    NO_MATCHING_MESSAGE,
 };
 use msgtrail_core::{ClientId, ErrorCode, MessageId, Role, Stage, StageRecord, WireError};
 use std::collections::{BTreeMap, HashMap};
@@ -70,6 +73,28 @@ pub(crate) struct Taken {
     pub attempt: u32,
     pub stream_seq: u64,
     pub ack_subject: String,
+}
+
+/// Deliveries and their ack tokens as one binary frame (an empty one is the
+/// no-matching-message notice).
+pub(crate) fn delivery_batch(delivered: Vec<(Taken, String)>, group: &ClientId) -> DeliveryBatch {
+    DeliveryBatch {
+        no_matching_message: delivered.is_empty(),
+        messages: delivered
+            .into_iter()
+            .map(|(t, ack_token)| DeliveredMessage {
+                message_id: t.message_id,
+                topic: t.topic,
+                producer: t.producer.to_string(),
+                group: group.to_string(),
+                delivery_attempt: t.attempt,
+                stream_seq: t.stream_seq,
+                ack_token,
+                attributes: t.attrs.into_iter().collect(),
+                payload: t.payload,
+            })
+            .collect(),
+    }
 }
 
 /// FNV-1a 64, to name group consumers after their subscription.
@@ -361,8 +386,9 @@ impl Deliverer {
         r
     }
 
-    /// `fetch`: pull matching messages, or answer with a no-matching-message notice.
-    pub async fn fetch(&self, req: FetchRequest) -> Result<FetchReply, WireError> {
+    /// `fetch`: pull matching messages, or answer with a no-matching-message notice; the
+    /// reply is a JSON [`FetchReply`] or a binary [`DeliveryBatch`], as the request asks.
+    pub async fn fetch(&self, req: FetchRequest) -> Result<Bytes, WireError> {
         let channel = self
             .shared
             .channels
@@ -387,31 +413,46 @@ impl Deliverer {
         };
         if taken.is_empty() {
             self.no_match(&channel, sub);
-            return Ok(FetchReply {
-                messages: vec![],
-                notice: Some(NO_MATCHING_MESSAGE.into()),
-            });
         }
-        let messages = taken
+        let delivered: Vec<(Taken, String)> = taken
             .into_iter()
             .map(|t| {
-                let ack_token = self.delivered(&t, &sub.group, &channel.client_id, None);
-                Delivery {
-                    message_id: t.message_id,
-                    topic: t.topic,
-                    attributes: t.attrs,
-                    payload: base64::engine::general_purpose::STANDARD.encode(&t.payload),
-                    delivery_attempt: t.attempt,
-                    stream_seq: t.stream_seq,
-                    producer: t.producer,
-                    group: sub.group.clone(),
-                    ack_token,
-                }
+                let token = self.delivered(&t, &sub.group, &channel.client_id, None);
+                (t, token)
             })
             .collect();
-        Ok(FetchReply {
-            messages,
-            notice: None,
+        Ok(match req.format {
+            Format::Binary => delivery_batch(delivered, &sub.group).encode(),
+            Format::Json => {
+                let reply = if delivered.is_empty() {
+                    FetchReply {
+                        messages: vec![],
+                        notice: Some(NO_MATCHING_MESSAGE.into()),
+                    }
+                } else {
+                    FetchReply {
+                        messages: delivered
+                            .into_iter()
+                            .map(|(t, ack_token)| Delivery {
+                                message_id: t.message_id,
+                                topic: t.topic,
+                                attributes: t.attrs,
+                                payload: base64::engine::general_purpose::STANDARD
+                                    .encode(&t.payload),
+                                delivery_attempt: t.attempt,
+                                stream_seq: t.stream_seq,
+                                producer: t.producer,
+                                group: sub.group.clone(),
+                                ack_token,
+                            })
+                            .collect(),
+                        notice: None,
+                    }
+                };
+                serde_json::to_vec(&reply)
+                    .expect("replies serialize")
+                    .into()
+            }
         })
     }
 
@@ -516,38 +557,63 @@ impl Deliverer {
         }
     }
 
-    /// `ack`: settles a delivery (ack, nack with optional delay, or term).
+    /// `ack`: settles one delivery (ack, nack with optional delay, or term); returns the
+    /// push subscription and sequence whose in-flight slot the settle frees, if any.
     pub async fn ack(&self, req: AckRequest) -> Result<Option<(String, u64)>, WireError> {
         let channel = self
             .shared
             .channels
             .lookup_role(&req.channel, Role::Consumer)
             .await?;
-        let token = AckToken::decode_for(&req.token, &channel.client_id, &self.shared.key)?;
+        let freed = self
+            .settle(
+                &channel,
+                &req.token,
+                req.kind,
+                req.delay_ms,
+                req.reason.as_deref(),
+            )
+            .await?;
+        self.flush_settles().await?;
+        Ok(freed)
+    }
+
+    /// Settles one delivery of `channel`'s consumer: checks its token, tells JetStream,
+    /// records C4/C8 (and R1 for a dead letter). The JetStream ack is published, not awaited:
+    /// call [`Self::flush_settles`] once after a batch of settles.
+    pub(crate) async fn settle(
+        &self,
+        channel: &Channel,
+        token: &str,
+        kind: AckKind,
+        delay_ms: Option<u64>,
+        reason: Option<&str>,
+    ) -> Result<Option<(String, u64)>, WireError> {
+        let token = AckToken::decode_for(token, &channel.client_id, &self.shared.key)?;
         let last_attempt = token.n >= self.shared.config.max_deliver;
-        let (kind, payload) = match req.kind {
-            AckKind::Ack => (AckKind::Ack, "+ACK".to_owned()),
-            AckKind::Nack if !last_attempt => match req.delay_ms {
+        let (effective, payload): (AckKind, Bytes) = match kind {
+            AckKind::Ack => (AckKind::Ack, Bytes::from_static(b"+ACK")),
+            AckKind::Nack if !last_attempt => match delay_ms {
                 Some(ms) => (
                     AckKind::Nack,
-                    format!("-NAK {{\"delay\": {}}}", u128::from(ms) * 1_000_000),
+                    format!("-NAK {{\"delay\": {}}}", u128::from(ms) * 1_000_000).into(),
                 ),
-                None => (AckKind::Nack, "-NAK".to_owned()),
+                None => (AckKind::Nack, Bytes::from_static(b"-NAK")),
             },
             // A nack of the last allowed attempt is a dead letter: term it explicitly.
-            AckKind::Nack | AckKind::Term => (AckKind::Term, "+TERM".to_owned()),
+            AckKind::Nack | AckKind::Term => (AckKind::Term, Bytes::from_static(b"+TERM")),
         };
         self.shared
             .client
-            .request(token.a.clone(), payload.into())
+            .publish(token.a.clone(), payload)
             .await
             .map_err(|e| {
                 WireError::new(
                     ErrorCode::Unavailable,
-                    format!("JetStream did not take the {}: {e}", kind.as_str()),
+                    format!("JetStream did not take the {}: {e}", effective.as_str()),
                 )
             })?;
-        match kind {
+        match effective {
             AckKind::Ack => Metrics::inc(&self.shared.metrics.acks),
             AckKind::Nack => Metrics::inc(&self.shared.metrics.nacks),
             AckKind::Term => Metrics::inc(&self.shared.metrics.terms),
@@ -558,33 +624,32 @@ impl Deliverer {
             Stage::PullAckReceived
         };
         let mut settle = self.record(stage, &token);
-        settle.outcome = Some(req.kind.as_str().into());
-        settle.detail = req.reason.clone();
+        settle.outcome = Some(kind.as_str().into());
+        settle.detail = reason.map(str::to_owned);
         self.shared.sink.record(settle);
-        if kind == AckKind::Term {
-            let why = match req.kind {
+        if effective == AckKind::Term {
+            let because = reason.map(|r| format!(": {r}")).unwrap_or_default();
+            let why = match kind {
                 AckKind::Nack => format!(
-                    "nacked on the last allowed delivery attempt ({} of {}){}",
-                    token.n,
-                    self.shared.config.max_deliver,
-                    req.reason
-                        .as_deref()
-                        .map(|r| format!(": {r}"))
-                        .unwrap_or_default()
+                    "nacked on the last allowed delivery attempt ({} of {}){because}",
+                    token.n, self.shared.config.max_deliver,
                 ),
-                _ => format!(
-                    "terminated by consumer {}{}",
-                    token.c,
-                    req.reason
-                        .as_deref()
-                        .map(|r| format!(": {r}"))
-                        .unwrap_or_default()
-                ),
+                _ => format!("terminated by consumer {}{because}", token.c),
             };
             self.dead_letter(token.q, &token.g, Some(&token.c), token.n, &why)
                 .await;
         }
         Ok(token.s.map(|s| (s, token.q)))
+    }
+
+    /// Makes sure the server has every settle published so far (one round trip).
+    pub(crate) async fn flush_settles(&self) -> Result<(), WireError> {
+        self.shared.client.flush().await.map_err(|e| {
+            WireError::new(
+                ErrorCode::Unavailable,
+                format!("JetStream did not take the settles: {e}"),
+            )
+        })
     }
 
     /// Copies a message to the dead-letter stream and records R1 `dead_letter`.

@@ -12,8 +12,11 @@
 //! - [`config`]: [`BrokerConfig`] and its defaults.
 //! - [`clients`]: the configured clients (IDs, nkeys, topic permissions).
 //! - [`channels`]: nkey challenge–response, channel open/keepalive/close, shared in a KV bucket.
-//! - [`upload`]: validation, ID assignment, storage and deduplication.
-//! - [`consume`]: consumer groups, fetch, settling, redelivery and dead letters.
+//! - [`upload`]: single and batched uploads: validation, ID assignment, storage with all
+//!   JetStream acks of a batch in flight, deduplication, and the store evidence in headers.
+//! - [`consume`]: consumer groups, fetch (JSON or binary frames), settling, redelivery and
+//!   dead letters.
+//! - [`settle`]: batched settles, with the consumer's stage records riding along.
 //! - [`push`]: push subscriptions, immediate or scheduled, with an in-flight bound.
 //! - [`token`]: signed, self-contained ack tokens, so any broker can settle any delivery.
 //! - [`signing`]: the deployment-wide HMAC key behind ack tokens and upload receipts.
@@ -31,6 +34,7 @@ pub mod metrics;
 pub mod push;
 pub mod relay;
 pub mod server;
+pub mod settle;
 pub mod shared;
 pub mod shutdown;
 pub mod signing;

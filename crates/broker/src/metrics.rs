@@ -34,8 +34,11 @@ pub struct Metrics {
     pub stage_records: AtomicU64,
     /// Stage records dropped because the buffer was full.
     pub stage_dropped: AtomicU64,
-    /// Stage records lost because the stage stream refused the batch.
+    /// Stage records given up after the stage stream refused their batch (retry queue full,
+    /// or still unstored at shutdown).
     pub stage_publish_failed: AtomicU64,
+    /// Stage-stream publishes tried again after a failure.
+    pub stage_publish_retries: AtomicU64,
     /// Stage-stream messages written (batches).
     pub stage_batches: AtomicU64,
     /// Client stage records relayed.
@@ -82,6 +85,7 @@ impl Metrics {
             "stage_records": g(&self.stage_records),
             "stage_dropped": g(&self.stage_dropped),
             "stage_publish_failed": g(&self.stage_publish_failed),
+            "stage_publish_retries": g(&self.stage_publish_retries),
             "stage_batches": g(&self.stage_batches),
             "relayed_records": g(&self.relayed_records),
             "errors": self.errors(),

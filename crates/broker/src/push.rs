@@ -1,6 +1,8 @@
 //! Push subscriptions: the broker delivers matching messages to the consumer's subject as
 //! soon as they exist, or on a schedule in batches (`every_ms`), with at most `max_inflight`
-//! unsettled deliveries per subscription.
+//! unsettled deliveries per subscription. A delivery travels as one NATS message with
+//! headers, or — for a subscription with `"format":"binary"` — every batch taken from
+//! JetStream travels as one binary delivery frame.
 //!
 //! A subscription lives on the broker that accepted it, as one task. Settles may reach any
 //! broker of the queue group; the one that handles a settle tells the owner through the
@@ -14,7 +16,7 @@ use crate::consume::Deliverer;
 use crate::shutdown::Shutdown;
 use futures::StreamExt;
 use msgtrail_core::headers as h;
-use msgtrail_core::wire::{SubscribeReply, SubscribeRequest, UnsubscribeRequest};
+use msgtrail_core::wire::{Format, SubscribeReply, SubscribeRequest, UnsubscribeRequest};
 use msgtrail_core::{ErrorCode, Role, WireError};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -320,10 +322,17 @@ impl PushTask {
                 };
                 match taken {
                     Ok(taken) => {
-                        for t in taken {
-                            self.push(&t).await;
-                            self.inflight
-                                .insert(t.stream_seq, Instant::now() + ack_wait);
+                        let expires = Instant::now() + ack_wait;
+                        for t in &taken {
+                            self.inflight.insert(t.stream_seq, expires);
+                        }
+                        match self.req.format {
+                            Format::Json => {
+                                for t in &taken {
+                                    self.push(t).await;
+                                }
+                            }
+                            Format::Binary => self.push_frame(taken).await,
                         }
                     }
                     Err(e) => {
@@ -358,6 +367,32 @@ impl PushTask {
         }
     }
 
+    /// Pushes deliveries as one binary frame (the subscription asked for `binary`).
+    async fn push_frame(&self, taken: Vec<crate::consume::Taken>) {
+        if taken.is_empty() {
+            return;
+        }
+        let d = &self.deliverer;
+        let group = &self.req.subscription.group;
+        let delivered = taken
+            .into_iter()
+            .map(|t| {
+                let token = d.delivered(&t, group, &self.consumer_id, Some(&self.id));
+                (t, token)
+            })
+            .collect();
+        let frame = crate::consume::delivery_batch(delivered, group).encode();
+        if let Err(e) = d
+            .shared
+            .client
+            .publish(self.req.deliver_subject.clone(), frame)
+            .await
+        {
+            tracing::warn!(subscription = %self.id, error = %e, "push publish failed; JetStream redelivers after the ack wait");
+        }
+    }
+
+    /// Pushes one delivery as a NATS message with headers (the JSON form).
     async fn push(&self, t: &crate::consume::Taken) {
         let d = &self.deliverer;
         let token = d.delivered(

@@ -15,16 +15,20 @@
 //! - P1 needs none: a request ID lives in its producer's own namespace.
 //!
 //! The `token` is not written to the stage stream. A report is accepted whole or refused
-//! whole, with the first offending line named.
+//! whole, with the first offending line (record) named. Reports come as newline-delimited
+//! JSON or as a binary report frame on `msgtrail.v1.stage`, or ride along upload and settle
+//! batches ([`Relay::relay_reported`]); all three take the same checks.
 
-use crate::channels::Channels;
+use crate::channels::{Channel, Channels};
 use crate::metrics::Metrics;
 use crate::signing::SigningKey;
 use crate::stage_sink::StageSink;
 use crate::token::AckToken;
 use crate::upload::required;
+use msgtrail_core::frame::{self, ReportedRecord, ReportsOutcome};
 use msgtrail_core::headers as h;
 use msgtrail_core::{ErrorCode, Role, Stage, StageRecord, WireError};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 /// Most records in one report.
@@ -53,8 +57,60 @@ fn invalid(line: usize, why: impl std::fmt::Display) -> WireError {
     WireError::new(ErrorCode::InvalidRecord, format!("line {line}: {why}"))
 }
 
+/// Fields a JSON record may leave out but never set to `null`: they name what the record is
+/// about, and `null` would silently read as "absent".
+const NEVER_NULL: &[&str] = &[
+    "message_id",
+    "request_id",
+    "producer",
+    "consumer",
+    "group",
+    "topic",
+    "attempt",
+    "stream_seq",
+    "outcome",
+    "detail",
+];
+
+/// Parses a newline-delimited JSON report: each line a record plus its `token`.
+fn parse_json_report(payload: &[u8]) -> Result<Vec<ReportedRecord>, WireError> {
+    let mut out = Vec::new();
+    for (i, line) in payload.split(|b| *b == b'\n').enumerate() {
+        if line.iter().all(|b| b.is_ascii_whitespace()) {
+            continue;
+        }
+        if out.len() == MAX_REPORT_RECORDS {
+            return Err(WireError::new(
+                ErrorCode::InvalidRecord,
+                format!("more than {MAX_REPORT_RECORDS} records in one report"),
+            ));
+        }
+        let n = i + 1;
+        let mut value: serde_json::Value =
+            serde_json::from_slice(line).map_err(|e| invalid(n, e))?;
+        let Some(object) = value.as_object_mut() else {
+            return Err(invalid(n, "a record is a JSON object"));
+        };
+        let token = match object.remove("token") {
+            Some(serde_json::Value::String(t)) => t,
+            None => String::new(),
+            Some(_) => return Err(invalid(n, "token must be a string")),
+        };
+        if let Some(field) = NEVER_NULL
+            .iter()
+            .find(|f| object.get(**f).is_some_and(|v| v.is_null()))
+        {
+            return Err(invalid(n, format!("{field} is null: leave it out instead")));
+        }
+        let record: StageRecord = serde_json::from_value(value).map_err(|e| invalid(n, e))?;
+        out.push(ReportedRecord { record, token });
+    }
+    Ok(out)
+}
+
 impl Relay {
-    /// Handles one `stage` report; returns how many records were accepted.
+    /// Handles one `stage` report (newline-delimited JSON, or a binary report frame);
+    /// returns how many records were accepted.
     pub async fn handle(&self, msg: &async_nats::Message) -> Result<usize, WireError> {
         let headers = msg.headers.as_ref().ok_or_else(|| {
             WireError::new(
@@ -69,30 +125,41 @@ impl Relay {
                 format!("report is over {MAX_REPORT_BYTES} bytes"),
             ));
         }
-        let mut records = Vec::new();
-        for (i, line) in msg.payload.split(|b| *b == b'\n').enumerate() {
-            if line.iter().all(|b| b.is_ascii_whitespace()) {
-                continue;
-            }
-            if records.len() == MAX_REPORT_RECORDS {
-                return Err(WireError::new(
-                    ErrorCode::InvalidRecord,
-                    format!("more than {MAX_REPORT_RECORDS} records in one report"),
-                ));
-            }
-            let n = i + 1;
-            let mut value: serde_json::Value =
-                serde_json::from_slice(line).map_err(|e| invalid(n, e))?;
-            let token = match value.as_object_mut().map(|o| o.remove("token")) {
-                Some(Some(serde_json::Value::String(t))) => Some(t),
-                Some(None) => None,
-                Some(Some(_)) => return Err(invalid(n, "token must be a string")),
-                None => return Err(invalid(n, "a record is a JSON object")),
-            };
-            let mut r: StageRecord = serde_json::from_value(value).map_err(|e| invalid(n, e))?;
-            self.check(n, &mut r, token.as_deref(), &channel)?;
-            records.push(r);
+        let reported = if frame::frame_kind(&msg.payload) == Some(frame::FrameKind::Report) {
+            frame::decode_report(&msg.payload)?
+        } else {
+            parse_json_report(&msg.payload)?
+        };
+        let records = self.check_all(&channel, reported)?;
+        Ok(self.relay(records))
+    }
+
+    /// Checks and relays the records that rode along an upload or settle batch. They are
+    /// accepted whole or refused whole; a refusal never fails the request they rode on.
+    pub async fn relay_reported(
+        &self,
+        channel: &Channel,
+        reported: Vec<ReportedRecord>,
+    ) -> ReportsOutcome {
+        if reported.is_empty() {
+            return ReportsOutcome::default();
         }
+        match self.check_all(channel, reported) {
+            Ok(records) => ReportsOutcome {
+                accepted: self.relay(records) as u32,
+                error: None,
+            },
+            Err(e) => {
+                self.metrics.error(e.code);
+                ReportsOutcome {
+                    accepted: 0,
+                    error: Some(e),
+                }
+            }
+        }
+    }
+
+    fn relay(&self, records: Vec<StageRecord>) -> usize {
         let n = records.len();
         for r in records {
             self.sink.record(r);
@@ -100,7 +167,31 @@ impl Relay {
         self.metrics
             .relayed_records
             .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
-        Ok(n)
+        n
+    }
+
+    /// Checks every record; the first offending one (1-based) refuses the lot. A token shared
+    /// by several records (a delivery's C6, X1, X2, C7) is verified once.
+    fn check_all(
+        &self,
+        channel: &Channel,
+        reported: Vec<ReportedRecord>,
+    ) -> Result<Vec<StageRecord>, WireError> {
+        if reported.len() > MAX_REPORT_RECORDS {
+            return Err(WireError::new(
+                ErrorCode::InvalidRecord,
+                format!("more than {MAX_REPORT_RECORDS} records in one report"),
+            ));
+        }
+        let mut tokens: HashMap<String, AckToken> = HashMap::new();
+        let mut out = Vec::with_capacity(reported.len());
+        for (i, rep) in reported.into_iter().enumerate() {
+            let mut r = rep.record;
+            let token = Some(rep.token).filter(|t| !t.is_empty());
+            self.check(i + 1, &mut r, token.as_deref(), channel, &mut tokens)?;
+            out.push(r);
+        }
+        Ok(out)
     }
 
     fn check(
@@ -108,7 +199,8 @@ impl Relay {
         n: usize,
         r: &mut StageRecord,
         token: Option<&str>,
-        channel: &crate::channels::Channel,
+        channel: &Channel,
+        tokens: &mut HashMap<String, AckToken>,
     ) -> Result<(), WireError> {
         if !r.stage.reportable_by(channel.role) {
             return Err(not_owned(
@@ -166,8 +258,15 @@ impl Relay {
                         format!("stage {} needs token = the delivery's ack token", r.stage),
                     )
                 })?;
-                let t = AckToken::decode_for(text, &channel.client_id, &self.key)
-                    .map_err(|e| not_owned(n, e.message))?;
+                let t = match tokens.get(text) {
+                    Some(t) => t.clone(),
+                    None => {
+                        let t = AckToken::decode_for(text, &channel.client_id, &self.key)
+                            .map_err(|e| not_owned(n, e.message))?;
+                        tokens.insert(text.to_owned(), t.clone());
+                        t
+                    }
+                };
                 let push_stage = matches!(r.stage, Stage::PushReceived | Stage::PushAckSent);
                 let pull_stage = matches!(r.stage, Stage::PullReceived | Stage::PullAckSent);
                 if (push_stage && !t.p) || (pull_stage && t.p) {

@@ -29,7 +29,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use std::future::Future;
 use std::sync::Arc;
-use tokio::sync::RwLock;
+use tokio::sync::{RwLock, Semaphore};
 use tokio::task::JoinHandle;
 
 /// Why the broker could not start or stopped with an error.
@@ -55,10 +55,12 @@ enum Kind {
     Keepalive,
     Close,
     Upload,
+    UploadBatch,
     Fetch,
     Subscribe,
     Unsubscribe,
     Ack,
+    Settle,
     Stage,
 }
 
@@ -68,10 +70,12 @@ const ENDPOINTS: &[(Kind, &str, &str)] = &[
     (Kind::Keepalive, "channel-keepalive", s::CHANNEL_KEEPALIVE),
     (Kind::Close, "channel-close", s::CHANNEL_CLOSE),
     (Kind::Upload, "upload", s::UPLOAD),
+    (Kind::UploadBatch, "upload-batch", s::UPLOAD_BATCH),
     (Kind::Fetch, "fetch", s::FETCH),
     (Kind::Subscribe, "subscribe", s::SUBSCRIBE),
     (Kind::Unsubscribe, "unsubscribe", s::UNSUBSCRIBE),
     (Kind::Ack, "ack", s::ACK),
+    (Kind::Settle, "settle", s::SETTLE),
     (Kind::Stage, "stage", s::STAGE_REPORT),
 ];
 
@@ -82,6 +86,7 @@ struct Handlers {
     uploader: Uploader,
     deliverer: Deliverer,
     push: PushManager,
+    settler: crate::settle::Settler,
     relay: Relay,
     metrics: Arc<Metrics>,
 }
@@ -126,7 +131,9 @@ impl Handlers {
                 ok()
             }
             Kind::Upload => json(&self.uploader.handle(msg).await?),
-            Kind::Fetch => json(&self.deliverer.fetch(parse::<FetchRequest>(p)?).await?),
+            Kind::UploadBatch => self.uploader.handle_batch(msg).await,
+            Kind::Fetch => self.deliverer.fetch(parse::<FetchRequest>(p)?).await,
+            Kind::Settle => self.settler.handle(msg).await,
             Kind::Subscribe => json(&self.push.subscribe(parse::<SubscribeRequest>(p)?).await?),
             Kind::Unsubscribe => {
                 self.push
@@ -136,6 +143,7 @@ impl Handlers {
             }
             Kind::Ack => {
                 let req = parse::<AckRequest>(p)?;
+                // The single form of `settle`.
                 if let Some((sub, seq)) = self.deliverer.ack(req).await? {
                     self.push.notify_settled(&sub, seq).await;
                 }
@@ -241,22 +249,30 @@ pub async fn start(config: BrokerConfig) -> Result<RunningBroker, BrokerError> {
         config: config.clone(),
         key: key.clone(),
     });
+    let relay = Relay {
+        key,
+        channels: channels.clone(),
+        sink: sink.clone(),
+        metrics: metrics.clone(),
+    };
     let uploader = Uploader {
         shared: shared.clone(),
+        relay: relay.clone(),
     };
     let deliverer = Deliverer {
         shared,
         consumers: Default::default(),
     };
+    let push = PushManager::new(deliverer.clone(), signal.clone());
     // Shared, not cloned, per request: a clone deep-copies the stream handles and their info.
     let handlers = Arc::new(Handlers {
-        push: PushManager::new(deliverer.clone(), signal.clone()),
-        relay: Relay {
-            key,
-            channels: channels.clone(),
-            sink: sink.clone(),
-            metrics: metrics.clone(),
+        settler: crate::settle::Settler {
+            deliverer: deliverer.clone(),
+            push: push.clone(),
+            relay: relay.clone(),
         },
+        push,
+        relay,
         channels,
         uploader,
         deliverer: deliverer.clone(),
@@ -286,6 +302,7 @@ pub async fn start(config: BrokerConfig) -> Result<RunningBroker, BrokerError> {
     let advisories = tokio::spawn(deliverer.watch_max_deliveries(signal.clone()));
 
     let in_flight = Arc::new(RwLock::new(()));
+    let permits = Arc::new(Semaphore::new(config.max_concurrent_requests));
     let grace = config.shutdown_grace;
     let task = tokio::spawn(async move {
         let loops: Vec<_> = endpoints
@@ -296,6 +313,7 @@ pub async fn start(config: BrokerConfig) -> Result<RunningBroker, BrokerError> {
                     ep,
                     handlers.clone(),
                     in_flight.clone(),
+                    permits.clone(),
                     signal.clone(),
                 ))
             })
@@ -370,9 +388,16 @@ async fn serve(
     mut endpoint: service::endpoint::Endpoint,
     handlers: Arc<Handlers>,
     in_flight: Arc<RwLock<()>>,
+    permits: Arc<Semaphore>,
     mut shutdown: Shutdown,
 ) {
     loop {
+        // Backpressure: no permit, no new request taken from NATS (all endpoints share the
+        // bound); requests wait in the subscription, and producers slow down.
+        let permit = tokio::select! {
+            p = permits.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
+            _ = shutdown.wait() => break,
+        };
         let req = tokio::select! {
             r = endpoint.next() => match r { Some(r) => r, None => break },
             _ = shutdown.wait() => break,
@@ -382,6 +407,7 @@ async fn serve(
         tokio::spawn(async move {
             handlers.respond(kind, req).await;
             drop(guard);
+            drop(permit);
         });
     }
     let _ = tokio::time::timeout(ENDPOINT_STOP_WAIT, endpoint.stop()).await;

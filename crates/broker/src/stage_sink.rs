@@ -3,16 +3,22 @@
 //! Handlers call [`StageSink::record`], which never waits: the record goes into a bounded
 //! buffer, or is dropped and counted when the buffer is full. One writer task drains the
 //! buffer into batches (up to `stage_batch_max` records or `stage_batch_linger` of waiting)
-//! and publishes each batch as one JetStream message of newline-delimited JSON, with a window
-//! of publish acks in flight. Every record is also a `tracing` event with target
+//! and publishes each batch as one JetStream message in the compact binary encoding (stage
+//! stream version 2, [`msgtrail_core::frame::encode_stage_batch`]), with a window of publish
+//! acks in flight. A batch the stage stream does not take (no leader during an election, a
+//! lost connection) is published again with backoff, in order, until it is stored; only a
+//! full retry queue or a shutdown that cannot drain it gives records up, counted in
+//! `stage_publish_failed`. Every record is also a `tracing` event with target
 //! `msgtrail::stage` (level DEBUG).
 
 use crate::metrics::Metrics;
+use bytes::Bytes;
 use futures::stream::FuturesUnordered;
 use futures::StreamExt;
-use msgtrail_core::record::encode_batch;
+use msgtrail_core::frame::encode_stage_batch;
 use msgtrail_core::subjects::STAGE_SUBJECT;
 use msgtrail_core::StageRecord;
+use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -54,6 +60,11 @@ impl StageSink {
         )
     }
 
+    /// Whether records are written at all (stage recording is on).
+    pub fn enabled(&self) -> bool {
+        self.tx.is_some()
+    }
+
     /// Records a stage without waiting.
     pub fn record(&self, rec: StageRecord) {
         tracing::debug!(
@@ -76,6 +87,39 @@ impl StageSink {
     }
 }
 
+/// A stage-stream message waiting for its publish ack, or for another try.
+struct Pending {
+    bytes: Bytes,
+    records: u64,
+    tries: u32,
+}
+
+/// First pause before a failed batch is published again; doubles up to [`RETRY_MAX`].
+const RETRY_FIRST: Duration = Duration::from_millis(100);
+/// Longest pause between tries of a failed batch.
+const RETRY_MAX: Duration = Duration::from_secs(2);
+/// Failed batches kept for another try (about 2.5 M records at full batches); beyond it the
+/// oldest is given up and counted in `stage_publish_failed`.
+const RETRY_QUEUE: usize = 10_000;
+/// How long the writer keeps retrying after the last sink is dropped (shutdown).
+const DRAIN: Duration = Duration::from_secs(5);
+
+type AckFuture =
+    std::pin::Pin<Box<dyn std::future::Future<Output = (Pending, Result<(), String>)> + Send>>;
+
+async fn publish(
+    js: &async_nats::jetstream::Context,
+    p: Pending,
+) -> Result<AckFuture, (Pending, String)> {
+    match js.publish(STAGE_SUBJECT, p.bytes.clone()).await {
+        Ok(ack) => Ok(Box::pin(async move {
+            let res = ack.await.map(|_| ()).map_err(|e| e.to_string());
+            (p, res)
+        })),
+        Err(e) => Err((p, e.to_string())),
+    }
+}
+
 async fn write_batches(
     js: async_nats::jetstream::Context,
     mut rx: mpsc::Receiver<StageRecord>,
@@ -83,17 +127,45 @@ async fn write_batches(
     batch_max: usize,
     linger: Duration,
 ) {
-    let mut acks = FuturesUnordered::new();
+    let mut acks: FuturesUnordered<AckFuture> = FuturesUnordered::new();
+    let mut retry: VecDeque<(tokio::time::Instant, Pending)> = VecDeque::new();
     let mut batch = Vec::with_capacity(batch_max);
+    let mut open = true;
+    let mut drain_until = None;
     loop {
+        if !open && acks.is_empty() && retry.is_empty() {
+            break;
+        }
+        if !open && drain_until.is_some_and(|d| tokio::time::Instant::now() >= d) {
+            break;
+        }
+        let next_retry = retry.front().map(|(at, _)| *at);
         tokio::select! {
             biased;
-            Some((n, res)) = acks.next(), if !acks.is_empty() => {
-                note_ack(&metrics, n, res);
+            Some((p, res)) = acks.next(), if !acks.is_empty() => {
+                if let Some(again) = note_ack(&metrics, p, res) {
+                    schedule(&metrics, &mut retry, again);
+                }
                 continue;
             }
-            first = rx.recv() => {
-                let Some(first) = first else { break };
+            _ = sleep_until(next_retry), if next_retry.is_some() => {
+                let (_, p) = retry.pop_front().expect("a retry is due");
+                Metrics::inc(&metrics.stage_publish_retries);
+                match publish(&js, p).await {
+                    Ok(ack) => acks.push(ack),
+                    Err((p, e)) => {
+                        tracing::debug!(error = %e, "stage batch publish failed again");
+                        schedule(&metrics, &mut retry, p);
+                    }
+                }
+                continue;
+            }
+            first = rx.recv(), if open => {
+                let Some(first) = first else {
+                    open = false;
+                    drain_until = Some(tokio::time::Instant::now() + DRAIN);
+                    continue;
+                };
                 batch.push(first);
             }
         }
@@ -104,30 +176,80 @@ async fn write_batches(
                 _ => break,
             }
         }
-        let n = batch.len() as u64;
-        let bytes = encode_batch(batch.iter());
+        let pending = Pending {
+            records: batch.len() as u64,
+            bytes: encode_stage_batch(batch.iter()).into(),
+            tries: 0,
+        };
         batch.clear();
-        match js.publish(STAGE_SUBJECT, bytes.into()).await {
-            Ok(ack) => acks.push(async move { (n, ack.await.map(|_| ())) }),
-            Err(e) => note_ack(&metrics, n, Err(e)),
+        match publish(&js, pending).await {
+            Ok(ack) => acks.push(ack),
+            Err((p, e)) => {
+                tracing::warn!(records = p.records, error = %e, "stage batch not sent; retrying");
+                schedule(&metrics, &mut retry, p);
+            }
         }
         while acks.len() >= ACK_WINDOW {
-            if let Some((n, res)) = acks.next().await {
-                note_ack(&metrics, n, res);
+            if let Some((p, res)) = acks.next().await {
+                if let Some(again) = note_ack(&metrics, p, res) {
+                    schedule(&metrics, &mut retry, again);
+                }
             }
         }
     }
-    while let Some((n, res)) = acks.next().await {
-        note_ack(&metrics, n, res);
+    let lost: u64 = retry.iter().map(|(_, p)| p.records).sum();
+    if lost > 0 {
+        metrics
+            .stage_publish_failed
+            .fetch_add(lost, Ordering::Relaxed);
+        tracing::error!(records = lost, "stage records not stored before shutdown");
     }
 }
 
-fn note_ack<E: std::fmt::Display>(metrics: &Metrics, n: u64, res: Result<(), E>) {
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Queues a failed batch for another try, with backoff; gives up the oldest when full.
+fn schedule(
+    metrics: &Metrics,
+    retry: &mut VecDeque<(tokio::time::Instant, Pending)>,
+    mut p: Pending,
+) {
+    p.tries += 1;
+    let pause = RETRY_FIRST
+        .saturating_mul(1 << p.tries.min(5))
+        .min(RETRY_MAX);
+    if retry.len() >= RETRY_QUEUE {
+        if let Some((_, old)) = retry.pop_front() {
+            metrics
+                .stage_publish_failed
+                .fetch_add(old.records, Ordering::Relaxed);
+            tracing::error!(
+                records = old.records,
+                "stage batch given up: the retry queue is full"
+            );
+        }
+    }
+    // Batches keep their order of first failure; a later one never overtakes an earlier one.
+    let at = tokio::time::Instant::now() + pause;
+    let at = retry.back().map_or(at, |(last, _)| at.max(*last));
+    retry.push_back((at, p));
+}
+
+/// Counts an acked batch, or hands a failed one back for another try.
+fn note_ack(metrics: &Metrics, p: Pending, res: Result<(), String>) -> Option<Pending> {
     match res {
-        Ok(()) => Metrics::inc(&metrics.stage_batches),
+        Ok(()) => {
+            Metrics::inc(&metrics.stage_batches);
+            None
+        }
         Err(e) => {
-            metrics.stage_publish_failed.fetch_add(n, Ordering::Relaxed);
-            tracing::warn!(records = n, error = %e, "stage batch not stored");
+            tracing::warn!(records = p.records, tries = p.tries, error = %e, "stage batch not stored; retrying");
+            Some(p)
         }
     }
 }

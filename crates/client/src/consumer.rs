@@ -195,6 +195,7 @@ impl Consumer {
                     subscription: sub.clone(),
                     max,
                     wait_ms: wait.as_millis() as u64,
+                    format: Default::default(),
                 };
                 async move { request_json(&ch.client, s::FETCH, &req, timeout).await }
             })
@@ -248,6 +249,7 @@ impl Consumer {
                     deliver_subject: inbox.clone(),
                     every_ms: options.every.map(|d| d.as_millis() as u64),
                     max_inflight: options.max_inflight,
+                    format: Default::default(),
                 };
                 async move { request_json(&ch.client, s::SUBSCRIBE, &req, ch.timeout).await }
             })

@@ -1,0 +1,137 @@
+//! Batched settles (`msgtrail.v1.settle`): one request settles many deliveries — ack, nack
+//! with an optional delay, or term with a reason — each checked on its own, so a forged or
+//! foreign token fails alone. The consumer's own stage records about those deliveries (C2/C3,
+//! C6/C7, X1/X2) may ride along and are relayed with the same checks as a stage report.
+//!
+//! The request is a binary [`SettleBatch`] frame or JSON ([`SettleRequest`]); the reply has
+//! the same form. JetStream acks of the whole batch are published and then flushed once, so a
+//! batch costs one round trip to the server, not one per delivery.
+
+use crate::channels::Channel;
+use crate::consume::Deliverer;
+use crate::push::PushManager;
+use crate::relay::Relay;
+use crate::upload::required;
+use bytes::Bytes;
+use msgtrail_core::frame::{self, SettleBatch, SettleEntry, SettleResults};
+use msgtrail_core::headers as h;
+use msgtrail_core::wire::{ItemResult, SettleReply, SettleRequest};
+use msgtrail_core::{ErrorCode, Role, WireError};
+
+/// Handles settle batches.
+#[derive(Debug, Clone)]
+pub struct Settler {
+    /// Settles deliveries.
+    pub deliverer: Deliverer,
+    /// Frees push subscriptions' in-flight slots.
+    pub push: PushManager,
+    /// Relays the records that ride along.
+    pub relay: Relay,
+}
+
+impl Settler {
+    /// Handles one settle request, binary or JSON.
+    pub async fn handle(&self, msg: &async_nats::Message) -> Result<Bytes, WireError> {
+        if frame::frame_kind(&msg.payload) == Some(frame::FrameKind::SettleBatch) {
+            let headers = msg.headers.as_ref().ok_or_else(|| {
+                WireError::new(
+                    ErrorCode::BadRequest,
+                    format!("missing header {}", h::CHANNEL),
+                )
+            })?;
+            let channel = self
+                .consumer_channel(required(headers, h::CHANNEL)?)
+                .await?;
+            let batch = SettleBatch::decode(&msg.payload)?;
+            let reports = self.relay.relay_reported(&channel, batch.reports).await;
+            let results = self.settle_all(&channel, &batch.entries).await;
+            return Ok(SettleResults {
+                results: results.into_iter().map(Result::err).collect(),
+                reports,
+            }
+            .encode());
+        }
+        let req: SettleRequest = serde_json::from_slice(&msg.payload).map_err(|e| {
+            WireError::new(ErrorCode::BadRequest, format!("invalid request body: {e}"))
+        })?;
+        let channel = self.consumer_channel(&req.channel).await?;
+        let entries: Vec<SettleEntry> = req
+            .settles
+            .into_iter()
+            .map(|s| SettleEntry {
+                token: s.token,
+                kind: s.kind,
+                delay_ms: s.delay_ms,
+                reason: s.reason.unwrap_or_default(),
+            })
+            .collect();
+        if entries.len() > frame::MAX_BATCH_ENTRIES {
+            return Err(too_many(entries.len()));
+        }
+        let results = self.settle_all(&channel, &entries).await;
+        let reply = SettleReply {
+            results: results.iter().map(ItemResult::of).collect(),
+        };
+        Ok(serde_json::to_vec(&reply)
+            .expect("replies serialize")
+            .into())
+    }
+
+    async fn consumer_channel(&self, id: &str) -> Result<Channel, WireError> {
+        self.deliverer
+            .shared
+            .channels
+            .lookup_role(id, Role::Consumer)
+            .await
+    }
+
+    /// Settles every entry, then flushes the JetStream acks once. An entry's error is its own.
+    async fn settle_all(
+        &self,
+        channel: &Channel,
+        entries: &[SettleEntry],
+    ) -> Vec<Result<(), WireError>> {
+        let mut results = Vec::with_capacity(entries.len());
+        let mut freed = Vec::new();
+        for e in entries {
+            let reason = Some(e.reason.as_str()).filter(|r| !r.is_empty());
+            match self
+                .deliverer
+                .settle(channel, &e.token, e.kind, e.delay_ms, reason)
+                .await
+            {
+                Ok(slot) => {
+                    freed.extend(slot);
+                    results.push(Ok(()));
+                }
+                Err(err) => {
+                    self.deliverer.shared.metrics.error(err.code);
+                    results.push(Err(err));
+                }
+            }
+        }
+        if results.iter().any(Result::is_ok) {
+            if let Err(e) = self.deliverer.flush_settles().await {
+                // Nothing is known to have reached JetStream: every settle of the batch failed.
+                for r in results.iter_mut().filter(|r| r.is_ok()) {
+                    *r = Err(e.clone());
+                }
+                return results;
+            }
+        }
+        for (sub, seq) in freed {
+            self.push.notify_settled(&sub, seq).await;
+        }
+        results
+    }
+}
+
+fn too_many(n: usize) -> WireError {
+    WireError::new(
+        ErrorCode::BadRequest,
+        format!(
+            "{n} settles in one request; at most {}",
+            frame::MAX_BATCH_ENTRIES
+        ),
+    )
+}
