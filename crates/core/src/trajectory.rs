@@ -35,6 +35,11 @@ use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
+/// The outcome of a P2 or P3 that the listener recovered from the stored message itself
+/// (its `Msgtrail-Received-At` header and JetStream's stored time) rather than read from the
+/// broker's records.
+pub const RECOVERED: &str = "recovered";
+
 /// How long each hop may stay open before the watchdog calls it stuck, in milliseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
@@ -152,6 +157,10 @@ pub struct HopSpan {
     pub reason: Option<String>,
     /// Built from another party's records (a `send` hop with no producer record).
     pub synthesized: bool,
+    /// Implied by later evidence rather than recorded: a `store` hop whose P2/P3 are missing
+    /// although the message was delivered (a delivery proves it was stored by then).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub inferred: bool,
     /// The stage records of the hop, sorted by time: its span events.
     pub events: Vec<StageRecord>,
 }
@@ -724,13 +733,57 @@ impl<'a> Builder<'a> {
             .filter(|r| r.stage == Stage::UploadReceived && !is_refusal(r))
             .map(|r| r.at)
             .min();
-        let p3_at = last_at_of(&store_recs, &[Stage::Stored]);
+        // The broker's own P3 (its PubAck time) ends the hop; a P3 recovered from the stored
+        // message (outcome `recovered`, JetStream's stored time) stands in when it is lost.
+        let is_recovered = |r: &StageRecord| r.outcome.as_deref() == Some(RECOVERED);
+        let p3_at = store_recs
+            .iter()
+            .filter(|r| r.stage == Stage::Stored && !is_recovered(r))
+            .map(|r| r.at)
+            .max()
+            .or_else(|| last_at_of(&store_recs, &[Stage::Stored]));
+        // A delivery (or anything a consumer did) proves the message was stored by then.
+        let first_delivery_at = attempts
+            .values()
+            .flat_map(|a| a.deliver.iter().chain(a.process.iter()))
+            .filter(|r| r.stage != Stage::Redelivery)
+            .map(|r| r.at)
+            .min();
         let store_hop = if store_recs.is_empty() {
-            None
+            first_delivery_at.map(|at| HopSpan {
+                kind: HopKind::Store,
+                key: "store".into(),
+                parent: Some("send".into()),
+                span_id: span("store", trace_ids::Hop::Store),
+                group: None,
+                consumer: None,
+                attempt: None,
+                mode: None,
+                service: None,
+                start: at,
+                end: Some(at),
+                latency_nanos: Some(0),
+                status: HopStatus::Ok,
+                reason: Some(
+                    "stored (inferred: the message was delivered, but the broker's store records are missing)"
+                        .to_owned(),
+                ),
+                synthesized: true,
+                inferred: true,
+                events: Vec::new(),
+            })
         } else {
             let start = p2_at.or(p3_at).or(refusal.map(|r| r.at)).unwrap_or(0);
+            let inferred = p3_at.is_none() && first_delivery_at.is_some();
             let (status, reason) = match (p3_at, refusal) {
                 (Some(_), _) => (HopStatus::Ok, None),
+                (None, _) if inferred => (
+                    HopStatus::Ok,
+                    Some(
+                        "stored (inferred: the message was delivered, but the broker's P3 record is missing)"
+                            .to_owned(),
+                    ),
+                ),
                 (None, Some(r)) if p2_at.is_none() => (
                     HopStatus::Error,
                     Some(format!(
@@ -750,7 +803,9 @@ impl<'a> Builder<'a> {
                     Some("received by the broker, not stored yet".to_owned()),
                 ),
             };
-            let end = p3_at.or_else(|| refusal.filter(|_| p2_at.is_none()).map(|r| r.at));
+            let end = p3_at
+                .or(if inferred { first_delivery_at } else { None })
+                .or_else(|| refusal.filter(|_| p2_at.is_none()).map(|r| r.at));
             Some(HopSpan {
                 kind: HopKind::Store,
                 key: "store".into(),
@@ -767,6 +822,7 @@ impl<'a> Builder<'a> {
                 status,
                 reason,
                 synthesized: false,
+                inferred,
                 events: store_recs.clone(),
             })
         };
@@ -884,6 +940,7 @@ impl<'a> Builder<'a> {
                 status,
                 reason,
                 synthesized,
+                inferred: false,
                 events,
             });
         } else if !send_recs.is_empty() {
@@ -1002,6 +1059,7 @@ impl<'a> Builder<'a> {
                     status,
                     reason,
                     synthesized: ev.is_empty(),
+                    inferred: false,
                     events: std::mem::take(&mut v.deliver),
                 });
             }
@@ -1085,6 +1143,7 @@ impl<'a> Builder<'a> {
                     status,
                     reason,
                     synthesized: false,
+                    inferred: false,
                     events: std::mem::take(&mut v.process),
                 });
             }
@@ -1202,7 +1261,8 @@ impl<'a> Builder<'a> {
         }
 
         // ---- overall state and state history
-        let stored = p3_at.is_some() || p2_at.is_some();
+        // A later stage implies the earlier ones: a delivered message was stored.
+        let stored = p3_at.is_some() || p2_at.is_some() || first_delivery_at.is_some();
         let send_hop = hops.iter().find(|h| h.kind == HopKind::Send);
         let mut stuck_reason = None;
         let state = if !stored {
@@ -1262,7 +1322,12 @@ impl<'a> Builder<'a> {
                 }
             };
         push_state(MessageState::Sent, p1_at, None, None);
-        push_state(MessageState::Enqueued, p3_at.or(p2_at), None, None);
+        push_state(
+            MessageState::Enqueued,
+            p3_at.or(p2_at).or(first_delivery_at),
+            None,
+            None,
+        );
         for h in &hops {
             let (g, c) = (h.group.as_ref(), h.consumer.as_ref());
             for r in &h.events {
@@ -1805,5 +1870,86 @@ mod tests {
         let p = t.hop("process/billing/b-2/2").unwrap();
         assert!(p.events.iter().any(|r| r.stage == Stage::ProcessStarted));
         assert_eq!(t.state, MessageState::Consuming);
+    }
+
+    /// A pull delivery acked: P1, C5–C8 and the producer's P4, without the broker's P2/P3.
+    fn delivered_and_acked_without(store: &[Stage]) -> Vec<StageRecord> {
+        let mut recs = vec![
+            up(Stage::UploadSent, 1, false),
+            up(Stage::UploadReceived, 2, true),
+            up(Stage::Stored, 3, true),
+            up(Stage::StoreConfirmed, 4, true),
+            dl(Stage::PullSent, 10, "billing", "b-1", 1),
+            dl(Stage::PullReceived, 11, "billing", "b-1", 1),
+            dl(Stage::PullAckSent, 12, "billing", "b-1", 1),
+            with_outcome(
+                dl(Stage::PullAckReceived, 13, "billing", "b-1", 1),
+                "ack",
+                None,
+            ),
+        ];
+        recs.retain(|r| !store.contains(&r.stage));
+        recs
+    }
+
+    #[test]
+    fn a_delivery_implies_the_message_was_stored() {
+        let late = AssembleOptions {
+            now: Some(T0 + 3_600_000 * MS),
+            ..Default::default()
+        };
+        // Both of the broker's store records lost: consumed, never "sent".
+        let recs = delivered_and_acked_without(&[Stage::UploadReceived, Stage::Stored]);
+        let t = Trajectory::assemble(recs, &late).unwrap();
+        assert_eq!(t.state, MessageState::Consumed);
+        let store = t.hop("store").expect("an inferred store hop");
+        assert!(store.inferred);
+        assert_eq!(store.status, HopStatus::Ok);
+        assert!(store.events.is_empty());
+        let states: Vec<MessageState> = t.states.iter().map(|s| s.state).collect();
+        assert_eq!(
+            states,
+            [
+                MessageState::Sent,
+                MessageState::Enqueued,
+                MessageState::Delivered,
+                MessageState::Consumed
+            ]
+        );
+        assert!(t.failure.is_none(), "{:?}", t.failure);
+        assert!(!t.diagnosis.contains("not stored"), "{}", t.diagnosis);
+
+        // Only P3 lost: stored (inferred), not "not stored … within" at the same time.
+        let recs = delivered_and_acked_without(&[Stage::Stored]);
+        let t = Trajectory::assemble(recs, &late).unwrap();
+        assert_eq!(t.state, MessageState::Consumed);
+        let store = t.hop("store").unwrap();
+        assert!(store.inferred);
+        assert_eq!(store.status, HopStatus::Ok);
+        assert!(t.failure.is_none(), "{:?}", t.failure);
+        assert!(!t.diagnosis.contains("not stored"), "{}", t.diagnosis);
+
+        // With every record there, nothing is inferred.
+        let t = Trajectory::assemble(delivered_and_acked_without(&[]), &late).unwrap();
+        assert!(!t.hop("store").unwrap().inferred);
+    }
+
+    #[test]
+    fn the_brokers_p3_wins_over_a_recovered_one() {
+        let mut recovered = up(Stage::Stored, 2, true);
+        recovered.outcome = Some(RECOVERED.into());
+        let mut recs = delivered_and_acked_without(&[Stage::Stored]);
+        recs.push(recovered.clone());
+        let t = Trajectory::assemble(recs.clone(), &AssembleOptions::default()).unwrap();
+        let store = t.hop("store").unwrap();
+        assert_eq!(
+            store.end,
+            Some(T0 + 2 * MS),
+            "the recovered P3 ends the hop"
+        );
+        assert!(!store.inferred);
+        recs.push(up(Stage::Stored, 3, true));
+        let t = Trajectory::assemble(recs, &AssembleOptions::default()).unwrap();
+        assert_eq!(t.hop("store").unwrap().end, Some(T0 + 3 * MS));
     }
 }
