@@ -343,15 +343,7 @@ impl Uploader {
         channel: &Channel,
         uploads: Vec<(Upload, u64)>,
     ) -> Vec<Result<UploadReply, WireError>> {
-        let unavailable = |e: &dyn std::fmt::Display| {
-            let text = e.to_string();
-            let why = if text.contains("no stream found") || text.contains("no responders") {
-                "the message stream has no leader right now (an election after a node failure); retry: uploads succeed once it has one"
-            } else {
-                "message stream did not store the message"
-            };
-            WireError::new(ErrorCode::Unavailable, format!("{why}: {text}"))
-        };
+        let unavailable = |e: &dyn std::fmt::Display| store_failure(&e.to_string());
         let mut pending = Vec::with_capacity(uploads.len());
         let mut acks = Vec::with_capacity(uploads.len());
         for (up, received_at) in uploads {
@@ -559,6 +551,21 @@ impl Uploader {
     }
 }
 
+/// The error of an upload JetStream did not store. While a replicated message stream elects
+/// a leader (after a node failure) JetStream answers "no responders", which async-nats reports
+/// as "no stream found for given subject" although the stream exists: say what is going on
+/// and that a retry will succeed, instead of suggesting the stream is gone.
+fn store_failure(text: &str) -> WireError {
+    let why = if text.contains("no stream found") || text.contains("no responders") {
+        "the message stream did not answer: it has no leader right now (an election after a \
+         node failure, usually a few seconds) or does not exist; retry with the same request \
+         id: uploads succeed once it has a leader"
+    } else {
+        "message stream did not store the message"
+    };
+    WireError::new(ErrorCode::Unavailable, format!("{why}: {text}"))
+}
+
 /// The fields of a single upload, from its headers: each protocol header at most once,
 /// attribute headers by their prefix (case-insensitive).
 fn raw_from_headers(headers: &HeaderMap, payload: Bytes) -> Result<RawUpload<'_>, WireError> {
@@ -602,7 +609,17 @@ fn raw_from_headers(headers: &HeaderMap, payload: Bytes) -> Result<RawUpload<'_>
 
 #[cfg(test)]
 mod tests {
-    use super::valid_traceparent;
+    use super::{store_failure, valid_traceparent};
+
+    #[test]
+    fn a_stream_without_a_leader_is_explained() {
+        let e = store_failure("no stream found for given subject");
+        assert_eq!(e.code, msgtrail_core::ErrorCode::Unavailable);
+        assert!(e.message.contains("no leader right now"), "{e}");
+        assert!(e.message.contains("retry"), "{e}");
+        let e = store_failure("timed out: didn't receive ack in time");
+        assert!(!e.message.contains("leader"), "{e}");
+    }
 
     #[test]
     fn traceparent_grammar() {
