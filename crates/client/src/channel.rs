@@ -19,6 +19,25 @@ use std::time::Duration;
 /// Default request timeout.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// The largest frame the SDK builds by default: 1 MiB or NATS' `max_payload` if smaller,
+/// less [`FRAME_SLACK`].
+pub const MAX_FRAME_BYTES: usize = 1024 * 1024;
+/// Room left in a request for its headers and the frame's own fields.
+pub const FRAME_SLACK: usize = 4 * 1024;
+
+/// The byte bound of one batch request on `client`: `wanted` (or [`MAX_FRAME_BYTES`]), at
+/// most the server's `max_payload`, less [`FRAME_SLACK`].
+pub(crate) fn frame_budget(client: &async_nats::Client, wanted: Option<usize>) -> usize {
+    let server = match client.server_info().max_payload {
+        0 => MAX_FRAME_BYTES,
+        n => n,
+    };
+    match wanted {
+        Some(w) => w.min(server.saturating_sub(FRAME_SLACK)),
+        None => MAX_FRAME_BYTES.min(server).saturating_sub(FRAME_SLACK),
+    }
+}
+
 /// An open channel, shared by a producer's or consumer's clones.
 #[derive(Debug)]
 pub struct Channel {
@@ -183,6 +202,22 @@ impl Channel {
             }
             other => other,
         }
+    }
+
+    /// Sends `body` to `subject` with the channel ID in the `Msgtrail-Channel` header,
+    /// reopening the channel once if the broker no longer knows it.
+    pub(crate) async fn request_on_channel(
+        &self,
+        subject: &str,
+        body: Bytes,
+        timeout: Duration,
+    ) -> Result<async_nats::Message, ClientError> {
+        self.with_channel(|id| {
+            let mut headers = HeaderMap::new();
+            headers.insert(h::CHANNEL, id.as_str());
+            request_raw(&self.client, subject, Some(headers), body.clone(), timeout)
+        })
+        .await
     }
 
     /// Closes the channel on the broker.

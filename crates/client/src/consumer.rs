@@ -3,6 +3,19 @@
 //! one. [`Consumer::process`] wraps a handler: it reports processing start and finish (X1,
 //! X2), acks on success and nacks on error.
 //!
+//! ## Batching
+//! Deliveries travel as binary frames with raw payload bytes: a fetch asks for
+//! `"format":"binary"` and gets one delivery frame; a push subscription asks for it too, and
+//! each push is a frame of one or more deliveries, which [`PushStream`] hands out one by one.
+//! Settles ([`Consumer::settle`], [`Consumer::ack`], …) go through the consumer's batcher
+//! to `msgtrail.v1.settle`, with the same adaptive scheme as the
+//! producer's uploads: an idle consumer's settle leaves at once, alone; settles made while
+//! [`ConsumerOptions::max_inflight_batches`] settle requests are in flight leave together in
+//! the next one. Each call still gets its own result: a forged token fails alone.
+//!
+//! The consumer's stage records (C2/C3, C6/C7, X1/X2) ride along the settle batches
+//! ([`crate::reporter`]).
+//!
 //! ```no_run
 //! # async fn demo(nats: async_nats::Client, me: msgtrail_client::Identity) -> Result<(), Box<dyn std::error::Error>> {
 //! use futures::StreamExt;
@@ -21,23 +34,28 @@
 //! # Ok(()) }
 //! ```
 
-use crate::channel::{request_json, Channel, DEFAULT_TIMEOUT};
+use crate::batch::{self, Flight, Job, Limits, Queue};
+use crate::channel::{decode, frame_budget, request_json, request_raw, Channel, DEFAULT_TIMEOUT};
 use crate::error::ClientError;
 use crate::hooks::{DeliveryInfo, HookEvent, Hooks};
 use crate::identity::Identity;
-use crate::reporter::{Reporter, Reporting};
+use crate::reporter::{Outbox, Reporter, Reporting};
 use base64::Engine;
 use bytes::Bytes;
+use futures::future::BoxFuture;
 use futures::{Stream, StreamExt};
+use msgtrail_core::frame::{
+    self, DeliveredMessage, DeliveryBatch, FrameKind, SettleBatch, SettleEntry, SettleResults,
+};
 use msgtrail_core::headers as h;
 use msgtrail_core::subjects as s;
 use msgtrail_core::time::now_nanos;
 use msgtrail_core::wire::{
-    AckKind, AckRequest, FetchReply, FetchRequest, OkReply, SubscribeReply, SubscribeRequest,
+    AckKind, FetchReply, FetchRequest, Format, OkReply, SubscribeReply, SubscribeRequest,
     Subscription, UnsubscribeRequest,
 };
 use msgtrail_core::{ClientId, MessageId, Role};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -129,12 +147,151 @@ impl Default for PushOptions {
     }
 }
 
-/// A consumer; cheap to clone.
+/// Consumer settings; defaults in one place.
+#[derive(Debug, Clone)]
+pub struct ConsumerOptions {
+    /// Timeout of one request (a fetch waits this long beyond its own wait). Default 5 s.
+    pub timeout: Duration,
+    /// Report this consumer's stage records (C2/C3, C6/C7, X1/X2). Default true.
+    pub report_stages: bool,
+    /// Most settles in one settle batch request, 1 to 1024 (1 = one settle per request).
+    /// Default 256.
+    pub max_batch_messages: usize,
+    /// Most settle batch requests in flight at once; while that many are, new settles queue
+    /// for the next batch. Default 4.
+    pub max_inflight_batches: usize,
+    /// How long a settle batch that is not full waits for more before it is sent. Default
+    /// zero: an idle consumer settles at once.
+    pub linger: Duration,
+}
+
+impl Default for ConsumerOptions {
+    fn default() -> Self {
+        ConsumerOptions {
+            timeout: DEFAULT_TIMEOUT,
+            report_stages: true,
+            max_batch_messages: 256,
+            max_inflight_batches: 4,
+            linger: Duration::ZERO,
+        }
+    }
+}
+
+/// A consumer; cheap to clone (clones share one settle batcher).
 #[derive(Debug, Clone)]
 pub struct Consumer {
     channel: Arc<Channel>,
     hooks: Hooks,
     reporting: Reporting,
+    settles: Queue<Settles>,
+}
+
+/// The result of one settle.
+type Settled = Result<(), ClientError>;
+
+/// The encoded size of a settle entry in a batch frame.
+fn settle_size(e: &SettleEntry) -> usize {
+    1 + 1 + e.delay_ms.map_or(0, |_| 8) + 2 + e.token.len() + 2 + e.reason.len()
+}
+
+/// Bytes of a settle batch frame besides its entries and reports.
+const SETTLE_FRAME_OVERHEAD: usize = 4 + 2 + 2;
+
+/// Sends settle batches: the consumer's [`Flight`].
+#[derive(Debug)]
+struct Settles {
+    channel: Arc<Channel>,
+    outbox: Option<Arc<Outbox>>,
+}
+
+impl Flight for Settles {
+    type Item = SettleEntry;
+    type Output = Settled;
+
+    fn send(
+        self: Arc<Self>,
+        batch: Vec<Job<SettleEntry, Settled>>,
+        spare_bytes: usize,
+    ) -> BoxFuture<'static, ()> {
+        Box::pin(async move { self.settle(batch, spare_bytes).await })
+    }
+}
+
+impl Settles {
+    async fn settle(&self, batch: Vec<Job<SettleEntry, Settled>>, spare_bytes: usize) {
+        let (entries, replies): (Vec<_>, Vec<_>) =
+            batch.into_iter().map(|j| (j.item, j.reply)).unzip();
+        let (reports, ticket) = match &self.outbox {
+            Some(o) => {
+                let (r, t) = o.take(
+                    frame::MAX_REPORTED_RECORDS,
+                    spare_bytes.saturating_sub(SETTLE_FRAME_OVERHEAD),
+                );
+                (r, Some(t))
+            }
+            None => (Vec::new(), None),
+        };
+        let body = SettleBatch { entries, reports }.encode();
+        let reply = self
+            .channel
+            .request_on_channel(s::SETTLE, body, self.channel.timeout)
+            .await;
+        let results = reply.and_then(|m| {
+            let r = SettleResults::decode(&m.payload)
+                .map_err(|e| ClientError::Decode(e.to_string()))?;
+            if r.results.len() != replies.len() {
+                return Err(ClientError::Decode(format!(
+                    "{} settle results for {} settles",
+                    r.results.len(),
+                    replies.len()
+                )));
+            }
+            Ok(r)
+        });
+        match results {
+            Ok(r) => {
+                if let Some(t) = ticket {
+                    t.outcome(&r.reports);
+                }
+                for (res, reply) in r.results.into_iter().zip(replies) {
+                    let _ = reply.send(match res {
+                        None => Ok(()),
+                        Some(e) => Err(ClientError::Refused(e)),
+                    });
+                }
+            }
+            Err(e) => {
+                if let Some(t) = ticket {
+                    t.failed(&e);
+                }
+                for reply in replies {
+                    let _ = reply.send(Err(e.clone()));
+                }
+            }
+        }
+    }
+}
+
+/// A delivery of a binary frame as the SDK hands it out.
+fn received(d: DeliveredMessage, consumer: &ClientId, push: bool) -> Result<Received, ClientError> {
+    let bad = |what: &str, e: &dyn std::fmt::Display| {
+        ClientError::Decode(format!("{what} of delivery {}: {e}", d.message_id))
+    };
+    let producer = ClientId::new(d.producer.as_str()).map_err(|e| bad("producer", &e))?;
+    let group = ClientId::new(d.group.as_str()).map_err(|e| bad("group", &e))?;
+    Ok(Received {
+        message_id: d.message_id,
+        topic: d.topic,
+        attributes: d.attributes.into_iter().collect(),
+        payload: d.payload,
+        delivery_attempt: d.delivery_attempt,
+        stream_seq: d.stream_seq,
+        producer,
+        group,
+        consumer: consumer.clone(),
+        push,
+        ack_token: d.ack_token,
+    })
 }
 
 impl Consumer {
@@ -146,20 +303,51 @@ impl Consumer {
         Self::connect_with(client, identity, DEFAULT_TIMEOUT, true).await
     }
 
-    /// Opens a consumer channel with a request timeout, reporting stages or not.
+    /// Opens a consumer channel with a request timeout, reporting stages or not (other
+    /// settings at their defaults).
     pub async fn connect_with(
         client: async_nats::Client,
         identity: Identity,
         timeout: Duration,
         report_stages: bool,
     ) -> Result<Self, ClientError> {
-        let channel = Channel::open(client, identity, Role::Consumer, timeout).await?;
+        let options = ConsumerOptions {
+            timeout,
+            report_stages,
+            ..ConsumerOptions::default()
+        };
+        Self::connect_with_options(client, identity, options).await
+    }
+
+    /// Opens a consumer channel with `options`.
+    pub async fn connect_with_options(
+        client: async_nats::Client,
+        identity: Identity,
+        options: ConsumerOptions,
+    ) -> Result<Self, ClientError> {
+        let max_bytes = frame_budget(&client, None);
+        let channel = Channel::open(client, identity, Role::Consumer, options.timeout).await?;
         let hooks = Hooks::default();
-        let reporting = Reporting::start(report_stages, &hooks, &channel);
+        let reporting = Reporting::start(options.report_stages, &hooks, &channel, max_bytes);
+        let limits = Limits {
+            max_messages: options.max_batch_messages,
+            max_bytes: max_bytes.saturating_sub(SETTLE_FRAME_OVERHEAD),
+            max_inflight: options.max_inflight_batches,
+            linger: options.linger,
+        }
+        .clamped(frame::MAX_BATCH_ENTRIES);
+        let settles = batch::spawn(
+            Arc::new(Settles {
+                channel: channel.clone(),
+                outbox: reporting.outbox.clone(),
+            }),
+            limits,
+        );
         Ok(Consumer {
             channel,
             hooks,
             reporting,
+            settles,
         })
     }
 
@@ -188,41 +376,37 @@ impl Consumer {
     ) -> Result<Vec<Received>, ClientError> {
         let ch = &self.channel;
         let timeout = ch.timeout + wait;
-        let reply: FetchReply = ch
+        let reply = ch
             .with_channel(|channel| {
                 let req = FetchRequest {
                     channel,
                     subscription: sub.clone(),
                     max,
                     wait_ms: wait.as_millis() as u64,
-                    format: Default::default(),
+                    format: Format::Binary,
                 };
-                async move { request_json(&ch.client, s::FETCH, &req, timeout).await }
+                let body = serde_json::to_vec(&req).expect("requests serialize");
+                async move { request_raw(&ch.client, s::FETCH, None, body.into(), timeout).await }
             })
             .await?;
-        let mut out = Vec::with_capacity(reply.messages.len());
-        for d in reply.messages {
-            let payload = base64::engine::general_purpose::STANDARD
-                .decode(&d.payload)
-                .map_err(|e| ClientError::Decode(format!("payload of {}: {e}", d.message_id)))?;
-            let r = Received {
-                message_id: d.message_id,
-                topic: d.topic,
-                attributes: d.attributes,
-                payload: payload.into(),
-                delivery_attempt: d.delivery_attempt,
-                stream_seq: d.stream_seq,
-                producer: d.producer,
-                group: d.group,
-                consumer: self.client_id().clone(),
-                push: false,
-                ack_token: d.ack_token,
-            };
+        let me = self.client_id();
+        let out = if frame::frame_kind(&reply.payload) == Some(FrameKind::Deliveries) {
+            let batch = DeliveryBatch::decode(&reply.payload)
+                .map_err(|e| ClientError::Decode(e.to_string()))?;
+            batch
+                .messages
+                .into_iter()
+                .map(|d| received(d, me, false))
+                .collect::<Result<Vec<_>, _>>()?
+        } else {
+            // A broker that predates binary deliveries answers in JSON.
+            json_deliveries(decode(&reply)?, me)?
+        };
+        for r in &out {
             self.hooks.emit(HookEvent::Received {
                 delivery: r.info(),
                 at: now_nanos(),
             });
-            out.push(r);
         }
         Ok(out)
     }
@@ -249,7 +433,7 @@ impl Consumer {
                     deliver_subject: inbox.clone(),
                     every_ms: options.every.map(|d| d.as_millis() as u64),
                     max_inflight: options.max_inflight,
-                    format: Default::default(),
+                    format: Format::Binary,
                 };
                 async move { request_json(&ch.client, s::SUBSCRIBE, &req, ch.timeout).await }
             })
@@ -259,10 +443,12 @@ impl Consumer {
             consumer: self.clone(),
             group: sub.group.clone(),
             subscription_id: reply.subscription_id,
+            buffered: VecDeque::new(),
         })
     }
 
-    /// Settles a delivery.
+    /// Settles a delivery. The settle travels in a batch with this consumer's other settles
+    /// (see the module docs); the result is this delivery's own.
     pub async fn settle(
         &self,
         msg: &Received,
@@ -275,20 +461,16 @@ impl Consumer {
             kind,
             at: now_nanos(),
         });
-        let ch = &self.channel;
-        let _: OkReply = ch
-            .with_channel(|channel| {
-                let req = AckRequest {
-                    channel,
-                    token: msg.ack_token.clone(),
-                    kind,
-                    delay_ms: delay.map(|d| d.as_millis() as u64),
-                    reason: reason.clone(),
-                };
-                async move { request_json(&ch.client, s::ACK, &req, ch.timeout).await }
-            })
-            .await?;
-        Ok(())
+        let entry = SettleEntry {
+            token: msg.ack_token.clone(),
+            kind,
+            delay_ms: delay.map(|d| d.as_millis() as u64),
+            reason: reason.unwrap_or_default(),
+        };
+        let size = settle_size(&entry);
+        let (job, rx) = Job::new(entry, size);
+        batch::submit(&self.settles, vec![job]).await?;
+        rx.await.unwrap_or_else(|_| Err(batch::stopped()))
     }
 
     /// Acks a delivery.
@@ -357,6 +539,8 @@ pub struct PushStream {
     consumer: Consumer,
     group: ClientId,
     subscription_id: String,
+    /// Deliveries of a frame not handed out yet.
+    buffered: VecDeque<Received>,
 }
 
 impl PushStream {
@@ -365,7 +549,39 @@ impl PushStream {
         &self.subscription_id
     }
 
-    fn parse(&self, m: async_nats::Message) -> Option<Received> {
+    /// The deliveries of one push: a binary frame of one or more, or (from a broker that
+    /// predates binary pushes) one delivery in headers.
+    fn parse(&self, m: async_nats::Message) -> Vec<Received> {
+        if frame::frame_kind(&m.payload) == Some(FrameKind::Deliveries) {
+            let me = self.consumer.client_id();
+            return match DeliveryBatch::decode(&m.payload) {
+                Ok(batch) => batch
+                    .messages
+                    .into_iter()
+                    .filter_map(|d| match received(d, me, true) {
+                        Ok(r) => Some(r),
+                        Err(e) => {
+                            tracing::warn!(error = %e, "ignored a malformed push delivery");
+                            None
+                        }
+                    })
+                    .collect(),
+                Err(e) => {
+                    tracing::warn!(error = %e, "ignored a malformed push frame");
+                    Vec::new()
+                }
+            };
+        }
+        match self.parse_headers(m) {
+            Some(r) => vec![r],
+            None => {
+                tracing::warn!("ignored a malformed push delivery");
+                Vec::new()
+            }
+        }
+    }
+
+    fn parse_headers(&self, m: async_nats::Message) -> Option<Received> {
         let hs = m.headers.as_ref()?;
         let get = |n: &str| hs.get(n).map(|v| v.as_str().to_owned());
         let mut attributes = BTreeMap::new();
@@ -396,16 +612,20 @@ impl Stream for PushStream {
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Received>> {
         loop {
+            if let Some(r) = self.buffered.pop_front() {
+                return Poll::Ready(Some(r));
+            }
             match self.subscriber.poll_next_unpin(cx) {
                 Poll::Ready(Some(m)) => {
-                    if let Some(r) = self.parse(m) {
+                    let batch = self.parse(m);
+                    let at = now_nanos();
+                    for r in &batch {
                         self.consumer.hooks.emit(HookEvent::Received {
                             delivery: r.info(),
-                            at: now_nanos(),
+                            at,
                         });
-                        return Poll::Ready(Some(r));
                     }
-                    tracing::warn!("ignored a malformed push delivery");
+                    self.buffered.extend(batch);
                 }
                 Poll::Ready(None) => return Poll::Ready(None),
                 Poll::Pending => return Poll::Pending,
@@ -428,5 +648,90 @@ impl Drop for PushStream {
                     request_json(&ch.client, s::UNSUBSCRIBE, &req, ch.timeout).await;
             });
         }
+    }
+}
+
+/// The deliveries of a JSON fetch reply (base64 payloads).
+fn json_deliveries(reply: FetchReply, me: &ClientId) -> Result<Vec<Received>, ClientError> {
+    reply
+        .messages
+        .into_iter()
+        .map(|d| {
+            let payload = base64::engine::general_purpose::STANDARD
+                .decode(&d.payload)
+                .map_err(|e| ClientError::Decode(format!("payload of {}: {e}", d.message_id)))?;
+            Ok(Received {
+                message_id: d.message_id,
+                topic: d.topic,
+                attributes: d.attributes,
+                payload: payload.into(),
+                delivery_attempt: d.delivery_attempt,
+                stream_seq: d.stream_seq,
+                producer: d.producer,
+                group: d.group,
+                consumer: me.clone(),
+                push: false,
+                ack_token: d.ack_token,
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settle_sizes_match_the_encoding() {
+        let entries = vec![
+            SettleEntry {
+                token: "t".repeat(300),
+                kind: AckKind::Nack,
+                delay_ms: Some(5),
+                reason: "db busy".into(),
+            },
+            SettleEntry {
+                token: "u".repeat(280),
+                kind: AckKind::Ack,
+                delay_ms: None,
+                reason: String::new(),
+            },
+        ];
+        let want: usize = entries.iter().map(settle_size).sum();
+        let got = SettleBatch {
+            entries,
+            reports: vec![],
+        }
+        .encode()
+        .len();
+        assert_eq!(got, SETTLE_FRAME_OVERHEAD + want);
+    }
+
+    #[test]
+    fn binary_deliveries_become_received_messages() {
+        let me = ClientId::new("billing-1").unwrap();
+        let d = DeliveredMessage {
+            message_id: MessageId::new(),
+            topic: "orders.eu".into(),
+            producer: "shop".into(),
+            group: "billing".into(),
+            delivery_attempt: 2,
+            stream_seq: 9,
+            ack_token: "tok".into(),
+            attributes: vec![("category".into(), "refund".into())],
+            payload: Bytes::from_static(b"\x00raw"),
+        };
+        let r = received(d.clone(), &me, true).unwrap();
+        assert_eq!(r.payload, Bytes::from_static(b"\x00raw"));
+        assert_eq!(r.attributes["category"], "refund");
+        assert_eq!(
+            (r.push, r.delivery_attempt, r.consumer),
+            (true, 2, me.clone())
+        );
+        let bad = DeliveredMessage {
+            producer: "not a client id".into(),
+            ..d
+        };
+        assert!(received(bad, &me, false).is_err());
     }
 }

@@ -2,8 +2,9 @@
 
 use msgtrail_core::{ErrorCode, WireError};
 
-/// What went wrong with a request to the broker.
-#[derive(Debug, thiserror::Error)]
+/// What went wrong with a request to the broker. `Clone`, so that one failed batch request can
+/// answer every message it carried.
+#[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum ClientError {
     /// The broker refused the request, with a code and a precise message.

@@ -1,6 +1,27 @@
 //! The producer: opens a producer channel and uploads messages, retrying on timeout with the
 //! same request ID so that the broker stores a retried message once.
 //!
+//! ## Batching
+//! Every send goes through the producer's batcher task: `send` and
+//! `send_message` still return their own message's result, but messages travel to the broker
+//! as binary upload batches (`msgtrail.v1.upload.batch`, one result per message). Batching
+//! adapts to load and adds no latency when idle: with no batch request in flight a message
+//! goes out at once, alone; while up to [`ProducerOptions::max_inflight_batches`] requests
+//! are in flight, new messages queue, and the next request takes everything queued, up to
+//! [`ProducerOptions::max_batch_messages`] messages and [`ProducerOptions::max_batch_bytes`].
+//! [`ProducerOptions::linger`] above zero waits that long for more before sending a batch that
+//! is not full. `max_batch_messages: 1` sends one message per request.
+//!
+//! Each message keeps its own fate: a message the broker refuses fails alone; a transient
+//! failure (of its entry, or of the whole request: timeout, no broker, `unavailable`) retries
+//! that message with the same request ID and the next attempt number, after a backoff. Hooks
+//! fire per message as they always did: [`HookEvent::BeforeSend`] when its attempt leaves (in
+//! a batch), [`HookEvent::AfterSend`] when the reply is in, [`HookEvent::StoreConfirmed`] when
+//! it is stored.
+//!
+//! Stage records ride along ([`crate::reporter`]): each entry carries its send time, from which
+//! the broker writes P1, and the producer's P4 records travel inside later upload batches.
+//!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! use msgtrail_client::{Identity, Producer};
@@ -13,13 +34,17 @@
 //! # Ok(()) }
 //! ```
 
-use crate::channel::{decode, request_raw, Channel, DEFAULT_TIMEOUT};
+use crate::batch::{self, Flight, Job, Limits, Queue};
+use crate::channel::{frame_budget, Channel, DEFAULT_TIMEOUT};
 use crate::error::ClientError;
 use crate::hooks::{HookEvent, Hooks};
 use crate::identity::Identity;
-use crate::reporter::{Reporter, Reporting};
-use async_nats::HeaderMap;
+use crate::reporter::{self, Outbox, Reporter, Reporting};
 use bytes::Bytes;
+use futures::future::BoxFuture;
+use msgtrail_core::frame::{
+    self, ReportedRecord, UploadBatch, UploadEntry, UploadResult, UploadResults,
+};
 use msgtrail_core::headers as h;
 use msgtrail_core::subjects as s;
 use msgtrail_core::time::now_nanos;
@@ -28,6 +53,7 @@ use msgtrail_core::{RequestId, Role, Topic};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::oneshot;
 
 /// One message to send.
 #[derive(Debug, Clone)]
@@ -72,14 +98,28 @@ impl Outgoing {
 /// Producer settings; defaults in one place.
 #[derive(Debug, Clone)]
 pub struct ProducerOptions {
-    /// Timeout of one upload attempt.
+    /// Timeout of one upload attempt (one batch request). Default 5 s.
     pub timeout: Duration,
-    /// Attempts per message (1 = no retry).
+    /// Attempts per message (1 = no retry). Default 3.
     pub max_attempts: u32,
-    /// Pause before a retry (doubles each time).
+    /// Pause before a retry (doubles each time). Default 100 ms.
     pub retry_backoff: Duration,
-    /// Report this producer's stage records (P1, P4).
+    /// Report this producer's stage records: P1 (as each entry's send time) and P4. Default
+    /// true; false sends no record at all.
     pub report_stages: bool,
+    /// Most messages in one upload batch request, 1 to 1024 (1 = one message per request).
+    /// Default 256.
+    pub max_batch_messages: usize,
+    /// Most bytes of messages (payload plus per-message fields) in one batch request; a
+    /// single larger message still goes, alone. `None` (the default) means 1 MiB or the NATS
+    /// server's `max_payload` if smaller, less 4 KiB; a value above that is cut to it.
+    pub max_batch_bytes: Option<usize>,
+    /// Most upload batch requests in flight at once; while that many are, new messages queue
+    /// for the next batch. Default 4.
+    pub max_inflight_batches: usize,
+    /// How long a batch that is not full waits for more messages before it is sent. Default
+    /// zero: an idle producer sends each message at once.
+    pub linger: Duration,
 }
 
 impl Default for ProducerOptions {
@@ -89,17 +129,245 @@ impl Default for ProducerOptions {
             max_attempts: 3,
             retry_backoff: Duration::from_millis(100),
             report_stages: true,
+            max_batch_messages: 256,
+            max_batch_bytes: None,
+            max_inflight_batches: 4,
+            linger: Duration::ZERO,
         }
     }
 }
 
-/// A producer; cheap to clone, and many sends may be in flight at once.
+/// A producer; cheap to clone, and many sends may be in flight at once (they share one
+/// batcher).
 #[derive(Debug, Clone)]
 pub struct Producer {
     channel: Arc<Channel>,
     hooks: Hooks,
     options: ProducerOptions,
     reporting: Reporting,
+    uploads: Queue<Uploads>,
+}
+
+/// The result of one upload attempt.
+type Outcome = Result<UploadReply, ClientError>;
+
+/// A validated message, ready for any attempt.
+#[derive(Debug)]
+struct Prepared {
+    request_id: RequestId,
+    /// The entry, its attempt and send time filled in per attempt.
+    entry: UploadEntry,
+    traceparent: Option<String>,
+}
+
+impl Prepared {
+    fn new(msg: Outgoing) -> Result<Self, ClientError> {
+        Topic::new(msg.topic.as_str()).map_err(|e| ClientError::Invalid(e.to_string()))?;
+        for (k, v) in &msg.attrs {
+            h::validate_attr_key(k).map_err(ClientError::Invalid)?;
+            h::validate_attr_value(k, v).map_err(ClientError::Invalid)?;
+        }
+        let request_id = msg.request_id.unwrap_or_else(RequestId::generate);
+        let entry = UploadEntry {
+            request_id: request_id.as_str().to_owned(),
+            topic: msg.topic,
+            attempt: 0,
+            sent_at: 0,
+            traceparent: msg.traceparent.clone().unwrap_or_default(),
+            attrs: msg.attrs.into_iter().collect(),
+            payload: msg.payload,
+        };
+        Ok(Prepared {
+            request_id,
+            entry,
+            traceparent: msg.traceparent,
+        })
+    }
+
+    /// The job of attempt `attempt`, and where its result comes.
+    fn job(&self, attempt: u32) -> (Job<Attempt, Outcome>, oneshot::Receiver<Outcome>) {
+        let mut entry = self.entry.clone();
+        entry.attempt = attempt;
+        let size = entry_size(&entry);
+        Job::new(
+            Attempt {
+                request_id: self.request_id.clone(),
+                entry,
+                traceparent: self.traceparent.clone(),
+            },
+            size,
+        )
+    }
+}
+
+/// The encoded size of an upload entry in a batch frame.
+pub(crate) fn entry_size(e: &UploadEntry) -> usize {
+    (1 + e.request_id.len())
+        + (2 + e.topic.len())
+        + 4 // attempt
+        + 8 // sent_at
+        + (1 + e.traceparent.len())
+        + 1 // attribute count
+        + e.attrs.iter().map(|(k, v)| 3 + k.len() + v.len()).sum::<usize>()
+        + (4 + e.payload.len())
+}
+
+/// Bytes of an upload batch frame besides its entries and reports: head, entry count, report
+/// count.
+const UPLOAD_FRAME_OVERHEAD: usize = 4 + 2 + 2;
+
+/// One upload attempt of one message, queued for a batch.
+#[derive(Debug)]
+struct Attempt {
+    request_id: RequestId,
+    entry: UploadEntry,
+    traceparent: Option<String>,
+}
+
+/// Sends upload batches: the producer's [`Flight`].
+#[derive(Debug)]
+struct Uploads {
+    channel: Arc<Channel>,
+    hooks: Hooks,
+    outbox: Option<Arc<Outbox>>,
+    timeout: Duration,
+}
+
+impl Flight for Uploads {
+    type Item = Attempt;
+    type Output = Outcome;
+
+    fn send(
+        self: Arc<Self>,
+        batch: Vec<Job<Attempt, Outcome>>,
+        spare_bytes: usize,
+    ) -> BoxFuture<'static, ()> {
+        Box::pin(async move { self.upload(batch, spare_bytes).await })
+    }
+}
+
+/// Whether a failed request may never have reached the broker (so the broker wrote no P1).
+fn maybe_unseen(e: &ClientError) -> bool {
+    matches!(e, ClientError::Timeout { .. } | ClientError::Nats(_))
+}
+
+impl Uploads {
+    async fn upload(&self, batch: Vec<Job<Attempt, Outcome>>, spare_bytes: usize) {
+        let sent_at = now_nanos();
+        let mut entries = Vec::with_capacity(batch.len());
+        let mut pending = Vec::with_capacity(batch.len());
+        for job in batch {
+            let Attempt {
+                request_id,
+                mut entry,
+                traceparent,
+            } = job.item;
+            let before = HookEvent::BeforeSend {
+                request_id: request_id.clone(),
+                topic: entry.topic.clone(),
+                attempt: entry.attempt,
+                traceparent,
+                at: sent_at,
+            };
+            // P1 rides as the entry's send time; without reporting there is none.
+            entry.sent_at = if self.outbox.is_some() { sent_at } else { 0 };
+            entries.push(entry);
+            self.hooks.emit(before.clone());
+            pending.push((request_id, before, job.reply));
+        }
+        let (reports, ticket) = match &self.outbox {
+            Some(o) => {
+                let (r, t) = o.take(
+                    frame::MAX_REPORTED_RECORDS,
+                    spare_bytes.saturating_sub(UPLOAD_FRAME_OVERHEAD),
+                );
+                (r, Some(t))
+            }
+            None => (Vec::new(), None),
+        };
+        let body = UploadBatch { entries, reports }.encode();
+        let reply = self
+            .channel
+            .request_on_channel(s::UPLOAD_BATCH, body, self.timeout)
+            .await;
+        let at = now_nanos();
+        let results = reply.and_then(|m| {
+            let r = UploadResults::decode(&m.payload)
+                .map_err(|e| ClientError::Decode(e.to_string()))?;
+            if r.results.len() != pending.len() {
+                return Err(ClientError::Decode(format!(
+                    "{} upload results for {} messages",
+                    r.results.len(),
+                    pending.len()
+                )));
+            }
+            Ok(r)
+        });
+        let results = match results {
+            Ok(r) => {
+                if let Some(t) = ticket {
+                    t.outcome(&r.reports);
+                }
+                Ok(r.results)
+            }
+            Err(e) => {
+                if let Some(t) = ticket {
+                    t.failed(&e);
+                }
+                // The broker may never have seen these attempts, so it wrote no P1 for them:
+                // report them (a P1 it did write has the same dedup key).
+                if let (Some(outbox), true) = (&self.outbox, maybe_unseen(&e)) {
+                    for (_, before, _) in &pending {
+                        if let Some(record) = reporter::record_of(before) {
+                            outbox.push(ReportedRecord {
+                                record,
+                                token: String::new(),
+                            });
+                        }
+                    }
+                }
+                Err(e)
+            }
+        };
+        for (i, (request_id, before, reply)) in pending.into_iter().enumerate() {
+            let HookEvent::BeforeSend { topic, attempt, .. } = before else {
+                unreachable!("built above")
+            };
+            let outcome = match &results {
+                Ok(rs) => match &rs[i] {
+                    UploadResult::Stored {
+                        message_id,
+                        stream_seq,
+                        duplicate,
+                        receipt,
+                    } => Ok(UploadReply {
+                        message_id: *message_id,
+                        request_id: request_id.clone(),
+                        stream_seq: *stream_seq,
+                        duplicate: *duplicate,
+                        receipt: receipt.clone(),
+                    }),
+                    UploadResult::Refused(e) => Err(ClientError::Refused(e.clone())),
+                },
+                Err(e) => Err(e.clone()),
+            };
+            self.hooks.emit(HookEvent::AfterSend {
+                request_id,
+                topic,
+                attempt,
+                result: outcome.clone().map_err(|e| e.to_string()),
+                at,
+            });
+            if let Ok(reply) = &outcome {
+                self.hooks.emit(HookEvent::StoreConfirmed {
+                    reply: reply.clone(),
+                    at,
+                });
+            }
+            // The caller may have stopped waiting.
+            let _ = reply.send(outcome);
+        }
+    }
 }
 
 impl Producer {
@@ -117,14 +385,37 @@ impl Producer {
         identity: Identity,
         options: ProducerOptions,
     ) -> Result<Self, ClientError> {
+        let max_bytes = frame_budget(&client, options.max_batch_bytes);
         let channel = Channel::open(client, identity, Role::Producer, options.timeout).await?;
         let hooks = Hooks::default();
-        let reporting = Reporting::start(options.report_stages, &hooks, &channel);
+        let reporting = Reporting::start(
+            options.report_stages,
+            &hooks,
+            &channel,
+            frame_budget(&channel.client, None),
+        );
+        let limits = Limits {
+            max_messages: options.max_batch_messages,
+            max_bytes: max_bytes.saturating_sub(UPLOAD_FRAME_OVERHEAD),
+            max_inflight: options.max_inflight_batches,
+            linger: options.linger,
+        }
+        .clamped(frame::MAX_BATCH_ENTRIES);
+        let uploads = batch::spawn(
+            Arc::new(Uploads {
+                channel: channel.clone(),
+                hooks: hooks.clone(),
+                outbox: reporting.outbox.clone(),
+                timeout: options.timeout,
+            }),
+            limits,
+        );
         Ok(Producer {
             channel,
             hooks,
             options,
             reporting,
+            uploads,
         })
     }
 
@@ -147,84 +438,60 @@ impl Producer {
         self.send_message(Outgoing::new(topic, payload)).await
     }
 
-    /// Sends a message, retrying transient failures with the same request ID.
+    /// Sends a message, retrying transient failures with the same request ID. The message
+    /// travels in a batch with whatever else this producer is sending (see the module docs).
     pub async fn send_message(&self, msg: Outgoing) -> Result<UploadReply, ClientError> {
-        Topic::new(msg.topic.as_str()).map_err(|e| ClientError::Invalid(e.to_string()))?;
-        for (k, v) in &msg.attrs {
-            h::validate_attr_key(k).map_err(ClientError::Invalid)?;
-            h::validate_attr_value(k, v).map_err(ClientError::Invalid)?;
+        let prepared = Prepared::new(msg)?;
+        let (job, rx) = prepared.job(1);
+        batch::submit(&self.uploads, vec![job]).await?;
+        self.settle_attempts(prepared, rx).await
+    }
+
+    /// Sends several messages, queued together (so they leave in as few batch requests as
+    /// the limits allow), each retried on its own; one result per message, in order.
+    pub async fn send_batch(&self, msgs: Vec<Outgoing>) -> Vec<Result<UploadReply, ClientError>> {
+        let mut jobs = Vec::with_capacity(msgs.len());
+        let mut slots = Vec::with_capacity(msgs.len());
+        for msg in msgs {
+            slots.push(Prepared::new(msg).map(|p| {
+                let (job, rx) = p.job(1);
+                jobs.push(job);
+                (p, rx)
+            }));
         }
-        let request_id = msg.request_id.clone().unwrap_or_else(RequestId::generate);
+        // If the batcher is gone the jobs are dropped, and each waiter says so.
+        let _ = batch::submit(&self.uploads, jobs).await;
+        futures::future::join_all(slots.into_iter().map(|slot| async move {
+            let (p, rx) = slot?;
+            self.settle_attempts(p, rx).await
+        }))
+        .await
+    }
+
+    /// Waits for the result of attempt 1 (`rx`), and retries transient failures.
+    async fn settle_attempts(
+        &self,
+        prepared: Prepared,
+        mut rx: oneshot::Receiver<Outcome>,
+    ) -> Result<UploadReply, ClientError> {
         let mut backoff = self.options.retry_backoff;
         let mut attempt = 1;
         loop {
-            let result = self.attempt(&msg, &request_id, attempt).await;
-            self.hooks.emit(HookEvent::AfterSend {
-                request_id: request_id.clone(),
-                topic: msg.topic.clone(),
-                attempt,
-                result: result
-                    .as_ref()
-                    .map(Clone::clone)
-                    .map_err(ToString::to_string),
-                at: now_nanos(),
-            });
+            let result = rx.await.unwrap_or_else(|_| Err(batch::stopped()));
             match result {
-                Ok(reply) => {
-                    self.hooks.emit(HookEvent::StoreConfirmed {
-                        reply: reply.clone(),
-                        at: now_nanos(),
-                    });
-                    return Ok(reply);
-                }
                 Err(e) if e.is_transient() && attempt < self.options.max_attempts => {
-                    tracing::debug!(%request_id, attempt, error = %e, "upload failed; retrying with the same request id");
+                    tracing::debug!(request_id = %prepared.request_id, attempt, error = %e,
+                        "upload failed; retrying with the same request id");
                     tokio::time::sleep(backoff).await;
                     backoff *= 2;
                     attempt += 1;
+                    let (job, next) = prepared.job(attempt);
+                    batch::submit(&self.uploads, vec![job]).await?;
+                    rx = next;
                 }
-                Err(e) => return Err(e),
+                other => return other,
             }
         }
-    }
-
-    async fn attempt(
-        &self,
-        msg: &Outgoing,
-        request_id: &RequestId,
-        attempt: u32,
-    ) -> Result<UploadReply, ClientError> {
-        self.hooks.emit(HookEvent::BeforeSend {
-            request_id: request_id.clone(),
-            topic: msg.topic.clone(),
-            attempt,
-            traceparent: msg.traceparent.clone(),
-            at: now_nanos(),
-        });
-        let ch = &self.channel;
-        let reply = ch
-            .with_channel(|id| {
-                let mut headers = HeaderMap::new();
-                headers.insert(h::CHANNEL, id.as_str());
-                headers.insert(h::REQUEST_ID, request_id.as_str());
-                headers.insert(h::TOPIC, msg.topic.as_str());
-                headers.insert(h::ATTEMPT, attempt.to_string().as_str());
-                for (k, v) in &msg.attrs {
-                    headers.insert(format!("{}{k}", h::ATTR_PREFIX).as_str(), v.as_str());
-                }
-                if let Some(tp) = &msg.traceparent {
-                    headers.insert(h::TRACEPARENT, tp.as_str());
-                }
-                request_raw(
-                    &ch.client,
-                    s::UPLOAD,
-                    Some(headers),
-                    msg.payload.clone(),
-                    self.options.timeout,
-                )
-            })
-            .await?;
-        decode(&reply)
     }
 
     /// Sends the stage reports still queued (waiting up to the request timeout), then closes
@@ -235,5 +502,38 @@ impl Producer {
             .finish(&self.hooks, self.options.timeout)
             .await;
         self.channel.close().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entry_sizes_match_the_encoding() {
+        let msg = Outgoing::new("orders.eu", vec![7u8; 1000])
+            .attr("category", "refund")
+            .attr("k", "é");
+        let mut msg = msg;
+        msg.traceparent = Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into());
+        let p = Prepared::new(msg).unwrap();
+        let (job, _rx) = p.job(2);
+        let batch = UploadBatch {
+            entries: vec![job.item.entry.clone(), job.item.entry],
+            reports: vec![],
+        };
+        assert_eq!(
+            batch.encode().len(),
+            UPLOAD_FRAME_OVERHEAD + 2 * job.size,
+            "the byte bound counts what is sent"
+        );
+    }
+
+    #[test]
+    fn invalid_messages_fail_before_sending() {
+        assert!(Prepared::new(Outgoing::new("orders.*", "x")).is_err());
+        assert!(Prepared::new(Outgoing::new("orders.eu", "x").attr("bad key", "v")).is_err());
+        let p = Prepared::new(Outgoing::new("orders.eu", "x")).unwrap();
+        assert_eq!(p.entry.request_id, p.request_id.as_str());
     }
 }

@@ -1,49 +1,75 @@
-//! Stage reporting, built on the hooks: a hook turns the client's events into its stage
-//! records (P1, P4, C2/C3, C6/C7, X1/X2), each with the proof the broker asks for (`token`:
-//! the delivery's ack token, or the upload receipt for P4), and a task sends them in batches
-//! to the broker's stage subject through the channel, which checks and relays them. Reporting is best
-//! effort and never delays the message path: events beyond the queue are dropped and
-//! counted by [`crate::hooks::Hooks::dropped`], and batches the broker refuses are counted by
+//! Stage reporting, built on the hooks, riding along the message path.
+//!
+//! A hook turns the client's events into its stage records — P4, C2/C3, C6/C7, X1/X2 — each
+//! with the proof the broker asks for (`token`: the delivery's ack token, or the upload
+//! receipt for P4), and puts them into a shared bounded **outbox**. P1 is not reported this
+//! way: each upload entry carries its send time (`sent_at`) and the broker writes P1 from it.
+//!
+//! The outbox empties three ways:
+//! - **riding along**: the upload and settle batchers take what it holds (up to
+//!   [`frame::MAX_REPORTED_RECORDS`] records, within the request's byte bound) into the
+//!   batch request they are about to send, so under load reports cost no request of their own;
+//! - **flushed**: records no batch took within [`LINGER`] are sent as one binary report to
+//!   the broker's stage subject (`msgtrail.v1.stage`);
+//! - **at close**: [`crate::Producer::close`] and [`crate::Consumer::close`] send what is
+//!   left and wait for the reports in flight.
+//!
+//! The broker accepts the records of one request whole or refuses them whole; a refusal never
+//! fails the uploads or settles they rode with. Reporting is best effort and never delays the
+//! message path: an event beyond the hook's queue is dropped and counted by
+//! [`crate::hooks::Hooks::dropped`], a record beyond the outbox is dropped and counted by
+//! [`Reporter::dropped`], and records the broker refused or never answered are counted by
 //! [`Reporter::failed`].
 
-use crate::channel::{request_raw, Channel};
-use crate::hooks::{HookEvent, Hooks};
-use async_nats::HeaderMap;
-use msgtrail_core::headers as h;
+use crate::channel::{decode, Channel};
+use crate::hooks::{HookEvent, HookKind, Hooks};
+use msgtrail_core::frame::{self, ReportedRecord, ReportsOutcome};
 use msgtrail_core::subjects as s;
+use msgtrail_core::wire::OkReply;
 use msgtrail_core::{Stage, StageRecord};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::task::JoinHandle;
+use tokio::sync::{mpsc, Notify};
+use tokio::task::{JoinHandle, JoinSet};
+use tokio::time::Instant;
 
-/// Records per report.
-const BATCH: usize = 256;
-/// Longest a record waits for its batch.
-const LINGER: Duration = Duration::from_millis(20);
-/// Queue length of the reporting hook.
+/// Longest a record waits in the outbox for a batch to take it before it is sent alone.
+pub const LINGER: Duration = Duration::from_millis(20);
+/// Queue length of the reporting hook (events waiting to become records).
 const QUEUE: usize = 65_536;
+/// Most records the outbox holds; more are dropped and counted.
+pub const OUTBOX_CAPACITY: usize = 65_536;
 
 /// Counters of the reporter.
 #[derive(Debug, Default)]
 pub struct Reporter {
     sent: AtomicU64,
     failed: AtomicU64,
+    dropped: AtomicU64,
 }
 
 impl Reporter {
-    /// Records accepted by the broker.
+    /// Records the broker accepted.
     pub fn sent(&self) -> u64 {
         self.sent.load(Ordering::Relaxed)
     }
 
-    /// Records lost because a report failed.
+    /// Records lost: refused by the broker, on a request that failed, or dropped because the
+    /// outbox was full ([`Reporter::dropped`] counts those alone).
     pub fn failed(&self) -> u64 {
         self.failed.load(Ordering::Relaxed)
     }
+
+    /// Records dropped because the outbox was full (included in [`Reporter::failed`]).
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
 }
 
-/// The stage record of an event, if it has one.
+/// The stage record of an event, if it has one. ([`HookEvent::BeforeSend`] maps to P1, which
+/// the SDK does not report through the outbox: it travels as the upload's `sent_at`.)
 pub fn record_of(event: &HookEvent) -> Option<StageRecord> {
     let r = match event {
         HookEvent::BeforeSend {
@@ -126,23 +152,31 @@ pub fn token_of(event: &HookEvent) -> Option<String> {
     }
 }
 
-/// One report line: the event's record with its `token`, or `None` for events without a stage.
-pub fn report_line(event: &HookEvent) -> Option<serde_json::Value> {
-    let mut v = serde_json::to_value(record_of(event)?).expect("records serialize");
-    if let Some(t) = token_of(event) {
-        v["token"] = serde_json::Value::String(t);
+/// The record the reporting hook puts in the outbox for `event`, with its token: P4, C2/C3,
+/// C6/C7, X1/X2. `None` for P1 (it rides as `sent_at`), for events without a stage, and for a
+/// P4 without a receipt (the broker would refuse it, and every record riding with it).
+pub fn reported(event: &HookEvent) -> Option<ReportedRecord> {
+    if matches!(
+        event,
+        HookEvent::BeforeSend { .. } | HookEvent::AfterSend { .. }
+    ) {
+        return None;
     }
-    Some(v)
+    let token = token_of(event)?;
+    Some(ReportedRecord {
+        record: record_of(event)?,
+        token,
+    })
 }
 
-fn encode_report(lines: &[serde_json::Value]) -> Vec<u8> {
-    let mut out = Vec::new();
-    for l in lines {
-        serde_json::to_writer(&mut out, l).expect("values serialize");
-        out.push(b'\n');
-    }
-    out
-}
+/// The events the reporting hook turns into records.
+const REPORTED_KINDS: &[HookKind] = &[
+    HookKind::StoreConfirmed,
+    HookKind::Received,
+    HookKind::ProcessingStarted,
+    HookKind::ProcessingFinished,
+    HookKind::Settled,
+];
 
 fn delivery_record(stage: Stage, d: &crate::hooks::DeliveryInfo, at: u64) -> StageRecord {
     let mut r = StageRecord::at(stage, at);
@@ -153,80 +187,346 @@ fn delivery_record(stage: Stage, d: &crate::hooks::DeliveryInfo, at: u64) -> Sta
     r
 }
 
-/// Registers the reporting hook on `hooks`, sending through `channel`. The task keeps the
-/// channel open until every event is reported: it ends when the hooks are closed
-/// ([`Hooks::close`]) or dropped with the last producer or consumer clone, after sending what
-/// it still holds.
-pub(crate) fn install(hooks: &Hooks, channel: Arc<Channel>) -> (Arc<Reporter>, JoinHandle<()>) {
-    let reporter = Arc::new(Reporter::default());
-    let mut rx = hooks.channel(&[], QUEUE);
-    let counters = reporter.clone();
-    let task = tokio::spawn(async move {
-        let ch = channel;
-        let mut batch: Vec<serde_json::Value> = Vec::with_capacity(BATCH);
-        while let Some(first) = rx.recv().await {
-            batch.extend(report_line(&first));
-            let deadline = tokio::time::Instant::now() + LINGER;
-            while batch.len() < BATCH {
-                match tokio::time::timeout_at(deadline, rx.recv()).await {
-                    Ok(Some(ev)) => batch.extend(report_line(&ev)),
-                    _ => break,
-                }
-            }
-            if batch.is_empty() {
-                continue;
-            }
-            let n = batch.len() as u64;
-            let body = encode_report(&batch);
-            batch.clear();
-            let result = ch
-                .with_channel(|id| {
-                    let mut headers = HeaderMap::new();
-                    headers.insert(h::CHANNEL, id.as_str());
-                    request_raw(
-                        &ch.client,
-                        s::STAGE_REPORT,
-                        Some(headers),
-                        body.clone().into(),
-                        ch.timeout,
-                    )
-                })
-                .await;
-            match result {
-                Ok(_) => counters.sent.fetch_add(n, Ordering::Relaxed),
-                Err(e) => {
-                    tracing::warn!(records = n, error = %e, "stage report failed");
-                    counters.failed.fetch_add(n, Ordering::Relaxed)
-                }
-            };
+/// The encoded size of a reported record in a frame (an upper bound: every field present
+/// counts with its length prefix).
+pub(crate) fn reported_size(r: &ReportedRecord) -> usize {
+    let rec = &r.record;
+    let s8 = |v: Option<&str>| v.map_or(0, |v| 1 + v.len());
+    let s16 = |v: Option<&str>| v.map_or(0, |v| 2 + v.len());
+    2 + r.token.len()
+        + 1 // stage
+        + 8 // at
+        + 2 // present bits
+        + rec.message_id.map_or(0, |_| 16)
+        + s8(rec.request_id.as_ref().map(|v| v.as_str()))
+        + s8(rec.producer.as_ref().map(|v| v.as_str()))
+        + s8(rec.consumer.as_ref().map(|v| v.as_str()))
+        + s8(rec.group.as_ref().map(|v| v.as_str()))
+        + s16(rec.topic.as_deref())
+        + rec.attempt.map_or(0, |_| 4)
+        + rec.stream_seq.map_or(0, |_| 8)
+        + s8(rec.outcome.as_deref())
+        + s16(rec.detail.as_deref())
+        + s8(rec.service.as_deref())
+        + s8(rec.traceparent.as_deref())
+        + if rec.attrs.is_empty() {
+            0
+        } else {
+            1 + rec
+                .attrs
+                .iter()
+                .map(|(k, v)| 3 + k.len() + v.len())
+                .sum::<usize>()
         }
-    });
-    (reporter, task)
+        + rec.payload_size.map_or(0, |_| 8)
+        + s16(rec.payload_head.as_deref())
 }
 
-/// A producer's or consumer's reporting: the counters and the task, shared by its clones.
+/// Bytes of a report frame around its records: the frame head and the record count.
+const REPORT_FRAME_OVERHEAD: usize = 4 + 2;
+
+#[derive(Debug, Default)]
+struct Queued {
+    records: VecDeque<ReportedRecord>,
+    /// When the oldest record still queued arrived (for the flusher's linger).
+    oldest: Option<Instant>,
+}
+
+/// The shared, bounded outbox of reported records, and the reporter's counters.
+#[derive(Debug)]
+pub(crate) struct Outbox {
+    queued: Mutex<Queued>,
+    capacity: usize,
+    /// Records taken into requests not answered yet.
+    in_flight: AtomicUsize,
+    /// Signalled when records arrive from outside the reporting task.
+    arrived: Notify,
+    /// Signalled when a request's records are answered.
+    answered: Notify,
+    counters: Arc<Reporter>,
+}
+
+impl Outbox {
+    fn new(capacity: usize, counters: Arc<Reporter>) -> Self {
+        Outbox {
+            queued: Mutex::new(Queued::default()),
+            capacity,
+            in_flight: AtomicUsize::new(0),
+            arrived: Notify::new(),
+            answered: Notify::new(),
+            counters,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Queued> {
+        self.queued.lock().expect("outbox poisoned")
+    }
+
+    /// Queues a record, or drops and counts it when the outbox is full.
+    fn push_quiet(&self, r: ReportedRecord) {
+        let mut q = self.lock();
+        if q.records.len() >= self.capacity {
+            drop(q);
+            self.counters.dropped.fetch_add(1, Ordering::Relaxed);
+            self.counters.failed.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        if q.records.is_empty() {
+            q.oldest = Some(Instant::now());
+        }
+        q.records.push_back(r);
+    }
+
+    /// Queues a record and wakes the flusher.
+    pub(crate) fn push(&self, r: ReportedRecord) {
+        self.push_quiet(r);
+        self.arrived.notify_one();
+    }
+
+    fn is_empty(&self) -> bool {
+        self.lock().records.is_empty()
+    }
+
+    fn oldest(&self) -> Option<Instant> {
+        self.lock().oldest
+    }
+
+    /// Takes the oldest records, at most `max_records` and `max_bytes` of them (encoded), for
+    /// a request about to be sent. The ticket says what became of them.
+    pub(crate) fn take(
+        self: &Arc<Self>,
+        max_records: usize,
+        max_bytes: usize,
+    ) -> (Vec<ReportedRecord>, Ticket) {
+        let mut out = Vec::new();
+        {
+            let mut q = self.lock();
+            let mut bytes = 0usize;
+            while out.len() < max_records {
+                let Some(next) = q.records.front() else { break };
+                let size = reported_size(next);
+                if bytes + size > max_bytes {
+                    break;
+                }
+                bytes += size;
+                out.extend(q.records.pop_front());
+            }
+            if q.records.is_empty() {
+                q.oldest = None;
+            }
+        }
+        self.in_flight.fetch_add(out.len(), Ordering::Relaxed);
+        let ticket = Ticket {
+            outbox: self.clone(),
+            n: out.len(),
+        };
+        (out, ticket)
+    }
+
+    /// Waits until no taken record is unanswered.
+    async fn settled(&self) {
+        loop {
+            let answered = self.answered.notified();
+            tokio::pin!(answered);
+            answered.as_mut().enable();
+            if self.in_flight.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            answered.await;
+        }
+    }
+}
+
+/// Records taken from the outbox into one request: say what the broker made of them. A ticket
+/// dropped unanswered counts its records as failed.
+#[derive(Debug)]
+pub(crate) struct Ticket {
+    outbox: Arc<Outbox>,
+    n: usize,
+}
+
+impl Ticket {
+    /// The broker accepted `accepted` of the records (the rest are lost).
+    pub(crate) fn accepted(mut self, accepted: usize) {
+        let n = std::mem::take(&mut self.n);
+        let c = &self.outbox.counters;
+        c.sent.fetch_add(accepted.min(n) as u64, Ordering::Relaxed);
+        c.failed
+            .fetch_add(n.saturating_sub(accepted) as u64, Ordering::Relaxed);
+        self.done(n);
+    }
+
+    /// The records were lost: refused, or their request failed.
+    pub(crate) fn failed(mut self, why: &dyn std::fmt::Display) {
+        let n = std::mem::take(&mut self.n);
+        if n > 0 {
+            tracing::warn!(records = n, error = %why, "stage records lost");
+            self.outbox
+                .counters
+                .failed
+                .fetch_add(n as u64, Ordering::Relaxed);
+        }
+        self.done(n);
+    }
+
+    /// What the broker said about the records riding along a batch.
+    pub(crate) fn outcome(self, o: &ReportsOutcome) {
+        match &o.error {
+            Some(e) => self.failed(e),
+            None => self.accepted(o.accepted as usize),
+        }
+    }
+
+    fn done(&self, n: usize) {
+        if n > 0 {
+            self.outbox.in_flight.fetch_sub(n, Ordering::AcqRel);
+            self.outbox.answered.notify_waiters();
+        }
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        let n = std::mem::take(&mut self.n);
+        if n > 0 {
+            self.outbox
+                .counters
+                .failed
+                .fetch_add(n as u64, Ordering::Relaxed);
+            self.done(n);
+        }
+    }
+}
+
+/// Sends records as one binary report to the broker's stage subject.
+async fn send_report(channel: Arc<Channel>, records: Vec<ReportedRecord>, ticket: Ticket) {
+    if records.is_empty() {
+        return;
+    }
+    let body = frame::encode_report(&records);
+    let reply = channel
+        .request_on_channel(s::STAGE_REPORT, body, channel.timeout)
+        .await
+        .and_then(|m| decode::<OkReply>(&m));
+    match reply {
+        Ok(r) => ticket.accepted(r.accepted.unwrap_or(records.len())),
+        Err(e) => ticket.failed(&e),
+    }
+}
+
+/// The reporting task: moves the hook's events into the outbox as records, and sends what no
+/// batch took within [`LINGER`]. When the hooks are closed or dropped it sends everything
+/// left and waits for the records in flight, then ends.
+async fn run(
+    mut rx: mpsc::Receiver<Arc<HookEvent>>,
+    outbox: Arc<Outbox>,
+    channel: Arc<Channel>,
+    max_bytes: usize,
+) {
+    let mut reports: JoinSet<()> = JoinSet::new();
+    let mut open = true;
+    let take = |outbox: &Arc<Outbox>| {
+        outbox.take(
+            frame::MAX_REPORTED_RECORDS,
+            max_bytes.saturating_sub(REPORT_FRAME_OVERHEAD),
+        )
+    };
+    while open {
+        let deadline = outbox.oldest().map(|t| t + LINGER);
+        tokio::select! {
+            ev = rx.recv() => match ev {
+                Some(ev) => {
+                    outbox_event(&outbox, &ev);
+                    // Take what else is waiting without going round the loop for each.
+                    for _ in 0..1024 {
+                        match rx.try_recv() {
+                            Ok(ev) => outbox_event(&outbox, &ev),
+                            Err(_) => break,
+                        }
+                    }
+                }
+                None => open = false,
+            },
+            _ = outbox.arrived.notified() => {},
+            _ = sleep_until(deadline), if deadline.is_some() => {
+                // Still there after the linger: no batch took these.
+                if outbox.oldest().is_some_and(|t| t + LINGER <= Instant::now()) {
+                    let (records, ticket) = take(&outbox);
+                    reports.spawn(send_report(channel.clone(), records, ticket));
+                }
+            },
+            Some(_) = reports.join_next(), if !reports.is_empty() => {},
+        }
+    }
+    // Closing: send what is left, then wait for what batches took.
+    while reports.join_next().await.is_some() {}
+    while !outbox.is_empty() {
+        let (records, ticket) = take(&outbox);
+        if records.is_empty() {
+            // A single record over the byte bound: it can never be sent.
+            let n = outbox.lock().records.drain(..).count();
+            outbox
+                .counters
+                .failed
+                .fetch_add(n as u64, Ordering::Relaxed);
+            break;
+        }
+        send_report(channel.clone(), records, ticket).await;
+    }
+    outbox.settled().await;
+}
+
+fn outbox_event(outbox: &Outbox, ev: &HookEvent) {
+    if let Some(r) = reported(ev) {
+        outbox.push_quiet(r);
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// A producer's or consumer's reporting: the counters, the outbox and the task, shared by
+/// its clones.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Reporting {
     /// The counters, when reporting is on.
     pub(crate) counters: Option<Arc<Reporter>>,
-    task: Arc<std::sync::Mutex<Option<JoinHandle<()>>>>,
+    /// The outbox batches take records from, when reporting is on.
+    pub(crate) outbox: Option<Arc<Outbox>>,
+    task: Arc<Mutex<Option<JoinHandle<()>>>>,
 }
 
 impl Reporting {
-    /// Starts reporting through `channel` if `enabled`.
-    pub(crate) fn start(enabled: bool, hooks: &Hooks, channel: &Arc<Channel>) -> Self {
+    /// Starts reporting through `channel` if `enabled`; a report frame stays within
+    /// `max_bytes`. The task keeps the channel open until every record is sent: it ends when
+    /// the hooks are closed ([`Hooks::close`]) or dropped with the last producer or consumer
+    /// clone, after sending what it still holds.
+    pub(crate) fn start(
+        enabled: bool,
+        hooks: &Hooks,
+        channel: &Arc<Channel>,
+        max_bytes: usize,
+    ) -> Self {
         if !enabled {
             return Reporting::default();
         }
-        let (counters, task) = install(hooks, channel.clone());
+        let counters = Arc::new(Reporter::default());
+        let outbox = Arc::new(Outbox::new(OUTBOX_CAPACITY, counters.clone()));
+        let rx = hooks.channel(REPORTED_KINDS, QUEUE);
+        let task = tokio::spawn(run(rx, outbox.clone(), channel.clone(), max_bytes));
         Reporting {
             counters: Some(counters),
-            task: Arc::new(std::sync::Mutex::new(Some(task))),
+            outbox: Some(outbox),
+            task: Arc::new(Mutex::new(Some(task))),
         }
     }
 
-    /// Closes the hooks and waits up to `timeout` for the reports still queued to be sent.
-    pub(crate) async fn finish(&self, hooks: &Hooks, timeout: std::time::Duration) {
+    /// Closes the hooks and waits up to `timeout` for the records still queued to be sent.
+    pub(crate) async fn finish(&self, hooks: &Hooks, timeout: Duration) {
         hooks.close();
         let task = self.task.lock().expect("reporter task poisoned").take();
         if let Some(task) = task {
@@ -234,5 +534,111 @@ impl Reporting {
                 tracing::warn!("stage reports still unsent at close");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hooks::DeliveryInfo;
+    use msgtrail_core::wire::{AckKind, UploadReply};
+    use msgtrail_core::{ClientId, MessageId, RequestId};
+
+    fn delivery() -> DeliveryInfo {
+        DeliveryInfo {
+            message_id: MessageId::new(),
+            topic: "orders.eu".into(),
+            group: ClientId::new("billing").unwrap(),
+            attempt: 2,
+            push: false,
+            ack_token: "tok".into(),
+        }
+    }
+
+    #[test]
+    fn p1_does_not_ride_in_the_outbox_and_p4_needs_its_receipt() {
+        let before = HookEvent::BeforeSend {
+            request_id: RequestId::new("r").unwrap(),
+            topic: "t".into(),
+            attempt: 1,
+            traceparent: None,
+            at: 1,
+        };
+        assert_eq!(record_of(&before).unwrap().stage, Stage::UploadSent);
+        assert!(reported(&before).is_none());
+        let mut reply = UploadReply {
+            message_id: MessageId::new(),
+            request_id: RequestId::new("r").unwrap(),
+            stream_seq: 3,
+            duplicate: true,
+            receipt: String::new(),
+        };
+        let p4 = |reply: &UploadReply| HookEvent::StoreConfirmed {
+            reply: reply.clone(),
+            at: 2,
+        };
+        assert!(reported(&p4(&reply)).is_none());
+        reply.receipt = "receipt".into();
+        let r = reported(&p4(&reply)).unwrap();
+        assert_eq!(
+            (r.record.stage, r.token.as_str()),
+            (Stage::StoreConfirmed, "receipt")
+        );
+        assert_eq!(r.record.outcome.as_deref(), Some("duplicate"));
+        let c7 = reported(&HookEvent::Settled {
+            delivery: delivery(),
+            kind: AckKind::Nack,
+            at: 3,
+        })
+        .unwrap();
+        assert_eq!(c7.record.stage, Stage::PullAckSent);
+        assert_eq!(c7.token, "tok");
+    }
+
+    #[test]
+    fn the_size_bound_covers_the_encoding() {
+        let mut rec = record_of(&HookEvent::ProcessingFinished {
+            delivery: delivery(),
+            outcome: Err("boom ✗".into()),
+            at: 5,
+        })
+        .unwrap();
+        rec.attrs.insert("k".into(), "v".into());
+        rec.service = Some("svc".into());
+        let r = ReportedRecord {
+            record: rec,
+            token: "t".repeat(300),
+        };
+        let framed = frame::encode_report(std::slice::from_ref(&r)).len();
+        assert_eq!(framed, REPORT_FRAME_OVERHEAD + reported_size(&r));
+    }
+
+    #[tokio::test]
+    async fn the_outbox_is_bounded_and_takes_within_the_limits() {
+        let counters = Arc::new(Reporter::default());
+        let outbox = Arc::new(Outbox::new(3, counters.clone()));
+        let rec = |i: u32| ReportedRecord {
+            record: StageRecord::at(Stage::PullReceived, i as u64),
+            token: "tok".into(),
+        };
+        for i in 0..5 {
+            outbox.push(rec(i));
+        }
+        assert_eq!((counters.dropped(), counters.failed()), (2, 2));
+        let one = reported_size(&rec(0));
+        let (taken, ticket) = outbox.take(10, 2 * one);
+        assert_eq!(taken.len(), 2);
+        assert_eq!(outbox.in_flight.load(Ordering::Relaxed), 2);
+        ticket.outcome(&ReportsOutcome {
+            accepted: 2,
+            error: None,
+        });
+        assert_eq!(counters.sent(), 2);
+        let (taken, ticket) = outbox.take(10, 1 << 20);
+        assert_eq!(taken.len(), 1);
+        assert!(outbox.is_empty() && outbox.oldest().is_none());
+        drop(ticket);
+        assert_eq!(counters.failed(), 3, "a dropped ticket loses its records");
+        outbox.settled().await;
     }
 }
