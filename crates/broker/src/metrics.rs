@@ -43,6 +43,8 @@ pub struct Metrics {
     pub stage_batches: AtomicU64,
     /// Client stage records relayed.
     pub relayed_records: AtomicU64,
+    /// The most requests handled at once so far (bounded by `max_concurrent_requests`).
+    pub peak_concurrent_requests: AtomicU64,
     errors: Mutex<BTreeMap<&'static str, u64>>,
 }
 
@@ -88,6 +90,7 @@ impl Metrics {
             "stage_publish_retries": g(&self.stage_publish_retries),
             "stage_batches": g(&self.stage_batches),
             "relayed_records": g(&self.relayed_records),
+            "peak_concurrent_requests": g(&self.peak_concurrent_requests),
             "errors": self.errors(),
         })
     }

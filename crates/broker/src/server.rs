@@ -302,7 +302,8 @@ pub async fn start(config: BrokerConfig) -> Result<RunningBroker, BrokerError> {
     let advisories = tokio::spawn(deliverer.watch_max_deliveries(signal.clone()));
 
     let in_flight = Arc::new(RwLock::new(()));
-    let permits = Arc::new(Semaphore::new(config.max_concurrent_requests));
+    let max_concurrent = config.max_concurrent_requests;
+    let permits = Arc::new(Semaphore::new(max_concurrent));
     let grace = config.shutdown_grace;
     let task = tokio::spawn(async move {
         let loops: Vec<_> = endpoints
@@ -314,6 +315,7 @@ pub async fn start(config: BrokerConfig) -> Result<RunningBroker, BrokerError> {
                     handlers.clone(),
                     in_flight.clone(),
                     permits.clone(),
+                    max_concurrent,
                     signal.clone(),
                 ))
             })
@@ -389,19 +391,26 @@ async fn serve(
     handlers: Arc<Handlers>,
     in_flight: Arc<RwLock<()>>,
     permits: Arc<Semaphore>,
+    max_concurrent: usize,
     mut shutdown: Shutdown,
 ) {
     loop {
-        // Backpressure: no permit, no new request taken from NATS (all endpoints share the
-        // bound); requests wait in the subscription, and producers slow down.
-        let permit = tokio::select! {
-            p = permits.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
-            _ = shutdown.wait() => break,
-        };
         let req = tokio::select! {
             r = endpoint.next() => match r { Some(r) => r, None => break },
             _ = shutdown.wait() => break,
         };
+        // Backpressure: no permit, no next request taken from NATS (all endpoints share the
+        // bound); requests wait in the subscription, and producers slow down. The permit is
+        // taken after a request arrived, so idle endpoints never hold one.
+        let permit = tokio::select! {
+            p = permits.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
+            _ = shutdown.wait() => break,
+        };
+        let busy = (max_concurrent - permits.available_permits()) as u64;
+        handlers
+            .metrics
+            .peak_concurrent_requests
+            .fetch_max(busy, std::sync::atomic::Ordering::Relaxed);
         let guard = in_flight.clone().read_owned().await;
         let handlers = handlers.clone();
         tokio::spawn(async move {

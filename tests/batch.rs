@@ -1,0 +1,619 @@
+//! End-to-end tests of the batched message path over raw NATS (no SDK): upload batches with
+//! per-message results, settle batches with per-settle results, binary fetch and push, the
+//! records that ride along, and the broker's bound on concurrent requests — against a real
+//! nats-server and broker.
+
+use async_nats::HeaderMap;
+use bytes::Bytes;
+use msgtrail_core::frame::{
+    DeliveryBatch, ReportedRecord, SettleBatch, SettleEntry, SettleResults, UploadBatch,
+    UploadEntry, UploadResult, UploadResults, MAX_BATCH_ENTRIES,
+};
+use msgtrail_core::headers as h;
+use msgtrail_core::subjects as s;
+use msgtrail_core::wire::{AckKind, ChallengeReply, Format, OpenReply, SubscribeReply};
+use msgtrail_core::{ErrorCode, MessageId, Role, Stage, StageRecord};
+use msgtrail_e2e::TestSystem;
+use serde_json::json;
+use std::collections::HashSet;
+use std::time::Duration;
+
+/// A channel opened by hand, the way any NATS client would.
+struct RawChannel {
+    nats: async_nats::Client,
+    id: String,
+}
+
+impl RawChannel {
+    async fn open(sys: &TestSystem, name: &str, role: Role) -> RawChannel {
+        let nats = async_nats::connect(sys.server.url()).await.unwrap();
+        let ident = sys.identity(name);
+        let c: ChallengeReply =
+            request_json(&nats, s::CHANNEL_CHALLENGE, json!({ "client_id": name })).await;
+        let open: OpenReply = request_json(
+            &nats,
+            s::CHANNEL_OPEN,
+            json!({
+                "role": role.to_string(),
+                "client_id": name,
+                "nonce": c.nonce,
+                "signature": ident.sign(&c.nonce),
+            }),
+        )
+        .await;
+        RawChannel {
+            nats,
+            id: open.channel,
+        }
+    }
+
+    /// A request with the channel header; returns the reply (error replies included).
+    async fn request(&self, subject: &str, body: Bytes) -> async_nats::Message {
+        let mut headers = HeaderMap::new();
+        headers.insert(h::CHANNEL, self.id.as_str());
+        self.nats
+            .request_with_headers(subject.to_owned(), headers, body)
+            .await
+            .unwrap()
+    }
+
+    async fn upload(&self, batch: &UploadBatch) -> UploadResults {
+        let reply = self.request(s::UPLOAD_BATCH, batch.encode()).await;
+        assert_no_error(&reply);
+        UploadResults::decode(&reply.payload).unwrap()
+    }
+
+    async fn fetch(&self, group: &str, topic: &str, max: u32) -> DeliveryBatch {
+        let body = json!({
+            "channel": self.id, "group": group, "topic": topic,
+            "max": max, "wait_ms": 2000, "format": "binary",
+        });
+        let reply = self
+            .nats
+            .request(s::FETCH, serde_json::to_vec(&body).unwrap().into())
+            .await
+            .unwrap();
+        assert_no_error(&reply);
+        DeliveryBatch::decode(&reply.payload).unwrap()
+    }
+
+    async fn settle(&self, batch: &SettleBatch) -> SettleResults {
+        let reply = self.request(s::SETTLE, batch.encode()).await;
+        assert_no_error(&reply);
+        SettleResults::decode(&reply.payload).unwrap()
+    }
+}
+
+async fn request_json<T: serde::de::DeserializeOwned>(
+    nats: &async_nats::Client,
+    subject: &str,
+    body: serde_json::Value,
+) -> T {
+    let reply = nats
+        .request(
+            subject.to_owned(),
+            serde_json::to_vec(&body).unwrap().into(),
+        )
+        .await
+        .unwrap();
+    assert_no_error(&reply);
+    serde_json::from_slice(&reply.payload).unwrap()
+}
+
+fn error_code(reply: &async_nats::Message) -> Option<String> {
+    reply
+        .headers
+        .as_ref()
+        .and_then(|hs| hs.get(h::ERROR))
+        .map(|v| v.as_str().to_owned())
+}
+
+fn assert_no_error(reply: &async_nats::Message) {
+    assert_eq!(error_code(reply), None, "error reply: {:?}", reply.headers);
+}
+
+fn entry(request_id: &str, topic: &str, payload: impl Into<Bytes>) -> UploadEntry {
+    UploadEntry {
+        request_id: request_id.into(),
+        topic: topic.into(),
+        attempt: 1,
+        sent_at: msgtrail_core::time::now_nanos(),
+        traceparent: String::new(),
+        attrs: vec![],
+        payload: payload.into(),
+    }
+}
+
+fn stored(r: &UploadResult) -> (MessageId, u64, bool, String) {
+    match r {
+        UploadResult::Stored {
+            message_id,
+            stream_seq,
+            duplicate,
+            receipt,
+        } => (*message_id, *stream_seq, *duplicate, receipt.clone()),
+        UploadResult::Refused(e) => panic!("refused: {e}"),
+    }
+}
+
+fn refused(r: &UploadResult) -> ErrorCode {
+    match r {
+        UploadResult::Refused(e) => e.code,
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+fn of_stage(recs: &[StageRecord], id: MessageId, stage: Stage) -> usize {
+    recs.iter()
+        .filter(|r| r.message_id == Some(id) && r.stage == stage)
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_bad_message_fails_alone_and_every_result_comes_in_order() {
+    let sys = TestSystem::start().await;
+    let ch = RawChannel::open(&sys, "shop-2", Role::Producer).await;
+    let mut with_attr = entry("ok-2", "orders.us", "two");
+    with_attr.attrs = vec![("category".into(), "refund".into())];
+    let mut case_twice = entry("bad-attr", "orders.eu", "x");
+    case_twice.attrs = vec![("k".into(), "1".into()), ("K".into(), "2".into())];
+    let mut zero_attempt = entry("bad-attempt", "orders.eu", "x");
+    zero_attempt.attempt = 0;
+    let batch = UploadBatch {
+        entries: vec![
+            entry("ok-1", "orders.eu", "one"),
+            entry("bad-topic", "orders..eu", "x"),
+            with_attr,
+            entry("not-mine", "payments.eu", "x"),
+            entry("bad id!", "orders.eu", "x"),
+            case_twice,
+            entry("too-big", "orders.eu", vec![0u8; 512 * 1024 + 1]),
+            zero_attempt,
+            entry("empty", "orders.eu", Bytes::new()),
+        ],
+        reports: vec![],
+    };
+    let res = ch.upload(&batch).await;
+    assert_eq!(res.results.len(), batch.entries.len());
+    let (first, seq1, dup1, receipt1) = stored(&res.results[0]);
+    assert!(!dup1 && !receipt1.is_empty());
+    assert_eq!(refused(&res.results[1]), ErrorCode::InvalidTopic);
+    let (second, seq2, ..) = stored(&res.results[2]);
+    assert_eq!(refused(&res.results[3]), ErrorCode::NotPermitted);
+    assert_eq!(refused(&res.results[4]), ErrorCode::InvalidRequestId);
+    assert_eq!(refused(&res.results[5]), ErrorCode::InvalidAttribute);
+    assert_eq!(refused(&res.results[6]), ErrorCode::PayloadTooLarge);
+    assert_eq!(refused(&res.results[7]), ErrorCode::BadRequest);
+    let (empty, ..) = stored(&res.results[8]);
+    assert_ne!(first, second);
+    assert!(seq2 > seq1);
+
+    // Exactly the three good messages are in the stream, in order, payloads intact.
+    let consumer = RawChannel::open(&sys, "billing-1", Role::Consumer).await;
+    let got = consumer.fetch("billing", "orders.*", 10).await;
+    let ids: Vec<MessageId> = got.messages.iter().map(|m| m.message_id).collect();
+    assert_eq!(ids, vec![first, second, empty]);
+    assert_eq!(&got.messages[0].payload[..], b"one");
+    assert_eq!(
+        got.messages[1].attributes,
+        vec![("category".to_owned(), "refund".to_owned())]
+    );
+    assert!(got.messages[2].payload.is_empty());
+
+    // P1 rode in the entries: the broker wrote it, as it wrote P2/P3 and the refusals' P2.
+    let recs = sys
+        .records_for(first, |r| r.iter().any(|r| r.stage == Stage::Stored))
+        .await;
+    assert_eq!(of_stage(&recs, first, Stage::UploadReceived), 1);
+    let all = sys.stage_records().await;
+    let p1s: Vec<&StageRecord> = all
+        .iter()
+        .filter(|r| r.stage == Stage::UploadSent)
+        .collect();
+    assert!(p1s.iter().any(
+        |r| r.request_id.as_ref().map(|x| x.as_str()) == Some("ok-1")
+            && r.producer.as_ref().map(|p| p.as_str()) == Some("shop-2")
+            && r.at == batch.entries[0].sent_at
+    ));
+    let refusals = all
+        .iter()
+        .filter(|r| r.outcome.as_deref() == Some("refused"))
+        .count();
+    assert!(
+        refusals >= 5,
+        "refused uploads with a valid request id are recorded: {refusals}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicates_inside_a_batch_and_across_batches_are_stored_once() {
+    let sys = TestSystem::start().await;
+    let ch = RawChannel::open(&sys, "shop", Role::Producer).await;
+    let batch = UploadBatch {
+        entries: vec![
+            entry("order-1", "orders.eu", "a"),
+            entry("order-1", "orders.eu", "a"),
+            entry("order-2", "orders.eu", "b"),
+        ],
+        reports: vec![],
+    };
+    let res = ch.upload(&batch).await;
+    let (a, seq_a, dup_a, receipt_a) = stored(&res.results[0]);
+    let (a2, seq_a2, dup_a2, receipt_a2) = stored(&res.results[1]);
+    assert_eq!((a, seq_a, receipt_a.clone()), (a2, seq_a2, receipt_a2));
+    assert!(!dup_a && dup_a2, "the second copy is the duplicate");
+    let (b, ..) = stored(&res.results[2]);
+
+    let again = ch
+        .upload(&UploadBatch {
+            entries: vec![
+                entry("order-2", "orders.eu", "b"),
+                entry("order-3", "orders.eu", "c"),
+            ],
+            reports: vec![],
+        })
+        .await;
+    let (b2, _, dup_b2, _) = stored(&again.results[0]);
+    assert_eq!(b2, b);
+    assert!(dup_b2);
+    let (c, seq_c, dup_c, _) = stored(&again.results[1]);
+    assert!(!dup_c);
+    assert_eq!(seq_c, 3, "three messages stored in all");
+
+    let recs = sys
+        .records_for(b, |r| {
+            r.iter().filter(|r| r.stage == Stage::Duplicate).count() == 1
+        })
+        .await;
+    assert_eq!(of_stage(&recs, b, Stage::UploadReceived), 1);
+    let recs = sys
+        .records_for(a, |r| r.iter().any(|r| r.stage == Stage::Duplicate))
+        .await;
+    assert_eq!(of_stage(&recs, a, Stage::Stored), 1);
+    assert_ne!(c, a);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_beyond_the_limits_are_refused_precisely() {
+    let sys = TestSystem::start().await;
+    let ch = RawChannel::open(&sys, "shop", Role::Producer).await;
+    // A frame claiming more messages than a batch may hold: the whole request is refused.
+    let mut body = b"MTU\x01".to_vec();
+    body.extend_from_slice(&((MAX_BATCH_ENTRIES + 1) as u16).to_be_bytes());
+    let reply = ch.request(s::UPLOAD_BATCH, body.into()).await;
+    assert_eq!(error_code(&reply).as_deref(), Some("bad_request"));
+    // A truncated frame names where it stopped.
+    let good = UploadBatch {
+        entries: vec![entry("r1", "orders.eu", "x")],
+        reports: vec![],
+    }
+    .encode();
+    let reply = ch
+        .request(s::UPLOAD_BATCH, good.slice(..good.len() - 3))
+        .await;
+    assert_eq!(error_code(&reply).as_deref(), Some("bad_request"));
+    let text = reply
+        .headers
+        .unwrap()
+        .get(h::NATS_SERVICE_ERROR)
+        .unwrap()
+        .to_string();
+    assert!(text.contains("at byte"), "{text}");
+    // A consumer channel may not upload; an unknown channel is named.
+    let consumer = RawChannel::open(&sys, "billing-1", Role::Consumer).await;
+    let reply = consumer.request(s::UPLOAD_BATCH, good.clone()).await;
+    assert_eq!(error_code(&reply).as_deref(), Some("not_permitted"));
+    let stranger = RawChannel {
+        nats: ch.nats.clone(),
+        id: "nope".into(),
+    };
+    let reply = stranger.request(s::UPLOAD_BATCH, good).await;
+    assert_eq!(error_code(&reply).as_deref(), Some("unknown_channel"));
+    // Nothing of it was stored.
+    let js = async_nats::jetstream::new(sys.nats.clone());
+    let mut stream = js
+        .get_stream(msgtrail_core::subjects::MESSAGE_STREAM)
+        .await
+        .unwrap();
+    assert_eq!(stream.info().await.unwrap().state.messages, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settle_batches_mix_ack_nack_term_and_a_forged_token_fails_alone() {
+    let sys = TestSystem::start().await;
+    let producer = RawChannel::open(&sys, "shop", Role::Producer).await;
+    let res = producer
+        .upload(&UploadBatch {
+            entries: (0..3)
+                .map(|i| entry(&format!("m{i}"), "jobs.x", "p"))
+                .collect(),
+            reports: vec![],
+        })
+        .await;
+    let ids: Vec<MessageId> = res.results.iter().map(|r| stored(r).0).collect();
+    let consumer = RawChannel::open(&sys, "billing-1", Role::Consumer).await;
+    let got = consumer.fetch("workers", "jobs.*", 10).await;
+    assert_eq!(got.messages.len(), 3);
+    let tok = |i: usize| got.messages[i].ack_token.clone();
+    // A token of another consumer's delivery.
+    let other = RawChannel::open(&sys, "billing-2", Role::Consumer).await;
+    let mut forged = tok(0);
+    forged.push('x');
+    // C6/X1/X2/C7 of the acked delivery ride along.
+    let at = msgtrail_core::time::now_nanos();
+    let reports = [
+        Stage::PullReceived,
+        Stage::ProcessStarted,
+        Stage::ProcessFinished,
+        Stage::PullAckSent,
+    ]
+    .into_iter()
+    .enumerate()
+    .map(|(i, stage)| {
+        let mut r = StageRecord::at(stage, at + i as u64);
+        if stage == Stage::ProcessFinished {
+            r.outcome = Some("ok".into());
+        }
+        ReportedRecord {
+            record: r,
+            token: tok(0),
+        }
+    })
+    .collect();
+    let results = consumer
+        .settle(&SettleBatch {
+            entries: vec![
+                SettleEntry {
+                    token: tok(0),
+                    kind: AckKind::Ack,
+                    delay_ms: None,
+                    reason: String::new(),
+                },
+                SettleEntry {
+                    token: forged,
+                    kind: AckKind::Ack,
+                    delay_ms: None,
+                    reason: String::new(),
+                },
+                SettleEntry {
+                    token: tok(1),
+                    kind: AckKind::Nack,
+                    delay_ms: Some(0),
+                    reason: "later".into(),
+                },
+                SettleEntry {
+                    token: tok(2),
+                    kind: AckKind::Term,
+                    delay_ms: None,
+                    reason: "poison".into(),
+                },
+            ],
+            reports,
+        })
+        .await;
+    assert_eq!(results.results.len(), 4);
+    assert_eq!(results.results[0], None);
+    assert_eq!(
+        results.results[1].as_ref().map(|e| e.code),
+        Some(ErrorCode::BadAckToken)
+    );
+    assert_eq!(results.results[2], None);
+    assert_eq!(results.results[3], None);
+    assert_eq!(results.reports.accepted, 4);
+    assert_eq!(results.reports.error, None);
+    // Another consumer cannot settle these deliveries.
+    let stolen = other
+        .settle(&SettleBatch {
+            entries: vec![SettleEntry {
+                token: tok(1),
+                kind: AckKind::Ack,
+                delay_ms: None,
+                reason: String::new(),
+            }],
+            reports: vec![],
+        })
+        .await;
+    assert_eq!(
+        stolen.results[0].as_ref().map(|e| e.code),
+        Some(ErrorCode::BadAckToken)
+    );
+
+    // The nacked one comes back (attempt 2); the acked and termed ones do not.
+    let again = consumer.fetch("workers", "jobs.*", 10).await;
+    assert_eq!(again.messages.len(), 1);
+    assert_eq!(again.messages[0].message_id, ids[1]);
+    assert_eq!(again.messages[0].delivery_attempt, 2);
+
+    let recs = sys
+        .records_for(ids[0], |r| {
+            [
+                Stage::PullReceived,
+                Stage::ProcessStarted,
+                Stage::ProcessFinished,
+                Stage::PullAckSent,
+                Stage::PullAckReceived,
+            ]
+            .iter()
+            .all(|s| r.iter().any(|x| x.stage == *s))
+        })
+        .await;
+    let c7 = recs.iter().find(|r| r.stage == Stage::PullAckSent).unwrap();
+    assert_eq!(c7.consumer.as_ref().unwrap().as_str(), "billing-1");
+    assert_eq!(c7.group.as_ref().unwrap().as_str(), "workers");
+    let dead = sys
+        .records_for(ids[2], |r| {
+            r.iter()
+                .any(|x| x.outcome.as_deref() == Some("dead_letter"))
+        })
+        .await;
+    assert!(dead
+        .iter()
+        .any(|r| r.detail.as_deref().is_some_and(|d| d.contains("poison"))));
+
+    // Records that do not belong to the channel are refused whole, and the settles of the
+    // same request still go through.
+    let foreign = vec![ReportedRecord {
+        record: StageRecord::at(Stage::PullReceived, at),
+        token: String::new(),
+    }];
+    let res = consumer
+        .settle(&SettleBatch {
+            entries: vec![SettleEntry {
+                token: again.messages[0].ack_token.clone(),
+                kind: AckKind::Ack,
+                delay_ms: None,
+                reason: String::new(),
+            }],
+            reports: foreign,
+        })
+        .await;
+    assert_eq!(res.results, vec![None]);
+    assert_eq!(res.reports.accepted, 0);
+    assert_eq!(
+        res.reports.error.map(|e| e.code),
+        Some(ErrorCode::RecordNotOwned)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binary_fetch_and_push_carry_empty_and_max_size_payloads() {
+    let sys = TestSystem::start().await;
+    let producer = RawChannel::open(&sys, "shop", Role::Producer).await;
+    let max = sys.config.max_payload;
+    let big: Bytes = (0..max)
+        .map(|i| (i % 251) as u8)
+        .collect::<Vec<u8>>()
+        .into();
+    let res = producer
+        .upload(&UploadBatch {
+            entries: vec![
+                entry("e", "bin.a", Bytes::new()),
+                entry("b", "bin.a", big.clone()),
+            ],
+            reports: vec![],
+        })
+        .await;
+    let ids: Vec<MessageId> = res.results.iter().map(|r| stored(r).0).collect();
+
+    let consumer = RawChannel::open(&sys, "billing-1", Role::Consumer).await;
+    let got = consumer.fetch("pullers", "bin.*", 10).await;
+    assert!(!got.no_matching_message);
+    assert_eq!(got.messages.len(), 2);
+    assert!(got.messages[0].payload.is_empty());
+    assert_eq!(got.messages[1].payload, big);
+    assert_eq!(got.messages[1].producer, "shop");
+    assert_eq!(got.messages[1].group, "pullers");
+    let acked = consumer
+        .settle(&SettleBatch {
+            entries: got
+                .messages
+                .iter()
+                .map(|m| SettleEntry {
+                    token: m.ack_token.clone(),
+                    kind: AckKind::Ack,
+                    delay_ms: None,
+                    reason: String::new(),
+                })
+                .collect(),
+            reports: vec![],
+        })
+        .await;
+    assert_eq!(acked.results, vec![None, None]);
+    let none = consumer.fetch("pullers", "bin.*", 10).await;
+    assert!(none.no_matching_message && none.messages.is_empty());
+
+    // Push, binary: a frame per batch on the consumer's inbox.
+    let inbox = consumer.nats.new_inbox();
+    let mut pushed = consumer.nats.subscribe(inbox.clone()).await.unwrap();
+    let _: SubscribeReply = request_json(
+        &consumer.nats,
+        s::SUBSCRIBE,
+        json!({
+            "channel": consumer.id, "group": "pushed", "topic": "bin.*",
+            "deliver_subject": inbox, "format": "binary",
+        }),
+    )
+    .await;
+    let mut seen = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while seen.len() < 2 {
+        let m = tokio::time::timeout_at(deadline, futures::StreamExt::next(&mut pushed))
+            .await
+            .expect("pushes arrive")
+            .unwrap();
+        assert!(m.headers.is_none(), "binary pushes carry no headers");
+        seen.extend(DeliveryBatch::decode(&m.payload).unwrap().messages);
+    }
+    assert_eq!(seen.iter().map(|m| m.message_id).collect::<Vec<_>>(), ids);
+    assert!(seen[0].payload.is_empty());
+    assert_eq!(seen[1].payload, big);
+    let settled = consumer
+        .settle(&SettleBatch {
+            entries: seen
+                .iter()
+                .map(|m| SettleEntry {
+                    token: m.ack_token.clone(),
+                    kind: AckKind::Ack,
+                    delay_ms: None,
+                    reason: String::new(),
+                })
+                .collect(),
+            reports: vec![],
+        })
+        .await;
+    assert_eq!(settled.results, vec![None, None]);
+    let recs = sys
+        .records_for(ids[1], |r| {
+            r.iter().any(|x| x.stage == Stage::PushAckReceived)
+        })
+        .await;
+    assert_eq!(of_stage(&recs, ids[1], Stage::PushSent), 1);
+    let _ = Format::Binary;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_concurrency_bound_slows_requests_and_loses_none() {
+    // Two requests at a time for the whole broker, 200 batches of 5 at once.
+    let sys = TestSystem::start_with(|c| c.max_concurrent_requests = 2).await;
+    let ch = std::sync::Arc::new(RawChannel::open(&sys, "shop", Role::Producer).await);
+    let tasks: Vec<_> = (0..200)
+        .map(|b| {
+            let ch = ch.clone();
+            tokio::spawn(async move {
+                let batch = UploadBatch {
+                    entries: (0..5)
+                        .map(|i| entry(&format!("b{b}-{i}"), "load.x", "p"))
+                        .collect(),
+                    reports: vec![],
+                };
+                ch.upload(&batch).await
+            })
+        })
+        .collect();
+    let mut ids = HashSet::new();
+    for t in tasks {
+        for r in t.await.unwrap().results {
+            let (id, _, dup, _) = stored(&r);
+            assert!(!dup);
+            assert!(ids.insert(id));
+        }
+    }
+    assert_eq!(ids.len(), 1000);
+    let peak = sys
+        .broker
+        .as_ref()
+        .unwrap()
+        .metrics
+        .peak_concurrent_requests
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(
+        peak, 2,
+        "the broker handled at most 2 requests at once, and was saturated"
+    );
+    let js = async_nats::jetstream::new(sys.nats.clone());
+    let mut stream = js
+        .get_stream(msgtrail_core::subjects::MESSAGE_STREAM)
+        .await
+        .unwrap();
+    assert_eq!(stream.info().await.unwrap().state.messages, 1000);
+}
