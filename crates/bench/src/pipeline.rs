@@ -1,7 +1,11 @@
 //! S2 and S3: the msgtrail pipeline — producers upload through a broker in this process,
 //! consumers of one group fetch and process (ack) through it — with stage recording off
 //! (S2: the broker writes no stage stream and the clients report nothing) and on (S3: every
-//! stage recorded, clients reporting, and a listener ingesting the stage stream).
+//! stage recorded, clients reporting). The listener ingests the stage stream either after
+//! the load (S3: on production hardware it runs on its own machine, so it does not share the
+//! throughput window; its catch-up time is reported) or during it (S3L: everything on the same
+//! cores, today's worst case, reported separately). S2 also runs with one message per upload
+//! and settle request (`batch_messages: Some(1)`), so the gain of batching stays visible.
 //!
 //! Each payload carries its send time, so consumers measure end-to-end latency (send call to
 //! receipt), the same definition as S1's pipeline run.
@@ -13,7 +17,9 @@ use async_nats::jetstream;
 use bytes::Bytes;
 use futures::StreamExt;
 use msgtrail_broker::{BrokerConfig, ClientEntry, ClientRegistry, RunningBroker};
-use msgtrail_client::{Consumer, Identity, NatsOptions, Producer, ProducerOptions};
+use msgtrail_client::{
+    Consumer, ConsumerOptions, Identity, NatsOptions, Producer, ProducerOptions,
+};
 use msgtrail_core::subjects::{MESSAGE_STREAM, STAGE_STREAM};
 use msgtrail_core::wire::Subscription;
 use msgtrail_core::{ClientId, Role};
@@ -33,8 +39,26 @@ pub struct PipelineParams {
     pub paced: Load,
     /// Stage recording on (S3) or off (S2).
     pub record_stages: bool,
+    /// When the listener runs (recording on only).
+    pub listener: ListenerTiming,
+    /// Messages per upload and settle request: `None` the SDK's default batching, `Some(1)`
+    /// one message per request.
+    pub batch_messages: Option<usize>,
     /// Names the run's topic, group and listener durable (`s2_128`).
     pub tag: String,
+}
+
+/// When the listener ingests the stage stream, relative to the measured load.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ListenerTiming {
+    /// No listener (recording off).
+    #[default]
+    None,
+    /// Started when the load ends: it does not share the throughput window (S3).
+    After,
+    /// Running during the load, on the same cores (S3L).
+    During,
 }
 
 /// The broker's counters after a run.
@@ -58,6 +82,10 @@ pub struct BrokerCounts {
     pub stage_publish_failed: u64,
     /// Client stage records relayed.
     pub relayed_records: u64,
+    /// Upload requests (one per message without batching).
+    pub upload_requests: u64,
+    /// Settle requests.
+    pub settle_requests: u64,
 }
 
 /// What the listener did during an S3 run.
@@ -67,8 +95,12 @@ pub struct ListenerIngest {
     pub records: u64,
     /// Stage-stream messages applied.
     pub batches: u64,
+    /// When the listener ran.
+    pub timing: ListenerTiming,
     /// Seconds from the end of the load (the latency run, after the throughput run) until
-    /// the listener had applied every stage-stream message the broker wrote.
+    /// the listener had applied every stage-stream message the broker wrote and the store
+    /// evidence of every stored message. With [`ListenerTiming::After`] the listener starts at
+    /// the end of the load, so this is its whole ingest time.
     pub catch_up_seconds: f64,
     /// Stage-stream messages that could not be decoded.
     pub decode_errors: u64,
@@ -166,6 +198,8 @@ pub async fn run(p: &PipelineParams, progress: &Progress) -> Result<PipelineResu
         stage_dropped: g(&metrics.stage_dropped),
         stage_publish_failed: g(&metrics.stage_publish_failed),
         relayed_records: g(&metrics.relayed_records),
+        upload_requests: g(&metrics.upload_requests),
+        settle_requests: g(&metrics.settle_requests),
     };
     let listener = match listener {
         Some((handle, _dir, load_end)) => {
@@ -194,6 +228,7 @@ pub async fn run(p: &PipelineParams, progress: &Progress) -> Result<PipelineResu
     })
 }
 
+#[derive(Default)]
 struct Measured {
     send: Throughput,
     send_latency: Latency,
@@ -224,21 +259,8 @@ async fn run_with_broker(
         s.purge().await.map_err(BenchError::nats)?;
         let _ = s.info().await;
     }
-    let listener = if p.record_stages {
-        let dir = tempfile::Builder::new()
-            .prefix("msgtrail-bench-listener-")
-            .tempdir()?;
-        let config = msgtrail_listener::ListenerConfig {
-            nats_url: p.nats_url.clone(),
-            data_dir: dir.path().to_owned(),
-            http_addr: "127.0.0.1:0".parse().expect("valid address"),
-            durable_name: format!("bench-{}", p.tag),
-            ..Default::default()
-        };
-        let handle = msgtrail_listener::start_with_client(config, admin.clone())
-            .await
-            .map_err(|e| BenchError::Listener(e.to_string()))?;
-        Some((handle, dir))
+    let listener = if p.listener == ListenerTiming::During {
+        Some(start_listener(p, &admin).await?)
     } else {
         None
     };
@@ -255,9 +277,11 @@ async fn run_with_broker(
         let nats = async_nats::connect(p.nats_url.as_str())
             .await
             .map_err(BenchError::nats)?;
+        let defaults = ProducerOptions::default();
         let options = ProducerOptions {
             report_stages: p.record_stages,
-            ..Default::default()
+            max_batch_messages: p.batch_messages.unwrap_or(defaults.max_batch_messages),
+            ..defaults
         };
         producers.push(Producer::connect_with(nats, ident, options).await?);
     }
@@ -266,8 +290,7 @@ async fn run_with_broker(
         let nats = async_nats::connect(p.nats_url.as_str())
             .await
             .map_err(BenchError::nats)?;
-        let c =
-            Consumer::connect_with(nats, ident, Duration::from_secs(10), p.record_stages).await?;
+        let c = Consumer::connect_with_options(nats, ident, consumer_options(p)).await?;
         // Creates the group's JetStream consumer before the clock starts.
         let warm = c.fetch(&sub, 1, Duration::ZERO).await?;
         if !warm.is_empty() {
@@ -276,7 +299,12 @@ async fn run_with_broker(
         consumers.push(c);
     }
 
-    let name = if p.record_stages { "S3" } else { "S2" };
+    let name = match (p.record_stages, p.listener, p.batch_messages) {
+        (false, _, Some(1)) => "S2 batch 1",
+        (false, ..) => "S2",
+        (true, ListenerTiming::During, _) => "S3L",
+        (true, ..) => "S3",
+    };
     let b = p.load.payload_bytes;
     let run = Drive {
         p,
@@ -288,17 +316,57 @@ async fn run_with_broker(
     let measured = run
         .drive(&p.load, progress, &format!("{name} {b} B"))
         .await?;
-    let paced = run
-        .drive(&p.paced, progress, &format!("{name} {b} B paced"))
-        .await?;
-    let load_end = Instant::now();
+    let paced = if p.paced.messages > 0 {
+        run.drive(&p.paced, progress, &format!("{name} {b} B paced"))
+            .await?
+    } else {
+        Measured::default()
+    };
     for pr in producers {
         let _ = pr.close().await;
     }
     for c in consumers {
         let _ = c.close().await;
     }
+    let load_end = Instant::now();
+    let listener = match listener {
+        Some(l) => Some(l),
+        None if p.listener == ListenerTiming::After => Some(start_listener(p, &admin).await?),
+        None => None,
+    };
     Ok((measured, paced, listener.map(|(h, d)| (h, d, load_end))))
+}
+
+/// The consumers' settings of a run: the SDK's defaults, or one settle per request.
+fn consumer_options(p: &PipelineParams) -> ConsumerOptions {
+    let defaults = ConsumerOptions::default();
+    ConsumerOptions {
+        timeout: Duration::from_secs(10),
+        report_stages: p.record_stages,
+        max_batch_messages: p.batch_messages.unwrap_or(defaults.max_batch_messages),
+        ..defaults
+    }
+}
+
+/// Starts a listener on its own store, reading the stage stream from the start.
+async fn start_listener(
+    p: &PipelineParams,
+    admin: &async_nats::Client,
+) -> Result<(msgtrail_listener::ListenerHandle, tempfile::TempDir), BenchError> {
+    let dir = tempfile::Builder::new()
+        .prefix("msgtrail-bench-listener-")
+        .tempdir()?;
+    let config = msgtrail_listener::ListenerConfig {
+        nats_url: p.nats_url.clone(),
+        data_dir: dir.path().to_owned(),
+        http_addr: "127.0.0.1:0".parse().expect("valid address"),
+        durable_name: format!("bench-{}", p.tag),
+        ..Default::default()
+    };
+    let handle = msgtrail_listener::start_with_client(config, admin.clone())
+        .await
+        .map_err(|e| BenchError::Listener(e.to_string()))?;
+    Ok((handle, dir))
 }
 
 /// The clients of one run, driving loads through the broker.
@@ -454,6 +522,7 @@ async fn listener_catch_up(
         let s = handle.stats(None);
         if s.ingest.batches >= stage_batches || Instant::now() > deadline {
             let out = ListenerIngest {
+                timing: p.listener,
                 records: s.ingest.records,
                 batches: s.ingest.batches,
                 catch_up_seconds: load_end.elapsed().as_secs_f64(),

@@ -70,6 +70,16 @@ pub struct Ratios {
     /// S2 end-to-end p99 ÷ S1 end-to-end p99, latency runs (no target; what the broker's
     /// hops cost).
     pub e2e_p99_s2_over_s1: f64,
+    /// S2 end-to-end p50 − S1 end-to-end p50 in the latency runs, milliseconds (target
+    /// ≤ +0.5 ms).
+    pub e2e_p50_s2_minus_s1_ms: f64,
+    /// S3L throughput (listener ingesting during the load, same cores) ÷ S2.
+    pub s3l_over_s2: f64,
+    /// S2 with one message per upload and settle request ÷ S1 pipeline: the path without
+    /// batching.
+    pub s2_batch1_over_s1: f64,
+    /// S2 ÷ S2 with one message per request: what batching gains.
+    pub batching_gain: f64,
 }
 
 /// S1, S2 and S3 of one payload size.
@@ -81,15 +91,26 @@ pub struct PayloadRun {
     pub s1: RawResult,
     /// msgtrail, recording off.
     pub s2: PipelineResult,
-    /// msgtrail, recording on, listener running.
+    /// msgtrail, recording on; the listener ingests after the load (own machine in
+    /// production, so outside the throughput window).
     pub s3: PipelineResult,
+    /// msgtrail, recording on, the listener ingesting during the load on the same cores.
+    pub s3l: PipelineResult,
+    /// msgtrail, recording off, one message per upload and settle request.
+    pub s2_batch1: PipelineResult,
     /// The ratios.
     pub ratios: Ratios,
 }
 
 impl PayloadRun {
-    /// Puts the three results together and computes the ratios.
-    pub fn new(s1: RawResult, s2: PipelineResult, s3: PipelineResult) -> Self {
+    /// Puts the results together and computes the ratios.
+    pub fn new(
+        s1: RawResult,
+        s2: PipelineResult,
+        s3: PipelineResult,
+        s3l: PipelineResult,
+        s2_batch1: PipelineResult,
+    ) -> Self {
         let ratios = Ratios {
             s2_over_s1: s2.throughput.per_sec / s1.pipeline.per_sec,
             s3_over_s2: s3.throughput.per_sec / s2.throughput.per_sec,
@@ -97,12 +118,18 @@ impl PayloadRun {
             e2e_p99_s3_over_s2: s3.paced.e2e.p99_ms / s2.paced.e2e.p99_ms,
             e2e_p99_s3_over_s2_saturated: s3.e2e.p99_ms / s2.e2e.p99_ms,
             e2e_p99_s2_over_s1: s2.paced.e2e.p99_ms / s1.paced.e2e.p99_ms,
+            e2e_p50_s2_minus_s1_ms: s2.paced.e2e.p50_ms - s1.paced.e2e.p50_ms,
+            s3l_over_s2: s3l.throughput.per_sec / s2.throughput.per_sec,
+            s2_batch1_over_s1: s2_batch1.throughput.per_sec / s1.pipeline.per_sec,
+            batching_gain: s2.throughput.per_sec / s2_batch1.throughput.per_sec,
         };
         PayloadRun {
             payload_bytes: s1.payload_bytes,
             s1,
             s2,
             s3,
+            s3l,
+            s2_batch1,
             ratios,
         }
     }
@@ -185,6 +212,12 @@ impl Report {
                 "≤ 1.10",
                 x.e2e_p99_s3_over_s2,
                 x.e2e_p99_s3_over_s2 <= 1.10,
+            ));
+            t.push(check(
+                format!("e2e p50 S2 − S1 at a fixed rate, ms, {b} B"),
+                "≤ +0.5",
+                x.e2e_p50_s2_minus_s1_ms,
+                x.e2e_p50_s2_minus_s1_ms <= 0.5,
             ));
         }
         let s4 = &self.s4;
@@ -346,10 +379,24 @@ fn pipeline_table(s: &mut String, title: &str, runs: &[PayloadRun]) {
         );
         row(
             s,
-            "S3 msgtrail, recording on",
+            "S2 batch 1, recording off",
+            r.s2_batch1.throughput.per_sec,
+            lat(&r.s2_batch1.e2e),
+            lat(&r.s2_batch1.send_latency),
+        );
+        row(
+            s,
+            "S3 recording on",
             r.s3.throughput.per_sec,
             lat(&r.s3.e2e),
             lat(&r.s3.send_latency),
+        );
+        row(
+            s,
+            "S3L + listener in window",
+            r.s3l.throughput.per_sec,
+            lat(&r.s3l.e2e),
+            lat(&r.s3l.send_latency),
         );
         for (name, x) in [
             ("S1 raw", &r.s1.paced),
@@ -362,11 +409,24 @@ fn pipeline_table(s: &mut String, title: &str, runs: &[PayloadRun]) {
         }
         let x = &r.ratios;
         let catch_up = r.s3.listener.as_ref().map_or(0.0, |l| l.catch_up_seconds);
+        let catch_up_l = r.s3l.listener.as_ref().map_or(0.0, |l| l.catch_up_seconds);
         let _ = writeln!(
             s,
-            "  {b:<7} ratios: S2/S1 {:.3}  S3/S2 {:.3}  stage msgs/msg {:.3} ({:.1} records/msg, {} dropped)  e2e p99 at {:.0}/s S3/S2 {:.3}  S2/S1 {:.3} (saturated S3/S2 {:.3})  listener caught up {:.2} s after the load",
+            "  {b:<7} ratios: S2/S1 {:.3} (batch 1: {:.3}, batching ×{:.2}; mean batch {:.1} uploads, {:.1} settles)  S3/S2 {:.3}  S3L/S2 {:.3}  e2e p50 at the fixed rate S2−S1 {:+.2} ms  listener ingest after the load {:.2} s (in window: caught up {:.2} s after)",
             x.s2_over_s1,
+            x.s2_batch1_over_s1,
+            x.batching_gain,
+            r.s2.broker.uploads as f64 / r.s2.broker.upload_requests.max(1) as f64,
+            r.s2.broker.acks as f64 / r.s2.broker.settle_requests.max(1) as f64,
             x.s3_over_s2,
+            x.s3l_over_s2,
+            x.e2e_p50_s2_minus_s1_ms,
+            catch_up,
+            catch_up_l,
+        );
+        let _ = writeln!(
+            s,
+            "  {b:<7} ratios: stage msgs/msg {:.3} ({:.1} records/msg, {} dropped)  e2e p99 at {:.0}/s S3/S2 {:.3}  S2/S1 {:.3} (saturated S3/S2 {:.3})",
             x.stage_messages_per_message,
             r.s3.stage_records_per_message,
             r.s3.broker.stage_dropped,
@@ -374,7 +434,6 @@ fn pipeline_table(s: &mut String, title: &str, runs: &[PayloadRun]) {
             x.e2e_p99_s3_over_s2,
             x.e2e_p99_s2_over_s1,
             x.e2e_p99_s3_over_s2_saturated,
-            catch_up,
         );
     }
 }

@@ -5,7 +5,7 @@
 use crate::config::BenchConfig;
 use crate::error::BenchError;
 use crate::measure::Progress;
-use crate::pipeline::PipelineParams;
+use crate::pipeline::{ListenerTiming, PipelineParams};
 use crate::raw::Load;
 use crate::report::{Machine, PayloadRun, Report};
 use crate::{export, ingest, lookup, pipeline, raw};
@@ -149,17 +149,33 @@ async fn variant(
             &format!("{label}{size} B"),
         )
         .await?;
-        let params = |record: bool| PipelineParams {
-            nats_url: url.to_owned(),
-            load: load.clone(),
-            paced: paced.clone(),
-            record_stages: record,
-            tag: format!("{}_{size}", if record { "s3" } else { "s2" }),
+        let params = |tag: &str, listener: ListenerTiming, batch: Option<usize>| {
+            PipelineParams {
+                nats_url: url.to_owned(),
+                load: load.clone(),
+                // The latency runs compare S1, S2 and S3; the other variants only report
+                // throughput.
+                paced: if tag == "s2" || tag == "s3" {
+                    paced.clone()
+                } else {
+                    Load {
+                        messages: 0,
+                        ..paced.clone()
+                    }
+                },
+                record_stages: listener != ListenerTiming::None,
+                listener,
+                batch_messages: batch,
+                tag: format!("{tag}_{size}"),
+            }
         };
-        let s2 = pipeline::run(&params(false), progress).await?;
-        let s3 = pipeline::run(&params(true), progress).await?;
+        let s2 = pipeline::run(&params("s2", ListenerTiming::None, None), progress).await?;
+        let s2_batch1 =
+            pipeline::run(&params("s2b1", ListenerTiming::None, Some(1)), progress).await?;
+        let s3 = pipeline::run(&params("s3", ListenerTiming::After, None), progress).await?;
         recorded.extend(pipeline::stage_batches(&client).await?);
-        runs.push(PayloadRun::new(s1, s2, s3));
+        let s3l = pipeline::run(&params("s3l", ListenerTiming::During, None), progress).await?;
+        runs.push(PayloadRun::new(s1, s2, s3, s3l, s2_batch1));
     }
     // Leave msgtrail's streams empty, as the next run expects them on a shared server.
     let js = async_nats::jetstream::new(client.clone());

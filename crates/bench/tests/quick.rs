@@ -75,6 +75,14 @@ async fn quick_run_reports_every_scenario() {
                 "ratios.e2e_p99_s3_over_s2",
                 "ratios.e2e_p99_s2_over_s1",
                 "ratios.e2e_p99_s3_over_s2_saturated",
+                "ratios.s3l_over_s2",
+                "ratios.s2_batch1_over_s1",
+                "ratios.batching_gain",
+                "s2_batch1.throughput.per_sec",
+                "s2_batch1.broker.uploads",
+                "s3l.throughput.per_sec",
+                "s3l.listener.records",
+                "s3l.listener.batches",
                 "s1.paced.e2e.count",
                 "s2.paced.e2e.p99_ms",
                 "s3.paced.e2e.p99_ms",
@@ -82,6 +90,17 @@ async fn quick_run_reports_every_scenario() {
             ] {
                 positive(&p(s));
             }
+            // One message per upload and settle request without batching.
+            assert_eq!(
+                num(&json, &p("s2_batch1.broker.upload_requests")),
+                num(&json, &p("s2_batch1.broker.uploads")),
+                "{table}"
+            );
+            assert_eq!(
+                num(&json, &p("s2_batch1.broker.settle_requests")),
+                num(&json, &p("s2_batch1.broker.acks")),
+                "{table}"
+            );
             // Recording off writes no stage stream.
             assert_eq!(num(&json, &p("s2.broker.stage_batches")), 0.0, "{table}");
             assert_eq!(

@@ -10,6 +10,10 @@ use std::sync::Mutex;
 pub struct Metrics {
     /// Messages stored.
     pub uploads: AtomicU64,
+    /// Upload requests (single or batch): `uploads` ÷ this is the mean batch size.
+    pub upload_requests: AtomicU64,
+    /// Settle requests (single ack or batch).
+    pub settle_requests: AtomicU64,
     /// Uploads suppressed as duplicates.
     pub duplicates: AtomicU64,
     /// Deliveries sent (pull and push, including redeliveries).
@@ -74,6 +78,8 @@ impl Metrics {
         let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
         serde_json::json!({
             "uploads": g(&self.uploads),
+            "upload_requests": g(&self.upload_requests),
+            "settle_requests": g(&self.settle_requests),
             "duplicates": g(&self.duplicates),
             "deliveries": g(&self.deliveries),
             "redeliveries": g(&self.redeliveries),

@@ -111,6 +111,11 @@ impl Handlers {
     async fn handle(&self, kind: Kind, msg: &async_nats::Message) -> Result<Bytes, WireError> {
         let p = &msg.payload;
         match kind {
+            Kind::Upload | Kind::UploadBatch => Metrics::inc(&self.metrics.upload_requests),
+            Kind::Ack | Kind::Settle => Metrics::inc(&self.metrics.settle_requests),
+            _ => {}
+        }
+        match kind {
             Kind::Challenge => json(
                 &self
                     .channels
