@@ -36,7 +36,8 @@ pub struct ListenerConfig {
     pub http_addr: SocketAddr,
     /// Bearer token required on `/api/*` and `/metrics`; `None` leaves them open.
     pub token: Option<String>,
-    /// Name of the durable consumer on the stage stream.
+    /// Name of the durable consumer on the stage stream; the consumer on the message stream
+    /// (store evidence) is named after it, `<durable_name>-stored`.
     pub durable_name: String,
     /// Most stage-stream messages applied in one store transaction.
     pub batch_size: usize,
@@ -68,6 +69,11 @@ pub struct ListenerConfig {
     /// Where the page links a message's trace (Jaeger or Grafana); the CLI reads
     /// `MSGTRAIL_TRACE_UI_URL` (`msgtrail_otel::TraceUi::from_env`).
     pub trace_ui: Option<msgtrail_otel::TraceUi>,
+    /// Recover P2/P3 of stored messages from the message stream itself (their headers and
+    /// JetStream's stored time; see [`crate::evidence`]). On by default: brokers that stamp
+    /// their stored messages no longer write P2/P3 to the stage stream. Off, the listener
+    /// reads the stage stream alone (`msgtrail listener --no-store-evidence`).
+    pub store_evidence: bool,
 }
 
 impl Default for ListenerConfig {
@@ -91,6 +97,7 @@ impl Default for ListenerConfig {
             stats_window: Duration::from_secs(300),
             otel: None,
             trace_ui: None,
+            store_evidence: true,
         }
     }
 }
@@ -116,6 +123,7 @@ impl fmt::Debug for ListenerConfig {
             .field("stats_window", &self.stats_window)
             .field("otel", &self.otel)
             .field("trace_ui", &self.trace_ui)
+            .field("store_evidence", &self.store_evidence)
             .finish()
     }
 }

@@ -3,6 +3,10 @@
 //!
 //! A crash between commit and ack makes JetStream redeliver the batch; the store skips the
 //! records it already holds, so nothing is lost and nothing is applied twice.
+//!
+//! [`apply`] is shared by both ingest sources: [`run`] here turns stage-stream messages into
+//! a [`Batch`], [`crate::evidence`] turns stored messages of the message stream into one
+//! (their recovered P2/P3), and each batch is one store transaction followed by the acks.
 
 use crate::error::ListenerError;
 use crate::export::ExportSender;
@@ -12,6 +16,7 @@ use async_nats::jetstream::{self, consumer, stream, AckKind};
 use futures::StreamExt;
 use msgtrail_core::record::decode_batch;
 use msgtrail_core::subjects::{STAGE_STREAM, STAGE_SUBJECT};
+use msgtrail_core::StageRecord;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -101,33 +106,72 @@ pub async fn run(
         if msgs.is_empty() {
             continue;
         }
-        apply(&msgs, &store, &stats, exporter.as_ref()).await;
+        let batch = decode_stage_messages(msgs, &stats).await;
+        apply(batch, &store, &stats, exporter.as_ref()).await;
     }
     Ok(())
 }
 
-#[tracing::instrument(skip_all, fields(messages = msgs.len()))]
-async fn apply(
-    msgs: &[jetstream::Message],
-    store: &Arc<Store>,
-    stats: &Arc<Stats>,
-    exporter: Option<&ExportSender>,
-) {
-    let mut records = Vec::new();
-    let mut good = Vec::with_capacity(msgs.len());
-    let mut oldest_published: Option<i128> = None;
+/// Where a [`Batch`] comes from, for the statistics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// Stage-stream messages (batches of records the broker wrote).
+    Stages,
+    /// Stored messages of the message stream, their P2/P3 recovered by
+    /// [`crate::evidence`]; `without_evidence` of them yielded no record.
+    Stored {
+        /// Messages that carried no store evidence (acked all the same).
+        without_evidence: u64,
+    },
+}
+
+/// One store transaction's worth of work: the records to apply and the JetStream messages
+/// they came from, acknowledged only once the transaction committed. Both ingest sources
+/// (the stage stream here, the message stream in [`crate::evidence`]) end in [`apply`].
+#[derive(Debug)]
+pub struct Batch {
+    /// Where the messages come from.
+    pub source: Source,
+    /// The records, in any order.
+    pub records: Vec<StageRecord>,
+    /// The messages to ack after the commit (or to nak when the store fails).
+    pub acks: Vec<jetstream::Message>,
+    /// The oldest JetStream stored time among `acks`, Unix nanoseconds (for the lag).
+    pub oldest_published: Option<i128>,
+}
+
+impl Batch {
+    /// An empty batch from `source`.
+    pub fn new(source: Source) -> Self {
+        Batch {
+            source,
+            records: Vec::new(),
+            acks: Vec::new(),
+            oldest_published: None,
+        }
+    }
+
+    /// Adds a message to acknowledge after the commit, noting its stored time.
+    pub fn ack_after_commit(&mut self, m: jetstream::Message) {
+        if let Ok(info) = m.info() {
+            let p = info.published.unix_timestamp_nanos();
+            self.oldest_published = Some(self.oldest_published.map_or(p, |o| o.min(p)));
+        }
+        self.acks.push(m);
+    }
+}
+
+/// Decodes stage-stream messages into a batch; a message that can never decode is counted
+/// and terminated at once (it would come back forever).
+async fn decode_stage_messages(msgs: Vec<jetstream::Message>, stats: &Stats) -> Batch {
+    let mut batch = Batch::new(Source::Stages);
     for m in msgs {
         match decode_batch(&m.payload) {
             Ok(rs) => {
-                records.extend(rs);
-                good.push(m);
-                if let Ok(info) = m.info() {
-                    let p = info.published.unix_timestamp_nanos();
-                    oldest_published = Some(oldest_published.map_or(p, |o| o.min(p)));
-                }
+                batch.records.extend(rs);
+                batch.ack_after_commit(m);
             }
             Err(e) => {
-                // A batch that can never decode would come back forever: count and drop it.
                 tracing::warn!(error = %e, "undecodable stage batch dropped");
                 stats.decode_error();
                 if let Err(e) = m.ack_with(AckKind::Term).await {
@@ -136,33 +180,80 @@ async fn apply(
             }
         }
     }
+    batch
+}
+
+/// Applies a batch to the store in one transaction, then acknowledges its messages: after
+/// the commit, so that a crash loses nothing (JetStream redelivers what was not acked, and
+/// the store skips the records it already holds). When the store fails the messages are
+/// nak'd and come back a second later.
+#[tracing::instrument(skip_all, fields(messages = batch.acks.len(), records = batch.records.len()))]
+pub async fn apply(
+    batch: Batch,
+    store: &Arc<Store>,
+    stats: &Arc<Stats>,
+    exporter: Option<&ExportSender>,
+) {
+    let Batch {
+        source,
+        records,
+        acks,
+        oldest_published,
+    } = batch;
+    if acks.is_empty() && records.is_empty() {
+        return;
+    }
     let now = msgtrail_core::time::now_nanos();
-    let st = store.clone();
-    let result = tokio::task::spawn_blocking(move || st.apply(records, now)).await;
+    // Stored messages that all carried no evidence need no transaction, only their acks.
+    let result = if records.is_empty() && matches!(source, Source::Stored { .. }) {
+        Ok(Ok(None))
+    } else {
+        let st = store.clone();
+        tokio::task::spawn_blocking(move || st.apply(records, now).map(Some)).await
+    };
     match result {
         Ok(Ok(mut outcome)) => {
-            stats.record_batch(good.len() as u64, &outcome, now);
-            if let Some(x) = exporter {
-                x.offer(std::mem::take(&mut outcome.trajectories));
+            let lag_ms = oldest_published.map(|p| (now as i128 - p).max(0) as f64 / 1e6);
+            match source {
+                Source::Stages => {
+                    // Stage batches always go through the store (above).
+                    if let Some(o) = &outcome {
+                        stats.record_batch(acks.len() as u64, o, now);
+                    }
+                    if let Some(l) = lag_ms {
+                        stats.set_last_lag(l);
+                    }
+                }
+                Source::Stored { without_evidence } => {
+                    stats.record_stored_batch(
+                        acks.len() as u64,
+                        without_evidence,
+                        outcome.as_ref(),
+                        now,
+                    );
+                    if let Some(l) = lag_ms {
+                        stats.set_stored_last_lag(l);
+                    }
+                }
             }
-            if let Some(p) = oldest_published {
-                stats.set_last_lag((now as i128 - p).max(0) as f64 / 1e6);
+            if let (Some(x), Some(o)) = (exporter, outcome.as_mut()) {
+                x.offer(std::mem::take(&mut o.trajectories));
             }
-            for m in good {
+            for m in acks {
                 if let Err(e) = m.ack().await {
-                    tracing::warn!(error = %e, "ack of a stage batch failed; it will be redelivered and skipped");
+                    tracing::warn!(error = %e, ?source, "ack failed; the message will be redelivered and its records skipped");
                 }
             }
         }
         Ok(Err(e)) => {
-            tracing::error!(error = %e, "store failed; the batch will be redelivered");
+            tracing::error!(error = %e, ?source, "store failed; the messages will be redelivered");
             stats.store_error();
-            for m in good {
+            for m in acks {
                 let _ = m.ack_with(AckKind::Nak(Some(Duration::from_secs(1)))).await;
             }
         }
         Err(e) => {
-            tracing::error!(error = %e, "store task panicked; the batch will be redelivered");
+            tracing::error!(error = %e, ?source, "store task panicked; the messages will be redelivered");
             stats.store_error();
         }
     }

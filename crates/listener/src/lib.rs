@@ -2,8 +2,15 @@
 //!
 //! The listener of seed 001: it reads every stage record from the stage stream, keeps a
 //! shadow message per message, assembles trajectories on demand, keeps statistics, and
-//! serves all of it over HTTP. It never talks to the broker: the stage stream (durable,
-//! JetStream) is the only link, so a slow or stopped listener never slows the broker.
+//! serves all of it over HTTP. It never talks to the broker: the stage stream and the
+//! message stream (durable, JetStream) are the only links, so a slow or stopped listener
+//! never slows the broker.
+//!
+//! Two ingest sources feed the store: the stage stream (every record the broker and the
+//! clients reported) and the message stream, whose stored messages carry the evidence of
+//! their own store hop — P2 and P3 are recovered from their headers and JetStream's stored
+//! time ([`evidence`]), so a broker crash between storing a message and writing its records
+//! loses nothing.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), msgtrail_listener::ListenerError> {
@@ -20,7 +27,7 @@
 //!
 //! ## Guarantees
 //! - **Nothing lost, nothing doubled**: a batch is committed (fsynced) before its
-//!   stage-stream messages are acked; redelivered records are recognised by
+//!   stage-stream (or message-stream) messages are acked; redelivered records are recognised by
 //!   `StageRecord::dedup_key` and skipped (tests kill a listener process with SIGKILL
 //!   mid-backlog and restart it).
 //! - **Order does not matter**: records are merged per message and the trajectory is
@@ -43,7 +50,11 @@
 //! - [`error`]: configuration, runtime, store and query errors.
 //! - [`export`]: changed trajectories to the OTLP pipeline of `msgtrail-otel`, never
 //!   blocking ingest.
-//! - [`ingest`]: the durable pull consumer on the stage stream; batches, ack after commit.
+//! - [`ingest`]: the durable pull consumer on the stage stream; batches, ack after commit
+//!   ([`ingest::apply`], shared by both sources).
+//! - [`evidence`]: store evidence — the durable headers-only consumer on the message stream
+//!   (`<durable_name>-stored`), P2/P3 recovered from each stored message, waiting for the
+//!   stream when the broker has not created it yet.
 //! - [`store`]: the embedded redb store: records per message, shadow-message summaries and
 //!   their indexes, counters, retention.
 //! - [`stats`]: HDR latency histograms, counts by state, funnel, lag; Prometheus text.
@@ -56,6 +67,7 @@ pub mod cache;
 pub mod client;
 pub mod config;
 pub mod error;
+pub mod evidence;
 pub mod export;
 pub mod http;
 pub mod ingest;
@@ -180,7 +192,9 @@ impl ListenerHandle {
 
 /// Starts the listener: validates the configuration, opens the store, connects to NATS
 /// (`nats_url`, `nats_credentials`), creates (or gets) the stage stream and the durable
-/// consumer, binds the HTTP API, and spawns ingest, the watchdog and the server.
+/// consumer, binds the HTTP API, and spawns ingest, store-evidence ingest (when
+/// `store_evidence` is on; it waits for the message stream on its own), the watchdog and
+/// the server.
 pub async fn start(config: ListenerConfig) -> Result<ListenerHandle, ListenerError> {
     config.validate()?;
     let mut opts = async_nats::ConnectOptions::new().name("msgtrail-listener");
@@ -278,6 +292,21 @@ pub async fn start_with_client(
         config.batch_size,
         stop_rx.clone(),
     ));
+    if config.store_evidence {
+        tasks.spawn(evidence::run(
+            evidence::EvidenceSource {
+                js: js.clone(),
+                name: evidence::consumer_name(&config.durable_name),
+                batch_size: config.batch_size,
+                ack_wait: config.ack_wait,
+                poll_interval: config.watchdog_interval,
+            },
+            store.clone(),
+            stats.clone(),
+            exporter.clone(),
+            stop_rx.clone(),
+        ));
+    }
     tasks.spawn(housekeeping(
         config.clone(),
         consumer,

@@ -55,7 +55,8 @@ pub struct LatencyRow {
     pub total: LatencyStats,
 }
 
-/// How far the listener is behind the stage stream.
+/// How far the listener is behind the stage stream, and behind the message stream it
+/// recovers store evidence from (the `stored_*` fields).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct IngestLag {
     /// Stage-stream messages not yet delivered to the listener.
@@ -66,6 +67,21 @@ pub struct IngestLag {
     pub last_lag_ms: Option<f64>,
     /// When the lag was last polled, Unix nanoseconds.
     pub polled_at: Option<u64>,
+    /// Stored messages (message stream) not yet delivered to the listener's store-evidence
+    /// consumer.
+    #[serde(default)]
+    pub stored_pending: u64,
+    /// Stored messages delivered to it and not yet acknowledged (being applied).
+    #[serde(default)]
+    pub stored_ack_pending: u64,
+    /// Age of the last applied stored message (since JetStream stored it) when it was
+    /// applied, milliseconds.
+    #[serde(default)]
+    pub stored_last_lag_ms: Option<f64>,
+    /// When the store-evidence consumer was last polled, Unix nanoseconds; `None` while the
+    /// message stream does not exist yet or store evidence is off.
+    #[serde(default)]
+    pub stored_polled_at: Option<u64>,
 }
 
 /// Messages that reached each step (each counted once).
@@ -115,6 +131,16 @@ pub struct IngestCounts {
     pub decode_errors: u64,
     /// Store failures since start (the batch is redelivered later).
     pub store_errors: u64,
+    /// Stored messages of the message stream applied since start (store evidence: their
+    /// P2/P3 committed, then acked), including those that carried no evidence. With the
+    /// stage-stream `batches`, what tells that the listener caught up with both sources.
+    #[serde(default)]
+    pub stored_messages: u64,
+    /// Of `stored_messages`, those that yielded no record: no `Msgtrail-Received-At` header
+    /// (stored with stage recording off, or by a broker that wrote P2/P3 itself), or headers
+    /// that name no valid message ID.
+    #[serde(default)]
+    pub stored_without_evidence: u64,
 }
 
 /// The statistics as the API serves them (`GET /api/stats`).
@@ -292,11 +318,35 @@ impl Stats {
         g.states.retain(|_, v| *v > 0);
     }
 
-    /// Records what a batch changed.
+    /// Records what a batch of stage-stream messages changed.
     pub fn record_batch(&self, batches: u64, outcome: &ApplyOutcome, now: u64) {
+        self.lock().ingest.batches += batches;
+        self.record_outcome(outcome, now);
+    }
+
+    /// Records what a batch of stored messages (store evidence) changed; `outcome` is `None`
+    /// when none of them carried evidence, so that no transaction was needed.
+    pub fn record_stored_batch(
+        &self,
+        messages: u64,
+        without_evidence: u64,
+        outcome: Option<&ApplyOutcome>,
+        now: u64,
+    ) {
+        {
+            let mut g = self.lock();
+            g.ingest.stored_messages += messages;
+            g.ingest.stored_without_evidence += without_evidence;
+        }
+        if let Some(o) = outcome {
+            self.record_outcome(o, now);
+        }
+    }
+
+    /// Records what one store transaction changed.
+    fn record_outcome(&self, outcome: &ApplyOutcome, now: u64) {
         self.apply_state_changes(&outcome.state_changes);
         let mut g = self.lock();
-        g.ingest.batches += batches;
         g.ingest.transactions += 1;
         g.ingest.repeated_records += outcome.repeated_records;
         for (k, v) in &outcome.counters {
@@ -354,6 +404,19 @@ impl Stats {
     /// Sets the age of the last applied stage-stream message.
     pub fn set_last_lag(&self, lag_ms: f64) {
         self.lock().lag.last_lag_ms = Some(lag_ms);
+    }
+
+    /// Sets the lag figures of the store-evidence consumer on the message stream.
+    pub fn set_stored_pending(&self, pending: u64, ack_pending: u64, now: u64) {
+        let mut g = self.lock();
+        g.lag.stored_pending = pending;
+        g.lag.stored_ack_pending = ack_pending;
+        g.lag.stored_polled_at = Some(now);
+    }
+
+    /// Sets the age of the last applied stored message.
+    pub fn set_stored_last_lag(&self, lag_ms: f64) {
+        self.lock().lag.stored_last_lag_ms = Some(lag_ms);
     }
 
     /// A snapshot, optionally of one topic's latencies only.
@@ -544,6 +607,30 @@ pub fn prometheus(s: &StatsSnapshot) -> String {
         vec![(String::new(), s.ingest.repeated_records as f64)],
     );
     metric(
+        "msgtrail_listener_stored_messages_total",
+        "counter",
+        "Stored messages of the message stream applied as store evidence (P2/P3), since start.",
+        vec![(String::new(), s.ingest.stored_messages as f64)],
+    );
+    metric(
+        "msgtrail_listener_stored_without_evidence_total",
+        "counter",
+        "Stored messages that carried no store evidence (no Msgtrail-Received-At), since start.",
+        vec![(String::new(), s.ingest.stored_without_evidence as f64)],
+    );
+    metric(
+        "msgtrail_listener_stored_pending_messages",
+        "gauge",
+        "Stored messages not yet delivered to the listener's store-evidence consumer.",
+        vec![(String::new(), s.lag.stored_pending as f64)],
+    );
+    metric(
+        "msgtrail_listener_stored_ack_pending_messages",
+        "gauge",
+        "Stored messages delivered to the store-evidence consumer and not yet applied.",
+        vec![(String::new(), s.lag.stored_ack_pending as f64)],
+    );
+    metric(
         "msgtrail_listener_pending_messages",
         "gauge",
         "Stage-stream messages not yet delivered to the listener.",
@@ -560,6 +647,15 @@ pub fn prometheus(s: &StatsSnapshot) -> String {
         "gauge",
         "Age of the last applied stage-stream message when it was applied.",
         vec![(String::new(), s.lag.last_lag_ms.unwrap_or(0.0) / 1000.0)],
+    );
+    metric(
+        "msgtrail_listener_stored_lag_seconds",
+        "gauge",
+        "Age of the last applied stored message (since JetStream stored it) when it was applied.",
+        vec![(
+            String::new(),
+            s.lag.stored_last_lag_ms.unwrap_or(0.0) / 1000.0,
+        )],
     );
     let mut rows = Vec::new();
     for r in &s.latency {

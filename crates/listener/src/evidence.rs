@@ -1,0 +1,572 @@
+//! Store evidence: P2 (upload received, ID assigned) and P3 (stored) recovered from the
+//! stored message itself, so that they survive a broker crash or a stage-stream outage
+//! (DESIGN.md §3.13).
+//!
+//! When stage recording is on, the broker stamps every message it stores in
+//! `MSGTRAIL_MESSAGES` with headers (`msgtrail_core::headers`): `Msgtrail-Received-At` (when
+//! it received the upload, Unix nanoseconds, decimal), `Msgtrail-Broker-Service` and
+//! optionally `Msgtrail-Payload-Head`, next to `Msgtrail-Message-Id`, `Msgtrail-Request-Id`,
+//! `Msgtrail-Producer`, `Msgtrail-Topic`, `Msgtrail-Attempt`, `Msgtrail-Attr-<key>` and
+//! `traceparent`. Those headers are stored atomically with the message, and JetStream
+//! records when it stored it: together they are the store hop.
+//!
+//! ## How the parts meet
+//! - [`run`] waits for the message stream (the broker creates it; until then it retries
+//!   every second and logs once), then reads it through a durable pull consumer named
+//!   `<durable_name>-stored` ([`consumer_config`]: filter `msgtrail.msg.>`, headers only,
+//!   deliver all, explicit acks). Headers-only delivery keeps payloads off the wire;
+//!   JetStream then adds `Nats-Msg-Size`, the payload size.
+//! - [`records_of`] turns one stored message into its P2 and P3 [`StageRecord`]s — the same
+//!   fields and the same P2 time as the P2 the broker itself used to write, plus the outcome
+//!   [`RECOVERED`], so that the store's dedup key ([`StageRecord::dedup_key`], which leaves
+//!   the outcome out) recognises either P2 as the other, and trajectory assembly lets a
+//!   broker's own P3 (its PubAck time) win over the recovered one (JetStream's stored time)
+//!   while brokers still write both. A message without `Msgtrail-Received-At` (recording
+//!   off, or an older broker that wrote P2/P3 itself) yields nothing.
+//! - The records of a chunk of stored messages form one [`crate::ingest::Batch`], applied by
+//!   [`crate::ingest::apply`] exactly like a stage-stream batch: one store transaction, then
+//!   the acks. A crash before the acks makes JetStream redeliver; the store skips what it
+//!   already holds, so every message gets its P2/P3 once.
+//! - The statistics count the messages (`ingest.stored_messages`,
+//!   `ingest.stored_without_evidence`) and the consumer's lag (`lag.stored_*`), polled here.
+//!
+//! Trajectory assembly (`msgtrail_core::trajectory`) merges records per message ID whatever
+//! their source and order: a P2/P3 recovered after the deliveries were recorded (the store
+//! hop is inferred from the delivery until then), or before the producer's P1, gives the
+//! same trajectory in the end.
+
+use crate::error::ListenerError;
+use crate::export::ExportSender;
+use crate::ingest::{apply, Batch, Source};
+use crate::stats::Stats;
+use crate::store::Store;
+use async_nats::jetstream::{self, consumer, stream};
+use async_nats::HeaderMap;
+use futures::StreamExt;
+use msgtrail_core::headers as h;
+use msgtrail_core::subjects::{topic_of_subject, MESSAGE_STREAM, MESSAGE_SUBJECT_PREFIX};
+pub use msgtrail_core::trajectory::RECOVERED;
+use msgtrail_core::{ClientId, MessageId, RequestId, Stage, StageRecord};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// Header JetStream adds to a message delivered by a headers-only consumer: the size of the
+/// payload it left out, in bytes.
+pub const NATS_MSG_SIZE: &str = "Nats-Msg-Size";
+
+/// Suffix of the store-evidence consumer's name: `<durable_name>-stored`.
+pub const CONSUMER_SUFFIX: &str = "-stored";
+
+/// How often [`run`] looks for the message stream while it does not exist.
+pub const STREAM_RETRY: Duration = Duration::from_secs(1);
+
+/// The name of the store-evidence consumer of a listener whose stage-stream consumer is
+/// `durable`.
+pub fn consumer_name(durable: &str) -> String {
+    format!("{durable}{CONSUMER_SUFFIX}")
+}
+
+/// The store-evidence consumer: every stored message (`msgtrail.msg.>`) from the start of
+/// the stream, headers only, each acknowledged explicitly once its records are committed.
+pub fn consumer_config(
+    name: &str,
+    batch_size: usize,
+    ack_wait: Duration,
+) -> consumer::pull::Config {
+    consumer::pull::Config {
+        durable_name: Some(name.to_owned()),
+        description: Some("msgtrail listener: store evidence (P2/P3) of stored messages".into()),
+        filter_subject: format!("{MESSAGE_SUBJECT_PREFIX}.>"),
+        headers_only: true,
+        ack_policy: consumer::AckPolicy::Explicit,
+        ack_wait,
+        max_ack_pending: (batch_size * 8).max(1024) as i64,
+        deliver_policy: consumer::DeliverPolicy::All,
+        ..Default::default()
+    }
+}
+
+/// Why a stored message with a `Msgtrail-Received-At` header gave no record.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("stored message {stream_seq}: {reason}")]
+pub struct EvidenceError {
+    /// Its sequence in the message stream.
+    pub stream_seq: u64,
+    /// What was wrong with its headers.
+    pub reason: String,
+}
+
+/// What JetStream says about a stored message besides its headers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoredAt<'a> {
+    /// Its subject, `msgtrail.msg.<topic>` (the topic when `Msgtrail-Topic` is missing).
+    pub subject: &'a str,
+    /// Its sequence in the message stream.
+    pub stream_seq: u64,
+    /// When JetStream stored it, Unix nanoseconds (the message's `published` time).
+    pub stored_at: u64,
+    /// The payload size when there is no `Nats-Msg-Size` header (a consumer that delivers
+    /// payloads).
+    pub payload_len: usize,
+}
+
+fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers.get(name).map(|v| v.as_str())
+}
+
+/// The P2 and P3 of a stored message, from its headers and where JetStream stored it.
+///
+/// `Ok(None)` when the message carries no `Msgtrail-Received-At` (stored with stage
+/// recording off, or by a broker that wrote P2/P3 to the stage stream itself). An error when
+/// it does but `Msgtrail-Received-At` is not a decimal number or `Msgtrail-Message-Id` is not
+/// a message ID: such records could not be placed on any trajectory.
+///
+/// Both records carry the message ID, request ID, producer, topic, upload attempt
+/// (`Msgtrail-Attempt`; absent means 1, as for an upload), the broker's `service.name` and
+/// the outcome [`RECOVERED`] (what tells them from the broker's own records).
+/// P2 is at `Msgtrail-Received-At` with the attributes (`Msgtrail-Attr-<key>`, keys
+/// lowercase), `traceparent`, payload size (`Nats-Msg-Size`) and payload head
+/// (`Msgtrail-Payload-Head`); P3 is at the stored time with the stream sequence. Optional
+/// headers that do not parse are left out.
+pub fn records_of(
+    headers: &HeaderMap,
+    at: StoredAt<'_>,
+) -> Result<Option<[StageRecord; 2]>, EvidenceError> {
+    let Some(received) = header(headers, h::RECEIVED_AT) else {
+        return Ok(None);
+    };
+    let bad = |reason: String| EvidenceError {
+        stream_seq: at.stream_seq,
+        reason,
+    };
+    let received_at: u64 = received.trim().parse().map_err(|_| {
+        bad(format!(
+            "{} is {received:?}, not Unix nanoseconds",
+            h::RECEIVED_AT
+        ))
+    })?;
+    let message_id: MessageId = header(headers, h::MESSAGE_ID)
+        .ok_or_else(|| bad(format!("{} without {}", h::RECEIVED_AT, h::MESSAGE_ID)))?
+        .parse()
+        .map_err(|e| bad(format!("{}: {e}", h::MESSAGE_ID)))?;
+    let request_id = header(headers, h::REQUEST_ID).and_then(|v| RequestId::new(v).ok());
+    let producer = header(headers, h::PRODUCER).and_then(|v| ClientId::new(v).ok());
+    let topic = header(headers, h::TOPIC)
+        .or_else(|| topic_of_subject(at.subject))
+        .map(str::to_owned);
+    let attempt = match header(headers, h::ATTEMPT) {
+        None => Some(1),
+        Some(v) => v.trim().parse::<u32>().ok(),
+    };
+    let service = header(headers, h::BROKER_SERVICE).map(str::to_owned);
+    let base = |stage: Stage, when: u64| {
+        let mut r = StageRecord::at(stage, when);
+        r.message_id = Some(message_id);
+        r.request_id = request_id.clone();
+        r.producer = producer.clone();
+        r.topic = topic.clone();
+        r.attempt = attempt;
+        r.service = service.clone();
+        r.outcome = Some(RECOVERED.to_owned());
+        r
+    };
+
+    let mut p2 = base(Stage::UploadReceived, received_at);
+    for (name, values) in headers.iter() {
+        let name: &str = name.as_ref();
+        let n = h::ATTR_PREFIX.len();
+        if name.len() > n && name[..n].eq_ignore_ascii_case(h::ATTR_PREFIX) {
+            if let Some(v) = values.first() {
+                p2.attrs
+                    .insert(name[n..].to_ascii_lowercase(), v.as_str().to_owned());
+            }
+        }
+    }
+    p2.traceparent = header(headers, h::TRACEPARENT).map(str::to_owned);
+    p2.payload_size = Some(
+        header(headers, NATS_MSG_SIZE)
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(at.payload_len as u64),
+    );
+    p2.payload_head = header(headers, h::PAYLOAD_HEAD)
+        .filter(|v| !v.is_empty())
+        .map(str::to_owned);
+
+    let mut p3 = base(Stage::Stored, at.stored_at);
+    p3.stream_seq = Some(at.stream_seq);
+    Ok(Some([p2, p3]))
+}
+
+/// Turns a chunk of stored messages into one batch: the records of those that carry
+/// evidence, every message to be acked after the commit.
+fn batch_of(msgs: Vec<jetstream::Message>) -> Batch {
+    let mut batch = Batch::new(Source::Stored {
+        without_evidence: 0,
+    });
+    batch.records.reserve(msgs.len() * 2);
+    let mut without_evidence = 0u64;
+    for m in msgs {
+        let found = match m.info() {
+            Ok(info) => {
+                let stored_at = info.published.unix_timestamp_nanos().max(0) as u64;
+                let empty = HeaderMap::new();
+                records_of(
+                    m.headers.as_ref().unwrap_or(&empty),
+                    StoredAt {
+                        subject: m.subject.as_str(),
+                        stream_seq: info.stream_sequence,
+                        stored_at,
+                        payload_len: m.payload.len(),
+                    },
+                )
+            }
+            Err(e) => Err(EvidenceError {
+                stream_seq: 0,
+                reason: format!("no JetStream metadata: {e}"),
+            }),
+        };
+        match found {
+            Ok(Some(rs)) => batch.records.extend(rs),
+            Ok(None) => without_evidence += 1,
+            Err(e) => {
+                // Acked all the same: its headers will not get any better on redelivery.
+                tracing::warn!(error = %e, "stored message without usable store evidence");
+                without_evidence += 1;
+            }
+        }
+        batch.ack_after_commit(m);
+    }
+    batch.source = Source::Stored { without_evidence };
+    batch
+}
+
+/// Why reading the message stream stopped.
+enum Ended {
+    /// The listener is stopping.
+    Stopped,
+    /// The consumer went away (stream or consumer deleted): wait for the stream again.
+    Lost(String),
+}
+
+/// Everything [`run`] needs.
+#[derive(Debug, Clone)]
+pub struct EvidenceSource {
+    /// JetStream of the listener's connection.
+    pub js: jetstream::Context,
+    /// The consumer's name (see [`consumer_name`]).
+    pub name: String,
+    /// Most stored messages applied in one store transaction.
+    pub batch_size: usize,
+    /// How long JetStream waits for an ack before redelivering.
+    pub ack_wait: Duration,
+    /// How often the consumer's lag is polled.
+    pub poll_interval: Duration,
+}
+
+/// Applies the store evidence of stored messages until `stop` turns true. Never fails for a
+/// missing message stream: it waits for it (retrying every [`STREAM_RETRY`]), and goes back
+/// to waiting when the stream or the consumer is deleted.
+pub async fn run(
+    source: EvidenceSource,
+    store: Arc<Store>,
+    stats: Arc<Stats>,
+    exporter: Option<ExportSender>,
+    mut stop: watch::Receiver<bool>,
+) -> Result<(), ListenerError> {
+    loop {
+        let Some(consumer) = wait_for_consumer(&source, &mut stop).await else {
+            return Ok(());
+        };
+        tracing::info!(
+            stream = MESSAGE_STREAM,
+            consumer = %source.name,
+            "reading store evidence from the message stream"
+        );
+        match read(
+            &source,
+            consumer,
+            &store,
+            &stats,
+            exporter.as_ref(),
+            &mut stop,
+        )
+        .await
+        {
+            Ended::Stopped => return Ok(()),
+            Ended::Lost(why) => {
+                tracing::warn!(reason = %why, "store-evidence consumer lost; waiting for the message stream again");
+            }
+        }
+    }
+}
+
+/// Gets (or creates) the consumer once the message stream exists; `None` when stopped first.
+async fn wait_for_consumer(
+    source: &EvidenceSource,
+    stop: &mut watch::Receiver<bool>,
+) -> Option<consumer::PullConsumer> {
+    let mut logged = false;
+    loop {
+        let attempt = async {
+            let stream: stream::Stream = source
+                .js
+                .get_stream(MESSAGE_STREAM)
+                .await
+                .map_err(|e| format!("message stream {MESSAGE_STREAM}: {e}"))?;
+            stream
+                .get_or_create_consumer(
+                    &source.name,
+                    consumer_config(&source.name, source.batch_size, source.ack_wait),
+                )
+                .await
+                .map_err(|e| format!("store-evidence consumer {}: {e}", source.name))
+        };
+        let result = tokio::select! {
+            _ = crate::stopped(stop) => return None,
+            r = attempt => r,
+        };
+        match result {
+            Ok(c) => return Some(c),
+            Err(e) if !logged => {
+                tracing::info!(error = %e, "store evidence waits for the message stream (the broker creates it); retrying every second");
+                logged = true;
+            }
+            Err(e) => tracing::debug!(error = %e, "message stream still unavailable"),
+        }
+        tokio::select! {
+            _ = crate::stopped(stop) => return None,
+            _ = tokio::time::sleep(STREAM_RETRY) => {}
+        }
+    }
+}
+
+/// Reads the consumer until stopped or until it goes away.
+async fn read(
+    source: &EvidenceSource,
+    consumer: consumer::PullConsumer,
+    store: &Arc<Store>,
+    stats: &Arc<Stats>,
+    exporter: Option<&ExportSender>,
+    stop: &mut watch::Receiver<bool>,
+) -> Ended {
+    let mut info_consumer = consumer.clone();
+    let messages = match consumer
+        .stream()
+        .max_messages_per_batch(source.batch_size)
+        .heartbeat(Duration::from_secs(5))
+        .expires(Duration::from_secs(30))
+        .messages()
+        .await
+    {
+        Ok(m) => m,
+        Err(e) => return Ended::Lost(format!("pull: {e}")),
+    };
+    let mut chunks = messages.ready_chunks(source.batch_size);
+    let mut poll = tokio::time::interval(source.poll_interval);
+    poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let chunk = tokio::select! {
+            _ = crate::stopped(stop) => return Ended::Stopped,
+            _ = poll.tick() => {
+                match info_consumer.info().await {
+                    Ok(info) => stats.set_stored_pending(
+                        info.num_pending,
+                        info.num_ack_pending as u64,
+                        msgtrail_core::time::now_nanos(),
+                    ),
+                    Err(e) => tracing::debug!(error = %e, "store-evidence consumer info unavailable"),
+                }
+                continue;
+            }
+            c = chunks.next() => match c {
+                Some(c) => c,
+                None => return Ended::Lost("the consumer's message stream ended".into()),
+            },
+        };
+        let mut msgs = Vec::with_capacity(chunk.len());
+        for m in chunk {
+            match m {
+                Ok(m) => msgs.push(m),
+                Err(e) if e.kind() == consumer::pull::MessagesErrorKind::ConsumerDeleted => {
+                    return Ended::Lost(e.to_string());
+                }
+                Err(e) => tracing::warn!(error = %e, "store-evidence consumer error"),
+            }
+        }
+        if msgs.is_empty() {
+            continue;
+        }
+        apply(batch_of(msgs), store, stats, exporter).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SEQ: u64 = 17;
+    const STORED: u64 = 1_700_000_000_123_456_789;
+
+    fn at() -> StoredAt<'static> {
+        StoredAt {
+            subject: "msgtrail.msg.orders.eu",
+            stream_seq: SEQ,
+            stored_at: STORED,
+            payload_len: 0,
+        }
+    }
+
+    /// The headers of a message the broker stored, except those named in `without`.
+    fn stamped_without(id: MessageId, without: &[&str]) -> HeaderMap {
+        let id = id.to_string();
+        let all = [
+            (h::NATS_MSG_ID, "shop:ord-1"),
+            (h::MESSAGE_ID, id.as_str()),
+            (h::REQUEST_ID, "ord-1"),
+            (h::PRODUCER, "shop"),
+            (h::PRODUCER_SERVICE, "shop-svc"),
+            (h::TOPIC, "orders.eu"),
+            (h::ATTEMPT, "2"),
+            ("Msgtrail-Attr-Category", "refund"),
+            ("Msgtrail-Attr-region", "eu"),
+            (
+                h::TRACEPARENT,
+                "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            ),
+            (h::RECEIVED_AT, "1700000000100000000"),
+            (h::BROKER_SERVICE, "broker-a"),
+            (h::PAYLOAD_HEAD, "aGVsbG8="),
+            (NATS_MSG_SIZE, "5"),
+        ];
+        let mut m = HeaderMap::new();
+        for (k, v) in all {
+            if !without.contains(&k) {
+                m.insert(k, v);
+            }
+        }
+        m
+    }
+
+    fn stamped(id: MessageId) -> HeaderMap {
+        stamped_without(id, &[])
+    }
+
+    #[test]
+    fn a_stamped_message_gives_p2_and_p3() {
+        let id = MessageId::new();
+        let [p2, p3] = records_of(&stamped(id), at()).unwrap().unwrap();
+        assert_eq!(
+            (p2.stage, p2.at),
+            (Stage::UploadReceived, 1_700_000_000_100_000_000)
+        );
+        assert_eq!((p3.stage, p3.at), (Stage::Stored, STORED));
+        for r in [&p2, &p3] {
+            assert_eq!(r.message_id, Some(id));
+            assert_eq!(r.request_id.as_ref().map(|r| r.as_str()), Some("ord-1"));
+            assert_eq!(r.producer.as_ref().map(|p| p.as_str()), Some("shop"));
+            assert_eq!(r.topic.as_deref(), Some("orders.eu"));
+            assert_eq!(r.attempt, Some(2));
+            assert_eq!(r.service.as_deref(), Some("broker-a"));
+            assert_eq!((r.consumer.as_ref(), r.group.as_ref()), (None, None));
+            assert_eq!(r.outcome.as_deref(), Some(RECOVERED));
+            assert_eq!(r.detail, None);
+        }
+        assert_eq!(
+            p2.attrs.iter().collect::<Vec<_>>(),
+            vec![
+                (&"category".to_owned(), &"refund".to_owned()),
+                (&"region".to_owned(), &"eu".to_owned())
+            ]
+        );
+        assert_eq!(p2.payload_size, Some(5));
+        assert_eq!(p2.payload_head.as_deref(), Some("aGVsbG8="));
+        assert!(p2.traceparent.is_some());
+        assert_eq!(p2.stream_seq, None);
+        assert_eq!(p3.stream_seq, Some(SEQ));
+        assert!(p3.attrs.is_empty() && p3.payload_size.is_none() && p3.traceparent.is_none());
+    }
+
+    #[test]
+    fn p2_matches_the_brokers_own_p2() {
+        // What the broker wrote to the stage stream before it stamped messages
+        // (crates/broker/src/upload.rs): the same dedup key, so the store keeps one.
+        let id = MessageId::new();
+        let mut broker = StageRecord::at(Stage::UploadReceived, 1_700_000_000_100_000_000);
+        broker.message_id = Some(id);
+        broker.request_id = Some(RequestId::new("ord-1").unwrap());
+        broker.producer = Some(ClientId::new("shop").unwrap());
+        broker.topic = Some("orders.eu".into());
+        broker.attempt = Some(2);
+        broker.service = Some("broker-a".into());
+        broker.attrs.insert("category".into(), "refund".into());
+        broker.attrs.insert("region".into(), "eu".into());
+        broker.traceparent = Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into());
+        broker.payload_size = Some(5);
+        broker.payload_head = Some("aGVsbG8=".into());
+        let [p2, _] = records_of(&stamped(id), at()).unwrap().unwrap();
+        assert_eq!(p2.dedup_key(), broker.dedup_key());
+        // Field for field the broker's, but for the outcome that says where it came from.
+        broker.outcome = Some(RECOVERED.into());
+        assert_eq!(p2, broker);
+    }
+
+    #[test]
+    fn no_received_at_gives_nothing() {
+        let m = stamped_without(MessageId::new(), &[h::RECEIVED_AT]);
+        assert_eq!(records_of(&m, at()).unwrap(), None);
+        assert_eq!(records_of(&HeaderMap::new(), at()).unwrap(), None);
+    }
+
+    #[test]
+    fn unusable_evidence_is_an_error() {
+        let mut m = stamped(MessageId::new());
+        m.insert(h::RECEIVED_AT, "yesterday");
+        let e = records_of(&m, at()).unwrap_err();
+        assert_eq!(e.stream_seq, SEQ);
+        assert!(e.reason.contains(h::RECEIVED_AT), "{e}");
+        let m = stamped_without(MessageId::new(), &[h::MESSAGE_ID]);
+        assert!(records_of(&m, at())
+            .unwrap_err()
+            .reason
+            .contains(h::MESSAGE_ID));
+        let mut m = stamped(MessageId::new());
+        m.insert(h::MESSAGE_ID, "not-an-id");
+        assert!(records_of(&m, at()).is_err());
+    }
+
+    #[test]
+    fn defaults_for_missing_optional_headers() {
+        let id = MessageId::new();
+        let mut m = HeaderMap::new();
+        m.insert(h::MESSAGE_ID, id.to_string().as_str());
+        m.insert(h::RECEIVED_AT, "42");
+        let mut stored = at();
+        stored.payload_len = 9;
+        let [p2, p3] = records_of(&m, stored).unwrap().unwrap();
+        // The topic from the subject, attempt 1 as for an upload without the header, the
+        // payload size from the delivered payload.
+        assert_eq!(p2.topic.as_deref(), Some("orders.eu"));
+        assert_eq!((p2.attempt, p3.attempt), (Some(1), Some(1)));
+        assert_eq!(p2.payload_size, Some(9));
+        assert_eq!(
+            (p2.payload_head.as_ref(), p2.service.as_ref()),
+            (None, None)
+        );
+        assert!(p2.attrs.is_empty());
+    }
+
+    #[test]
+    fn the_consumer_reads_headers_of_every_stored_message() {
+        let c = consumer_config(
+            &consumer_name("msgtrail-listener"),
+            16,
+            Duration::from_secs(3),
+        );
+        assert_eq!(c.durable_name.as_deref(), Some("msgtrail-listener-stored"));
+        assert_eq!(c.filter_subject, "msgtrail.msg.>");
+        assert!(c.headers_only);
+        assert_eq!(c.ack_policy, consumer::AckPolicy::Explicit);
+        assert_eq!(c.deliver_policy, consumer::DeliverPolicy::All);
+    }
+}
