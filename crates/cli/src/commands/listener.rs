@@ -104,6 +104,12 @@ pub struct Args {
     /// Width of the sliding window of the latency percentiles.
     #[arg(long, default_value = "5m", value_parser = parse_long_duration)]
     pub stats_window: Duration,
+    /// Do not recover P2/P3 (received, stored) from the stored messages' headers in the
+    /// message stream; read the stage stream alone. Brokers that stamp their stored
+    /// messages no longer write P2/P3 to the stage stream, so their messages then have no
+    /// store hop.
+    #[arg(long)]
+    pub no_store_evidence: bool,
 }
 
 impl Args {
@@ -129,6 +135,7 @@ impl Args {
                 .then_some(self.retention_max_age),
             retention_max_bytes: (self.retention_max_size > 0).then_some(self.retention_max_size),
             stats_window: self.stats_window,
+            store_evidence: !self.no_store_evidence,
             ..Default::default()
         }
     }
