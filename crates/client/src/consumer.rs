@@ -39,7 +39,7 @@ use crate::channel::{decode, frame_budget, request_json, request_raw, Channel, D
 use crate::error::ClientError;
 use crate::hooks::{DeliveryInfo, HookEvent, Hooks};
 use crate::identity::Identity;
-use crate::reporter::{Outbox, Reporter, Reporting};
+use crate::reporter::{self, Outbox, Reporter, Reporting};
 use base64::Engine;
 use bytes::Bytes;
 use futures::future::BoxFuture;
@@ -224,7 +224,7 @@ impl Settles {
         let (reports, ticket) = match &self.outbox {
             Some(o) => {
                 let (r, t) = o.take(
-                    frame::MAX_REPORTED_RECORDS,
+                    reporter::MAX_RECORDS_PER_REQUEST,
                     spare_bytes.saturating_sub(SETTLE_FRAME_OVERHEAD),
                 );
                 (r, Some(t))

@@ -278,7 +278,7 @@ impl Uploads {
         let (reports, ticket) = match &self.outbox {
             Some(o) => {
                 let (r, t) = o.take(
-                    frame::MAX_REPORTED_RECORDS,
+                    reporter::MAX_RECORDS_PER_REQUEST,
                     spare_bytes.saturating_sub(UPLOAD_FRAME_OVERHEAD),
                 );
                 (r, Some(t))

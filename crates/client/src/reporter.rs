@@ -7,7 +7,7 @@
 //!
 //! The outbox empties three ways:
 //! - **riding along**: the upload and settle batchers take what it holds (up to
-//!   [`frame::MAX_REPORTED_RECORDS`] records, within the request's byte bound) into the
+//!   [`MAX_RECORDS_PER_REQUEST`] records, within the request's byte bound) into the
 //!   batch request they are about to send, so under load reports cost no request of their own;
 //! - **flushed**: records no batch took within [`LINGER`] are sent as one binary report to
 //!   the broker's stage subject (`msgtrail.v1.stage`);
@@ -35,6 +35,10 @@ use tokio::sync::{mpsc, Notify};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 
+/// Most records one request carries, riding along or alone: the broker accepts at most 1000
+/// per report (docs/PROTOCOL.md §11) and refuses a larger lot whole, although a frame could
+/// hold [`frame::MAX_REPORTED_RECORDS`].
+pub const MAX_RECORDS_PER_REQUEST: usize = 1000;
 /// Longest a record waits in the outbox for a batch to take it before it is sent alone.
 pub const LINGER: Duration = Duration::from_millis(20);
 /// Queue length of the reporting hook (events waiting to become records).
@@ -427,7 +431,7 @@ async fn run(
     let mut open = true;
     let take = |outbox: &Arc<Outbox>| {
         outbox.take(
-            frame::MAX_REPORTED_RECORDS,
+            MAX_RECORDS_PER_REQUEST,
             max_bytes.saturating_sub(REPORT_FRAME_OVERHEAD),
         )
     };

@@ -72,8 +72,14 @@ fn delivery(token: &str, payload: &'static [u8]) -> DeliveredMessage {
     }
 }
 
-/// Records are refused whole when one carries the token "bad-report".
+/// Records are refused whole when one carries the token "bad-report", or when there are more
+/// than the broker takes in one request.
 fn take_reports(script: &Script, reports: Vec<ReportedRecord>) -> ReportsOutcome {
+    assert!(
+        reports.len() <= 1000,
+        "{} records in one request",
+        reports.len()
+    );
     if reports.iter().any(|r| r.token == "bad-report") {
         return ReportsOutcome {
             accepted: 0,
