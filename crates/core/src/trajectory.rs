@@ -859,6 +859,8 @@ impl<'a> Builder<'a> {
                 .or(p4_at)
                 .or(p3_at)
                 .or_else(|| send_recs.iter().map(|r| r.at).min())
+                // An inferred store hop starts at the first delivery: so does its send.
+                .or(store_hop.as_ref().map(|h| h.start))
                 .unwrap_or(0);
             let (end, status, reason) = if synthesized {
                 let st = store_hop.as_ref().expect("store hop exists");
@@ -1951,5 +1953,27 @@ mod tests {
         recs.push(up(Stage::Stored, 3, true));
         let t = Trajectory::assemble(recs, &AssembleOptions::default()).unwrap();
         assert_eq!(t.hop("store").unwrap().end, Some(T0 + 3 * MS));
+    }
+
+    #[test]
+    fn deliveries_alone_give_hops_on_their_own_time_axis() {
+        let recs = vec![
+            dl(Stage::PullSent, 10, "billing", "b-1", 1),
+            dl(Stage::PullReceived, 11, "billing", "b-1", 1),
+            dl(Stage::PullAckSent, 12, "billing", "b-1", 1),
+            with_outcome(
+                dl(Stage::PullAckReceived, 13, "billing", "b-1", 1),
+                "ack",
+                None,
+            ),
+        ];
+        let t = Trajectory::assemble(recs, &AssembleOptions::default()).unwrap();
+        let send = t.hop("send").unwrap();
+        assert!(send.synthesized);
+        assert_eq!(send.start, T0 + 10 * MS);
+        for (segment, nanos) in t.segment_latencies() {
+            assert!(nanos < 60_000 * MS, "{segment:?} = {nanos} ns");
+        }
+        assert!(t.first_at >= T0);
     }
 }
