@@ -95,6 +95,8 @@ pub struct ListenerIngest {
     pub records: u64,
     /// Stage-stream messages applied.
     pub batches: u64,
+    /// Stored messages read as store evidence (P2/P3 from the message stream).
+    pub stored_messages: u64,
     /// When the listener ran.
     pub timing: ListenerTiming,
     /// Seconds from the end of the load (the latency run, after the throughput run) until
@@ -202,9 +204,9 @@ pub async fn run(p: &PipelineParams, progress: &Progress) -> Result<PipelineResu
         settle_requests: g(&metrics.settle_requests),
     };
     let listener = match listener {
-        Some((handle, _dir, load_end)) => {
-            Some(listener_catch_up(p, handle, broker.stage_batches, load_end).await?)
-        }
+        Some((handle, _dir, load_end)) => Some(
+            listener_catch_up(p, handle, broker.stage_batches, broker.uploads, load_end).await?,
+        ),
         None => None,
     };
     let per = |n: u64| n as f64 / broker.uploads.max(1) as f64;
@@ -515,16 +517,19 @@ async fn listener_catch_up(
     p: &PipelineParams,
     handle: msgtrail_listener::ListenerHandle,
     stage_batches: u64,
+    stored: u64,
     load_end: Instant,
 ) -> Result<ListenerIngest, BenchError> {
     let deadline = Instant::now() + p.load.timeout;
     loop {
         let s = handle.stats(None);
-        if s.ingest.batches >= stage_batches || Instant::now() > deadline {
+        let caught_up = s.ingest.batches >= stage_batches && s.ingest.stored_messages >= stored;
+        if caught_up || Instant::now() > deadline {
             let out = ListenerIngest {
                 timing: p.listener,
                 records: s.ingest.records,
                 batches: s.ingest.batches,
+                stored_messages: s.ingest.stored_messages,
                 catch_up_seconds: load_end.elapsed().as_secs_f64(),
                 decode_errors: s.ingest.decode_errors,
                 store_errors: s.ingest.store_errors,
@@ -533,7 +538,7 @@ async fn listener_catch_up(
                 .shutdown()
                 .await
                 .map_err(|e| BenchError::Listener(e.to_string()))?;
-            if out.batches < stage_batches {
+            if !caught_up {
                 return Err(BenchError::Timeout {
                     scenario: format!("{} listener ingest", p.tag),
                     secs: p.load.timeout.as_secs(),
