@@ -65,6 +65,11 @@ pub struct StageRecord {
     pub payload_head: Option<String>,
 }
 
+/// The outcome of a P2 or P3 that the listener recovered from the stored message itself
+/// (its `Msgtrail-Received-At` header and JetStream's stored time) rather than read from the
+/// broker's records.
+pub const RECOVERED: &str = "recovered";
+
 /// Why a stage record or batch could not be decoded.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -111,11 +116,19 @@ impl StageRecord {
         }
     }
 
+    /// Whether this is a P2/P3 the listener recovered from the stored message itself rather
+    /// than one the broker wrote ([`RECOVERED`]).
+    pub fn is_recovered(&self) -> bool {
+        self.outcome.as_deref() == Some(RECOVERED)
+    }
+
     /// A stable key that identifies this record among redeliveries of the same batch: the
-    /// listener applies a record once per key.
+    /// listener applies a record once per key. A recovered record has a key of its own, so
+    /// that the broker's record of the same stage is never dropped for it (the assembly
+    /// prefers the broker's).
     pub fn dedup_key(&self) -> String {
         format!(
-            "{}|{}|{}|{}|{}|{}|{}|{}",
+            "{}|{}|{}|{}|{}|{}|{}|{}{}",
             self.stage,
             self.at,
             self.message_id.map(|m| m.to_string()).unwrap_or_default(),
@@ -133,6 +146,7 @@ impl StageRecord {
                 .unwrap_or_default(),
             self.group.as_ref().map(|r| r.as_str()).unwrap_or_default(),
             self.attempt.unwrap_or(0),
+            if self.is_recovered() { "|recovered" } else { "" },
         )
     }
 

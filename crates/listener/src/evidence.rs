@@ -17,12 +17,12 @@
 //!   deliver all, explicit acks). Headers-only delivery keeps payloads off the wire;
 //!   JetStream then adds `Nats-Msg-Size`, the payload size.
 //! - [`records_of`] turns one stored message into its P2 and P3 [`StageRecord`]s — the same
-//!   fields and the same P2 time as the P2 the broker itself used to write, plus the outcome
-//!   [`RECOVERED`], so that the store's dedup key ([`StageRecord::dedup_key`], which leaves
-//!   the outcome out) recognises either P2 as the other, and trajectory assembly lets a
-//!   broker's own P3 (its PubAck time) win over the recovered one (JetStream's stored time)
-//!   while brokers still write both. A message without `Msgtrail-Received-At` (recording
-//!   off, or an older broker that wrote P2/P3 itself) yields nothing.
+//!   fields and the same P2 time as the P2 the broker writes, plus the outcome [`RECOVERED`].
+//!   A recovered record has a dedup key of its own ([`StageRecord::dedup_key`]), so the store
+//!   keeps the broker's record whichever arrives first, and trajectory assembly uses a
+//!   recovered P2/P3 only where the broker's own is missing (lost in a crash or an outage).
+//!   A message without `Msgtrail-Received-At` (recording off, or an older broker) yields
+//!   nothing.
 //! - The records of a chunk of stored messages form one [`crate::ingest::Batch`], applied by
 //!   [`crate::ingest::apply`] exactly like a stage-stream batch: one store transaction, then
 //!   the acks. A crash before the acks makes JetStream redeliver; the store skips what it
@@ -489,8 +489,9 @@ mod tests {
 
     #[test]
     fn p2_matches_the_brokers_own_p2() {
-        // What the broker wrote to the stage stream before it stamped messages
-        // (crates/broker/src/upload.rs): the same dedup key, so the store keeps one.
+        // What the broker writes to the stage stream (crates/broker/src/upload.rs): the same
+        // record but for the outcome, and a dedup key of its own, so the store keeps both and
+        // the assembly prefers the broker's.
         let id = MessageId::new();
         let mut broker = StageRecord::at(Stage::UploadReceived, 1_700_000_000_100_000_000);
         broker.message_id = Some(id);
@@ -505,7 +506,7 @@ mod tests {
         broker.payload_size = Some(5);
         broker.payload_head = Some("aGVsbG8=".into());
         let [p2, _] = records_of(&stamped(id), at()).unwrap().unwrap();
-        assert_eq!(p2.dedup_key(), broker.dedup_key());
+        assert_eq!(p2.dedup_key(), format!("{}|recovered", broker.dedup_key()));
         // Field for field the broker's, but for the outcome that says where it came from.
         broker.outcome = Some(RECOVERED.into());
         assert_eq!(p2, broker);

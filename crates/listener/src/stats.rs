@@ -166,7 +166,8 @@ pub struct StatsSnapshot {
     pub funnel: Funnel,
     /// Notable events (all topics).
     pub events: EventCounts,
-    /// Records per stage code.
+    /// Records per stage code; P2/P3 recovered from stored messages count under
+    /// `P2.recovered` / `P3.recovered`.
     pub stages: BTreeMap<String, u64>,
     /// Ingest counters.
     pub ingest: IngestCounts,

@@ -759,7 +759,14 @@ impl Store {
                 // Events also count per topic, once the message's topic is known (below).
                 let mut topic_events: Vec<&'static str> = Vec::new();
                 for (stage, outcome) in &fresh_inserted {
-                    let stage_counter = format!("{COUNTER_STAGE_PREFIX}{stage}");
+                    // Recovered P2/P3 (store evidence) count apart: most stand beside the
+                    // broker's own record of the same stage.
+                    let stage_counter =
+                        if outcome.as_deref() == Some(msgtrail_core::record::RECOVERED) {
+                            format!("{COUNTER_STAGE_PREFIX}{stage}.recovered")
+                        } else {
+                            format!("{COUNTER_STAGE_PREFIX}{stage}")
+                        };
                     t.bump(&stage_counter, 1, &mut out.counters)?;
                     match (*stage, outcome.as_deref()) {
                         (Stage::Redelivery, Some("dead_letter")) => {
