@@ -1,5 +1,6 @@
 //! Connecting to NATS with the usual options: server URLs, user and password, token, creds
-//! file, nkey seed, TLS. The broker, the listener and the CLI use the same options.
+//! file, nkey seed, TLS, inbox prefix. The broker, the listener and the CLI use the same
+//! options.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -29,6 +30,12 @@ pub struct NatsOptions {
     pub require_tls: bool,
     /// Connection name shown by the server's monitoring.
     pub name: Option<String>,
+    /// Prefix of this connection's inboxes instead of `_INBOX` (async-nats
+    /// `custom_inbox_prefix`): replies to its requests and pushed messages arrive on
+    /// `<prefix>.<random>…`. Where clients must not see each other's replies, NATS lets each
+    /// user subscribe only to its own prefix (deploy/nats/accounts.conf: `_INBOX_CLIENT.<id>`),
+    /// and the client must then connect with that prefix.
+    pub inbox_prefix: Option<String>,
 }
 
 impl fmt::Debug for NatsOptions {
@@ -46,6 +53,7 @@ impl fmt::Debug for NatsOptions {
             .field("tls_key", &self.tls_key)
             .field("require_tls", &self.require_tls)
             .field("name", &self.name)
+            .field("inbox_prefix", &self.inbox_prefix)
             .finish()
     }
 }
@@ -116,6 +124,10 @@ impl NatsOptions {
         if let Some(name) = &self.name {
             opts = opts.name(name.clone());
         }
+        if let Some(prefix) = &self.inbox_prefix {
+            check_inbox_prefix(prefix)?;
+            opts = opts.custom_inbox_prefix(prefix);
+        }
         // Every URL is a seed: the client tries them all, and learns the rest of the cluster.
         let addrs = self
             .urls
@@ -132,9 +144,25 @@ impl NatsOptions {
     }
 }
 
+/// An inbox prefix is one or more subject tokens: no wildcard, no empty token, no whitespace.
+fn check_inbox_prefix(prefix: &str) -> Result<(), ConnectError> {
+    let ok = !prefix.is_empty()
+        && prefix.split('.').all(|t| {
+            !t.is_empty() && t != "*" && t != ">" && !t.contains(|c: char| c.is_whitespace())
+        });
+    if ok {
+        Ok(())
+    } else {
+        Err(ConnectError::Options(format!(
+            "invalid inbox prefix {prefix:?}: use subject tokens without wildcards, such as _INBOX_CLIENT.shop"
+        )))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use futures::StreamExt;
 
     #[tokio::test]
     async fn every_url_is_a_seed_and_bad_urls_are_named() {
@@ -152,5 +180,38 @@ mod tests {
         let bad = NatsOptions::url("nats://[not a url");
         let err = bad.connect().await.unwrap_err().to_string();
         assert!(err.contains("invalid NATS URL"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn inbox_prefix_is_applied_and_checked() {
+        let server = msgtrail_test_support::NatsServer::start().unwrap();
+        let opts = NatsOptions {
+            inbox_prefix: Some("_INBOX_CLIENT.shop".into()),
+            ..NatsOptions::url(server.url())
+        };
+        let client = opts.connect().await.expect("connects");
+        // new_inbox is what push subscriptions use; requests build their reply subject on it.
+        assert!(client.new_inbox().starts_with("_INBOX_CLIENT.shop."));
+        let echo = client.clone();
+        let mut sub = echo.subscribe("echo").await.unwrap();
+        let responder = tokio::spawn(async move {
+            let m = sub.next().await.unwrap();
+            let reply = m.reply.unwrap();
+            echo.publish(reply.clone(), "pong".into()).await.unwrap();
+            reply
+        });
+        client.flush().await.unwrap();
+        let pong = client.request("echo", "ping".into()).await.unwrap();
+        assert_eq!(&pong.payload[..], b"pong");
+        let reply = responder.await.unwrap();
+        assert!(reply.starts_with("_INBOX_CLIENT.shop."), "{reply}");
+        for bad in ["", "_INBOX.>", "a..b", "a.*", "has space", "trailing."] {
+            let opts = NatsOptions {
+                inbox_prefix: Some(bad.into()),
+                ..NatsOptions::url(server.url())
+            };
+            let err = opts.connect().await.unwrap_err().to_string();
+            assert!(err.contains("invalid inbox prefix"), "{bad:?}: {err}");
+        }
     }
 }
