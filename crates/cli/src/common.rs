@@ -40,6 +40,11 @@ pub struct NatsArgs {
     /// PEM client key for TLS.
     #[arg(long, env = "NATS_KEY", global = true)]
     pub tls_key: Option<PathBuf>,
+    /// Inbox prefix of the connection instead of _INBOX: replies and pushed messages arrive
+    /// under it. Required where the NATS user may subscribe only to its own prefix, such as
+    /// _INBOX_CLIENT.<id> in deploy/nats/accounts.conf.
+    #[arg(long, env = "NATS_INBOX_PREFIX", global = true)]
+    pub inbox_prefix: Option<String>,
 }
 
 impl NatsArgs {
@@ -77,6 +82,12 @@ impl NatsArgs {
             tls_key: self.tls_key.clone(),
             require_tls: false,
             name: Some("msgtrail".into()),
+            inbox_prefix: self
+                .inbox_prefix
+                .as_deref()
+                .map(str::trim)
+                .filter(|p| !p.is_empty())
+                .map(str::to_owned),
         })
     }
 }
