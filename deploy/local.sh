@@ -78,6 +78,6 @@ K=deploy/msgtrail/demo-keys
 cat <<EOF
 running (logs in $DIR/logs; spans in $DIR/logs/spans.log; stop with: deploy/local.sh stop)
   NATS     nats://127.0.0.1:14221 .. 14223   listener http://127.0.0.1:17380
-send:     $BIN send --nats-url nats://127.0.0.1:14221 --nats-nkey $K/shop.nk --client-id shop --seed-file $K/shop.nk --topic orders.eu --data hello
-consume:  $BIN consume --nats-url nats://127.0.0.1:14222 --nats-nkey $K/billing-1.nk --client-id billing-1 --seed-file $K/billing-1.nk --topic 'orders.>' --group billing --pull --max 1
+send:     $BIN send --nats-url nats://127.0.0.1:14221 --nats-nkey $K/shop.nk --inbox-prefix _INBOX_CLIENT.shop --client-id shop --seed-file $K/shop.nk --topic orders.eu --data hello
+consume:  $BIN consume --nats-url nats://127.0.0.1:14222 --nats-nkey $K/billing-1.nk --inbox-prefix _INBOX_CLIENT.billing-1 --client-id billing-1 --seed-file $K/billing-1.nk --topic 'orders.>' --group billing --pull --max 1
 EOF

@@ -2,9 +2,11 @@
 //! the Grafana dashboard loads, the NATS config passes `nats-server -t`, and the 3-node
 //! JetStream cluster starts **from the same config files** as plain processes on loopback,
 //! takes an R3 stream, and enforces the permissions: clients may only send requests to
-//! `msgtrail.v1.>`, never publish into the streams or call the JetStream API — and two real
-//! brokers, the SDK's producer and consumer (authenticated by the demo nkeys) and the
-//! listener's durable consumer all work within those permissions.
+//! `msgtrail.v1.>` and read their own inbox prefix (`_INBOX_CLIENT.<id>`), never publish into
+//! the streams, call the JetStream API or read another client's replies — and two real
+//! brokers, the SDK's producer and consumer (authenticated by the demo nkeys, connected with
+//! their inbox prefixes) and the listener's durable consumers all work within those
+//! permissions.
 //!
 //! YAML is parsed with `serde_norway`, the maintained fork of the archived `serde_yaml` (same
 //! API, libyaml-based, YAML 1.1 merge keys via `apply_merge`, which compose's `<<: *anchor`
@@ -14,8 +16,8 @@ use futures::StreamExt;
 use msgtrail_broker::{BrokerConfig, ClientRegistry};
 use msgtrail_client::{Consumer, Identity, NatsOptions, Outgoing, Producer, PushOptions};
 use msgtrail_core::record::decode_batch;
-use msgtrail_core::wire::Subscription;
-use msgtrail_core::{ClientId, Stage};
+use msgtrail_core::wire::{ChallengeReply, ChallengeRequest, OpenReply, OpenRequest, Subscription};
+use msgtrail_core::{ClientId, Role, Stage};
 use msgtrail_test_support::find_nats_server;
 use serde_norway::Value;
 use std::path::{Path, PathBuf};
@@ -26,6 +28,12 @@ use std::time::{Duration, Instant};
 const BROKER_PASSWORD: &str = "test-broker-secret";
 const LISTENER_PASSWORD: &str = "test-listener-secret";
 const CLIENT_PASSWORD: &str = "test-client-secret";
+
+/// The inbox prefix deploy/nats/accounts.conf gives the client user `user` (the demo nkey
+/// users are named after their client IDs, the password user is `client`).
+fn inbox_prefix(user: &str) -> String {
+    format!("_INBOX_CLIENT.{user}")
+}
 
 fn deploy_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy")
@@ -425,8 +433,8 @@ async fn wait_for_error(errors: &Errors, needle: &str) -> bool {
     false
 }
 
-/// Connects as the `listener` user and opens its durable consumer on the stage stream, as
-/// the listener does.
+/// Connects as the `listener` user and opens a durable consumer on the stage stream, as the
+/// listener does (under a name of its own, so that it does not share the real listener's).
 async fn listener_reader(
     urls: &[async_nats::ServerAddr],
 ) -> (
@@ -448,9 +456,9 @@ async fn listener_reader(
         .expect("stage stream info");
     let reader = stages
         .get_or_create_consumer(
-            "msgtrail-listener",
+            "deploy-test-reader",
             async_nats::jetstream::consumer::pull::Config {
-                durable_name: Some("msgtrail-listener".into()),
+                durable_name: Some("deploy-test-reader".into()),
                 ..Default::default()
             },
         )
@@ -499,6 +507,41 @@ async fn assert_publish_refused(client: &async_nats::Client, errors: &Errors, su
     );
 }
 
+/// Subscribes to `subject` and asserts the server answers with a permissions violation.
+async fn assert_subscribe_refused(client: &async_nats::Client, errors: &Errors, subject: &str) {
+    let _sub = client.subscribe(subject.to_owned()).await.unwrap();
+    client.flush().await.unwrap();
+    let needle = format!("subscription to \"{subject}\"");
+    assert!(
+        wait_for_error(errors, &needle).await,
+        "no permissions violation for a subscription to {subject}: {:?}",
+        errors.lock().unwrap()
+    );
+}
+
+/// Opens the listener's store-evidence consumer on the message stream as the listener does:
+/// durable `msgtrail-listener-stored`, every stored message, headers only.
+async fn store_evidence_reader(
+    listener: &async_nats::Client,
+) -> async_nats::jetstream::consumer::PullConsumer {
+    async_nats::jetstream::new(listener.clone())
+        .get_stream("MSGTRAIL_MESSAGES")
+        .await
+        .expect("message stream info")
+        .get_or_create_consumer(
+            "msgtrail-listener-stored",
+            async_nats::jetstream::consumer::pull::Config {
+                durable_name: Some("msgtrail-listener-stored".into()),
+                filter_subject: "msgtrail.msg.>".into(),
+                headers_only: true,
+                ack_policy: async_nats::jetstream::consumer::AckPolicy::Explicit,
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("store-evidence consumer")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_node_cluster_from_the_deploy_config_enforces_permissions() {
     let cluster = Cluster::start();
@@ -539,7 +582,11 @@ async fn three_node_cluster_from_the_deploy_config_enforces_permissions() {
 
     // A demo client, authenticated by its nkey (the same one it opens its channel with).
     let seed = read("msgtrail/demo-keys/shop.nk").trim().to_owned();
-    let (client, client_errors) = connect(async_nats::ConnectOptions::with_nkey(seed), &urls).await;
+    let (client, client_errors) = connect(
+        async_nats::ConnectOptions::with_nkey(seed).custom_inbox_prefix(inbox_prefix("shop")),
+        &urls,
+    )
+    .await;
 
     // Allowed: a request to msgtrail.v1.upload reaches the broker, and the reply comes back.
     let responder = tokio::spawn({
@@ -582,11 +629,18 @@ async fn three_node_cluster_from_the_deploy_config_enforces_permissions() {
 
     // The password client has the same rights as the nkey clients.
     let (pw_client, pw_errors) = connect(
-        async_nats::ConnectOptions::with_user_and_password("client".into(), CLIENT_PASSWORD.into()),
+        async_nats::ConnectOptions::with_user_and_password("client".into(), CLIENT_PASSWORD.into())
+            .custom_inbox_prefix(inbox_prefix("client")),
         &urls,
     )
     .await;
     assert_publish_refused(&pw_client, &pw_errors, "msgtrail.msg.y").await;
+    assert_subscribe_refused(
+        &pw_client,
+        &pw_errors,
+        &format!("{}.>", inbox_prefix("shop")),
+    )
+    .await;
 
     // The listener reads the stage stream through a durable consumer and acks…
     let (listener, listener_errors, consumer) = listener_reader(&urls).await;
@@ -601,6 +655,47 @@ async fn three_node_cluster_from_the_deploy_config_enforces_permissions() {
     // …but cannot write stage records.
     assert_publish_refused(&listener, &listener_errors, "msgtrail.stages").await;
 
+    // The listener reads the headers of the stored messages through its store-evidence
+    // consumer, `<durable>-stored`, and acks them…
+    let evidence = store_evidence_reader(&listener).await;
+    let mut batch = evidence.fetch().max_messages(1).messages().await.unwrap();
+    let m = tokio::time::timeout(Duration::from_secs(5), batch.next())
+        .await
+        .expect("a stored message in time")
+        .unwrap()
+        .unwrap();
+    assert_eq!(m.subject.as_str(), "msgtrail.msg.orders");
+    assert!(m.payload.is_empty(), "headers only");
+    m.ack().await.expect("ack allowed");
+    // …but cannot write to the message stream, nor pull from any other consumer of it (the
+    // brokers' group consumers), nor create one.
+    assert_publish_refused(&listener, &listener_errors, "msgtrail.msg.orders").await;
+    let group = js
+        .get_stream("MSGTRAIL_MESSAGES")
+        .await
+        .unwrap()
+        .create_consumer(async_nats::jetstream::consumer::pull::Config {
+            durable_name: Some("billing".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let _ = group;
+    assert_publish_refused(
+        &listener,
+        &listener_errors,
+        "$JS.API.CONSUMER.MSG.NEXT.MSGTRAIL_MESSAGES.billing",
+    )
+    .await;
+    assert_publish_refused(
+        &listener,
+        &listener_errors,
+        "$JS.API.CONSUMER.CREATE.MSGTRAIL_MESSAGES.other",
+    )
+    .await;
+    // Nor read the clients' replies.
+    assert_subscribe_refused(&listener, &listener_errors, "_INBOX_CLIENT.>").await;
+
     assert!(
         broker_errors.lock().unwrap().is_empty(),
         "the broker hit a permission: {:?}",
@@ -609,7 +704,8 @@ async fn three_node_cluster_from_the_deploy_config_enforces_permissions() {
 }
 
 /// Connects an SDK client with its demo nkey, which authenticates both the NATS connection
-/// (a NATS nkey user in accounts.conf) and the msgtrail channel (clients.json).
+/// (a NATS nkey user in accounts.conf) and the msgtrail channel (clients.json), and with the
+/// inbox prefix accounts.conf gives that user.
 async fn demo_client(cluster: &Cluster, id: &str) -> (async_nats::Client, Identity) {
     let seed = read(&format!("msgtrail/demo-keys/{id}.nk"))
         .trim()
@@ -617,6 +713,7 @@ async fn demo_client(cluster: &Cluster, id: &str) -> (async_nats::Client, Identi
     let nats = NatsOptions {
         urls: cluster.url_strings(),
         nkey_seed: Some(seed.clone()),
+        inbox_prefix: Some(inbox_prefix(id)),
         ..Default::default()
     }
     .connect()
@@ -626,9 +723,8 @@ async fn demo_client(cluster: &Cluster, id: &str) -> (async_nats::Client, Identi
     (nats, identity)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_brokers_and_nkey_clients_work_within_the_deploy_permissions() {
-    let cluster = Cluster::start();
+/// Starts `n` real brokers as the `broker` user with deploy's clients.json, R3.
+async fn start_brokers(cluster: &Cluster, n: usize) -> Vec<msgtrail_broker::RunningBroker> {
     let clients = ClientRegistry::load(&deploy_dir().join("msgtrail/clients.json")).unwrap();
     let broker_config = || BrokerConfig {
         nats: NatsOptions {
@@ -647,7 +743,7 @@ async fn two_brokers_and_nkey_clients_work_within_the_deploy_permissions() {
     // The first start may race the cluster's JetStream leader election.
     let deadline = Instant::now() + Duration::from_secs(45);
     let mut brokers = Vec::new();
-    while brokers.len() < 2 {
+    while brokers.len() < n {
         match msgtrail_broker::start(broker_config()).await {
             Ok(b) => brokers.push(b),
             Err(e) if Instant::now() < deadline => {
@@ -660,6 +756,36 @@ async fn two_brokers_and_nkey_clients_work_within_the_deploy_permissions() {
             ),
         }
     }
+    brokers
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_brokers_and_nkey_clients_work_within_the_deploy_permissions() {
+    let cluster = Cluster::start();
+    let brokers = start_brokers(&cluster, 2).await;
+
+    // The real listener, as the listener user: the stage stream and store evidence (its
+    // headers-only consumer msgtrail-listener-stored on the message stream).
+    let (listener_nats, _) = connect(
+        async_nats::ConnectOptions::with_user_and_password(
+            "listener".into(),
+            LISTENER_PASSWORD.into(),
+        ),
+        &cluster.urls(),
+    )
+    .await;
+    let listener_dir = tempfile::tempdir().unwrap();
+    let listener = msgtrail_listener::start_with_client(
+        msgtrail_listener::ListenerConfig {
+            nats_url: cluster.url_strings().join(","),
+            data_dir: listener_dir.path().to_path_buf(),
+            http_addr: "127.0.0.1:0".parse().unwrap(),
+            ..Default::default()
+        },
+        listener_nats,
+    )
+    .await
+    .expect("listener under the deploy permissions");
 
     // The streams are R3.
     let (admin, _) = connect(
@@ -795,6 +921,35 @@ async fn two_brokers_and_nkey_clients_work_within_the_deploy_permissions() {
             m.ack().await.expect("ack allowed");
         }
     }
+    // A listener that keeps store evidence (its default) read every stored message's headers
+    // through its consumer msgtrail-listener-stored and acked them. (One that does not creates
+    // no such consumer; were it refused by a permission, the log check below would say so.)
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut messages = js.get_stream("MSGTRAIL_MESSAGES").await.unwrap();
+        let last = messages.info().await.unwrap().state.last_sequence;
+        let acked = match messages
+            .get_consumer::<async_nats::jetstream::consumer::pull::Config>(
+                "msgtrail-listener-stored",
+            )
+            .await
+        {
+            Ok(mut c) => Some(c.info().await.unwrap().ack_floor.stream_sequence),
+            Err(_) => None,
+        };
+        if acked == Some(last) {
+            break;
+        }
+        if Instant::now() >= deadline {
+            assert!(
+                acked.is_none(),
+                "store evidence acked up to {acked:?} of {last}"
+            );
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    listener.shutdown().await.expect("listener shutdown");
     for b in brokers {
         b.shutdown().await;
     }
@@ -802,4 +957,208 @@ async fn two_brokers_and_nkey_clients_work_within_the_deploy_permissions() {
     let logs = cluster.logs();
     let violations: Vec<&str> = logs.lines().filter(|l| l.contains("Violation")).collect();
     assert!(violations.is_empty(), "{violations:#?}");
+}
+
+/// Issue 14, bug 6 (channel theft): a client must not read another client's replies — the
+/// channel ID of its `channel.open` reply, the ack tokens of its fetch replies, its pushed
+/// messages — or it can act as that client. deploy/nats/accounts.conf gives each client user
+/// its own inbox prefix; here client A (`shop`) tries every way to B's (`billing-1`) inbox
+/// while B opens a channel, fetches, is pushed and acks, and must see nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_cannot_read_another_clients_replies() {
+    let cluster = Cluster::start();
+    let brokers = start_brokers(&cluster, 1).await;
+    let urls = cluster.urls();
+    let a_seed = read("msgtrail/demo-keys/shop.nk").trim().to_owned();
+    let b_prefix = inbox_prefix("billing-1");
+
+    // A, on its own prefix, may subscribe to no inbox but its own: not the shared _INBOX.>,
+    // not the clients' root, not B's prefix. Whatever these subscriptions would get is kept.
+    let (thief, thief_errors) = connect(
+        async_nats::ConnectOptions::with_nkey(a_seed.clone())
+            .custom_inbox_prefix(inbox_prefix("shop")),
+        &urls,
+    )
+    .await;
+    let mut taps = Vec::new();
+    for pattern in [
+        "_INBOX.>".to_owned(),
+        "_INBOX_CLIENT.>".to_owned(),
+        "_INBOX_CLIENT.*.>".to_owned(),
+        format!("{b_prefix}.>"),
+        ">".to_owned(),
+    ] {
+        taps.push(thief.subscribe(pattern.clone()).await.unwrap());
+        thief.flush().await.unwrap();
+        let needle = format!("subscription to \"{pattern}\"");
+        assert!(
+            wait_for_error(&thief_errors, &needle).await,
+            "client A may subscribe to {pattern}: {:?}",
+            thief_errors.lock().unwrap()
+        );
+    }
+    let stolen: Arc<Mutex<Vec<async_nats::Message>>> = Arc::default();
+    let tap = tokio::spawn({
+        let stolen = stolen.clone();
+        let mut all = futures::stream::select_all(taps);
+        async move {
+            while let Some(m) = all.next().await {
+                stolen.lock().unwrap().push(m);
+            }
+        }
+    });
+
+    // A connecting with B's prefix gets no reply at all: its inbox subscription is refused.
+    let (posing, posing_errors) = connect(
+        async_nats::ConnectOptions::with_nkey(a_seed.clone()).custom_inbox_prefix(&b_prefix),
+        &urls,
+    )
+    .await;
+    let challenge = serde_json::to_vec(&ChallengeRequest {
+        client_id: ClientId::new("billing-1").unwrap(),
+    })
+    .unwrap();
+    let res = posing
+        .send_request(
+            msgtrail_core::subjects::CHANNEL_CHALLENGE.to_owned(),
+            async_nats::Request::new()
+                .payload(challenge.into())
+                .timeout(Some(Duration::from_secs(2))),
+        )
+        .await;
+    assert!(res.is_err(), "a reply reached A on B's prefix: {res:?}");
+    assert!(
+        wait_for_error(&posing_errors, &format!("subscription to \"{b_prefix}.")).await,
+        "{:?}",
+        posing_errors.lock().unwrap()
+    );
+
+    // B, on its prefix, opens a channel by the protocol (docs/PROTOCOL.md) to learn its ID.
+    let (b_nats, b_identity) = demo_client(&cluster, "billing-1").await;
+    let challenge: ChallengeReply = request_json(
+        &b_nats,
+        msgtrail_core::subjects::CHANNEL_CHALLENGE,
+        &ChallengeRequest {
+            client_id: b_identity.client_id.clone(),
+        },
+    )
+    .await;
+    let opened: OpenReply = request_json(
+        &b_nats,
+        msgtrail_core::subjects::CHANNEL_OPEN,
+        &OpenRequest {
+            role: Role::Consumer,
+            client_id: b_identity.client_id.clone(),
+            signature: b_identity.sign(&challenge.nonce),
+            nonce: challenge.nonce,
+            service_name: None,
+        },
+    )
+    .await;
+    let b_channel = opened.channel;
+    assert!(!b_channel.is_empty());
+
+    // The normal path, every client on its own prefix: A uploads, B fetches and acks, B is
+    // pushed and acks.
+    let (a_nats, a_identity) = demo_client(&cluster, "shop").await;
+    let producer = Producer::connect(a_nats, a_identity)
+        .await
+        .expect("producer channel on its prefix");
+    let first = producer
+        .send_message(Outgoing::new("orders.eu", "for billing only"))
+        .await
+        .expect("upload on its prefix");
+    let consumer = Consumer::connect(b_nats, b_identity)
+        .await
+        .expect("consumer channel on its prefix");
+    let sub = Subscription {
+        group: ClientId::new("billing").unwrap(),
+        topic: "orders.>".into(),
+        filter: Default::default(),
+        message_id: None,
+    };
+    let got = consumer
+        .fetch(&sub, 1, Duration::from_secs(5))
+        .await
+        .expect("fetch on its prefix");
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].message_id, first.message_id);
+    consumer.ack(&got[0]).await.expect("ack on its prefix");
+    let mut push = consumer
+        .subscribe(
+            &Subscription {
+                group: ClientId::new("billing-push").unwrap(),
+                ..sub.clone()
+            },
+            PushOptions::default(),
+        )
+        .await
+        .expect("push subscription on its prefix");
+    let second = producer
+        .send_message(Outgoing::new("orders.eu", "also for billing only"))
+        .await
+        .unwrap();
+    let mut pushed = Vec::new();
+    while pushed.len() < 2 {
+        let m = tokio::time::timeout(Duration::from_secs(10), push.next())
+            .await
+            .expect("pushed messages in time")
+            .expect("a pushed message");
+        consumer.ack(&m).await.expect("ack of a push");
+        pushed.push(m.message_id);
+    }
+    assert!(pushed.contains(&first.message_id) && pushed.contains(&second.message_id));
+
+    // A saw nothing of it: no reply, no push, and never B's channel ID.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    tap.abort();
+    let stolen = std::mem::take(&mut *stolen.lock().unwrap());
+    let leaked: Vec<&async_nats::Message> = stolen
+        .iter()
+        .filter(|m| {
+            let text = String::from_utf8_lossy(&m.payload);
+            text.contains(&b_channel) || text.contains("for billing only")
+        })
+        .collect();
+    assert!(
+        leaked.is_empty(),
+        "B's channel ID or messages reached A: {leaked:#?}"
+    );
+    assert!(stolen.is_empty(), "A received: {stolen:#?}");
+
+    for b in brokers {
+        b.shutdown().await;
+    }
+    // The only permission violations are A's attempts: neither the broker (replies and
+    // pushes to the clients' prefixes) nor B hit one.
+    let logs = cluster.logs();
+    let a_user = Identity::from_seed(ClientId::new("shop").unwrap(), &a_seed)
+        .unwrap()
+        .public_key();
+    let others: Vec<&str> = logs
+        .lines()
+        .filter(|l| l.contains("Violation") && !l.contains(&a_user))
+        .collect();
+    assert!(others.is_empty(), "{others:#?}");
+}
+
+/// Sends a JSON request and decodes its JSON reply.
+async fn request_json<Q: serde::Serialize, T: serde::de::DeserializeOwned>(
+    client: &async_nats::Client,
+    subject: &str,
+    body: &Q,
+) -> T {
+    let reply = tokio::time::timeout(
+        Duration::from_secs(5),
+        client.request(subject.to_owned(), serde_json::to_vec(body).unwrap().into()),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("no reply on {subject} in time"))
+    .unwrap_or_else(|e| panic!("{subject}: {e}"));
+    serde_json::from_slice(&reply.payload).unwrap_or_else(|e| {
+        panic!(
+            "{subject}: {e}: {}",
+            String::from_utf8_lossy(&reply.payload)
+        )
+    })
 }
