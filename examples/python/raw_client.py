@@ -15,7 +15,15 @@ It walks the whole protocol of docs/PROTOCOL.md once:
  7. push: subscribes its inbox, uploads a second message, receives it pushed (raw payload,
     metadata in headers), reports C2/X1/X2/C3, acks it (the broker records C1 and C4) and
     unsubscribes;
- 8. closes both channels.
+ 8. the batched binary path (docs/PROTOCOL.md §18), with nothing but the struct module:
+    uploads one binary upload batch of four messages (a JSON payload, a 0-byte payload, one
+    with an invalid topic, raw binary bytes), each carrying its own P1 time (sent_at), and
+    prints the per-message results (the invalid one is refused alone); reports the P4s of
+    the stored ones in a binary report frame; fetches them with "format": "binary" and
+    decodes the delivery frame; settles them in one binary settle batch with C6, X1, X2 and
+    C7 of each delivery riding along (each with its ack token), plus one forged token that
+    fails alone; fetches again and decodes the binary no-matching-message notice;
+ 9. closes both channels.
 
 Every step prints one JSON line on stdout ({"event": ...}); a refusal prints
 {"event": "error", ...} on stdout and exits with status 1.
@@ -46,6 +54,7 @@ import asyncio
 import base64
 import json
 import os
+import struct
 import sys
 import time
 import uuid
@@ -66,6 +75,8 @@ OPEN = "msgtrail.v1.channel.open"
 KEEPALIVE = "msgtrail.v1.channel.keepalive"
 CLOSE = "msgtrail.v1.channel.close"
 UPLOAD = "msgtrail.v1.upload"
+UPLOAD_BATCH = "msgtrail.v1.upload.batch"
+SETTLE = "msgtrail.v1.settle"
 FETCH = "msgtrail.v1.fetch"
 SUBSCRIBE = "msgtrail.v1.subscribe"
 UNSUBSCRIBE = "msgtrail.v1.unsubscribe"
@@ -96,8 +107,15 @@ def header(msg, name):
     return None
 
 
-async def request(nc, subject, body=b"", headers=None, timeout=TIMEOUT):
-    """Sends a request; returns the reply body as JSON, raises Refused on an error reply."""
+def shown(body):
+    """A body for the wire trace: binary frames (they start with "MT") as hex."""
+    if body[:2] == b"MT":
+        return "hex:" + body.hex()
+    return body.decode(errors="replace")
+
+
+async def request_raw(nc, subject, body=b"", headers=None, timeout=TIMEOUT):
+    """Sends a request; returns the reply body as bytes, raises Refused on an error reply."""
     if isinstance(body, (dict, list)):
         body = json.dumps(body).encode()
     reply = await nc.request(subject, body, timeout=timeout, headers=headers)
@@ -107,9 +125,9 @@ async def request(nc, subject, body=b"", headers=None, timeout=TIMEOUT):
                 {
                     "subject": subject,
                     "headers": headers or {},
-                    "body": body.decode(errors="replace"),
+                    "body": shown(body),
                     "reply_headers": reply.headers or {},
-                    "reply": reply.data.decode(errors="replace"),
+                    "reply": shown(reply.data),
                 }
             ),
             file=sys.stderr,
@@ -123,7 +141,12 @@ async def request(nc, subject, body=b"", headers=None, timeout=TIMEOUT):
             int(status or 500),
             header(reply, "Nats-Service-Error") or "",
         )
-    return json.loads(reply.data)
+    return reply.data
+
+
+async def request(nc, subject, body=b"", headers=None, timeout=TIMEOUT):
+    """Sends a request; returns the reply body as JSON, raises Refused on an error reply."""
+    return json.loads(await request_raw(nc, subject, body, headers, timeout))
 
 
 def sign(seed, nonce):
@@ -173,6 +196,237 @@ async def upload(nc, channel, topic, request_id, attempt, payload, attrs):
     for k, v in attrs.items():
         headers["Msgtrail-Attr-" + k] = v
     return await request(nc, UPLOAD, payload, headers=headers)
+
+
+# -- binary frames (docs/PROTOCOL.md §18) ---------------------------------------------------
+# Every frame: "M", "T", a kind byte, the format version 1; integers big-endian; str8 / str16
+# are UTF-8 with a u8 / u16 length; bytes32 a u32 length; a message ID its 16 UUID bytes.
+
+FRAME_VERSION = 1
+# The stage byte of a compact record: the position of the code in this list.
+STAGES = ["P1", "P2", "P3", "P4", "C1", "C2", "C3", "C4", "C5", "C6", "C7", "C8",
+          "X1", "X2", "N1", "A1", "R1", "D1"]
+SETTLE_KINDS = {"ack": 0, "nack": 1, "term": 2}
+
+
+def u8(v):
+    return struct.pack(">B", v)
+
+
+def u16(v):
+    return struct.pack(">H", v)
+
+
+def u32(v):
+    return struct.pack(">I", v)
+
+
+def u64(v):
+    return struct.pack(">Q", v)
+
+
+def str8(s):
+    b = s.encode()
+    if len(b) > 0xFF:
+        raise ValueError(f"{s[:20]!r}… is over 255 bytes")
+    return u8(len(b)) + b
+
+
+def str16(s):
+    b = s.encode()
+    if len(b) > 0xFFFF:
+        raise ValueError(f"{s[:20]!r}… is over 65535 bytes")
+    return u16(len(b)) + b
+
+
+def bytes32(b):
+    return u32(len(b)) + b
+
+
+def frame_head(kind):
+    return b"MT" + kind.encode() + u8(FRAME_VERSION)
+
+
+def attrs_bytes(attrs):
+    out = u8(len(attrs))
+    for k, v in attrs.items():
+        out += str8(k) + str16(v)
+    return out
+
+
+# The optional fields of a compact stage record, in presence-bitmap order (bit 0 first).
+RECORD_FIELDS = [
+    ("message_id", lambda v: uuid.UUID(v).bytes),
+    ("request_id", str8),
+    ("producer", str8),
+    ("consumer", str8),
+    ("group", str8),
+    ("topic", str16),
+    ("attempt", u32),
+    ("stream_seq", u64),
+    ("outcome", str8),
+    ("detail", str16),
+    ("service", str8),
+    ("traceparent", str8),
+    ("attrs", attrs_bytes),
+    ("payload_size", u64),
+    ("payload_head", str16),
+]
+
+
+def record_bytes(rec):
+    """A stage record (a dict as in JSON reports) in the compact encoding."""
+    present, fields = 0, b""
+    for bit, (name, encode) in enumerate(RECORD_FIELDS):
+        value = rec.get(name)
+        if value is None or value == {}:
+            continue
+        present |= 1 << bit
+        fields += encode(value)
+    return u8(STAGES.index(rec["stage"])) + u64(rec["at"]) + u16(present) + fields
+
+
+def reports_bytes(reports):
+    """Reported records: each the proof (token: receipt or ack token, or "") + the record."""
+    out = u16(len(reports))
+    for rec in reports:
+        rec = dict(rec)
+        out += str16(rec.pop("token", "")) + record_bytes(rec)
+    return out
+
+
+def encode_upload_batch(entries, reports=()):
+    """An upload batch: per message request_id, topic, attempt, sent_at (P1, 0 = none),
+    traceparent ("" = none), attributes and the raw payload; then the reported records."""
+    out = frame_head("U") + u16(len(entries))
+    for e in entries:
+        out += str8(e["request_id"]) + str16(e["topic"]) + u32(e.get("attempt", 1))
+        out += u64(e.get("sent_at", 0)) + str8(e.get("traceparent", ""))
+        out += attrs_bytes(e.get("attrs", {})) + bytes32(e["payload"])
+    return out + reports_bytes(reports)
+
+
+def encode_settle_batch(settles, reports=()):
+    """A settle batch: per delivery kind, optional delay_ms, token and reason; then the
+    reported records (C2/C3, C6/C7, X1/X2, each with its delivery's ack token)."""
+    out = frame_head("S") + u16(len(settles))
+    for s in settles:
+        out += u8(SETTLE_KINDS[s.get("kind", "ack")])
+        delay = s.get("delay_ms")
+        out += u8(0) if delay is None else u8(1) + u64(delay)
+        out += str16(s["token"]) + str16(s.get("reason", ""))
+    return out + reports_bytes(reports)
+
+
+def encode_report(reports):
+    """A stage report as a binary frame (for msgtrail.v1.stage)."""
+    return frame_head("R") + reports_bytes(reports)
+
+
+class Frame:
+    """Reads one frame strictly: wrong kind or version, truncation or trailing bytes raise."""
+
+    def __init__(self, data, kind):
+        self.data, self.pos = bytes(data), 0
+        head = self.take(4)
+        if head[:3] != b"MT" + kind.encode() or head[3] != FRAME_VERSION:
+            raise ValueError(f"not a version-1 {kind!r} frame: {head!r}")
+
+    def take(self, n):
+        if self.pos + n > len(self.data):
+            raise ValueError(f"frame truncated at byte {self.pos}: needs {n} more bytes")
+        b = self.data[self.pos:self.pos + n]
+        self.pos += n
+        return b
+
+    def int(self, fmt, n):
+        return struct.unpack(fmt, self.take(n))[0]
+
+    def u8(self):
+        return self.int(">B", 1)
+
+    def u16(self):
+        return self.int(">H", 2)
+
+    def u32(self):
+        return self.int(">I", 4)
+
+    def u64(self):
+        return self.int(">Q", 8)
+
+    def str8(self):
+        return self.take(self.u8()).decode()
+
+    def str16(self):
+        return self.take(self.u16()).decode()
+
+    def bytes32(self):
+        return self.take(self.u32())
+
+    def message_id(self):
+        return str(uuid.UUID(bytes=self.take(16)))
+
+    def attrs(self):
+        return dict((self.str8(), self.str16()) for _ in range(self.u8()))
+
+    def error(self):
+        return {"code": self.str8(), "error": self.str16()}
+
+    def outcome(self):
+        """What became of the records that rode along: accepted whole or refused whole."""
+        accepted = self.u32()
+        return {"accepted": accepted, "error": self.error() if self.u8() else None}
+
+    def end(self):
+        if self.pos != len(self.data):
+            raise ValueError(f"{len(self.data) - self.pos} trailing bytes at byte {self.pos}")
+
+
+def decode_upload_results(data):
+    f = Frame(data, "u")
+    results = []
+    for _ in range(f.u16()):
+        status = f.u8()
+        if status in (0, 1):
+            results.append({"ok": True, "message_id": f.message_id(), "stream_seq": f.u64(),
+                            "duplicate": status == 1, "receipt": f.str8()})
+        elif status == 2:
+            results.append({"ok": False, **f.error()})
+        else:
+            raise ValueError(f"unknown upload result status {status}")
+    reports = f.outcome()
+    f.end()
+    return results, reports
+
+
+def decode_deliveries(data):
+    f = Frame(data, "D")
+    no_match = f.u8() != 0
+    messages = []
+    for _ in range(f.u16()):
+        messages.append({
+            "message_id": f.message_id(), "topic": f.str16(), "producer": f.str8(),
+            "group": f.str8(), "delivery_attempt": f.u32(), "stream_seq": f.u64(),
+            "ack_token": f.str16(), "attributes": f.attrs(), "payload": f.bytes32(),
+        })
+    f.end()
+    return no_match, messages
+
+
+def decode_settle_results(data):
+    f = Frame(data, "s")
+    results = []
+    for _ in range(f.u16()):
+        status = f.u8()
+        if status == 0:
+            results.append({"ok": True})
+        elif status == 2:
+            results.append({"ok": False, **f.error()})
+        else:
+            raise ValueError(f"unknown settle result status {status}")
+    reports = f.outcome()
+    f.end()
+    return results, reports
 
 
 async def run(args):
@@ -283,6 +537,7 @@ async def walk(nc, args):
     emit(event="fetched_none", notice=reply.get("notice"), messages=len(reply["messages"]))
 
     await push(nc, args, producer, consumer, request_id, payload)
+    await batch(nc, args, producer, consumer, request_id)
 
     for ch in (producer, consumer):
         await request(nc, CLOSE, {"channel": ch})
@@ -360,6 +615,113 @@ async def push(nc, args, producer, consumer, request_id, payload):
     await request(nc, UNSUBSCRIBE, {"channel": consumer, "subscription_id": sub["subscription_id"]})
     await inbox_sub.unsubscribe()
     emit(event="unsubscribed", subscription_id=sub["subscription_id"])
+
+
+async def batch(nc, args, producer, consumer, request_id):
+    """The batched binary path: one upload batch, one fetch, one settle batch (§18)."""
+    topic, group = args.topic, args.group or args.consumer_id
+    run = uuid.uuid4().hex  # a filter only this step's messages match
+    entries = [
+        {"request_id": f"{request_id}-b1", "topic": topic,
+         "attrs": {"run": run, "category": "refund"}, "payload": b'{"order": 43}'},
+        {"request_id": f"{request_id}-b2", "topic": topic, "attrs": {"run": run},
+         "payload": b""},  # a 0-byte payload is a message like any other
+        {"request_id": f"{request_id}-b3", "topic": "not a topic", "attrs": {"run": run},
+         "payload": b"refused alone"},  # invalid topic: only this one is refused
+        {"request_id": f"{request_id}-b4", "topic": topic, "attrs": {"run": run},
+         "payload": b"\x00\x01\xfe\xff"},  # raw bytes, no encoding
+    ]
+    for e in entries:
+        e["attempt"] = 1
+        e["sent_at"] = time.time_ns()  # P1 rides in the entry: the broker records it
+    reply = await request_raw(nc, UPLOAD_BATCH, encode_upload_batch(entries),
+                              headers={"Msgtrail-Channel": producer})
+    p4_at = time.time_ns()
+    results, reports = decode_upload_results(reply)
+    if len(results) != len(entries):
+        raise ValueError(f"{len(entries)} uploads, {len(results)} results")
+    shown_results = []
+    for e, r in zip(entries, results):
+        r = {k: v for k, v in r.items() if k != "receipt"}
+        shown_results.append({"request_id": e["request_id"], "topic": e["topic"],
+                              "sent_at": e["sent_at"], **r})
+    emit(event="batch_uploaded", results=shown_results, reports=reports)
+
+    # P4 of each stored message, with its receipt as the proof, in a binary report frame.
+    # (They could also ride along the next upload batch.)
+    stored = [(e, r) for e, r in zip(entries, results) if r["ok"]]
+    p4s = []
+    for e, r in stored:
+        p4 = {"stage": "P4", "at": p4_at, "request_id": e["request_id"],
+              "message_id": r["message_id"], "stream_seq": r["stream_seq"],
+              "token": r["receipt"]}
+        if r["duplicate"]:
+            p4["outcome"] = "duplicate"
+        p4s.append(p4)
+    accepted = await request(nc, STAGE, encode_report(p4s),
+                             headers={"Msgtrail-Channel": producer})
+    emit(event="batch_reported", role="producer", stages=["P4"] * len(p4s),
+         accepted=accepted["accepted"])
+
+    # Fetch them with binary replies: raw payloads, one frame for the whole batch.
+    fetch = {"channel": consumer, "group": group, "topic": topic, "filter": {"run": run},
+             "max": 10, "wait_ms": 5000, "format": "binary"}
+    delivered = []
+    deadline = time.monotonic() + 15
+    while len(delivered) < len(stored) and time.monotonic() < deadline:
+        no_match, messages = decode_deliveries(
+            await request_raw(nc, FETCH, fetch, timeout=TIMEOUT + 5))
+        received_at = time.time_ns()
+        delivered += [(m, received_at) for m in messages]
+    emit(
+        event="batch_fetched",
+        messages=[
+            {"message_id": m["message_id"], "topic": m["topic"], "producer": m["producer"],
+             "group": m["group"], "delivery_attempt": m["delivery_attempt"],
+             "stream_seq": m["stream_seq"], "attributes": m["attributes"],
+             "payload_hex": m["payload"].hex(), "payload_size": len(m["payload"])}
+            for m, _ in delivered
+        ],
+    )
+
+    # "Process" each, then settle all in one batch: an ack per delivery, and a forged token
+    # (a real one with another signature) that must fail alone. C6, X1, X2, C7 of each
+    # delivery ride along, each with the delivery's ack token as its proof.
+    ride = []
+    settles = []
+    for m, c6_at in delivered:
+        hop = {"message_id": m["message_id"], "group": m["group"], "topic": m["topic"],
+               "attempt": m["delivery_attempt"], "token": m["ack_token"]}
+        x1_at = time.time_ns()
+        ok = any(m["payload"] == e["payload"] for e, _ in stored)
+        ride += [
+            {"stage": "C6", "at": c6_at, **hop},
+            {"stage": "X1", "at": x1_at, **hop},
+            {"stage": "X2", "at": time.time_ns(), "outcome": "ok" if ok else "failed", **hop},
+            {"stage": "C7", "at": time.time_ns(), "outcome": "ack", **hop},
+        ]
+        settles.append({"kind": "ack", "token": m["ack_token"], "message_id": m["message_id"]})
+    if settles:
+        body, _, tag = settles[0]["token"].rpartition(".")
+        forged = body + "." + ("A" * len(tag) if tag != "A" * len(tag) else "B" * len(tag))
+        settles.insert(1, {"kind": "ack", "token": forged, "forged": True})
+    reply = await request_raw(nc, SETTLE, encode_settle_batch(settles, ride),
+                              headers={"Msgtrail-Channel": consumer})
+    results, reports = decode_settle_results(reply)
+    emit(
+        event="batch_settled",
+        results=[
+            {"message_id": s.get("message_id"), "forged": s.get("forged", False), **r}
+            for s, r in zip(settles, results)
+        ],
+        reports=reports,
+        stages=[r["stage"] for r in ride],
+    )
+
+    # Settled: nothing matches any more; the binary reply is the no-matching-message notice.
+    no_match, messages = decode_deliveries(
+        await request_raw(nc, FETCH, {**fetch, "wait_ms": 200}, timeout=TIMEOUT + 1))
+    emit(event="batch_fetched_none", no_matching_message=no_match, messages=len(messages))
 
 
 def parse_args(argv):
