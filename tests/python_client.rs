@@ -1,15 +1,23 @@
 //! A client in another language, following only docs/PROTOCOL.md: examples/python/raw_client.py
 //! (nats-py + nkeys, no msgtrail SDK) opens both channels, uploads, retries, fetches, reports
-//! its own stage records and acks, against a real nats-server and a broker in this process.
-//! The test checks what the script printed and what the stage stream holds for the message.
+//! its own stage records and acks, against a real nats-server and a broker in this process;
+//! then takes the batched binary path of §18 (an upload batch with one invalid message, a
+//! binary report, a binary fetch, a settle batch with records riding along and one forged
+//! token). The test checks what the script printed and what the stage stream holds for the
+//! messages.
 //!
 //! Needs `python3 -m pip install nats-py nkeys`; without them the test fails and says so.
 
+use bytes::Bytes;
 use msgtrail_broker::{BrokerConfig, ClientEntry, ClientRegistry};
 use msgtrail_client::{Identity, NatsOptions};
+use msgtrail_core::frame::{
+    self, FrameKind, ReportsOutcome, SettleResults, UploadBatch, UploadEntry, UploadResult,
+    UploadResults,
+};
 use msgtrail_core::record::decode_batch;
 use msgtrail_core::subjects::{STAGE_STREAM, STAGE_SUBJECT};
-use msgtrail_core::{ClientId, MessageId, Role, Stage, StageRecord};
+use msgtrail_core::{ClientId, ErrorCode, MessageId, Role, Stage, StageRecord, WireError};
 use msgtrail_test_support::NatsServer;
 use serde_json::Value;
 use std::path::PathBuf;
@@ -104,7 +112,13 @@ async fn stage_records(nats: &async_nats::Client) -> Vec<StageRecord> {
             .await
             .expect("stage batch readable");
         assert_eq!(m.subject.as_str(), STAGE_SUBJECT);
-        out.extend(decode_batch(&m.payload).expect("stage batches are NDJSON records"));
+        // The broker writes stage stream version 2 (compact records, PROTOCOL.md §18.7).
+        assert_eq!(
+            frame::frame_kind(&m.payload),
+            Some(FrameKind::StageBatch),
+            "stage batch {seq} is not a version 2 frame"
+        );
+        out.extend(decode_batch(&m.payload).expect("stage batches decode"));
     }
     out
 }
@@ -241,6 +255,11 @@ async fn python_raw_client_walks_the_protocol_and_its_trajectory_is_recorded() {
             "reported",
             "acked",
             "unsubscribed",
+            "batch_uploaded",
+            "batch_reported",
+            "batch_fetched",
+            "batch_settled",
+            "batch_fetched_none",
             "closed"
         ]
     );
@@ -446,6 +465,8 @@ async fn python_raw_client_walks_the_protocol_and_its_trajectory_is_recorded() {
         "a pushed message has no pull stages: {push_recs:#?}"
     );
 
+    check_batched_path(&sys, &lines, uploads[2]["stream_seq"].as_u64().unwrap()).await;
+
     // Channels: A1 opened for both (and refused for the wrong key), closed for both.
     let all = stage_records(nats).await;
     let a1 = |outcome: &str| {
@@ -459,6 +480,192 @@ async fn python_raw_client_walks_the_protocol_and_its_trajectory_is_recorded() {
     assert_eq!(a1("closed"), 2);
 
     sys.broker.shutdown().await;
+}
+
+/// The batched binary path of the walk (PROTOCOL.md §18): what the script printed and what
+/// the stage stream holds for the batched messages. `last_seq` is the stream sequence of the
+/// upload before the batch.
+async fn check_batched_path(sys: &System, lines: &[Value], last_seq: u64) {
+    // One upload batch of four: per-message results in order, the invalid topic refused
+    // alone, its neighbours stored.
+    let uploaded = event(lines, "batch_uploaded")[0];
+    let results = uploaded["results"].as_array().expect("results");
+    assert_eq!(results.len(), 4, "{uploaded}");
+    assert_eq!(
+        uploaded["reports"],
+        serde_json::json!({"accepted": 0, "error": null}),
+        "nothing rode along the upload batch"
+    );
+    let refused = &results[2];
+    assert_eq!(refused["ok"], false, "{refused}");
+    assert_eq!(refused["code"], "invalid_topic", "{refused}");
+    assert!(refused.get("message_id").is_none(), "{refused}");
+    let mut batched: Vec<(MessageId, String, u64)> = vec![];
+    for (i, r) in [&results[0], &results[1], &results[3]]
+        .into_iter()
+        .enumerate()
+    {
+        assert_eq!(r["ok"], true, "{r}");
+        assert_eq!(r["duplicate"], false, "{r}");
+        assert_eq!(
+            r["stream_seq"],
+            last_seq + 1 + i as u64,
+            "stored in order: {r}"
+        );
+        batched.push((
+            r["message_id"].as_str().unwrap().parse().expect("a UUIDv7"),
+            r["request_id"].as_str().unwrap().to_owned(),
+            r["sent_at"].as_u64().expect("sent_at"),
+        ));
+    }
+    assert_eq!(event(lines, "batch_reported")[0]["accepted"], 3, "the P4s");
+
+    // The binary fetch: raw payloads (one of 0 bytes), attributes, one frame.
+    let fetched = event(lines, "batch_fetched")[0]["messages"]
+        .as_array()
+        .expect("messages");
+    assert_eq!(fetched.len(), 3, "{fetched:#?}");
+    let payloads = [
+        (hex_of(br#"{"order": 43}"#), 13),
+        (String::new(), 0),
+        ("0001feff".to_owned(), 4),
+    ];
+    for ((m, (id, _, _)), (hex, size)) in fetched.iter().zip(&batched).zip(&payloads) {
+        assert_eq!(m["message_id"], id.to_string(), "{m}");
+        assert_eq!(m["payload_hex"], *hex, "{m}");
+        assert_eq!(m["payload_size"], *size, "{m}");
+        assert_eq!(m["topic"], TOPIC);
+        assert_eq!(m["group"], GROUP);
+        assert_eq!(m["producer"], "py-producer");
+        assert_eq!(m["delivery_attempt"], 1);
+        assert!(m["attributes"]["run"].is_string(), "{m}");
+    }
+    assert_eq!(fetched[0]["attributes"]["category"], "refund");
+
+    // One settle batch: the three acks settled, the forged token refused alone, and the
+    // twelve consumer records that rode along accepted.
+    let settled = event(lines, "batch_settled")[0];
+    let results = settled["results"].as_array().expect("results");
+    assert_eq!(results.len(), 4, "{settled}");
+    assert_eq!(results[1]["forged"], true);
+    assert_eq!(results[1]["ok"], false, "{settled}");
+    assert_eq!(results[1]["code"], "bad_ack_token", "{settled}");
+    for (r, (id, _, _)) in [&results[0], &results[2], &results[3]]
+        .into_iter()
+        .zip(&batched)
+    {
+        assert_eq!(r["ok"], true, "{settled}");
+        assert_eq!(r["message_id"], id.to_string());
+    }
+    assert_eq!(
+        settled["reports"],
+        serde_json::json!({"accepted": 12, "error": null}),
+        "{settled}"
+    );
+    let none = event(lines, "batch_fetched_none")[0];
+    assert_eq!(none["no_matching_message"], true, "{none}");
+    assert_eq!(none["messages"], 0, "{none}");
+
+    // The stage stream: the whole trajectory of each batched message — P1 from the entry's
+    // sent_at, the broker's P2/P3/C5/C8, the relayed P4 and C6/X1/X2/C7.
+    let want = [
+        Stage::UploadSent,
+        Stage::UploadReceived,
+        Stage::Stored,
+        Stage::StoreConfirmed,
+        Stage::PullSent,
+        Stage::PullReceived,
+        Stage::ProcessStarted,
+        Stage::ProcessFinished,
+        Stage::PullAckSent,
+        Stage::PullAckReceived,
+    ];
+    for (i, (id, request_id, sent_at)) in batched.iter().enumerate() {
+        let recs = sys
+            .records_until(&want, |r| {
+                r.message_id == Some(*id)
+                    || r.request_id.as_ref().map(|q| q.as_str()) == Some(request_id.as_str())
+            })
+            .await;
+        for stage in want {
+            assert_eq!(
+                of(&recs, stage).len(),
+                1,
+                "{request_id}: exactly one {stage}: {recs:#?}"
+            );
+        }
+        let one = |s: Stage| of(&recs, s)[0];
+        let p1 = one(Stage::UploadSent);
+        assert_eq!(p1.at, *sent_at, "P1 is the entry's sent_at");
+        assert_eq!(p1.message_id, None);
+        assert_eq!(p1.topic.as_deref(), Some(TOPIC));
+        assert_eq!(p1.attempt, Some(1));
+        assert_eq!(
+            p1.producer.as_ref().map(|p| p.as_str()),
+            Some("py-producer")
+        );
+        assert_eq!(p1.service.as_deref(), Some("py-producer"));
+        assert_eq!(
+            one(Stage::UploadReceived).payload_size,
+            Some(payloads[i].1 as u64)
+        );
+        assert_eq!(
+            one(Stage::StoreConfirmed).stream_seq,
+            Some(last_seq + 1 + i as u64)
+        );
+        for s in [
+            Stage::PullSent,
+            Stage::PullReceived,
+            Stage::ProcessStarted,
+            Stage::ProcessFinished,
+            Stage::PullAckSent,
+            Stage::PullAckReceived,
+        ] {
+            let r = one(s);
+            assert_eq!(r.message_id, Some(*id), "{s}");
+            assert_eq!(
+                r.consumer.as_ref().map(|c| c.as_str()),
+                Some("py-consumer"),
+                "{s}"
+            );
+            assert_eq!(r.group.as_ref().map(|g| g.as_str()), Some(GROUP), "{s}");
+            assert_eq!(r.attempt, Some(1), "{s}");
+        }
+        assert_eq!(one(Stage::ProcessFinished).outcome.as_deref(), Some("ok"));
+        assert_eq!(one(Stage::PullAckSent).outcome.as_deref(), Some("ack"));
+        assert_eq!(one(Stage::PullAckReceived).outcome.as_deref(), Some("ack"));
+        assert!(one(Stage::PullAckSent).at <= one(Stage::PullAckReceived).at);
+    }
+
+    // The refused entry: its P1 (the request ID is valid, the topic is not: left out) and a
+    // P2 with outcome `refused` that says why; never stored.
+    let refused_id = refused["request_id"].as_str().unwrap();
+    let recs = sys
+        .records_until(&[Stage::UploadSent, Stage::UploadReceived], |r| {
+            r.request_id.as_ref().map(|q| q.as_str()) == Some(refused_id)
+        })
+        .await;
+    let p1 = of(&recs, Stage::UploadSent);
+    assert_eq!(p1.len(), 1, "{recs:#?}");
+    assert_eq!(p1[0].at, refused["sent_at"].as_u64().unwrap());
+    assert_eq!(p1[0].topic, None, "an invalid topic is not recorded");
+    let p2 = of(&recs, Stage::UploadReceived);
+    assert_eq!(p2.len(), 1, "{recs:#?}");
+    assert_eq!(p2[0].outcome.as_deref(), Some("refused"));
+    assert_eq!(p2[0].message_id, None);
+    assert!(
+        p2[0]
+            .detail
+            .as_deref()
+            .is_some_and(|d| d.starts_with("invalid_topic")),
+        "{:?}",
+        p2[0].detail
+    );
+    assert!(of(&recs, Stage::Stored).is_empty(), "{recs:#?}");
+}
+
+fn hex_of(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// docs/PROTOCOL.md, read at test time so the tests below check the document itself.
@@ -588,6 +795,187 @@ async fn protocol_md_worked_example_runs_and_records_the_trajectory() {
         Some("ack")
     );
     sys.broker.shutdown().await;
+}
+
+/// The bytes of the hex dump (```text block, `offset  xx xx …` lines) that follows `marker`
+/// in docs/PROTOCOL.md.
+fn hex_dump_after(doc: &str, marker: &str) -> Bytes {
+    let after = &doc[doc
+        .find(marker)
+        .unwrap_or_else(|| panic!("PROTOCOL.md has the marker {marker}"))..];
+    let start = after
+        .find("```text\n")
+        .expect("a text block follows the marker")
+        + 8;
+    let len = after[start..].find("```").expect("the text block ends");
+    let mut out = vec![];
+    for line in after[start..start + len].lines() {
+        let mut tokens = line.split_whitespace();
+        let offset = tokens.next().expect("each line starts with its offset");
+        assert_eq!(
+            usize::from_str_radix(offset, 16).ok(),
+            Some(out.len()),
+            "offset of line {line:?}"
+        );
+        for t in tokens {
+            out.push(
+                u8::from_str_radix(t, 16)
+                    .unwrap_or_else(|_| panic!("not a hex byte: {t:?} in {line:?}")),
+            );
+        }
+    }
+    Bytes::from(out)
+}
+
+/// The ```python block that follows `marker` in docs/PROTOCOL.md.
+fn python_block_after(doc: &str, marker: &str) -> String {
+    let after = &doc[doc
+        .find(marker)
+        .unwrap_or_else(|| panic!("PROTOCOL.md has the marker {marker}"))..];
+    let start = after
+        .find("```python\n")
+        .expect("a python block follows the marker")
+        + 10;
+    let len = after[start..].find("\n```").expect("the python block ends");
+    after[start..start + len + 1].to_owned()
+}
+
+/// Runs `python3 -c code args…`; returns its stdout, failing the test on any error.
+async fn python(code: &str, args: &[&str]) -> String {
+    let out = tokio::process::Command::new("python3")
+        .arg("-c")
+        .arg(code)
+        .args(args)
+        .kill_on_drop(true)
+        .output()
+        .await
+        .expect("python3 runs");
+    assert!(
+        out.status.success(),
+        "python failed: {}\n{code}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("UTF-8 output")
+}
+
+/// The frames of docs/PROTOCOL.md §18 are what msgtrail-core encodes and decodes, and what
+/// the document's Python snippet and examples/python/raw_client.py write and read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn protocol_md_frame_examples_match_msgtrail_core_and_the_python_client() {
+    require_python_packages().await;
+    let doc = protocol_md();
+
+    // The upload batch of §18.7: one message, its P1 time riding in the entry.
+    let request = hex_dump_after(&doc, "<!-- frame-hex: upload-batch");
+    let batch = UploadBatch::decode(&request).expect("the example upload batch decodes");
+    assert_eq!(
+        batch,
+        UploadBatch {
+            entries: vec![UploadEntry {
+                request_id: "order-44".into(),
+                topic: "orders.eu".into(),
+                attempt: 1,
+                sent_at: 1_796_129_311_004_043_022,
+                traceparent: String::new(),
+                attrs: vec![("category".into(), "refund".into())],
+                payload: Bytes::from_static(br#"{"order": 44}"#),
+            }],
+            reports: vec![],
+        }
+    );
+    assert_eq!(
+        batch.encode(),
+        request,
+        "msgtrail-core writes the same bytes"
+    );
+    let snippet = python_block_after(&doc, "<!-- frame-python: upload-batch");
+    assert_eq!(
+        python(&snippet, &[]).await.trim(),
+        hex_of(&request),
+        "the Python of §18.7 writes the bytes of its dump"
+    );
+
+    // Its reply, the settle results of raw_client.py's settle batch, and the stage batch of
+    // §18.6.
+    let reply = hex_dump_after(&doc, "<!-- frame-hex: upload-results");
+    let results = UploadResults::decode(&reply).expect("the example reply decodes");
+    assert_eq!(
+        results,
+        UploadResults {
+            results: vec![UploadResult::Stored {
+                message_id: "01a231a6-491c-76c3-aae6-cb02704bf130".parse().unwrap(),
+                stream_seq: 6,
+                duplicate: false,
+                receipt: "XqxjwRniMYBWT54UcgUKaLcirK4uq1bGLD451fj7la4".into(),
+            }],
+            reports: ReportsOutcome::default(),
+        }
+    );
+    assert_eq!(results.encode(), reply);
+    let settled = hex_dump_after(&doc, "<!-- frame-hex: settle-results");
+    let settle_results = SettleResults::decode(&settled).expect("the settle results decode");
+    let forged = WireError::new(
+        ErrorCode::BadAckToken,
+        "ack token signature does not verify (altered, or not issued by this deployment)",
+    );
+    assert_eq!(
+        settle_results,
+        SettleResults {
+            results: vec![None, Some(forged), None, None],
+            reports: ReportsOutcome {
+                accepted: 12,
+                error: None,
+            },
+        }
+    );
+    assert_eq!(settle_results.encode(), settled);
+    let stage_batch = hex_dump_after(&doc, "<!-- frame-hex: stage-batch");
+    assert_eq!(frame::frame_kind(&stage_batch), Some(FrameKind::StageBatch));
+    let records = decode_batch(&stage_batch).expect("the stage batch decodes");
+    let p1: StageRecord = serde_json::from_str(
+        r#"{"stage":"P1","at":1796129311004043022,"request_id":"order-44","producer":"dev-producer","topic":"orders.eu","attempt":1,"service":"dev-producer"}"#,
+    )
+    .unwrap();
+    assert_eq!(records, vec![p1]);
+    assert_eq!(frame::encode_stage_batch(&records), stage_batch.to_vec());
+
+    // raw_client.py encodes the same upload batch and reads both replies alike.
+    let client = python(
+        r#"
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import raw_client as r
+print(r.encode_upload_batch([{"request_id": "order-44", "topic": "orders.eu", "attempt": 1,
+    "sent_at": 1796129311004043022, "attrs": {"category": "refund"},
+    "payload": b'{"order": 44}'}]).hex())
+print(json.dumps(r.decode_upload_results(bytes.fromhex(sys.argv[2]))))
+print(json.dumps(r.decode_settle_results(bytes.fromhex(sys.argv[3]))))
+"#,
+        &[
+            script().parent().unwrap().to_str().unwrap(),
+            &hex_of(&reply),
+            &hex_of(&settled),
+        ],
+    )
+    .await;
+    let lines: Vec<&str> = client.lines().collect();
+    assert_eq!(lines.len(), 3, "{client}");
+    assert_eq!(lines[0], hex_of(&request), "raw_client.py's upload batch");
+    let uploaded: Value = serde_json::from_str(lines[1]).unwrap();
+    assert_eq!(
+        uploaded,
+        serde_json::json!([[{"ok": true, "message_id": "01a231a6-491c-76c3-aae6-cb02704bf130",
+            "stream_seq": 6, "duplicate": false,
+            "receipt": "XqxjwRniMYBWT54UcgUKaLcirK4uq1bGLD451fj7la4"}],
+            {"accepted": 0, "error": null}])
+    );
+    let settle: Value = serde_json::from_str(lines[2]).unwrap();
+    assert_eq!(settle[0][1]["code"], "bad_ack_token", "{settle}");
+    assert_eq!(settle[0].as_array().unwrap().len(), 4, "{settle}");
+    assert_eq!(
+        settle[1],
+        serde_json::json!({"accepted": 12, "error": null})
+    );
 }
 
 /// The span and orphan trace IDs printed in docs/PROTOCOL.md §13 are those msgtrail-core
