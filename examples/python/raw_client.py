@@ -32,6 +32,10 @@ Install:  python3 -m pip install "nats-py>=2.6" "nkeys>=0.2.1"
 
 Arguments (each flag may come from the environment variable in brackets):
   --nats-url       [NATS_URL]                 default nats://127.0.0.1:4222
+  --inbox-prefix   [NATS_INBOX_PREFIX]        this client's inbox prefix, e.g. _INBOX_CLIENT.shop
+                                              (required with deploy/nats/accounts.conf, where a
+                                              client may subscribe to its own prefix only);
+                                              default _INBOX
   --producer-id    [MSGTRAIL_PRODUCER_ID]     a producer configured on the broker
   --producer-seed  [MSGTRAIL_PRODUCER_SEED]   its nkey seed (SU...); prefer the env var
   --consumer-id    [MSGTRAIL_CONSUMER_ID]     a consumer configured on the broker
@@ -430,7 +434,12 @@ def decode_settle_results(data):
 
 
 async def run(args):
-    nc = await nats.connect(args.nats_url, connect_timeout=5, max_reconnect_attempts=0)
+    nc = await nats.connect(
+        args.nats_url,
+        connect_timeout=5,
+        max_reconnect_attempts=0,
+        inbox_prefix=args.inbox_prefix,  # replies and push inboxes live under it
+    )
     try:
         await walk(nc, args)
     finally:
@@ -728,6 +737,7 @@ def parse_args(argv):
     env = os.environ.get
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--nats-url", default=env("NATS_URL", "nats://127.0.0.1:4222"))
+    p.add_argument("--inbox-prefix", default=env("NATS_INBOX_PREFIX", "_INBOX"))
     p.add_argument("--producer-id", default=env("MSGTRAIL_PRODUCER_ID"))
     p.add_argument("--producer-seed", default=env("MSGTRAIL_PRODUCER_SEED"))
     p.add_argument("--consumer-id", default=env("MSGTRAIL_CONSUMER_ID"))
