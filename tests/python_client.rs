@@ -27,6 +27,7 @@ const INSTALL: &str = "python3 -m pip install nats-py nkeys";
 const TOPIC: &str = "py.orders.eu";
 const GROUP: &str = "py-group";
 const PAYLOAD: &str = r#"{"order":42,"note":"from python"}"#;
+const INBOX_PREFIX: &str = "_INBOX_CLIENT.py";
 
 fn script() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/python/raw_client.py")
@@ -61,6 +62,8 @@ async fn run_script(
         .args(["--consumer-id", consumer.client_id.as_str()])
         .args(["--topic", TOPIC, "--group", GROUP, "--payload", PAYLOAD])
         .args(["--request-id", request_id, "--trace"])
+        // A private inbox prefix, as deploy/nats/accounts.conf requires (PROTOCOL.md §15).
+        .args(["--inbox-prefix", INBOX_PREFIX])
         // Seeds through the environment, as the script recommends.
         .env("MSGTRAIL_PRODUCER_SEED", producer_seed)
         .env("MSGTRAIL_CONSUMER_SEED", consumer.seed())
@@ -412,8 +415,11 @@ async fn python_raw_client_walks_the_protocol_and_its_trajectory_is_recorded() {
     let pushed = event(&lines, "pushed")[0];
     assert_eq!(pushed["message_id"], push_id.to_string());
     assert!(
-        pushed["subject"].as_str().unwrap().starts_with("_INBOX."),
-        "{pushed}"
+        pushed["subject"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("{INBOX_PREFIX}.")),
+        "pushes come to an inbox under the client's prefix: {pushed}"
     );
     assert_eq!(pushed["payload"], PAYLOAD, "pushed payloads are raw bytes");
     assert_eq!(pushed["topic"], TOPIC);
