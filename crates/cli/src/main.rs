@@ -3,6 +3,12 @@
 
 use clap::{Parser, Subcommand};
 
+/// mimalloc instead of glibc's malloc: the message path allocates many small, short-lived
+/// buffers per message, and glibc's allocator spent a quarter of the process's CPU on them
+/// (BENCHMARKS.md, "Where the time goes").
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod commands;
 mod common;
 mod signal;
