@@ -172,6 +172,7 @@ async fn one_bad_message_fails_alone_and_every_result_comes_in_order() {
             entry("empty", "orders.eu", Bytes::new()),
         ],
         reports: vec![],
+        ..Default::default()
     };
     let res = ch.upload(&batch).await;
     assert_eq!(res.results.len(), batch.entries.len());
@@ -236,6 +237,7 @@ async fn duplicates_inside_a_batch_and_across_batches_are_stored_once() {
             entry("order-2", "orders.eu", "b"),
         ],
         reports: vec![],
+        ..Default::default()
     };
     let res = ch.upload(&batch).await;
     let (a, seq_a, dup_a, receipt_a) = stored(&res.results[0]);
@@ -251,6 +253,7 @@ async fn duplicates_inside_a_batch_and_across_batches_are_stored_once() {
                 entry("order-3", "orders.eu", "c"),
             ],
             reports: vec![],
+            ..Default::default()
         })
         .await;
     let (b2, _, dup_b2, _) = stored(&again.results[0]);
@@ -286,6 +289,7 @@ async fn batches_beyond_the_limits_are_refused_precisely() {
     let good = UploadBatch {
         entries: vec![entry("r1", "orders.eu", "x")],
         reports: vec![],
+        ..Default::default()
     }
     .encode();
     let reply = ch
@@ -328,6 +332,7 @@ async fn settle_batches_mix_ack_nack_term_and_a_forged_token_fails_alone() {
                 .map(|i| entry(&format!("m{i}"), "jobs.x", "p"))
                 .collect(),
             reports: vec![],
+            ..Default::default()
         })
         .await;
     let ids: Vec<MessageId> = res.results.iter().map(|r| stored(r).0).collect();
@@ -389,6 +394,7 @@ async fn settle_batches_mix_ack_nack_term_and_a_forged_token_fails_alone() {
                 },
             ],
             reports,
+            ..Default::default()
         })
         .await;
     assert_eq!(results.results.len(), 4);
@@ -411,6 +417,7 @@ async fn settle_batches_mix_ack_nack_term_and_a_forged_token_fails_alone() {
                 reason: String::new(),
             }],
             reports: vec![],
+            ..Default::default()
         })
         .await;
     assert_eq!(
@@ -465,6 +472,7 @@ async fn settle_batches_mix_ack_nack_term_and_a_forged_token_fails_alone() {
                 reason: String::new(),
             }],
             reports: foreign,
+            ..Default::default()
         })
         .await;
     assert_eq!(res.results, vec![None]);
@@ -491,6 +499,7 @@ async fn binary_fetch_and_push_carry_empty_and_max_size_payloads() {
                 entry("b", "bin.a", big.clone()),
             ],
             reports: vec![],
+            ..Default::default()
         })
         .await;
     let ids: Vec<MessageId> = res.results.iter().map(|r| stored(r).0).collect();
@@ -516,6 +525,7 @@ async fn binary_fetch_and_push_carry_empty_and_max_size_payloads() {
                 })
                 .collect(),
             reports: vec![],
+            ..Default::default()
         })
         .await;
     assert_eq!(acked.results, vec![None, None]);
@@ -559,6 +569,7 @@ async fn binary_fetch_and_push_carry_empty_and_max_size_payloads() {
                 })
                 .collect(),
             reports: vec![],
+            ..Default::default()
         })
         .await;
     assert_eq!(settled.results, vec![None, None]);
@@ -585,6 +596,7 @@ async fn the_concurrency_bound_slows_requests_and_loses_none() {
                         .map(|i| entry(&format!("b{b}-{i}"), "load.x", "p"))
                         .collect(),
                     reports: vec![],
+                    ..Default::default()
                 };
                 ch.upload(&batch).await
             })

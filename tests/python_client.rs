@@ -887,6 +887,7 @@ async fn protocol_md_frame_examples_match_msgtrail_core_and_the_python_client() 
                 payload: Bytes::from_static(br#"{"order": 44}"#),
             }],
             reports: vec![],
+            ..Default::default()
         }
     );
     assert_eq!(

@@ -15,6 +15,7 @@
 use crate::consume::Deliverer;
 use crate::shutdown::Shutdown;
 use futures::StreamExt;
+use msgtrail_core::frame;
 use msgtrail_core::headers as h;
 use msgtrail_core::wire::{Format, SubscribeReply, SubscribeRequest, UnsubscribeRequest};
 use msgtrail_core::{ErrorCode, Role, WireError};
@@ -269,6 +270,30 @@ impl PushManager {
     }
 }
 
+/// Splits deliveries into frames of at most [`frame::MAX_BATCH_ENTRIES`] deliveries and
+/// about `max_bytes` (a single larger delivery still goes, alone).
+fn frame_chunks(
+    delivered: Vec<(crate::consume::Taken, String)>,
+    max_bytes: usize,
+) -> Vec<Vec<(crate::consume::Taken, String)>> {
+    let mut out: Vec<Vec<_>> = Vec::new();
+    let mut bytes = 0;
+    for d in delivered {
+        let size = d.0.payload.len() + d.1.len() + d.0.topic.len() + 128;
+        match out.last_mut() {
+            Some(cur) if cur.len() < frame::MAX_BATCH_ENTRIES && bytes + size <= max_bytes => {
+                bytes += size;
+                cur.push(d);
+            }
+            _ => {
+                bytes = size;
+                out.push(vec![d]);
+            }
+        }
+    }
+    out
+}
+
 struct PushTask {
     id: String,
     req: SubscribeRequest,
@@ -381,14 +406,19 @@ impl PushTask {
                 (t, token)
             })
             .collect();
-        let frame = crate::consume::delivery_batch(delivered, group).encode();
-        if let Err(e) = d
-            .shared
-            .client
-            .publish(self.req.deliver_subject.clone(), frame)
-            .await
-        {
-            tracing::warn!(subscription = %self.id, error = %e, "push publish failed; JetStream redelivers after the ack wait");
+        // One frame per chunk that decoders accept: at most MAX_BATCH_ENTRIES deliveries and
+        // well under the server's max_payload.
+        let max_bytes = (d.shared.client.server_info().max_payload / 2).max(64 * 1024);
+        for chunk in frame_chunks(delivered, max_bytes) {
+            let frame = crate::consume::delivery_batch(chunk, group).encode();
+            if let Err(e) = d
+                .shared
+                .client
+                .publish(self.req.deliver_subject.clone(), frame)
+                .await
+            {
+                tracing::warn!(subscription = %self.id, error = %e, "push publish failed; JetStream redelivers after the ack wait");
+            }
         }
     }
 
@@ -420,5 +450,49 @@ impl PushTask {
         {
             tracing::warn!(subscription = %self.id, error = %e, "push publish failed; JetStream redelivers after the ack wait");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::consume::Taken;
+    use msgtrail_core::{ClientId, MessageId};
+
+    fn taken(payload: usize) -> (Taken, String) {
+        (
+            Taken {
+                message_id: MessageId::new(),
+                topic: "t".into(),
+                producer: ClientId::new("p").unwrap(),
+                attrs: Default::default(),
+                payload: vec![0u8; payload].into(),
+                attempt: 1,
+                stream_seq: 1,
+                ack_subject: "a".into(),
+            },
+            "token".into(),
+        )
+    }
+
+    #[test]
+    fn push_frames_stay_within_the_entry_and_byte_limits() {
+        let many: Vec<_> = (0..2500).map(|_| taken(0)).collect();
+        let sizes: Vec<usize> = frame_chunks(many, usize::MAX)
+            .iter()
+            .map(Vec::len)
+            .collect();
+        assert_eq!(
+            sizes,
+            [frame::MAX_BATCH_ENTRIES, frame::MAX_BATCH_ENTRIES, 452]
+        );
+        let big: Vec<_> = (0..5).map(|_| taken(400 * 1024)).collect();
+        let sizes: Vec<usize> = frame_chunks(big, 512 * 1024).iter().map(Vec::len).collect();
+        assert_eq!(
+            sizes,
+            [1, 1, 1, 1, 1],
+            "a delivery larger than half the bound goes alone"
+        );
+        assert!(frame_chunks(vec![], 1).is_empty());
     }
 }

@@ -127,6 +127,7 @@ impl Relay {
         }
         let reported = if frame::frame_kind(&msg.payload) == Some(frame::FrameKind::Report) {
             frame::decode_report(&msg.payload)?
+                .map_err(|e| WireError::new(ErrorCode::InvalidRecord, e))?
         } else {
             parse_json_report(&msg.payload)?
         };
@@ -140,7 +141,16 @@ impl Relay {
         &self,
         channel: &Channel,
         reported: Vec<ReportedRecord>,
+        invalid: Option<String>,
     ) -> ReportsOutcome {
+        if let Some(why) = invalid {
+            let e = WireError::new(ErrorCode::InvalidRecord, why);
+            self.metrics.error(e.code);
+            return ReportsOutcome {
+                accepted: 0,
+                error: Some(e),
+            };
+        }
         if reported.is_empty() {
             return ReportsOutcome::default();
         }
@@ -282,19 +292,18 @@ impl Relay {
                 if r.message_id.is_some_and(|m| m != t.m)
                     || r.group.as_ref().is_some_and(|g| *g != t.g)
                     || r.attempt.is_some_and(|a| a != t.n)
+                    || r.topic.as_ref().is_some_and(|topic| *topic != t.t)
                 {
                     return Err(not_owned(
                         n,
-                        "record's message, group or attempt differ from its delivery token",
+                        "record's message, group, attempt or topic differ from its delivery token",
                     ));
                 }
                 r.message_id = Some(t.m);
                 r.group = Some(t.g);
                 r.attempt = Some(t.n);
                 r.stream_seq = Some(t.q);
-                if r.topic.is_none() {
-                    r.topic = Some(t.t);
-                }
+                r.topic = Some(t.t);
             }
         }
         Ok(())

@@ -43,7 +43,10 @@ impl Settler {
                 .consumer_channel(required(headers, h::CHANNEL)?)
                 .await?;
             let batch = SettleBatch::decode(&msg.payload)?;
-            let reports = self.relay.relay_reported(&channel, batch.reports).await;
+            let reports = self
+                .relay
+                .relay_reported(&channel, batch.reports, batch.reports_invalid)
+                .await;
             let results = self.settle_all(&channel, &batch.entries).await;
             return Ok(SettleResults {
                 results: results.into_iter().map(Result::err).collect(),

@@ -185,7 +185,10 @@ impl Uploader {
             .lookup_role(required(headers, h::CHANNEL)?, Role::Producer)
             .await?;
         let batch = UploadBatch::decode(&msg.payload)?;
-        let reports = self.relay.relay_reported(&channel, batch.reports).await;
+        let reports = self
+            .relay
+            .relay_reported(&channel, batch.reports, batch.reports_invalid)
+            .await;
         let mut results: Vec<Option<Result<UploadReply, WireError>>> =
             Vec::with_capacity(batch.entries.len());
         let mut valid = Vec::with_capacity(batch.entries.len());

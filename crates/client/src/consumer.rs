@@ -231,7 +231,12 @@ impl Settles {
             }
             None => (Vec::new(), None),
         };
-        let body = SettleBatch { entries, reports }.encode();
+        let body = SettleBatch {
+            entries,
+            reports,
+            ..Default::default()
+        }
+        .encode();
         let reply = self
             .channel
             .request_on_channel(s::SETTLE, body, self.channel.timeout)
@@ -701,6 +706,7 @@ mod tests {
         let got = SettleBatch {
             entries,
             reports: vec![],
+            ..Default::default()
         }
         .encode()
         .len();

@@ -285,7 +285,12 @@ impl Uploads {
             }
             None => (Vec::new(), None),
         };
-        let body = UploadBatch { entries, reports }.encode();
+        let body = UploadBatch {
+            entries,
+            reports,
+            ..Default::default()
+        }
+        .encode();
         let reply = self
             .channel
             .request_on_channel(s::UPLOAD_BATCH, body, self.timeout)
@@ -521,6 +526,7 @@ mod tests {
         let batch = UploadBatch {
             entries: vec![job.item.entry.clone(), job.item.entry],
             reports: vec![],
+            ..Default::default()
         };
         assert_eq!(
             batch.encode().len(),

@@ -226,7 +226,7 @@ async fn serve(client: async_nats::Client, script: Arc<Script>) {
                     Ok(SettleResults { results, reports }.encode())
                 }
                 s::STAGE_REPORT => {
-                    let records = frame::decode_report(&m.payload).unwrap();
+                    let records = frame::decode_report(&m.payload).unwrap().unwrap();
                     let n = records.len();
                     script.seen.lock().unwrap().stage_reports += n;
                     let o = take_reports(&script, records);

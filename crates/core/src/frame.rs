@@ -409,34 +409,58 @@ fn write_record(w: &mut Writer, r: &StageRecord) {
     }
 }
 
-fn read_record(r: &mut Reader<'_>) -> Result<StageRecord, FrameError> {
-    let at_stage = r.pos;
+/// Reads one record. The outer error is structural (the frame cannot be read on); the inner
+/// one is semantic (a field breaks its grammar: an unknown stage, a bad ID) and names the
+/// first such field, the record's bytes having been read past all the same.
+fn read_record(r: &mut Reader<'_>) -> Result<Result<StageRecord, String>, FrameError> {
     let code = r.u8()?;
-    let stage = *Stage::ALL
-        .get(code as usize)
-        .ok_or_else(|| r.err_at(at_stage, format!("unknown stage byte {code}")))?;
-    let mut rec = StageRecord::at(stage, r.u64()?);
+    let at = r.u64()?;
     let present = r.u16()?;
     let has = |bit: u16| present & bit != 0;
-    let id = |r: &Reader<'_>, at: usize, e: crate::ids::IdError| r.err_at(at, e.to_string());
-    if has(F_MESSAGE_ID) {
-        rec.message_id = Some(r.message_id()?);
+    let mut bad: Option<String> = None;
+    fn note(bad: &mut Option<String>, e: String) {
+        if bad.is_none() {
+            *bad = Some(e);
+        }
     }
+    let stage = match Stage::ALL.get(code as usize) {
+        Some(s) => *s,
+        None => {
+            note(&mut bad, format!("unknown stage byte {code}"));
+            Stage::UploadSent
+        }
+    };
+    let mut rec = StageRecord::at(stage, at);
+    if has(F_MESSAGE_ID) {
+        let raw = r.take(16)?;
+        match MessageId::from_u128(u128::from_be_bytes(raw.try_into().expect("16 bytes"))) {
+            Ok(m) => rec.message_id = Some(m),
+            Err(e) => note(&mut bad, e.to_string()),
+        }
+    }
+    let client_id = |r: &mut Reader<'_>,
+                     bad: &mut Option<String>|
+     -> Result<Option<crate::ids::ClientId>, FrameError> {
+        let text = r.str8()?;
+        Ok(crate::ids::ClientId::new(text)
+            .map_err(|e| note(bad, e.to_string()))
+            .ok())
+    };
     if has(F_REQUEST_ID) {
-        let at = r.pos;
-        rec.request_id = Some(crate::ids::RequestId::new(r.str8()?).map_err(|e| id(r, at, e))?);
+        let text = r.str8()?;
+        match crate::ids::RequestId::new(text) {
+            Ok(v) => rec.request_id = Some(v),
+            Err(e) => note(&mut bad, e.to_string()),
+        }
     }
     if has(F_PRODUCER) {
-        let at = r.pos;
-        rec.producer = Some(crate::ids::ClientId::new(r.str8()?).map_err(|e| id(r, at, e))?);
+        rec.producer = client_id(r, &mut bad)?;
     }
     if has(F_CONSUMER) {
-        let at = r.pos;
-        rec.consumer = Some(crate::ids::ClientId::new(r.str8()?).map_err(|e| id(r, at, e))?);
+        rec.consumer = client_id(r, &mut bad)?;
     }
     if has(F_GROUP) {
-        let at = r.pos;
-        rec.group = Some(crate::ids::ClientId::new(r.str8()?).map_err(|e| id(r, at, e))?);
+        rec.group = client_id(r, &mut bad)?;
     }
     if has(F_TOPIC) {
         rec.topic = Some(r.str16()?);
@@ -468,7 +492,10 @@ fn read_record(r: &mut Reader<'_>) -> Result<StageRecord, FrameError> {
     if has(F_PAYLOAD_HEAD) {
         rec.payload_head = Some(r.str16()?);
     }
-    Ok(rec)
+    Ok(match bad {
+        None => Ok(rec),
+        Some(e) => Err(e),
+    })
 }
 
 /// Encodes records as one stage-stream message (format version 2 of the stage stream).
@@ -495,7 +522,11 @@ pub fn decode_stage_batch(bytes: &[u8]) -> Result<Vec<StageRecord>, FrameError> 
     }
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {
-        out.push(read_record(&mut r)?);
+        let start = r.pos;
+        match read_record(&mut r)? {
+            Ok(rec) => out.push(rec),
+            Err(e) => return Err(r.err_at(start, e)),
+        }
     }
     r.end()?;
     Ok(out)
@@ -520,17 +551,25 @@ fn write_reports(w: &mut Writer, reports: &[ReportedRecord]) {
     }
 }
 
-fn read_reports(r: &mut Reader<'_>) -> Result<Vec<ReportedRecord>, FrameError> {
+/// Reads the reported records of a request: structurally always (the frame goes on after
+/// them), semantically as a whole — the first invalid record (1-based) refuses them all
+/// without failing the request they ride on.
+fn read_reports(r: &mut Reader<'_>) -> Result<Result<Vec<ReportedRecord>, String>, FrameError> {
     let n = r.count(MAX_REPORTED_RECORDS, "reported records")?;
     let mut out = Vec::with_capacity(n);
-    for _ in 0..n {
+    let mut bad = None;
+    for i in 0..n {
         let token = r.str16()?;
-        out.push(ReportedRecord {
-            record: read_record(r)?,
-            token,
-        });
+        match read_record(r)? {
+            Ok(record) => out.push(ReportedRecord { record, token }),
+            Err(e) if bad.is_none() => bad = Some(format!("record {}: {e}", i + 1)),
+            Err(_) => {}
+        }
     }
-    Ok(out)
+    Ok(match bad {
+        None => Ok(out),
+        Some(e) => Err(e),
+    })
 }
 
 /// Encodes a stage report (the client's records alone, no messages).
@@ -540,8 +579,9 @@ pub fn encode_report(reports: &[ReportedRecord]) -> Bytes {
     w.finish()
 }
 
-/// Decodes a stage report.
-pub fn decode_report(bytes: &Bytes) -> Result<Vec<ReportedRecord>, FrameError> {
+/// Decodes a stage report: the frame, then the records (the inner error names the first
+/// invalid one).
+pub fn decode_report(bytes: &Bytes) -> Result<Result<Vec<ReportedRecord>, String>, FrameError> {
     let mut r = Reader::open(bytes, FrameKind::Report, "stage report")?;
     let out = read_reports(&mut r)?;
     r.end()?;
@@ -608,6 +648,9 @@ pub struct UploadBatch {
     pub entries: Vec<UploadEntry>,
     /// The producer's stage records (P4 with its receipt).
     pub reports: Vec<ReportedRecord>,
+    /// Set by decoding when a reported record breaks a grammar (then `reports` is empty):
+    /// the records are refused, the messages are not. Ignored by encoding.
+    pub reports_invalid: Option<String>,
 }
 
 impl UploadBatch {
@@ -655,7 +698,15 @@ impl UploadBatch {
         }
         let reports = read_reports(&mut r)?;
         r.end()?;
-        Ok(UploadBatch { entries, reports })
+        let (reports, reports_invalid) = match reports {
+            Ok(v) => (v, None),
+            Err(e) => (Vec::new(), Some(e)),
+        };
+        Ok(UploadBatch {
+            entries,
+            reports,
+            reports_invalid,
+        })
     }
 }
 
@@ -855,6 +906,9 @@ pub struct SettleBatch {
     pub entries: Vec<SettleEntry>,
     /// The consumer's stage records.
     pub reports: Vec<ReportedRecord>,
+    /// Set by decoding when a reported record breaks a grammar (then `reports` is empty):
+    /// the records are refused, the settles are not. Ignored by encoding.
+    pub reports_invalid: Option<String>,
 }
 
 fn kind_byte(k: AckKind) -> u8 {
@@ -915,7 +969,15 @@ impl SettleBatch {
         }
         let reports = read_reports(&mut r)?;
         r.end()?;
-        Ok(SettleBatch { entries, reports })
+        let (reports, reports_invalid) = match reports {
+            Ok(v) => (v, None),
+            Err(e) => (Vec::new(), Some(e)),
+        };
+        Ok(SettleBatch {
+            entries,
+            reports,
+            reports_invalid,
+        })
     }
 }
 
@@ -1054,6 +1116,7 @@ mod tests {
                 record: report,
                 token: "receipt".into(),
             }],
+            reports_invalid: None,
         };
         let bytes = batch.encode();
         assert_eq!(UploadBatch::decode(&bytes).unwrap(), batch);
@@ -1121,6 +1184,7 @@ mod tests {
                 },
             ],
             reports: vec![],
+            reports_invalid: None,
         };
         assert_eq!(SettleBatch::decode(&s.encode()).unwrap(), s);
         let r = SettleResults {
@@ -1128,6 +1192,38 @@ mod tests {
             reports: ReportsOutcome::default(),
         };
         assert_eq!(SettleResults::decode(&r.encode()).unwrap(), r);
+    }
+
+    #[test]
+    fn an_invalid_reported_record_refuses_the_records_not_the_batch() {
+        let mut bad = StageRecord::at(Stage::StoreConfirmed, 9);
+        bad.request_id = Some(RequestId::new("r1").unwrap());
+        let good = ReportedRecord {
+            record: bad.clone(),
+            token: "t".into(),
+        };
+        let batch = UploadBatch {
+            entries: vec![UploadEntry {
+                request_id: "r2".into(),
+                topic: "t".into(),
+                attempt: 1,
+                sent_at: 1,
+                traceparent: String::new(),
+                attrs: vec![],
+                payload: Bytes::from_static(b"x"),
+            }],
+            reports: vec![good.clone(), good],
+            reports_invalid: None,
+        };
+        // Make the second record's request ID break the grammar (same length, a space).
+        let mut bytes = batch.encode().to_vec();
+        let pos = bytes.windows(2).rposition(|w| w == b"r1").unwrap();
+        bytes[pos] = b' ';
+        let decoded = UploadBatch::decode(&Bytes::from(bytes)).unwrap();
+        assert_eq!(decoded.entries, batch.entries);
+        assert!(decoded.reports.is_empty());
+        let why = decoded.reports_invalid.unwrap();
+        assert!(why.starts_with("record 2:"), "{why}");
     }
 
     #[test]

@@ -34,6 +34,9 @@ pub struct BrokerArgs {
     /// Payload bytes kept in the P2 record (0 = none).
     #[arg(long, default_value_t = 256)]
     pub record_payload_bytes: usize,
+    /// Requests handled at once; beyond it requests wait in NATS and producers slow down.
+    #[arg(long, default_value_t = BrokerConfig::default().max_concurrent_requests)]
+    pub max_concurrent_requests: usize,
 }
 
 /// Runs the broker until a signal.
@@ -49,6 +52,7 @@ pub async fn run(nats: &NatsArgs, args: BrokerArgs) -> anyhow::Result<()> {
         max_deliver: args.max_deliver,
         dedup_window: args.dedup_window,
         record_payload_bytes: args.record_payload_bytes,
+        max_concurrent_requests: args.max_concurrent_requests,
         ..Default::default()
     };
     config.validate().map_err(anyhow::Error::msg)?;
