@@ -10,8 +10,10 @@
 //!   export request to the test ([`OtlpReceiver`]); `examples/otlp_dump.rs` runs one that
 //!   prints every span, a stand-in for Jaeger on a machine without Docker.
 
+pub mod nats_node;
 pub mod nats_server;
 pub mod otlp_receiver;
+pub mod process;
 
 pub use nats_server::{find_nats_server, NatsServer, NatsServerError, NatsServerOptions};
 pub use otlp_receiver::{OtlpProtocol, OtlpReceiver, ReceivedSpan};

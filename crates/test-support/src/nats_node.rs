@@ -1,0 +1,198 @@
+//! nats-server processes that a fault test kills and starts again: one node whose port and
+//! JetStream store outlive the process ([`NatsNode`]), and a cluster of such nodes
+//! ([`NatsCluster`], three nodes in deploy/nats/nats.conf's shape: one cluster named
+//! `msgtrail`, every node routing to every node, JetStream on each).
+//!
+//! A node keeps its client port and its store directory across [`NatsNode::kill9`] and
+//! [`NatsNode::restart`], so clients reconnect to the same URL and JetStream recovers the
+//! same streams from disk. The log of each incarnation is kept ([`NatsNode::logs`]).
+
+use crate::nats_server::{NatsServer, NatsServerError, NatsServerOptions};
+use crate::process::free_port;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// One nats-server whose port and store survive its process.
+#[derive(Debug)]
+pub struct NatsNode {
+    name: String,
+    options: NatsServerOptions,
+    server: Option<NatsServer>,
+    url: String,
+    earlier_logs: String,
+}
+
+impl NatsNode {
+    /// Starts a single JetStream node on a free port with its store in `store_dir`.
+    pub fn start(store_dir: &Path) -> Result<Self, NatsServerError> {
+        Self::start_with("nats", store_dir, free_port(), String::new())
+    }
+
+    /// Starts a node named `name` on `port`, its store in `store_dir`, with `extra_config`
+    /// (a cluster block, say) appended to the generated configuration.
+    pub fn start_with(
+        name: &str,
+        store_dir: &Path,
+        port: u16,
+        extra_config: String,
+    ) -> Result<Self, NatsServerError> {
+        let options = NatsServerOptions {
+            store_dir: Some(store_dir.to_path_buf()),
+            port: Some(port),
+            extra_config,
+            ..Default::default()
+        };
+        let server = NatsServer::start_with(options.clone())?;
+        let url = server.url().to_owned();
+        Ok(NatsNode {
+            name: name.to_owned(),
+            options,
+            server: Some(server),
+            url,
+            earlier_logs: String::new(),
+        })
+    }
+
+    /// The node's name (its `server_name` in a cluster).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The client URL; the same across restarts.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Whether the node's process is running.
+    pub fn is_running(&self) -> bool {
+        self.server.is_some()
+    }
+
+    /// The process ID, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.server.as_ref().map(NatsServer::pid)
+    }
+
+    /// The JetStream store directory.
+    pub fn store_dir(&self) -> PathBuf {
+        self.options.store_dir.clone().expect("a node has a store")
+    }
+
+    /// `kill -9` (the server's drop is a SIGKILL and a wait); its log is kept.
+    pub fn kill9(&mut self) {
+        if let Some(s) = self.server.take() {
+            self.earlier_logs.push_str(&s.log());
+            self.earlier_logs
+                .push_str(&format!("=== {} killed (SIGKILL) ===\n", self.name));
+            drop(s);
+        }
+    }
+
+    /// Starts the node again on the same port and store (killing it first if it runs). The
+    /// port may linger for a moment after a kill: this retries for up to 10 s.
+    pub fn restart(&mut self) -> Result<(), NatsServerError> {
+        self.kill9();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match NatsServer::start_with(self.options.clone()) {
+                Ok(s) => {
+                    self.server = Some(s);
+                    return Ok(());
+                }
+                Err(e) if Instant::now() < deadline => {
+                    let _ = e;
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// The logs of every incarnation so far.
+    pub fn logs(&self) -> String {
+        let mut out = self.earlier_logs.clone();
+        if let Some(s) = &self.server {
+            out.push_str(&s.log());
+        }
+        out
+    }
+}
+
+/// A JetStream cluster of [`NatsNode`]s on loopback, in deploy/nats/nats.conf's shape.
+#[derive(Debug)]
+pub struct NatsCluster {
+    /// The nodes, `faults-n1` … `faults-nN`.
+    pub nodes: Vec<NatsNode>,
+    _dir: tempfile::TempDir,
+}
+
+/// The name of the cluster (as in deploy/nats/nats.conf).
+pub const CLUSTER_NAME: &str = "msgtrail";
+
+impl NatsCluster {
+    /// Starts `n` nodes (3 for R3 streams) routed to each other, each with its own store.
+    pub fn start(n: usize) -> Result<Self, NatsServerError> {
+        let dir = tempfile::Builder::new()
+            .prefix("msgtrail-cluster-")
+            .tempdir()?;
+        let client_ports: Vec<u16> = (0..n).map(|_| free_port()).collect();
+        let route_ports: Vec<u16> = (0..n).map(|_| free_port()).collect();
+        let routes = route_ports
+            .iter()
+            .map(|p| format!("\"nats-route://127.0.0.1:{p}\""))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let mut nodes = Vec::with_capacity(n);
+        for i in 0..n {
+            let name = format!("faults-n{}", i + 1);
+            let extra = format!(
+                "server_name: {name}\n\
+                 cluster {{\n  name: {CLUSTER_NAME}\n  listen: \"127.0.0.1:{}\"\n  routes: [ {routes} ]\n}}\n",
+                route_ports[i]
+            );
+            let store = dir.path().join(format!("store-{}", i + 1));
+            nodes.push(NatsNode::start_with(&name, &store, client_ports[i], extra)?);
+        }
+        Ok(NatsCluster { nodes, _dir: dir })
+    }
+
+    /// Every node's client URL (each is a seed for clients).
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(|n| n.url().to_owned()).collect()
+    }
+
+    /// The index of the node named `name`.
+    pub fn index_of(&self, name: &str) -> Option<usize> {
+        self.nodes.iter().position(|n| n.name() == name)
+    }
+
+    /// The logs of every node, one after the other.
+    pub fn logs(&self) -> String {
+        self.nodes
+            .iter()
+            .map(|n| format!("---- {} ----\n{}", n.name(), n.logs()))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_node_keeps_its_port_and_store_across_a_kill() {
+        let store = tempfile::tempdir().unwrap();
+        let mut node = NatsNode::start(store.path()).expect("nats-server must start");
+        let url = node.url().to_owned();
+        let port: u16 = url.rsplit(':').next().unwrap().parse().unwrap();
+        node.kill9();
+        assert!(!node.is_running());
+        assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_err());
+        node.restart().unwrap();
+        assert_eq!(node.url(), url);
+        assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_ok());
+        assert!(node.logs().contains("killed (SIGKILL)"));
+        assert_eq!(node.store_dir(), store.path());
+    }
+}
