@@ -1,0 +1,1372 @@
+//! The fault suite's harness: a system of real processes, a workload that keeps a history of
+//! every client operation, and an oracle that reads the streams on its own.
+//!
+//! - [`System`] runs nats-server (one restartable node or a 3-node cluster), brokers and a
+//!   listener as child processes of the built `msgtrail` binary, identities in a clients file.
+//! - [`run_load`] starts producers (the Rust SDK, retried with the same request ID until acked)
+//!   and a pull consumer group, every call recorded in a [`History`] as ok / fail / unknown.
+//! - the oracle ([`drain_messages`], [`judge_stream`], [`judge_trajectories`]) drains
+//!   `MSGTRAIL_MESSAGES` with a fresh ordered consumer (lost and duplicated uploads by request
+//!   ID) and reads every acked message's trajectory from the listener's HTTP API (complete: a real store hop with P2 and P3, and, for a consumed
+//!   message, the group's delivery acknowledged).
+//! - [`Report`] prints one JSON line per scenario on stdout.
+
+use futures::StreamExt;
+use msgtrail_client::{
+    Consumer, HookEvent, HookKind, Identity, Outgoing, Producer, ProducerOptions,
+};
+use msgtrail_core::trajectory::{HopKind, MessageState, Trajectory};
+use msgtrail_core::wire::Subscription;
+use msgtrail_core::{ClientId, MessageId, RequestId, Stage};
+use msgtrail_listener::client::ListenerClient;
+use msgtrail_test_support::nats_node::{NatsCluster, NatsNode};
+use msgtrail_test_support::process::{free_port, msgtrail_binary, ChildProcess, ProcessSpec};
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The topic every workload message goes to.
+pub const TOPIC: &str = "faults.orders";
+/// The consumer group of the workload's consumer.
+pub const GROUP: &str = "faults-billing";
+/// Ack wait of the brokers: a delivery lost with a broker comes back this soon.
+pub const ACK_WAIT: &str = "2s";
+
+/// One scenario is serialised with the others: they measure latencies and recovery times,
+/// and two of them on two shared cores would measure each other.
+pub static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// How big a run is: the short variant in `cargo test`, the long one with
+/// `MSGTRAIL_FAULTS_LONG=1`.
+#[derive(Debug, Clone, Copy)]
+pub struct Scale {
+    /// Messages per run.
+    pub messages: usize,
+    /// Repetitions.
+    pub reps: usize,
+    /// Whether this is the long variant.
+    pub long: bool,
+}
+
+impl Scale {
+    /// `short` messages once, or with `MSGTRAIL_FAULTS_LONG=1` `long` messages three times.
+    pub fn pick(short: usize, long: usize) -> Scale {
+        let is_long = std::env::var("MSGTRAIL_FAULTS_LONG").is_ok_and(|v| v == "1");
+        if is_long {
+            Scale {
+                messages: long,
+                reps: 3,
+                long: true,
+            }
+        } else {
+            Scale {
+                messages: short,
+                reps: 1,
+                long: false,
+            }
+        }
+    }
+
+    /// `short` or `long`.
+    pub fn variant(&self) -> &'static str {
+        if self.long {
+            "long"
+        } else {
+            "short"
+        }
+    }
+}
+
+/// Milliseconds since `t0`, as a float.
+pub fn ms_since(t0: Instant, t: Instant) -> f64 {
+    t.saturating_duration_since(t0).as_secs_f64() * 1000.0
+}
+
+fn round1(x: f64) -> f64 {
+    (x * 10.0).round() / 10.0
+}
+
+/// The commit under test: `git rev-parse --short HEAD`, with `+dirty` when the tree has
+/// changes.
+pub fn commit() -> String {
+    let root = msgtrail_test_support::process::workspace_root();
+    let run = |args: &[&str]| {
+        std::process::Command::new("git")
+            .current_dir(&root)
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+    };
+    let head = run(&["rev-parse", "--short", "HEAD"]).unwrap_or_else(|| "unknown".into());
+    let dirty =
+        run(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
+    if dirty {
+        format!("{head}+dirty")
+    } else {
+        head
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The system
+// ---------------------------------------------------------------------------------------
+
+/// The NATS side of a system.
+#[derive(Debug)]
+pub enum Nats {
+    /// One node, restartable on the same port and store.
+    Single(Box<NatsNode>),
+    /// A cluster of nodes.
+    Cluster(NatsCluster),
+}
+
+impl Nats {
+    /// Every client URL.
+    pub fn urls(&self) -> Vec<String> {
+        match self {
+            Nats::Single(n) => vec![n.url().to_owned()],
+            Nats::Cluster(c) => c.urls(),
+        }
+    }
+
+    /// The logs of every node.
+    pub fn logs(&self) -> String {
+        match self {
+            Nats::Single(n) => n.logs(),
+            Nats::Cluster(c) => c.logs(),
+        }
+    }
+}
+
+/// How to start a [`System`].
+#[derive(Debug, Clone)]
+pub struct SystemOptions {
+    /// A 3-node cluster with R3 streams instead of one node.
+    pub cluster: bool,
+    /// Broker processes.
+    pub brokers: usize,
+    /// Start the listener process with the system.
+    pub listener: bool,
+    /// More `msgtrail broker` arguments (`--dedup-window 1s`).
+    pub broker_args: Vec<String>,
+    /// More `msgtrail listener` arguments (`--batch-size 4`).
+    pub listener_args: Vec<String>,
+}
+
+impl Default for SystemOptions {
+    fn default() -> Self {
+        SystemOptions {
+            cluster: false,
+            brokers: 1,
+            listener: true,
+            broker_args: vec![],
+            listener_args: vec![],
+        }
+    }
+}
+
+/// nats-server, brokers and a listener as real processes, and the test's clients.
+pub struct System {
+    /// The NATS node or cluster.
+    pub nats: Nats,
+    /// The broker processes, in start order.
+    pub brokers: Vec<ChildProcess>,
+    /// The listener process, once started.
+    pub listener: Option<ChildProcess>,
+    /// The listener's API address.
+    pub listener_addr: String,
+    /// The producer's identity (client `faults-shop`).
+    pub producer_id: Identity,
+    /// The consumer's identity (client `faults-billing-1`).
+    pub consumer_id: Identity,
+    /// A plain NATS connection for the oracle and for raw requests.
+    pub admin: async_nats::Client,
+    options: SystemOptions,
+    clients_file: PathBuf,
+    listener_data: PathBuf,
+    dir: tempfile::TempDir,
+}
+
+fn id(s: &str) -> ClientId {
+    ClientId::new(s).expect("valid client id")
+}
+
+/// Connects to every URL of `urls` (each a seed), retrying until `within` passes.
+pub async fn connect(urls: &[String]) -> async_nats::Client {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let addrs: Vec<async_nats::ServerAddr> = urls.iter().map(|u| u.parse().unwrap()).collect();
+        match async_nats::ConnectOptions::new()
+            .retry_on_initial_connect()
+            .connect(addrs)
+            .await
+        {
+            Ok(c) => return c,
+            Err(e) if Instant::now() < deadline => {
+                let _ = e;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("cannot connect to {urls:?}: {e}"),
+        }
+    }
+}
+
+impl System {
+    /// Starts nats-server (or a cluster), the brokers and (if asked) the listener, and waits
+    /// until every broker answers service discovery and the listener answers `/healthz`.
+    pub async fn start(options: SystemOptions) -> System {
+        let dir = tempfile::Builder::new()
+            .prefix("msgtrail-faults-")
+            .tempdir()
+            .unwrap();
+        let nats = if options.cluster {
+            Nats::Cluster(NatsCluster::start(3).expect("a 3-node nats cluster starts"))
+        } else {
+            Nats::Single(Box::new(
+                NatsNode::start(&dir.path().join("jetstream")).expect("nats-server must start"),
+            ))
+        };
+        let producer_id = Identity::generate(id("faults-shop")).with_service_name("faults-shop");
+        let consumer_id =
+            Identity::generate(id("faults-billing-1")).with_service_name("faults-billing");
+        let clients_file = dir.path().join("clients.json");
+        let clients = json!({ "clients": [
+            { "id": "faults-shop", "role": "producer", "public_key": producer_id.public_key(),
+              "topics": ["faults.>"], "service_name": "faults-shop" },
+            { "id": "faults-billing-1", "role": "consumer", "public_key": consumer_id.public_key(),
+              "topics": ["faults.>"], "service_name": "faults-billing" },
+        ]});
+        std::fs::write(&clients_file, serde_json::to_vec_pretty(&clients).unwrap()).unwrap();
+        let admin = connect(&nats.urls()).await;
+        let listener_data = dir.path().join("listener-data");
+        let mut sys = System {
+            nats,
+            brokers: vec![],
+            listener: None,
+            listener_addr: format!("127.0.0.1:{}", free_port()),
+            producer_id,
+            consumer_id,
+            admin,
+            options: options.clone(),
+            clients_file,
+            listener_data,
+            dir,
+        };
+        for _ in 0..options.brokers {
+            sys.spawn_broker();
+        }
+        sys.wait_brokers(options.brokers, Duration::from_secs(60))
+            .await;
+        if options.listener {
+            sys.spawn_listener();
+            sys.wait_listener(Duration::from_secs(30)).await;
+        }
+        sys
+    }
+
+    fn bin() -> PathBuf {
+        msgtrail_binary().unwrap_or_else(|e| {
+            panic!("{e}\n(the fault suite runs the real `msgtrail` binary as child processes)")
+        })
+    }
+
+    fn base_spec(&self, name: &str) -> ProcessSpec {
+        ProcessSpec::new(
+            name,
+            Self::bin(),
+            self.dir.path().join(format!("{name}.log")),
+        )
+        .env("NATS_URL", self.nats.urls().join(","))
+        .env("RUST_LOG", "warn")
+        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+        .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        .env_remove("OTEL_SERVICE_NAME")
+    }
+
+    /// Starts one more broker process (`broker-<n>`) and returns its index; does not wait.
+    pub fn spawn_broker(&mut self) -> usize {
+        let n = self.brokers.len() + 1;
+        let name = format!("broker-{n}");
+        let mut args: Vec<String> = vec![
+            "broker".into(),
+            "--clients".into(),
+            self.clients_file.display().to_string(),
+            "--service-name".into(),
+            name.clone(),
+            "--ack-wait".into(),
+            ACK_WAIT.into(),
+            "--max-deliver".into(),
+            "20".into(),
+        ];
+        if self.options.cluster {
+            args.extend(["--replicas".into(), "3".into()]);
+        }
+        args.extend(self.options.broker_args.iter().cloned());
+        let spec = self.base_spec(&name).args(args);
+        self.brokers
+            .push(ChildProcess::spawn(spec).expect("broker process starts"));
+        self.brokers.len() - 1
+    }
+
+    /// How many brokers answer the NATS service discovery ping of service `msgtrail`.
+    pub async fn broker_instances(&self) -> usize {
+        let inbox = self.admin.new_inbox();
+        let Ok(mut sub) = self.admin.subscribe(inbox.clone()).await else {
+            return 0;
+        };
+        if self
+            .admin
+            .publish_with_reply("$SRV.PING.msgtrail", inbox, "".into())
+            .await
+            .is_err()
+        {
+            return 0;
+        }
+        let _ = self.admin.flush().await;
+        let mut ids = HashSet::new();
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(300);
+        while let Ok(Some(m)) = tokio::time::timeout_at(deadline, sub.next()).await {
+            if let Ok(v) = serde_json::from_slice::<Value>(&m.payload) {
+                ids.insert(v["id"].as_str().unwrap_or_default().to_owned());
+            }
+        }
+        ids.len()
+    }
+
+    /// Waits until `n` brokers answer service discovery; a broker process that exited (it
+    /// may race a cluster's JetStream election at startup) is started again.
+    pub async fn wait_brokers(&mut self, n: usize, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            for b in &mut self.brokers {
+                if !b.is_running() {
+                    b.restart().expect("broker restarts");
+                }
+            }
+            if self.broker_instances().await >= n {
+                return;
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "{n} brokers never answered service discovery\n{}",
+                    self.diagnostics()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Starts the listener process (or starts it again: same store, same durable, same
+    /// address); does not wait.
+    pub fn spawn_listener(&mut self) {
+        if let Some(l) = &mut self.listener {
+            l.restart().expect("listener restarts");
+            return;
+        }
+        let mut args: Vec<String> = vec![
+            "listener".into(),
+            "--data-dir".into(),
+            self.listener_data.display().to_string(),
+            "--addr".into(),
+            self.listener_addr.clone(),
+        ];
+        args.extend(self.options.listener_args.iter().cloned());
+        let spec = self.base_spec("listener").args(args);
+        self.listener = Some(ChildProcess::spawn(spec).expect("listener process starts"));
+    }
+
+    /// Waits until the listener answers `/healthz`.
+    pub async fn wait_listener(&mut self, within: Duration) {
+        let deadline = Instant::now() + within;
+        let client = self.listener_client();
+        loop {
+            if let Ok((200, _)) = client.get_raw("/healthz").await {
+                return;
+            }
+            let exited = self.listener.as_mut().is_some_and(|l| !l.is_running());
+            if exited || Instant::now() > deadline {
+                panic!("the listener never came up\n{}", self.diagnostics());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// A client of the listener's HTTP API.
+    pub fn listener_client(&self) -> ListenerClient {
+        ListenerClient::new(&format!("http://{}", self.listener_addr), None).unwrap()
+    }
+
+    /// A producer on its own NATS connection (every URL a seed), with a short request timeout
+    /// so that a dead broker costs a retry, not a long wait.
+    pub async fn producer(&self) -> Producer {
+        let nats = connect(&self.nats.urls()).await;
+        let options = ProducerOptions {
+            timeout: Duration::from_secs(2),
+            ..Default::default()
+        };
+        retry_open(|| {
+            Producer::connect_with(nats.clone(), self.producer_id.clone(), options.clone())
+        })
+        .await
+    }
+
+    /// A consumer on its own NATS connection.
+    pub async fn consumer(&self) -> Consumer {
+        let nats = connect(&self.nats.urls()).await;
+        retry_open(|| {
+            Consumer::connect_with(
+                nats.clone(),
+                self.consumer_id.clone(),
+                Duration::from_secs(2),
+                true,
+            )
+        })
+        .await
+    }
+
+    /// The tail of every process log, for failure messages.
+    pub fn diagnostics(&self) -> String {
+        let mut out = String::new();
+        for b in &self.brokers {
+            out.push_str(&format!("---- {} ----\n{}\n", b.name(), b.log_tail(30)));
+        }
+        if let Some(l) = &self.listener {
+            out.push_str(&format!("---- listener ----\n{}\n", l.log_tail(30)));
+        }
+        let nats = self.nats.logs();
+        let tail: Vec<&str> = nats.lines().rev().take(30).collect();
+        out.push_str("---- nats ----\n");
+        for l in tail.into_iter().rev() {
+            out.push_str(l);
+            out.push('\n');
+        }
+        out
+    }
+}
+
+/// Opens a channel, retrying for up to 30 s (a broker may still be coming up).
+async fn retry_open<T, F, Fut>(open: F) -> T
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<T, msgtrail_client::ClientError>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match open().await {
+            Ok(x) => return x,
+            Err(e) if Instant::now() < deadline => {
+                let _ = e;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("cannot open a channel: {e}"),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// History
+// ---------------------------------------------------------------------------------------
+
+/// What a client call came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// It was done.
+    Ok,
+    /// It was definitely not done (the broker refused it for good).
+    Fail(String),
+    /// Maybe done, maybe not (timeout, connection trouble, storage unavailable).
+    Unknown(String),
+}
+
+/// One client call.
+#[derive(Debug, Clone)]
+pub struct Op {
+    /// `send`, `fetch` or `ack`.
+    pub kind: &'static str,
+    /// The request ID (send) or message ID (ack).
+    pub key: String,
+    /// When it started, ms since the history's start.
+    pub start_ms: f64,
+    /// When it ended.
+    pub end_ms: f64,
+    /// How it ended.
+    pub outcome: Outcome,
+}
+
+/// Every client call of a run.
+#[derive(Debug)]
+pub struct History {
+    /// When the run started.
+    pub t0: Instant,
+    /// The same moment, Unix nanoseconds (hook events carry Unix times).
+    t0_unix: u64,
+    ops: Mutex<Vec<Op>>,
+    /// Upload attempts begun (BeforeSend) and not ended yet: (request ID, attempt) → start.
+    attempts: Mutex<HashMap<(String, u32), u64>>,
+}
+
+impl History {
+    /// An empty history starting now.
+    pub fn new() -> Arc<Self> {
+        Arc::new(History {
+            t0: Instant::now(),
+            t0_unix: msgtrail_core::time::now_nanos(),
+            ops: Mutex::new(Vec::new()),
+            attempts: Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn unix_ms(&self, at: u64) -> f64 {
+        (at as f64 - self.t0_unix as f64) / 1e6
+    }
+
+    /// Records every upload attempt of `producer` (the SDK retries inside one call) as an
+    /// `attempt` op, from its hook events.
+    pub fn watch_attempts(self: &Arc<Self>, producer: &Producer) {
+        let me = self.clone();
+        producer.hooks().register_with_capacity(
+            &[HookKind::BeforeSend, HookKind::AfterSend],
+            1 << 20,
+            move |ev| match ev {
+                HookEvent::BeforeSend {
+                    request_id,
+                    attempt,
+                    at,
+                    ..
+                } => {
+                    me.attempts
+                        .lock()
+                        .unwrap()
+                        .insert((request_id.to_string(), *attempt), *at);
+                }
+                HookEvent::AfterSend {
+                    request_id,
+                    attempt,
+                    result,
+                    at,
+                    ..
+                } => {
+                    let key = (request_id.to_string(), *attempt);
+                    let start = me.attempts.lock().unwrap().remove(&key).unwrap_or(*at);
+                    let outcome = match result {
+                        Ok(_) => Outcome::Ok,
+                        Err(e) if e.starts_with("broker refused") && !e.contains("unavailable") => {
+                            Outcome::Fail(e.clone())
+                        }
+                        Err(e) => Outcome::Unknown(e.clone()),
+                    };
+                    let op = Op {
+                        kind: "attempt",
+                        key: key.0,
+                        start_ms: me.unix_ms(start),
+                        end_ms: me.unix_ms(*at),
+                        outcome,
+                    };
+                    me.ops.lock().unwrap().push(op);
+                }
+                _ => {}
+            },
+        );
+    }
+
+    /// Now, in ms since the start.
+    pub fn now_ms(&self) -> f64 {
+        ms_since(self.t0, Instant::now())
+    }
+
+    fn push(&self, kind: &'static str, key: String, start: Instant, outcome: Outcome) {
+        let op = Op {
+            kind,
+            key,
+            start_ms: ms_since(self.t0, start),
+            end_ms: self.now_ms(),
+            outcome,
+        };
+        self.ops.lock().unwrap().push(op);
+    }
+
+    /// A copy of every op so far.
+    pub fn ops(&self) -> Vec<Op> {
+        self.ops.lock().unwrap().clone()
+    }
+
+    /// Counts of `kind` ops by outcome: (ok, fail, unknown).
+    pub fn counts(&self, kind: &str) -> (usize, usize, usize) {
+        let ops = self.ops.lock().unwrap();
+        let mut c = (0, 0, 0);
+        for o in ops.iter().filter(|o| o.kind == kind) {
+            match o.outcome {
+                Outcome::Ok => c.0 += 1,
+                Outcome::Fail(_) => c.1 += 1,
+                Outcome::Unknown(_) => c.2 += 1,
+            }
+        }
+        c
+    }
+
+    /// Time from `fault_ms` until the last upload disturbed by it was acknowledged: an upload
+    /// that was in flight at the fault or had a failed call or attempt after it. 0 when none
+    /// was.
+    pub fn recovery_ms(&self, fault_ms: f64) -> f64 {
+        let ops = self.ops();
+        let mut by_key: HashMap<&str, Vec<&Op>> = HashMap::new();
+        for o in ops
+            .iter()
+            .filter(|o| o.kind == "send" || o.kind == "attempt")
+        {
+            by_key.entry(o.key.as_str()).or_default().push(o);
+        }
+        let mut worst: f64 = 0.0;
+        for calls in by_key.values() {
+            let first = calls.iter().map(|o| o.start_ms).fold(f64::MAX, f64::min);
+            let Some(acked) = calls
+                .iter()
+                .filter(|o| o.outcome == Outcome::Ok)
+                .map(|o| o.end_ms)
+                .reduce(f64::min)
+            else {
+                continue;
+            };
+            let in_flight = first <= fault_ms && acked >= fault_ms;
+            let failed_after = calls
+                .iter()
+                .any(|o| o.outcome != Outcome::Ok && o.end_ms >= fault_ms);
+            if in_flight || failed_after {
+                worst = worst.max(acked - fault_ms);
+            }
+        }
+        round1(worst)
+    }
+
+    /// Latencies of the successful `send` calls, ms.
+    pub fn send_latencies(&self) -> Vec<f64> {
+        self.ops()
+            .iter()
+            .filter(|o| o.kind == "send" && o.outcome == Outcome::Ok)
+            .map(|o| o.end_ms - o.start_ms)
+            .collect()
+    }
+
+    /// The failed and unknown calls by kind and error text, with their counts (at most `n`
+    /// texts, the most frequent first), for the report.
+    pub fn error_counts(&self, n: usize) -> Vec<(String, usize)> {
+        let mut counts: HashMap<String, usize> = HashMap::new();
+        for o in self.ops() {
+            let text = match &o.outcome {
+                Outcome::Ok => continue,
+                Outcome::Fail(e) => format!("{} fail: {e}", o.kind),
+                Outcome::Unknown(e) => format!("{} unknown: {e}", o.kind),
+            };
+            *counts.entry(text).or_default() += 1;
+        }
+        let mut v: Vec<(String, usize)> = counts.into_iter().collect();
+        v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        v.truncate(n);
+        v
+    }
+}
+
+/// Percentile `p` (0–100) of `xs` (sorted here), ms.
+pub fn percentile(xs: &[f64], p: f64) -> f64 {
+    if xs.is_empty() {
+        return 0.0;
+    }
+    let mut v = xs.to_vec();
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let i = ((p / 100.0) * (v.len() - 1) as f64).round() as usize;
+    round1(v[i.min(v.len() - 1)])
+}
+
+fn classify(e: &msgtrail_client::ClientError) -> Outcome {
+    use msgtrail_client::ClientError as E;
+    match e {
+        E::Refused(w) if !e.is_transient() => Outcome::Fail(format!("{}: {}", w.code, w.message)),
+        other => Outcome::Unknown(other.to_string()),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The workload
+// ---------------------------------------------------------------------------------------
+
+/// What [`run_load`] does.
+#[derive(Debug, Clone)]
+pub struct Load {
+    /// Messages to upload.
+    pub messages: usize,
+    /// Producer tasks (sends in flight at once).
+    pub concurrency: usize,
+    /// Pause of each producer task between two messages.
+    pub pace: Duration,
+    /// Run the consumer group alongside.
+    pub consume: bool,
+    /// Give up on a message that is still not acked after this long (from the run's start).
+    pub deadline: Duration,
+}
+
+impl Load {
+    /// `messages` uploads by 8 tasks, 2 ms apart each (so that requests are always in
+    /// flight when the fault comes), consumed alongside, 90 s at most.
+    pub fn new(messages: usize) -> Self {
+        Load {
+            messages,
+            concurrency: 8,
+            pace: Duration::from_millis(2),
+            consume: true,
+            deadline: Duration::from_secs(90),
+        }
+    }
+}
+
+/// One acknowledged upload.
+#[derive(Debug, Clone)]
+pub struct Acked {
+    /// The message ID the broker answered with.
+    pub message_id: MessageId,
+    /// Whether the broker said it was a duplicate of an earlier upload.
+    pub duplicate: bool,
+}
+
+/// Shared state of a running load, readable while it runs.
+#[derive(Debug, Default)]
+pub struct Progress {
+    /// Uploads acknowledged so far.
+    pub acked: AtomicUsize,
+    /// Deliveries acknowledged so far.
+    pub consumed: AtomicUsize,
+    /// Set when every producer task is done.
+    pub producers_done: AtomicBool,
+    /// Set to stop the consumer early.
+    pub stop: AtomicBool,
+    /// Acked uploads by request ID.
+    pub uploads: Mutex<BTreeMap<String, Acked>>,
+    /// Request IDs never acked.
+    pub given_up: Mutex<Vec<String>>,
+    /// Message IDs whose delivery the consumer acked (the broker said ok).
+    pub consumed_ids: Mutex<HashSet<MessageId>>,
+    /// Deliveries of messages the consumer had already acked (redeliveries after a lost
+    /// ack reply, or JetStream redeliveries).
+    pub redelivered_after_ack: AtomicUsize,
+}
+
+impl Progress {
+    /// Waits until `n` uploads are acked (or `within` passes).
+    pub async fn wait_acked(&self, n: usize, within: Duration) {
+        let deadline = Instant::now() + within;
+        while self.acked.load(Ordering::SeqCst) < n && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+/// A running load: its progress, and the tasks to await.
+pub struct Running {
+    /// Progress, shared with the tasks.
+    pub progress: Arc<Progress>,
+    /// The history of every call.
+    pub history: Arc<History>,
+    producers: Vec<tokio::task::JoinHandle<()>>,
+    consumer: Option<tokio::task::JoinHandle<()>>,
+    /// The producer (kept so that its stage reports are flushed at the end).
+    pub producer: Producer,
+    /// The consumer.
+    pub consumer_client: Option<Consumer>,
+}
+
+/// Uploads `msg` with request ID `rid` until acked or `deadline`, each SDK call in the
+/// history (the SDK itself retries timeouts with the same request ID).
+pub async fn send_until_acked(
+    producer: &Producer,
+    history: &History,
+    rid: &RequestId,
+    payload: String,
+    deadline: Instant,
+) -> Option<Acked> {
+    let mut pause = Duration::from_millis(50);
+    loop {
+        let start = Instant::now();
+        let msg = Outgoing::new(TOPIC, payload.clone()).request_id(rid.clone());
+        match producer.send_message(msg).await {
+            Ok(reply) => {
+                history.push("send", rid.to_string(), start, Outcome::Ok);
+                return Some(Acked {
+                    message_id: reply.message_id,
+                    duplicate: reply.duplicate,
+                });
+            }
+            Err(e) => {
+                let outcome = classify(&e);
+                let definite = matches!(outcome, Outcome::Fail(_));
+                history.push("send", rid.to_string(), start, outcome);
+                if definite || Instant::now() > deadline {
+                    return None;
+                }
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_millis(500));
+            }
+        }
+    }
+}
+
+/// Starts a load on `sys`: producers (and a consumer) as tasks; returns at once.
+pub async fn run_load(sys: &System, load: Load) -> Running {
+    let history = History::new();
+    let progress = Arc::new(Progress::default());
+    let producer = sys.producer().await;
+    history.watch_attempts(&producer);
+    let next = Arc::new(AtomicUsize::new(0));
+    let deadline = history.t0 + load.deadline;
+    let done_tasks = Arc::new(AtomicUsize::new(0));
+    let mut producers = Vec::new();
+    for _ in 0..load.concurrency {
+        let (producer, history, progress, next, done_tasks) = (
+            producer.clone(),
+            history.clone(),
+            progress.clone(),
+            next.clone(),
+            done_tasks.clone(),
+        );
+        let (n, pace, tasks) = (load.messages, load.pace, load.concurrency);
+        producers.push(tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::SeqCst);
+                if i >= n {
+                    break;
+                }
+                let rid = RequestId::generate();
+                let payload = format!("{{\"order\":{i}}}");
+                match send_until_acked(&producer, &history, &rid, payload, deadline).await {
+                    Some(a) => {
+                        progress.uploads.lock().unwrap().insert(rid.to_string(), a);
+                        progress.acked.fetch_add(1, Ordering::SeqCst);
+                    }
+                    None => progress.given_up.lock().unwrap().push(rid.to_string()),
+                }
+                if !pace.is_zero() {
+                    tokio::time::sleep(pace).await;
+                }
+            }
+            if done_tasks.fetch_add(1, Ordering::SeqCst) + 1 == tasks {
+                progress.producers_done.store(true, Ordering::SeqCst);
+            }
+        }));
+    }
+    let (consumer, consumer_client) = if load.consume {
+        let c = sys.consumer().await;
+        let task = tokio::spawn(consume(
+            c.clone(),
+            history.clone(),
+            progress.clone(),
+            deadline,
+        ));
+        (Some(task), Some(c))
+    } else {
+        (None, None)
+    };
+    Running {
+        progress,
+        history,
+        producers,
+        consumer,
+        producer,
+        consumer_client,
+    }
+}
+
+/// The subscription of the workload's consumer group.
+pub fn subscription() -> Subscription {
+    Subscription {
+        group: id(GROUP),
+        topic: "faults.>".into(),
+        filter: Default::default(),
+        message_id: None,
+    }
+}
+
+/// The consumer: fetch, process, ack (an ack that fails is tried again with the same token),
+/// until the producers are done and every acked upload was consumed, or `deadline`.
+async fn consume(c: Consumer, history: Arc<History>, progress: Arc<Progress>, deadline: Instant) {
+    let sub = subscription();
+    loop {
+        if progress.stop.load(Ordering::SeqCst) || Instant::now() > deadline {
+            return;
+        }
+        if progress.producers_done.load(Ordering::SeqCst) {
+            let acked: HashSet<MessageId> = progress
+                .uploads
+                .lock()
+                .unwrap()
+                .values()
+                .map(|a| a.message_id)
+                .collect();
+            let consumed = progress.consumed_ids.lock().unwrap();
+            if acked.iter().all(|m| consumed.contains(m)) {
+                return;
+            }
+        }
+        let start = Instant::now();
+        let batch = match c.fetch(&sub, 64, Duration::from_millis(300)).await {
+            Ok(b) => {
+                history.push("fetch", String::new(), start, Outcome::Ok);
+                b
+            }
+            Err(e) => {
+                history.push("fetch", String::new(), start, classify(&e));
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        for m in batch {
+            let mid = m.message_id;
+            if progress.consumed_ids.lock().unwrap().contains(&mid) {
+                progress
+                    .redelivered_after_ack
+                    .fetch_add(1, Ordering::SeqCst);
+            }
+            let start = Instant::now();
+            let mut result = c
+                .process(m.clone(), |_| async { Ok::<(), String>(()) })
+                .await
+                .map(|_| ());
+            let mut tries = 1;
+            while let Err(e) = &result {
+                history.push("ack", mid.to_string(), start, classify(e));
+                if tries >= 5 || matches!(classify(e), Outcome::Fail(_)) {
+                    break;
+                }
+                tries += 1;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                result = c.ack(&m).await;
+            }
+            if result.is_ok() {
+                history.push("ack", mid.to_string(), start, Outcome::Ok);
+                if progress.consumed_ids.lock().unwrap().insert(mid) {
+                    progress.consumed.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        }
+    }
+}
+
+impl Running {
+    /// Waits for the producers, then for the consumer (until it consumed every acked
+    /// upload, or its deadline), and flushes both clients' stage reports.
+    pub async fn finish(self) -> Finished {
+        for p in self.producers {
+            p.await.expect("producer task");
+        }
+        if let Some(c) = self.consumer {
+            c.await.expect("consumer task");
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(10), self.producer.close()).await;
+        if let Some(c) = self.consumer_client {
+            let _ = tokio::time::timeout(Duration::from_secs(10), c.close()).await;
+        }
+        Finished {
+            progress: self.progress,
+            history: self.history,
+        }
+    }
+}
+
+/// A finished load.
+pub struct Finished {
+    /// What it did.
+    pub progress: Arc<Progress>,
+    /// Every call.
+    pub history: Arc<History>,
+}
+
+// ---------------------------------------------------------------------------------------
+// The oracle
+// ---------------------------------------------------------------------------------------
+
+/// A message found in `MSGTRAIL_MESSAGES`.
+#[derive(Debug, Clone)]
+pub struct StoredMessage {
+    /// `Msgtrail-Request-Id`.
+    pub request_id: String,
+    /// `Msgtrail-Message-Id`.
+    pub message_id: String,
+    /// Whether it carries the store evidence header `Msgtrail-Received-At`.
+    pub has_received_at: bool,
+}
+
+/// Reads every message of `MSGTRAIL_MESSAGES` with a fresh ordered consumer (headers only),
+/// independently of the brokers and the listener.
+pub async fn drain_messages(client: &async_nats::Client) -> Vec<StoredMessage> {
+    use async_nats::jetstream::consumer::pull::OrderedConfig;
+    use msgtrail_core::headers as h;
+    let js = async_nats::jetstream::new(client.clone());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut last_err = String::new();
+    while Instant::now() < deadline {
+        let attempt = async {
+            let mut stream = js
+                .get_stream(msgtrail_core::subjects::MESSAGE_STREAM)
+                .await
+                .map_err(|e| e.to_string())?;
+            let info = stream.info().await.map_err(|e| e.to_string())?.clone();
+            let last = info.state.last_sequence;
+            let mut out = Vec::new();
+            if info.state.messages == 0 {
+                return Ok(out);
+            }
+            let consumer = stream
+                .create_consumer(OrderedConfig {
+                    headers_only: true,
+                    ..Default::default()
+                })
+                .await
+                .map_err(|e| e.to_string())?;
+            let mut msgs = consumer.messages().await.map_err(|e| e.to_string())?;
+            loop {
+                let m = tokio::time::timeout(Duration::from_secs(10), msgs.next())
+                    .await
+                    .map_err(|_| "the ordered consumer stalled".to_string())?
+                    .ok_or("the ordered consumer ended")?
+                    .map_err(|e| e.to_string())?;
+                let seq = m.info().map_err(|e| e.to_string())?.stream_sequence;
+                let hs = m.headers.clone().unwrap_or_default();
+                let get = |k: &str| hs.get(k).map(|v| v.as_str().to_owned()).unwrap_or_default();
+                out.push(StoredMessage {
+                    request_id: get(h::REQUEST_ID),
+                    message_id: get(h::MESSAGE_ID),
+                    has_received_at: hs.get(h::RECEIVED_AT).is_some(),
+                });
+                if seq >= last {
+                    return Ok::<_, String>(out);
+                }
+            }
+        };
+        match attempt.await {
+            Ok(out) => return out,
+            Err(e) => {
+                last_err = e;
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    }
+    panic!("cannot drain MSGTRAIL_MESSAGES: {last_err}");
+}
+
+/// What the store says about the acked uploads.
+#[derive(Debug, Clone, Default)]
+pub struct StreamVerdict {
+    /// Acked uploads with no stored message of their request ID.
+    pub lost: Vec<String>,
+    /// Extra stored copies of a request ID (a request stored three times counts 2).
+    pub duplicated: usize,
+    /// Request IDs stored more than once.
+    pub duplicated_ids: Vec<String>,
+    /// Acked uploads whose stored message has another message ID than the ack said.
+    pub mismatched: Vec<String>,
+    /// Stored messages in all.
+    pub stored: usize,
+    /// Stored messages without `Msgtrail-Received-At`.
+    pub without_evidence: usize,
+}
+
+/// Compares the acked uploads with the stored messages.
+pub fn judge_stream(uploads: &BTreeMap<String, Acked>, stored: &[StoredMessage]) -> StreamVerdict {
+    let mut by_rid: HashMap<&str, Vec<&StoredMessage>> = HashMap::new();
+    for m in stored {
+        by_rid.entry(m.request_id.as_str()).or_default().push(m);
+    }
+    let mut v = StreamVerdict {
+        stored: stored.len(),
+        without_evidence: stored.iter().filter(|m| !m.has_received_at).count(),
+        ..Default::default()
+    };
+    for (rid, copies) in &by_rid {
+        if copies.len() > 1 {
+            v.duplicated += copies.len() - 1;
+            v.duplicated_ids.push((*rid).to_owned());
+        }
+    }
+    for (rid, a) in uploads {
+        match by_rid.get(rid.as_str()) {
+            None => v.lost.push(rid.clone()),
+            Some(copies) => {
+                if !copies
+                    .iter()
+                    .any(|m| m.message_id == a.message_id.to_string())
+                {
+                    v.mismatched.push(rid.clone());
+                }
+            }
+        }
+    }
+    v.duplicated_ids.sort();
+    v
+}
+
+/// What is missing from a trajectory, in words (empty: complete). Complete means a store
+/// hop built from real P2 and P3 records (not inferred from a later delivery) and, when the
+/// workload's consumer acked the message, the group's acknowledged delivery (C4/C8 ack).
+pub fn missing(t: &Trajectory, consumed: bool) -> Vec<String> {
+    let mut out = Vec::new();
+    match t.hop("store") {
+        None => out.push("no store hop".to_owned()),
+        Some(h) => {
+            let has = |s: Stage| h.events.iter().any(|r| r.stage == s);
+            if h.inferred {
+                out.push("store hop only inferred".to_owned());
+            }
+            if !has(Stage::UploadReceived) {
+                out.push("no P2".to_owned());
+            }
+            if !has(Stage::Stored) {
+                out.push("no P3".to_owned());
+            }
+        }
+    }
+    if consumed {
+        let group = t.groups.iter().find(|g| g.group.as_str() == GROUP);
+        match group {
+            None => out.push(format!("no delivery to group {GROUP}")),
+            Some(g) if g.state != MessageState::Consumed || g.acked_at.is_none() => {
+                let delivered = t
+                    .hops
+                    .iter()
+                    .any(|h| h.kind == HopKind::Deliver && h.group.as_ref() == Some(&g.group));
+                out.push(format!(
+                    "group {GROUP} is {} (no ack record C4/C8; deliver hop {})",
+                    g.state,
+                    if delivered { "present" } else { "missing" }
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    out
+}
+
+/// The trajectories of acked messages, as the listener serves them.
+#[derive(Debug, Clone, Default)]
+pub struct TrajectoryVerdict {
+    /// Message IDs whose trajectory is still incomplete at the deadline, with what is missing.
+    pub incomplete: BTreeMap<String, Vec<String>>,
+    /// How long until every trajectory was complete (or the deadline), ms.
+    pub complete_after_ms: f64,
+    /// The trajectories as last read, by message ID.
+    pub trajectories: HashMap<String, Trajectory>,
+}
+
+/// Polls `GET /api/messages/<id>` for every acked message until each is complete (consumed
+/// ones with their delivery) or `within` passes.
+pub async fn judge_trajectories(
+    client: &ListenerClient,
+    uploads: &BTreeMap<String, Acked>,
+    consumed: &HashSet<MessageId>,
+    within: Duration,
+) -> TrajectoryVerdict {
+    let start = Instant::now();
+    let deadline = start + within;
+    let mut pending: BTreeMap<String, bool> = uploads
+        .values()
+        .map(|a| (a.message_id.to_string(), consumed.contains(&a.message_id)))
+        .collect();
+    let mut v = TrajectoryVerdict::default();
+    loop {
+        let mut still = BTreeMap::new();
+        for (mid, was_consumed) in &pending {
+            match client.trajectory(mid, None).await {
+                Ok(t) => {
+                    let m = missing(&t, *was_consumed);
+                    v.trajectories.insert(mid.clone(), t);
+                    if !m.is_empty() {
+                        still.insert(mid.clone(), m);
+                    }
+                }
+                Err(e) if e.is_not_found() => {
+                    still.insert(mid.clone(), vec!["unknown to the listener (404)".into()]);
+                }
+                Err(e) => {
+                    still.insert(mid.clone(), vec![format!("listener: {e}")]);
+                }
+            }
+        }
+        v.complete_after_ms = round1(ms_since(start, Instant::now()));
+        if still.is_empty() || Instant::now() > deadline {
+            v.incomplete = still;
+            return v;
+        }
+        pending.retain(|k, _| still.contains_key(k));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Report
+// ---------------------------------------------------------------------------------------
+
+/// One scenario's figures: printed as one JSON line, and asserted on.
+#[derive(Debug, Clone)]
+pub struct Report {
+    /// The JSON object.
+    pub json: serde_json::Map<String, Value>,
+}
+
+impl Report {
+    /// A report with only the scenario's name, variant, repetition and commit.
+    pub fn bare(scenario: &str, scale: &Scale, rep: usize) -> Report {
+        let mut json = serde_json::Map::new();
+        json.insert("scenario".into(), json!(scenario));
+        json.insert("variant".into(), json!(scale.variant()));
+        json.insert("rep".into(), json!(rep));
+        json.insert("commit".into(), json!(commit()));
+        Report { json }
+    }
+
+    /// The common figures of a scenario run.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        scenario: &str,
+        scale: &Scale,
+        rep: usize,
+        finished: &Finished,
+        stream: &StreamVerdict,
+        traj: &TrajectoryVerdict,
+    ) -> Report {
+        let p = &finished.progress;
+        let uploads = p.uploads.lock().unwrap();
+        let consumed = p.consumed_ids.lock().unwrap();
+        let unconsumed = uploads
+            .values()
+            .filter(|a| !consumed.contains(&a.message_id))
+            .count();
+        let (s_ok, s_fail, s_unknown) = finished.history.counts("send");
+        let (a_ok, a_fail, a_unknown) = finished.history.counts("ack");
+        let (t_ok, t_fail, t_unknown) = finished.history.counts("attempt");
+        let lat = finished.history.send_latencies();
+        let mut json = serde_json::Map::new();
+        let mut put = |k: &str, v: Value| {
+            json.insert(k.to_owned(), v);
+        };
+        put("scenario", json!(scenario));
+        put("variant", json!(scale.variant()));
+        put("rep", json!(rep));
+        put("commit", json!(commit()));
+        put("messages", json!(scale.messages));
+        put("acked", json!(uploads.len()));
+        put("given_up", json!(p.given_up.lock().unwrap().len()));
+        put("lost", json!(stream.lost.len()));
+        put("duplicated", json!(stream.duplicated));
+        put("mismatched", json!(stream.mismatched.len()));
+        put("incomplete", json!(traj.incomplete.len()));
+        put("stored", json!(stream.stored));
+        put("consumed", json!(consumed.len()));
+        put("unconsumed", json!(unconsumed));
+        put(
+            "redelivered_after_ack",
+            json!(p.redelivered_after_ack.load(Ordering::SeqCst)),
+        );
+        put(
+            "send_calls",
+            json!({"ok": s_ok, "fail": s_fail, "unknown": s_unknown}),
+        );
+        put(
+            "upload_attempts",
+            json!({"ok": t_ok, "fail": t_fail, "unknown": t_unknown}),
+        );
+        put(
+            "ack_calls",
+            json!({"ok": a_ok, "fail": a_fail, "unknown": a_unknown}),
+        );
+        put(
+            "send_ms",
+            json!({"p50": percentile(&lat, 50.0), "p99": percentile(&lat, 99.0),
+                   "max": percentile(&lat, 100.0)}),
+        );
+        put(
+            "trajectories_complete_after_ms",
+            json!(traj.complete_after_ms),
+        );
+        if !traj.incomplete.is_empty() {
+            let sample: Vec<Value> = traj
+                .incomplete
+                .iter()
+                .take(5)
+                .map(|(k, v)| json!({"message_id": k, "missing": v}))
+                .collect();
+            put("incomplete_sample", json!(sample));
+        }
+        if !stream.lost.is_empty() {
+            put(
+                "lost_sample",
+                json!(stream.lost.iter().take(5).collect::<Vec<_>>()),
+            );
+        }
+        let errors = finished.history.error_counts(5);
+        if !errors.is_empty() {
+            let errors: serde_json::Map<String, Value> =
+                errors.into_iter().map(|(k, n)| (k, json!(n))).collect();
+            put("errors", Value::Object(errors));
+        }
+        Report { json }
+    }
+
+    /// Adds a figure.
+    pub fn set(&mut self, key: &str, value: Value) -> &mut Self {
+        self.json.insert(key.to_owned(), value);
+        self
+    }
+
+    /// A figure as u64 (0 when absent).
+    pub fn n(&self, key: &str) -> u64 {
+        self.json.get(key).and_then(Value::as_u64).unwrap_or(0)
+    }
+
+    /// Prints the JSON line on stdout (and appends it to `$MSGTRAIL_FAULTS_REPORT` if set).
+    pub fn print(&self) {
+        let line = Value::Object(self.json.clone()).to_string();
+        println!("{line}");
+        if let Some(path) = std::env::var_os("MSGTRAIL_FAULTS_REPORT") {
+            use std::io::Write;
+            if let Ok(mut f) = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+            {
+                let _ = writeln!(f, "{line}");
+            }
+        }
+    }
+
+    /// Asserts lost 0, duplicated 0 and (when `complete`) incomplete 0, with the figures and
+    /// the processes' logs in the message.
+    pub fn assert_sound(&self, complete: bool, sys: &System) {
+        let line = Value::Object(self.json.clone()).to_string();
+        assert_eq!(
+            self.n("lost"),
+            0,
+            "acked uploads lost: {line}\n{}",
+            sys.diagnostics()
+        );
+        assert_eq!(
+            self.n("mismatched"),
+            0,
+            "stored under another message ID than acked: {line}"
+        );
+        assert_eq!(
+            self.n("duplicated"),
+            0,
+            "uploads stored twice: {line}\n{}",
+            sys.diagnostics()
+        );
+        if complete {
+            assert_eq!(
+                self.n("incomplete"),
+                0,
+                "incomplete trajectories: {line}\n{}",
+                sys.diagnostics()
+            );
+        }
+    }
+}
