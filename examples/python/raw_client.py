@@ -291,11 +291,15 @@ def record_bytes(rec):
 
 
 def reports_bytes(reports):
-    """Reported records: each the proof (token: receipt or ack token, or "") + the record."""
-    out = u16(len(reports))
+    """Reported records grouped by their proof (token: receipt or ack token, or ""): each
+    distinct token once, then its records — a delivery's C6, X1, X2, C7 share one token."""
+    groups = {}
     for rec in reports:
         rec = dict(rec)
-        out += str16(rec.pop("token", "")) + record_bytes(rec)
+        groups.setdefault(rec.pop("token", ""), []).append(rec)
+    out = u16(len(groups))
+    for token, recs in groups.items():
+        out += str16(token) + u16(len(recs)) + b"".join(record_bytes(r) for r in recs)
     return out
 
 

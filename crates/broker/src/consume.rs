@@ -565,31 +565,24 @@ impl Deliverer {
             .channels
             .lookup_role(&req.channel, Role::Consumer)
             .await?;
+        let token = AckToken::decode_for(&req.token, &channel.client_id, &self.shared.key)?;
         let freed = self
-            .settle(
-                &channel,
-                &req.token,
-                req.kind,
-                req.delay_ms,
-                req.reason.as_deref(),
-            )
+            .settle(token, req.kind, req.delay_ms, req.reason.as_deref())
             .await?;
         self.flush_settles().await?;
         Ok(freed)
     }
 
-    /// Settles one delivery of `channel`'s consumer: checks its token, tells JetStream,
-    /// records C4/C8 (and R1 for a dead letter). The JetStream ack is published, not awaited:
-    /// call [`Self::flush_settles`] once after a batch of settles.
+    /// Settles one delivery whose token was verified for the settling consumer: tells
+    /// JetStream, records C4/C8 (and R1 for a dead letter). The JetStream ack is published,
+    /// not awaited: call [`Self::flush_settles`] once after a batch of settles.
     pub(crate) async fn settle(
         &self,
-        channel: &Channel,
-        token: &str,
+        token: AckToken,
         kind: AckKind,
         delay_ms: Option<u64>,
         reason: Option<&str>,
     ) -> Result<Option<(String, u64)>, WireError> {
-        let token = AckToken::decode_for(token, &channel.client_id, &self.shared.key)?;
         let last_attempt = token.n >= self.shared.config.max_deliver;
         let (effective, payload): (AckKind, Bytes) = match kind {
             AckKind::Ack => (AckKind::Ack, Bytes::from_static(b"+ACK")),

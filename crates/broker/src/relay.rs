@@ -49,6 +49,34 @@ pub struct Relay {
     pub key: SigningKey,
 }
 
+/// Ack tokens verified while handling one request, by their text: a delivery's token rides
+/// in its settle and in each of its stage records, and is checked once.
+#[derive(Debug, Default)]
+pub struct TokenCache(HashMap<String, AckToken>);
+
+impl TokenCache {
+    /// An empty cache.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The token `text` verified for `consumer` ([`AckToken::decode_for`]), from the cache
+    /// when it was verified before in this request.
+    pub fn decode(
+        &mut self,
+        text: &str,
+        consumer: &msgtrail_core::ClientId,
+        key: &SigningKey,
+    ) -> Result<AckToken, WireError> {
+        if let Some(t) = self.0.get(text) {
+            return Ok(t.clone());
+        }
+        let t = AckToken::decode_for(text, consumer, key)?;
+        self.0.insert(text.to_owned(), t.clone());
+        Ok(t)
+    }
+}
+
 fn not_owned(line: usize, why: impl std::fmt::Display) -> WireError {
     WireError::new(ErrorCode::RecordNotOwned, format!("line {line}: {why}"))
 }
@@ -131,7 +159,7 @@ impl Relay {
         } else {
             parse_json_report(&msg.payload)?
         };
-        let records = self.check_all(&channel, reported)?;
+        let records = self.check_all(&channel, reported, &mut TokenCache::new())?;
         Ok(self.relay(records))
     }
 
@@ -142,6 +170,7 @@ impl Relay {
         channel: &Channel,
         reported: Vec<ReportedRecord>,
         invalid: Option<String>,
+        tokens: &mut TokenCache,
     ) -> ReportsOutcome {
         if let Some(why) = invalid {
             let e = WireError::new(ErrorCode::InvalidRecord, why);
@@ -154,7 +183,7 @@ impl Relay {
         if reported.is_empty() {
             return ReportsOutcome::default();
         }
-        match self.check_all(channel, reported) {
+        match self.check_all(channel, reported, tokens) {
             Ok(records) => ReportsOutcome {
                 accepted: self.relay(records) as u32,
                 error: None,
@@ -186,6 +215,7 @@ impl Relay {
         &self,
         channel: &Channel,
         reported: Vec<ReportedRecord>,
+        tokens: &mut TokenCache,
     ) -> Result<Vec<StageRecord>, WireError> {
         if reported.len() > MAX_REPORT_RECORDS {
             return Err(WireError::new(
@@ -193,12 +223,11 @@ impl Relay {
                 format!("more than {MAX_REPORT_RECORDS} records in one report"),
             ));
         }
-        let mut tokens: HashMap<String, AckToken> = HashMap::new();
         let mut out = Vec::with_capacity(reported.len());
         for (i, rep) in reported.into_iter().enumerate() {
             let mut r = rep.record;
             let token = Some(rep.token).filter(|t| !t.is_empty());
-            self.check(i + 1, &mut r, token.as_deref(), channel, &mut tokens)?;
+            self.check(i + 1, &mut r, token.as_deref(), channel, tokens)?;
             out.push(r);
         }
         Ok(out)
@@ -210,7 +239,7 @@ impl Relay {
         r: &mut StageRecord,
         token: Option<&str>,
         channel: &Channel,
-        tokens: &mut HashMap<String, AckToken>,
+        tokens: &mut TokenCache,
     ) -> Result<(), WireError> {
         if !r.stage.reportable_by(channel.role) {
             return Err(not_owned(
@@ -268,15 +297,9 @@ impl Relay {
                         format!("stage {} needs token = the delivery's ack token", r.stage),
                     )
                 })?;
-                let t = match tokens.get(text) {
-                    Some(t) => t.clone(),
-                    None => {
-                        let t = AckToken::decode_for(text, &channel.client_id, &self.key)
-                            .map_err(|e| not_owned(n, e.message))?;
-                        tokens.insert(text.to_owned(), t.clone());
-                        t
-                    }
-                };
+                let t = tokens
+                    .decode(text, &channel.client_id, &self.key)
+                    .map_err(|e| not_owned(n, e.message))?;
                 let push_stage = matches!(r.stage, Stage::PushReceived | Stage::PushAckSent);
                 let pull_stage = matches!(r.stage, Stage::PullReceived | Stage::PullAckSent);
                 if (push_stage && !t.p) || (pull_stage && t.p) {

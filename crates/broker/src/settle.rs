@@ -10,7 +10,7 @@
 use crate::channels::Channel;
 use crate::consume::Deliverer;
 use crate::push::PushManager;
-use crate::relay::Relay;
+use crate::relay::{Relay, TokenCache};
 use crate::upload::required;
 use bytes::Bytes;
 use msgtrail_core::frame::{self, SettleBatch, SettleEntry, SettleResults};
@@ -43,11 +43,12 @@ impl Settler {
                 .consumer_channel(required(headers, h::CHANNEL)?)
                 .await?;
             let batch = SettleBatch::decode(&msg.payload)?;
+            let mut tokens = TokenCache::new();
             let reports = self
                 .relay
-                .relay_reported(&channel, batch.reports, batch.reports_invalid)
+                .relay_reported(&channel, batch.reports, batch.reports_invalid, &mut tokens)
                 .await;
-            let results = self.settle_all(&channel, &batch.entries).await;
+            let results = self.settle_all(&channel, &batch.entries, &mut tokens).await;
             return Ok(SettleResults {
                 results: results.into_iter().map(Result::err).collect(),
                 reports,
@@ -71,7 +72,9 @@ impl Settler {
         if entries.len() > frame::MAX_BATCH_ENTRIES {
             return Err(too_many(entries.len()));
         }
-        let results = self.settle_all(&channel, &entries).await;
+        let results = self
+            .settle_all(&channel, &entries, &mut TokenCache::new())
+            .await;
         let reply = SettleReply {
             results: results.iter().map(ItemResult::of).collect(),
         };
@@ -93,16 +96,22 @@ impl Settler {
         &self,
         channel: &Channel,
         entries: &[SettleEntry],
+        tokens: &mut TokenCache,
     ) -> Vec<Result<(), WireError>> {
         let mut results = Vec::with_capacity(entries.len());
         let mut freed = Vec::new();
         for e in entries {
             let reason = Some(e.reason.as_str()).filter(|r| !r.is_empty());
-            match self
-                .deliverer
-                .settle(channel, &e.token, e.kind, e.delay_ms, reason)
-                .await
-            {
+            let settled =
+                match tokens.decode(&e.token, &channel.client_id, &self.deliverer.shared.key) {
+                    Ok(token) => {
+                        self.deliverer
+                            .settle(token, e.kind, e.delay_ms, reason)
+                            .await
+                    }
+                    Err(err) => Err(err),
+                };
+            match settled {
                 Ok(slot) => {
                     freed.extend(slot);
                     results.push(Ok(()));

@@ -1,9 +1,13 @@
 //! Ack tokens: everything any broker of the queue group needs to settle a delivery, so an
 //! ack can land on a broker other than the one that delivered.
 //!
-//! A token is `<base64url JSON>.<base64url HMAC-SHA256 tag>` (no padding): a small JSON object
-//! holding the delivery (message, group, consumer, attempt, the JetStream ack subject), signed
-//! with the key all brokers share ([`crate::signing`]). Clients cannot alter it: the broker
+//! A token is `<base64url body>.<base64url HMAC-SHA256 tag>` (no padding). The body is a
+//! compact binary form of the delivery (version byte 2: message ID, attempt, sequence, a
+//! flags byte, then group, consumer, topic, push subscription and the JetStream ack subject
+//! without its fixed `$JS.ACK.MSGTRAIL_MESSAGES.` prefix, each a length-prefixed string),
+//! signed with the key all brokers share ([`crate::signing`]). Tokens travel with every
+//! delivery, settle and consumer stage report, so they are kept small (about 200 characters;
+//! the earlier JSON body, still accepted, made them about 310) and cheap to check (no JSON). Clients cannot alter it: the broker
 //! only accepts a token whose tag verifies, from the consumer it was issued to, for a
 //! consumer of the message stream. The same token proves a consumer's own stage reports about
 //! that delivery ([`crate::relay`]).
@@ -11,9 +15,13 @@
 use crate::signing::SigningKey;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
-use msgtrail_core::subjects::MESSAGE_STREAM;
 use msgtrail_core::{ClientId, ErrorCode, MessageId, WireError};
 use serde::{Deserialize, Serialize};
+
+/// The first byte of a binary token body.
+const BINARY_VERSION: u8 = 2;
+/// The fixed start of every ack subject of the message stream (left out of the body).
+const ACK_PREFIX: &str = "$JS.ACK.MSGTRAIL_MESSAGES.";
 
 /// The contents of an ack token.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -42,9 +50,80 @@ pub struct AckToken {
 impl AckToken {
     /// Encodes and signs the token.
     pub fn encode(&self, key: &SigningKey) -> String {
-        let body = URL_SAFE_NO_PAD.encode(serde_json::to_vec(self).expect("token serializes"));
+        let body = URL_SAFE_NO_PAD.encode(self.to_bytes());
         let tag = key.tag(body.as_bytes());
-        format!("{body}.{tag}")
+        let mut out = String::with_capacity(body.len() + 1 + tag.len());
+        out.push_str(&body);
+        out.push('.');
+        out.push_str(&tag);
+        out
+    }
+
+    /// The binary body (version 2).
+    fn to_bytes(&self) -> Vec<u8> {
+        let ack = self.a.strip_prefix(ACK_PREFIX).unwrap_or(&self.a);
+        let mut b = Vec::with_capacity(
+            40 + self.g.as_str().len() + self.c.as_str().len() + self.t.len() + ack.len(),
+        );
+        b.push(BINARY_VERSION);
+        b.extend_from_slice(self.m.as_bytes());
+        b.extend_from_slice(&self.n.to_be_bytes());
+        b.extend_from_slice(&self.q.to_be_bytes());
+        b.push(
+            u8::from(self.p)
+                | (u8::from(self.s.is_some()) << 1)
+                | (u8::from(ack.len() != self.a.len()) << 2),
+        );
+        for text in [
+            self.g.as_str(),
+            self.c.as_str(),
+            &self.t,
+            self.s.as_deref().unwrap_or(""),
+            ack,
+        ] {
+            let text = &text.as_bytes()[..text.len().min(255)];
+            b.push(text.len() as u8);
+            b.extend_from_slice(text);
+        }
+        b
+    }
+
+    /// Reads a binary body; `None` when it is not one.
+    fn from_bytes(b: &[u8]) -> Option<AckToken> {
+        let (&version, rest) = b.split_first()?;
+        if version != BINARY_VERSION || rest.len() < 29 {
+            return None;
+        }
+        let m = MessageId::from_u128(u128::from_be_bytes(rest[..16].try_into().ok()?)).ok()?;
+        let n = u32::from_be_bytes(rest[16..20].try_into().ok()?);
+        let q = u64::from_be_bytes(rest[20..28].try_into().ok()?);
+        let flags = rest[28];
+        let mut pos = 29;
+        let mut text = || -> Option<String> {
+            let len = *rest.get(pos)? as usize;
+            let s = std::str::from_utf8(rest.get(pos + 1..pos + 1 + len)?).ok()?;
+            pos += 1 + len;
+            Some(s.to_owned())
+        };
+        let (g, c, t, s, ack) = (text()?, text()?, text()?, text()?, text()?);
+        if pos != rest.len() {
+            return None;
+        }
+        Some(AckToken {
+            m,
+            g: ClientId::new(g).ok()?,
+            c: ClientId::new(c).ok()?,
+            n,
+            q,
+            t,
+            p: flags & 1 != 0,
+            s: (flags & 2 != 0).then_some(s),
+            a: if flags & 4 != 0 {
+                format!("{ACK_PREFIX}{ack}")
+            } else {
+                ack
+            },
+        })
     }
 
     /// Verifies a token and checks it was issued to `consumer` for the message stream.
@@ -65,13 +144,16 @@ impl AckToken {
         let bytes = URL_SAFE_NO_PAD
             .decode(body)
             .map_err(|_| bad("ack token is not base64url"))?;
-        let token: AckToken =
-            serde_json::from_slice(&bytes).map_err(|_| bad("ack token is malformed"))?;
+        // Binary (version 2), or the JSON body of tokens issued before it.
+        let token = match AckToken::from_bytes(&bytes) {
+            Some(t) => t,
+            None => serde_json::from_slice::<AckToken>(&bytes)
+                .map_err(|_| bad("ack token is malformed"))?,
+        };
         if &token.c != consumer {
             return Err(bad("ack token was issued to another consumer"));
         }
-        let prefix = format!("$JS.ACK.{MESSAGE_STREAM}.");
-        if !token.a.starts_with(&prefix) || token.a.contains(['*', '>', ' ']) {
+        if !token.a.starts_with(ACK_PREFIX) || token.a.contains(['*', '>', ' ']) {
             return Err(bad(
                 "ack token does not name a delivery of the message stream",
             ));
@@ -99,6 +181,14 @@ mod tests {
     }
 
     #[test]
+    fn the_ack_prefix_names_the_message_stream() {
+        assert_eq!(
+            ACK_PREFIX,
+            format!("$JS.ACK.{}.", msgtrail_core::subjects::MESSAGE_STREAM)
+        );
+    }
+
+    #[test]
     fn round_trips_for_its_consumer_only() {
         let key = SigningKey::random();
         let t = token();
@@ -114,6 +204,23 @@ mod tests {
         let mut odd = token();
         odd.a = "$JS.API.STREAM.DELETE.MSGTRAIL_MESSAGES".into();
         assert!(AckToken::decode_for(&odd.encode(&key), &odd.c, &key).is_err());
+    }
+
+    #[test]
+    fn tokens_are_compact_and_earlier_json_tokens_still_settle() {
+        let key = SigningKey::random();
+        let mut t = token();
+        t.s = Some("0123456789abcdef0123456789abcdef".into());
+        t.p = true;
+        t.a = "$JS.ACK.MSGTRAIL_MESSAGES.g-billing-0123456789abcdef.1.1234.1234.1764000000000000000.0".into();
+        let text = t.encode(&key);
+        assert!(text.len() < 240, "{} characters", text.len());
+        assert_eq!(AckToken::decode_for(&text, &t.c, &key).unwrap(), t);
+        // A token with a JSON body, as brokers issued them before.
+        let body = URL_SAFE_NO_PAD.encode(serde_json::to_vec(&t).unwrap());
+        let old = format!("{body}.{}", key.tag(body.as_bytes()));
+        assert!(old.len() > text.len() + 60);
+        assert_eq!(AckToken::decode_for(&old, &t.c, &key).unwrap(), t);
     }
 
     #[test]

@@ -187,7 +187,12 @@ impl Uploader {
         let batch = UploadBatch::decode(&msg.payload)?;
         let reports = self
             .relay
-            .relay_reported(&channel, batch.reports, batch.reports_invalid)
+            .relay_reported(
+                &channel,
+                batch.reports,
+                batch.reports_invalid,
+                &mut crate::relay::TokenCache::new(),
+            )
             .await;
         let mut results: Vec<Option<Result<UploadReply, WireError>>> =
             Vec::with_capacity(batch.entries.len());

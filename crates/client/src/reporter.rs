@@ -192,12 +192,14 @@ fn delivery_record(stage: Stage, d: &crate::hooks::DeliveryInfo, at: u64) -> Sta
 }
 
 /// The encoded size of a reported record in a frame (an upper bound: every field present
-/// counts with its length prefix).
+/// counts with its length prefix, and the record as if it were alone in its token's group —
+/// records sharing a token take less).
 pub(crate) fn reported_size(r: &ReportedRecord) -> usize {
     let rec = &r.record;
     let s8 = |v: Option<&str>| v.map_or(0, |v| 1 + v.len());
     let s16 = |v: Option<&str>| v.map_or(0, |v| 2 + v.len());
     2 + r.token.len()
+        + 2 // the group's record count
         + 1 // stage
         + 8 // at
         + 2 // present bits

@@ -542,12 +542,30 @@ pub struct ReportedRecord {
     pub token: String,
 }
 
+/// Writes reported records grouped by proof: each distinct token once, then its records (a
+/// delivery's C6, X1, X2 and C7 share one ack token, so it travels and is verified once).
 fn write_reports(w: &mut Writer, reports: &[ReportedRecord]) {
-    let n = reports.len().min(MAX_REPORTED_RECORDS);
-    w.u16(n as u16);
-    for rep in &reports[..n] {
-        w.str16(&rep.token);
-        write_record(w, &rep.record);
+    let reports = &reports[..reports.len().min(MAX_REPORTED_RECORDS)];
+    let mut order: Vec<&str> = Vec::new();
+    let mut groups: std::collections::HashMap<&str, Vec<&StageRecord>> =
+        std::collections::HashMap::new();
+    for rep in reports {
+        groups
+            .entry(rep.token.as_str())
+            .or_insert_with(|| {
+                order.push(rep.token.as_str());
+                Vec::new()
+            })
+            .push(&rep.record);
+    }
+    w.u16(order.len() as u16);
+    for token in order {
+        let records = &groups[token];
+        w.str16(token);
+        w.u16(records.len() as u16);
+        for r in records {
+            write_record(w, r);
+        }
     }
 }
 
@@ -555,15 +573,23 @@ fn write_reports(w: &mut Writer, reports: &[ReportedRecord]) {
 /// them), semantically as a whole — the first invalid record (1-based) refuses them all
 /// without failing the request they ride on.
 fn read_reports(r: &mut Reader<'_>) -> Result<Result<Vec<ReportedRecord>, String>, FrameError> {
-    let n = r.count(MAX_REPORTED_RECORDS, "reported records")?;
-    let mut out = Vec::with_capacity(n);
+    let groups = r.count(MAX_REPORTED_RECORDS, "groups of reported records")?;
+    let mut out = Vec::new();
     let mut bad = None;
-    for i in 0..n {
+    let mut seen = 0usize;
+    for _ in 0..groups {
         let token = r.str16()?;
-        match read_record(r)? {
-            Ok(record) => out.push(ReportedRecord { record, token }),
-            Err(e) if bad.is_none() => bad = Some(format!("record {}: {e}", i + 1)),
-            Err(_) => {}
+        let n = r.count(MAX_REPORTED_RECORDS - seen, "reported records")?;
+        for _ in 0..n {
+            seen += 1;
+            match read_record(r)? {
+                Ok(record) => out.push(ReportedRecord {
+                    record,
+                    token: token.clone(),
+                }),
+                Err(e) if bad.is_none() => bad = Some(format!("record {seen}: {e}")),
+                Err(_) => {}
+            }
         }
     }
     Ok(match bad {
@@ -1224,6 +1250,39 @@ mod tests {
         assert!(decoded.reports.is_empty());
         let why = decoded.reports_invalid.unwrap();
         assert!(why.starts_with("record 2:"), "{why}");
+    }
+
+    #[test]
+    fn reported_records_travel_grouped_by_token() {
+        let rec = |stage, token: &str| ReportedRecord {
+            record: StageRecord::at(stage, 5),
+            token: token.into(),
+        };
+        let long = "t".repeat(300);
+        let reports = vec![
+            rec(Stage::PullReceived, &long),
+            rec(Stage::StoreConfirmed, "receipt"),
+            rec(Stage::ProcessStarted, &long),
+            rec(Stage::PullAckSent, &long),
+        ];
+        let bytes = encode_report(&reports);
+        assert!(
+            bytes.len() < 2 * long.len(),
+            "the long token is written once"
+        );
+        let got = decode_report(&bytes).unwrap().unwrap();
+        let stages: Vec<Stage> = got.iter().map(|r| r.record.stage).collect();
+        assert_eq!(
+            stages,
+            [
+                Stage::PullReceived,
+                Stage::ProcessStarted,
+                Stage::PullAckSent,
+                Stage::StoreConfirmed
+            ]
+        );
+        assert!(got[..3].iter().all(|r| r.token == long));
+        assert_eq!(got[3].token, "receipt");
     }
 
     #[test]
