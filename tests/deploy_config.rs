@@ -223,12 +223,22 @@ struct NodePorts {
     cluster: u16,
 }
 
+/// A port that was free a moment ago and that this test process has not handed out before
+/// (several clusters start at once).
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    static GIVEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut given = GIVEN.lock().unwrap();
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
 }
 
 /// The environment that turns deploy/nats/nats.conf into node `i` (0-based) on loopback.
@@ -316,7 +326,22 @@ struct Cluster {
 }
 
 impl Cluster {
+    /// Starts the cluster; when a node exits at once because another process took one of
+    /// its ports in the meantime, starts it again on other ports.
     fn start() -> Cluster {
+        let mut attempt = 1;
+        loop {
+            match Cluster::try_start() {
+                Ok(cluster) => return cluster,
+                Err(logs) if attempt < 3 && logs.contains("address already in use") => {
+                    attempt += 1;
+                }
+                Err(logs) => panic!("the cluster did not start:\n{logs}"),
+            }
+        }
+    }
+
+    fn try_start() -> Result<Cluster, String> {
         let bin = find_nats_server().expect("nats-server");
         let dir = tempfile::Builder::new()
             .prefix("msgtrail-deploy-")
@@ -349,26 +374,28 @@ impl Cluster {
             ports,
             _dir: dir,
         };
-        cluster.wait_listening();
-        cluster
+        cluster.wait_listening()?;
+        Ok(cluster)
     }
 
-    /// Waits until every node accepts client connections.
-    fn wait_listening(&mut self) {
+    /// Waits until every node accepts client connections; the nodes' log when one exits.
+    fn wait_listening(&mut self) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(20);
-        for i in 0..self.nodes.len() {
-            let port = self.ports[i].client;
-            while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-                if let Ok(Some(status)) = self.nodes[i].child.try_wait() {
-                    panic!("node {i} exited with {status}:\n{}", self.logs());
+        loop {
+            for (i, node) in self.nodes.iter_mut().enumerate() {
+                if let Ok(Some(status)) = node.child.try_wait() {
+                    return Err(format!("node {i} exited with {status}:\n{}", self.logs()));
                 }
-                assert!(
-                    Instant::now() < deadline,
-                    "node {i} not up:\n{}",
-                    self.logs()
-                );
-                std::thread::sleep(Duration::from_millis(20));
             }
+            let up = self
+                .ports
+                .iter()
+                .all(|p| std::net::TcpStream::connect(("127.0.0.1", p.client)).is_ok());
+            if up {
+                return Ok(());
+            }
+            assert!(Instant::now() < deadline, "nodes not up:\n{}", self.logs());
+            std::thread::sleep(Duration::from_millis(20));
         }
     }
 
@@ -764,29 +791,6 @@ async fn two_brokers_and_nkey_clients_work_within_the_deploy_permissions() {
     let cluster = Cluster::start();
     let brokers = start_brokers(&cluster, 2).await;
 
-    // The real listener, as the listener user: the stage stream and store evidence (its
-    // headers-only consumer msgtrail-listener-stored on the message stream).
-    let (listener_nats, _) = connect(
-        async_nats::ConnectOptions::with_user_and_password(
-            "listener".into(),
-            LISTENER_PASSWORD.into(),
-        ),
-        &cluster.urls(),
-    )
-    .await;
-    let listener_dir = tempfile::tempdir().unwrap();
-    let listener = msgtrail_listener::start_with_client(
-        msgtrail_listener::ListenerConfig {
-            nats_url: cluster.url_strings().join(","),
-            data_dir: listener_dir.path().to_path_buf(),
-            http_addr: "127.0.0.1:0".parse().unwrap(),
-            ..Default::default()
-        },
-        listener_nats,
-    )
-    .await
-    .expect("listener under the deploy permissions");
-
     // The streams are R3.
     let (admin, _) = connect(
         async_nats::ConnectOptions::with_user_and_password("broker".into(), BROKER_PASSWORD.into()),
@@ -881,6 +885,29 @@ async fn two_brokers_and_nkey_clients_work_within_the_deploy_permissions() {
     }
     assert!(pushed.contains(&reply.message_id), "{pushed:?}");
 
+    // The real listener, as the listener user: the stage stream and store evidence (its
+    // headers-only consumer msgtrail-listener-stored on the message stream, from the start).
+    let (listener_nats, _) = connect(
+        async_nats::ConnectOptions::with_user_and_password(
+            "listener".into(),
+            LISTENER_PASSWORD.into(),
+        ),
+        &cluster.urls(),
+    )
+    .await;
+    let listener_dir = tempfile::tempdir().unwrap();
+    let listener = msgtrail_listener::start_with_client(
+        msgtrail_listener::ListenerConfig {
+            nats_url: cluster.url_strings().join(","),
+            data_dir: listener_dir.path().to_path_buf(),
+            http_addr: "127.0.0.1:0".parse().unwrap(),
+            ..Default::default()
+        },
+        listener_nats,
+    )
+    .await
+    .expect("listener under the deploy permissions");
+
     // The listener user reads the whole trajectory from the stage stream.
     let (_listener, _, reader) = listener_reader(&cluster.urls()).await;
     let want = [
@@ -924,7 +951,7 @@ async fn two_brokers_and_nkey_clients_work_within_the_deploy_permissions() {
     // A listener that keeps store evidence (its default) read every stored message's headers
     // through its consumer msgtrail-listener-stored and acked them. (One that does not creates
     // no such consumer; were it refused by a permission, the log check below would say so.)
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let mut messages = js.get_stream("MSGTRAIL_MESSAGES").await.unwrap();
         let last = messages.info().await.unwrap().state.last_sequence;
