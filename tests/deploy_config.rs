@@ -3,7 +3,8 @@
 //! JetStream cluster starts **from the same config files** as plain processes on loopback,
 //! takes an R3 stream, and enforces the permissions: clients may only send requests to
 //! `msgtrail.v1.>` and read their own inbox prefix (`_INBOX_CLIENT.<id>`), never publish into
-//! the streams, call the JetStream API or read another client's replies — and two real
+//! the streams, call the JetStream API, read another client's replies or aim the broker's
+//! replies at msgtrail's subjects (they live in an account of their own) — and two real
 //! brokers, the SDK's producer and consumer (authenticated by the demo nkeys, connected with
 //! their inbox prefixes) and the listener's durable consumers all work within those
 //! permissions.
@@ -1188,4 +1189,110 @@ async fn request_json<Q: serde::Serialize, T: serde::de::DeserializeOwned>(
             String::from_utf8_lossy(&reply.payload)
         )
     })
+}
+
+/// A client cannot make the broker write for it by naming a stream, KV or internal subject as
+/// the reply subject of a request: the broker publishes its reply there with its own rights
+/// (which include the streams, the KV buckets and msgtrail.internal.>). With the clients in
+/// their own account, a reply goes back through the service import into the CLIENTS account,
+/// where those subjects are nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_cannot_aim_the_brokers_replies_at_the_streams() {
+    let cluster = Cluster::start();
+    let brokers = start_brokers(&cluster, 1).await;
+    let urls = cluster.urls();
+    let (admin, _) = connect(
+        async_nats::ConnectOptions::with_user_and_password("broker".into(), BROKER_PASSWORD.into()),
+        &urls,
+    )
+    .await;
+    let js = async_nats::jetstream::new(admin.clone());
+    let key = js.get_key_value("msgtrail_broker").await.unwrap();
+    let signing_key = key
+        .get("token-key")
+        .await
+        .unwrap()
+        .expect("the brokers' key");
+    let last_seq = |name: &'static str| {
+        let js = js.clone();
+        async move {
+            js.get_stream(name)
+                .await
+                .unwrap()
+                .info()
+                .await
+                .unwrap()
+                .state
+                .last_sequence
+        }
+    };
+    let (stored, stages) = (
+        last_seq("MSGTRAIL_MESSAGES").await,
+        last_seq("MSGTRAIL_STAGES").await,
+    );
+    let mut internal = admin.subscribe("msgtrail.internal.>").await.unwrap();
+    admin.flush().await.unwrap();
+
+    let seed = read("msgtrail/demo-keys/shop.nk").trim().to_owned();
+    let (client, _) = connect(
+        async_nats::ConnectOptions::with_nkey(seed).custom_inbox_prefix(inbox_prefix("shop")),
+        &urls,
+    )
+    .await;
+    let challenge = serde_json::to_vec(&ChallengeRequest {
+        client_id: ClientId::new("shop").unwrap(),
+    })
+    .unwrap();
+    for (subject, body) in [
+        // an error reply has an empty payload: the brokers' signing key would become empty
+        (
+            "$KV.msgtrail_broker.token-key",
+            "not json".as_bytes().to_vec(),
+        ),
+        ("msgtrail.msg.orders.eu", challenge.clone()),
+        ("msgtrail.stages", challenge.clone()),
+        ("msgtrail.internal.settled.x", challenge.clone()),
+    ] {
+        client
+            .publish_with_reply(
+                msgtrail_core::subjects::CHANNEL_CHALLENGE,
+                subject,
+                body.into(),
+            )
+            .await
+            .unwrap();
+    }
+    client.flush().await.unwrap();
+    // The broker answered (the requests reached it) …
+    let (probe, _) = demo_client(&cluster, "shop").await;
+    let _: ChallengeReply = request_json(
+        &probe,
+        msgtrail_core::subjects::CHANNEL_CHALLENGE,
+        &ChallengeRequest {
+            client_id: ClientId::new("shop").unwrap(),
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // … and nothing it answered landed anywhere of msgtrail's.
+    assert_eq!(
+        key.get("token-key").await.unwrap().as_ref(),
+        Some(&signing_key),
+        "the brokers' signing key was overwritten"
+    );
+    // No challenge reply ({"nonce":…}) in the streams (the broker may write its own records).
+    for (name, after) in [("MSGTRAIL_MESSAGES", stored), ("MSGTRAIL_STAGES", stages)] {
+        let stream = js.get_stream(name).await.unwrap();
+        for seq in after + 1..=last_seq(name).await {
+            if let Ok(m) = stream.get_raw_message(seq).await {
+                let text = String::from_utf8_lossy(&m.payload);
+                assert!(!text.contains("nonce"), "{name} #{seq}: {text}");
+            }
+        }
+    }
+    let leaked = tokio::time::timeout(Duration::from_millis(200), internal.next()).await;
+    assert!(leaked.is_err(), "{leaked:?}");
+    for b in brokers {
+        b.shutdown().await;
+    }
 }
