@@ -547,6 +547,32 @@ async fn assert_subscribe_refused(client: &async_nats::Client, errors: &Errors, 
     );
 }
 
+/// Fetches one message. A new R3 consumer may answer 503 (no responders) until its leader is
+/// elected, more so on a loaded machine: such a fetch is tried again, for up to 15 s.
+async fn fetch_one(
+    consumer: &async_nats::jetstream::consumer::PullConsumer,
+) -> async_nats::jetstream::Message {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let error = match consumer
+            .fetch()
+            .max_messages(1)
+            .expires(Duration::from_secs(2))
+            .messages()
+            .await
+        {
+            Ok(mut batch) => match batch.next().await {
+                Some(Ok(m)) => return m,
+                Some(Err(e)) => e.to_string(),
+                None => "no message".to_owned(),
+            },
+            Err(e) => e.to_string(),
+        };
+        assert!(Instant::now() < deadline, "fetch: {error}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// Opens the listener's store-evidence consumer on the message stream as the listener does:
 /// durable `msgtrail-listener-stored`, every stored message, headers only.
 async fn store_evidence_reader(
@@ -672,12 +698,7 @@ async fn three_node_cluster_from_the_deploy_config_enforces_permissions() {
 
     // The listener reads the stage stream through a durable consumer and acks…
     let (listener, listener_errors, consumer) = listener_reader(&urls).await;
-    let mut batch = consumer.fetch().max_messages(1).messages().await.unwrap();
-    let m = tokio::time::timeout(Duration::from_secs(5), batch.next())
-        .await
-        .expect("a stage batch in time")
-        .unwrap()
-        .unwrap();
+    let m = fetch_one(&consumer).await;
     assert_eq!(&m.payload[..], b"{}");
     m.ack().await.expect("ack allowed");
     // …but cannot write stage records.
@@ -686,12 +707,7 @@ async fn three_node_cluster_from_the_deploy_config_enforces_permissions() {
     // The listener reads the headers of the stored messages through its store-evidence
     // consumer, `<durable>-stored`, and acks them…
     let evidence = store_evidence_reader(&listener).await;
-    let mut batch = evidence.fetch().max_messages(1).messages().await.unwrap();
-    let m = tokio::time::timeout(Duration::from_secs(5), batch.next())
-        .await
-        .expect("a stored message in time")
-        .unwrap()
-        .unwrap();
+    let m = fetch_one(&evidence).await;
     assert_eq!(m.subject.as_str(), "msgtrail.msg.orders");
     assert!(m.payload.is_empty(), "headers only");
     m.ack().await.expect("ack allowed");
