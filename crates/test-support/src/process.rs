@@ -2,13 +2,14 @@
 //! binary, and child processes that a test can SIGKILL, stop gracefully and start again.
 //!
 //! ## The binary
-//! [`msgtrail_binary`] returns `$MSGTRAIL_BIN` when it is set. Otherwise it runs `cargo build
-//! -p msgtrail-cli --bin msgtrail` once per test process (into the target directory and
-//! profile of the running test executable, so it is a no-op when the binary is fresh) and
-//! returns `target/<profile>/msgtrail`. A test crate cannot depend on another package's binary
-//! (`CARGO_BIN_EXE_*` exists only for the tests of the package that has it), hence the build.
-//! When the build fails but an older binary exists, that one is used with a warning on
-//! stderr; when there is none, the error says how to get one.
+//! [`msgtrail_binary`] returns `$MSGTRAIL_BIN` when it is set. Otherwise it returns
+//! `target/<profile>/msgtrail` (the target directory and profile of the running test
+//! executable), after running `cargo build -p msgtrail-cli --bin msgtrail` once per test
+//! process unless that binary is newer than every source under `crates/` (`cargo test
+//! --workspace` has just built it, then). A test crate cannot depend on another package's
+//! binary (`CARGO_BIN_EXE_*` exists only for the tests of the package that has it), hence
+//! the build. When the build fails but an older binary exists, that one is used with a
+//! warning on stderr; when there is none, the error says how to get one.
 //!
 //! ## Child processes
 //! [`ChildProcess`] runs a program with its stdout and stderr appended to a log file (kept
@@ -83,6 +84,13 @@ fn build_msgtrail() -> Result<PathBuf, String> {
     let (target, profile) =
         running_layout().unwrap_or_else(|| (root.join("target"), "debug".to_owned()));
     let binary = target.join(&profile).join("msgtrail");
+    // A binary newer than every source needs no cargo run (and no lock on the target
+    // directory, which a concurrent build may hold).
+    if let (Some(built), Some(sources)) = (mtime(&binary), newest_source(&root)) {
+        if built > sources {
+            return Ok(binary);
+        }
+    }
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| OsString::from("cargo"));
     let cargo_profile = if profile == "debug" {
         "dev"
@@ -137,6 +145,34 @@ fn build_msgtrail() -> Result<PathBuf, String> {
             }
         }
     }
+}
+
+fn mtime(p: &Path) -> Option<std::time::SystemTime> {
+    p.metadata().and_then(|m| m.modified()).ok()
+}
+
+/// The newest modification time among the workspace's manifests, lock file and the sources
+/// under `crates/`.
+fn newest_source(root: &Path) -> Option<std::time::SystemTime> {
+    fn walk(dir: &Path, newest: &mut Option<std::time::SystemTime>) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                walk(&p, newest);
+            } else if p
+                .extension()
+                .is_some_and(|x| x == "rs" || x == "toml" || x == "html")
+            {
+                *newest = (*newest).max(mtime(&p));
+            }
+        }
+    }
+    let mut newest = mtime(&root.join("Cargo.lock")).max(mtime(&root.join("Cargo.toml")));
+    walk(&root.join("crates"), &mut newest);
+    newest
 }
 
 /// The `msgtrail` binary: `$MSGTRAIL_BIN`, or `target/<profile>/msgtrail` after `cargo build
