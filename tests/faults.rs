@@ -32,6 +32,15 @@ use serde_json::json;
 use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 
+const FLOOD_FAULT: &str = "malformed bodies, bad frames, unknown channels, forged reports, \
+bad opens on every msgtrail.v1 subject";
+const DEDUP_FAULT: &str = "broker --dedup-window 1s; a quarter of the uploads retried with \
+the same request ID 3 s later";
+const DEDUP_GAP: &str = "bug 3: a retry past the dedup window is stored again under a new \
+message ID, and no trajectory says so";
+const CLUSTER_FAULT: &str =
+    "SIGKILL the MSGTRAIL_MESSAGES leader of a 3-node R3 cluster at a third of the load";
+
 /// How long the oracle waits for every trajectory to be complete.
 const TRAJECTORY_WAIT: Duration = Duration::from_secs(30);
 /// The listener's ack wait on its durable consumers (`ListenerConfig::ack_wait`, 30 s, not
@@ -173,8 +182,15 @@ async fn s2_broker_kill_9_the_moment_its_ok_reply_arrives() {
     for rep in 1..=scale.reps {
         let mut sys = System::start(SystemOptions::default()).await;
         let nats = connect(&sys.nats.urls()).await;
-        let mut kills = Vec::new();
+        let client = sys.listener_client();
+        // The control: a listener that reads the stage stream alone, as before the fix.
+        let (_control, control) = sys
+            .extra_listener("control", &["--no-store-evidence"])
+            .await;
+        let mut killed_ids = Vec::new();
         let mut uploads = BTreeMap::new();
+        let mut store_hop_after_ms = Vec::new();
+        let mut incomplete = BTreeMap::new();
         for k in 0..scale.messages {
             let producer = msgtrail_client::Producer::connect_with(
                 nats.clone(),
@@ -196,34 +212,17 @@ async fn s2_broker_kill_9_the_moment_its_ok_reply_arrives() {
             sys.brokers[0].kill9().expect("kill -9 the broker");
             let killed = Instant::now();
             drop(producer);
+            let mid = reply.message_id;
             uploads.insert(
                 reply.request_id.to_string(),
                 Acked {
-                    message_id: reply.message_id,
+                    message_id: mid,
                     duplicate: reply.duplicate,
                 },
             );
-            kills.push((reply.message_id, killed));
-            if k + 1 < scale.messages {
-                blocking(|| sys.brokers[0].restart()).expect("broker restarts");
-                sys.wait_brokers(1, Duration::from_secs(30)).await;
-            }
-        }
-        // Did the broker's own P2/P3 make it to the stage stream before the kill?
-        let records = stage_records(&sys.admin).await;
-        let in_stage_stream = kills
-            .iter()
-            .filter(|(mid, _)| {
-                records
-                    .iter()
-                    .any(|r| r.message_id == Some(*mid) && r.stage == Stage::UploadReceived)
-            })
-            .count();
-        // The listener must show each store hop anyway (recovered from the stored message).
-        let client = sys.listener_client();
-        let mut store_hop_after_ms = Vec::new();
-        let mut incomplete = BTreeMap::new();
-        for (mid, killed) in &kills {
+            killed_ids.push(mid);
+            // The listener must show the store hop anyway (recovered from the stored
+            // message), with no broker running.
             let deadline = Instant::now() + Duration::from_secs(20);
             loop {
                 let what = match client.trajectory(&mid.to_string(), None).await {
@@ -238,9 +237,33 @@ async fn s2_broker_kill_9_the_moment_its_ok_reply_arrives() {
                     incomplete.insert(mid.to_string(), what);
                     break;
                 }
-                tokio::time::sleep(Duration::from_millis(100)).await;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            if k + 1 < scale.messages {
+                blocking(|| sys.brokers[0].restart()).expect("broker restarts");
+                sys.wait_brokers(1, Duration::from_secs(30)).await;
             }
         }
+        // What the control shows of the same messages: without store evidence, bug 1.
+        let mut control_complete = 0;
+        for mid in &killed_ids {
+            if let Ok(t) = control.trajectory(&mid.to_string(), None).await {
+                if missing(&t, false).is_empty() {
+                    control_complete += 1;
+                }
+            }
+        }
+        // Did the broker's own P2 make it to the stage stream before the kill? (A restarted
+        // broker never sends what its predecessor had buffered.)
+        let records = stage_records(&sys.admin).await;
+        let in_stage_stream = killed_ids
+            .iter()
+            .filter(|mid| {
+                records
+                    .iter()
+                    .any(|r| r.message_id == Some(**mid) && r.stage == Stage::UploadReceived)
+            })
+            .count();
         let stored = drain_messages(&sys.admin).await;
         let stream = judge_stream(&uploads, &stored);
         let mut r = Report::bare("broker_kill_9_at_ok_reply", &scale, rep);
@@ -255,6 +278,10 @@ async fn s2_broker_kill_9_the_moment_its_ok_reply_arrives() {
             .set("mismatched", json!(stream.mismatched.len()))
             .set("incomplete", json!(incomplete.len()))
             .set("p2_in_stage_stream_before_kill", json!(in_stage_stream))
+            .set(
+                "store_hop_complete_without_store_evidence",
+                json!(control_complete),
+            )
             .set(
                 "stored_with_received_at",
                 json!(stream.stored - stream.without_evidence),
@@ -476,18 +503,30 @@ async fn s5_garbage_flood_on_every_broker_subject() {
             judge_trajectories(&sys.listener_client(), &uploads, &consumed, TRAJECTORY_WAIT).await;
         let mut r = Report::new("garbage_flood", &scale, rep, &finished, &stream, &traj);
         let calls = (ok + fail + unknown).max(1) as f64;
-        r.set(
-            "fault",
-            json!("malformed bodies, bad frames, unknown channels, forged reports, bad opens on every msgtrail.v1 subject"),
-        )
-        .set("flood", json!({"target_rate": rate, "rate": stats.rate, "sent": stats.sent,
-                             "replies": stats.replies, "error_replies": stats.error_replies}))
-        .set("baseline_acked", json!(baseline.progress.uploads.lock().unwrap().len()))
-        .set("success_rate", json!((ok as f64 / calls * 1000.0).round() / 1000.0))
-        .set("baseline_send_ms", json!({"p50": percentile(&base_lat, 50.0),
-                                         "p99": percentile(&base_lat, 99.0)}))
-        .set("flood_send_ms", json!({"p50": percentile(&lat, 50.0), "p99": percentile(&lat, 99.0),
-                                      "max": percentile(&lat, 100.0)}));
+        r.set("fault", json!(FLOOD_FAULT))
+            .set(
+                "flood",
+                json!({"target_rate": rate, "rate": stats.rate, "sent": stats.sent,
+                             "replies": stats.replies, "error_replies": stats.error_replies}),
+            )
+            .set(
+                "baseline_acked",
+                json!(baseline.progress.uploads.lock().unwrap().len()),
+            )
+            .set(
+                "success_rate",
+                json!((ok as f64 / calls * 1000.0).round() / 1000.0),
+            )
+            .set(
+                "baseline_send_ms",
+                json!({"p50": percentile(&base_lat, 50.0),
+                                         "p99": percentile(&base_lat, 99.0)}),
+            )
+            .set(
+                "flood_send_ms",
+                json!({"p50": percentile(&lat, 50.0), "p99": percentile(&lat, 99.0),
+                                      "max": percentile(&lat, 100.0)}),
+            );
         r.print();
         r.assert_sound(true, &sys);
         assert_eq!(
@@ -586,18 +625,19 @@ async fn s6_retry_past_the_dedup_window() {
             .iter()
             .filter(|(rid, a)| a.message_id != first[rid.as_str()].message_id)
             .count();
+        let answered_duplicate = second.iter().filter(|(_, a)| a.duplicate).count();
         let mut r = Report::bare("retry_past_dedup_window", &scale, rep);
         r.set("messages", json!(scale.messages))
-            .set(
-                "fault",
-                json!("broker --dedup-window 1s; a quarter of the uploads retried with the same request ID 3 s later"),
-            )
+            .set("fault", json!(DEDUP_FAULT))
             .set("acked", json!(first.len()))
             .set("lost", json!(stream.lost.len()))
             .set("mismatched", json!(stream.mismatched.len()))
-            .set("control_retry_in_window_duplicate", json!(control.duplicate))
+            .set(
+                "control_retry_in_window_duplicate",
+                json!(control.duplicate),
+            )
             .set("retried_after_window", json!(second.len()))
-            .set("retries_answered_duplicate", json!(second.iter().filter(|(_, a)| a.duplicate).count()))
+            .set("retries_answered_duplicate", json!(answered_duplicate))
             .set("retries_given_a_new_message_id", json!(new_ids))
             .set("duplicated", json!(stream.duplicated))
             .set("stored", json!(stream.stored))
@@ -607,7 +647,7 @@ async fn s6_retry_past_the_dedup_window() {
             .set(
                 "known_gap",
                 json!(if flagged < second.len() {
-                    "bug 3: a retry past the dedup window is stored again under a new message ID, and no trajectory says so"
+                    DEDUP_GAP
                 } else {
                     ""
                 }),
@@ -691,14 +731,11 @@ async fn s7_cluster_loses_the_stream_leader_mid_load() {
             TRAJECTORY_WAIT,
         )
         .await;
-        r.set(
-            "fault",
-            json!("SIGKILL the MSGTRAIL_MESSAGES leader of a 3-node R3 cluster at a third of the load"),
-        )
-        .set("killed", json!(leader))
-        .set("new_leader", json!(new_leader))
-        .set("fault_at_ms", json!(fault_ms.round()))
-        .set("recovery_ms", json!(finished.history.recovery_ms(fault_ms)));
+        r.set("fault", json!(CLUSTER_FAULT))
+            .set("killed", json!(leader))
+            .set("new_leader", json!(new_leader))
+            .set("fault_at_ms", json!(fault_ms.round()))
+            .set("recovery_ms", json!(finished.history.recovery_ms(fault_ms)));
         r.print();
         r.assert_sound(true, &sys);
     }

@@ -7,8 +7,9 @@
 //!   and a pull consumer group, every call recorded in a [`History`] as ok / fail / unknown.
 //! - the oracle ([`drain_messages`], [`judge_stream`], [`judge_trajectories`]) drains
 //!   `MSGTRAIL_MESSAGES` with a fresh ordered consumer (lost and duplicated uploads by request
-//!   ID) and reads every acked message's trajectory from the listener's HTTP API (complete: a real store hop with P2 and P3, and, for a consumed
-//!   message, the group's delivery acknowledged).
+//!   ID) and reads every acked message's trajectory from the listener's HTTP API
+//!   (complete: a real store hop with P2 and P3, and, for a consumed message, the group's
+//!   delivery acknowledged).
 //! - [`Report`] prints one JSON line per scenario on stdout.
 
 use futures::StreamExt;
@@ -380,6 +381,42 @@ impl System {
         self.listener = Some(ChildProcess::spawn(spec).expect("listener process starts"));
     }
 
+    /// Starts a second listener process `name` with its own store, durable consumers
+    /// (`name`, `name-stored`) and address, and more arguments (`--no-store-evidence`);
+    /// waits until it answers `/healthz`.
+    pub async fn extra_listener(
+        &self,
+        name: &str,
+        args: &[&str],
+    ) -> (ChildProcess, ListenerClient) {
+        let addr = format!("127.0.0.1:{}", free_port());
+        let mut all: Vec<String> = vec![
+            "listener".into(),
+            "--data-dir".into(),
+            self.dir
+                .path()
+                .join(format!("{name}-data"))
+                .display()
+                .to_string(),
+            "--addr".into(),
+            addr.clone(),
+            "--durable".into(),
+            name.into(),
+        ];
+        all.extend(args.iter().map(|a| a.to_string()));
+        let mut child =
+            ChildProcess::spawn(self.base_spec(name).args(all)).expect("listener process starts");
+        let client = ListenerClient::new(&format!("http://{addr}"), None).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !matches!(client.get_raw("/healthz").await, Ok((200, _))) {
+            if !child.is_running() || Instant::now() > deadline {
+                panic!("listener {name} never came up\n{}", child.log_tail(30));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        (child, client)
+    }
+
     /// Waits until the listener answers `/healthz`.
     pub async fn wait_listener(&mut self, within: Duration) {
         let deadline = Instant::now() + within;
@@ -650,6 +687,29 @@ impl History {
             .filter(|o| o.kind == "send" && o.outcome == Outcome::Ok)
             .map(|o| o.end_ms - o.start_ms)
             .collect()
+    }
+
+    /// Writes every op as a JSON line to `<dir>/<name>.jsonl` when `$MSGTRAIL_FAULTS_HISTORY`
+    /// names a directory (for a look at a run's history after the fact).
+    pub fn dump(&self, name: &str) {
+        let Some(dir) = std::env::var_os("MSGTRAIL_FAULTS_HISTORY") else {
+            return;
+        };
+        let dir = PathBuf::from(dir);
+        let _ = std::fs::create_dir_all(&dir);
+        let mut text = String::new();
+        for o in self.ops() {
+            let (outcome, error) = match &o.outcome {
+                Outcome::Ok => ("ok", String::new()),
+                Outcome::Fail(e) => ("fail", e.clone()),
+                Outcome::Unknown(e) => ("unknown", e.clone()),
+            };
+            let line = json!({"kind": o.kind, "key": o.key, "start_ms": round1(o.start_ms),
+                              "end_ms": round1(o.end_ms), "outcome": outcome, "error": error});
+            text.push_str(&line.to_string());
+            text.push('\n');
+        }
+        let _ = std::fs::write(dir.join(format!("{name}.jsonl")), text);
     }
 
     /// The failed and unknown calls by kind and error text, with their counts (at most `n`
@@ -1234,6 +1294,9 @@ impl Report {
         stream: &StreamVerdict,
         traj: &TrajectoryVerdict,
     ) -> Report {
+        finished
+            .history
+            .dump(&format!("{scenario}-{}-{rep}", scale.variant()));
         let p = &finished.progress;
         let uploads = p.uploads.lock().unwrap();
         let consumed = p.consumed_ids.lock().unwrap();
