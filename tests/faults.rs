@@ -502,6 +502,17 @@ async fn s5_garbage_flood_on_every_broker_subject() {
         let traj =
             judge_trajectories(&sys.listener_client(), &uploads, &consumed, TRAJECTORY_WAIT).await;
         let mut r = Report::new("garbage_flood", &scale, rep, &finished, &stream, &traj);
+        // Forged reports name made-up message IDs: none may reach the stage stream.
+        let real: HashSet<&str> = stored.iter().map(|m| m.message_id.as_str()).collect();
+        let forged = stage_records(&sys.admin)
+            .await
+            .iter()
+            .filter(|r| {
+                r.message_id
+                    .is_some_and(|m| !real.contains(m.to_string().as_str()))
+            })
+            .count();
+        r.set("records_of_unknown_messages_in_stage_stream", json!(forged));
         let calls = (ok + fail + unknown).max(1) as f64;
         r.set("fault", json!(FLOOD_FAULT))
             .set(
@@ -534,6 +545,7 @@ async fn s5_garbage_flood_on_every_broker_subject() {
             0,
             "real clients could not get through the flood"
         );
+        assert_eq!(forged, 0, "forged stage records were relayed: {:?}", r.json);
     }
 }
 
