@@ -234,21 +234,40 @@ impl Deliverer {
         };
         let deadline = tokio::time::Instant::now() + wait;
         let mut out = Vec::new();
+        // A consumer JetStream has just created (or moved, on a cluster) can answer 503 for a
+        // moment: until the deadline that is a reason to pull again, not to fail the fetch.
+        let transient = |e: &dyn std::fmt::Display| {
+            let text = e.to_string();
+            text.contains("503") || text.contains("no responders")
+        };
         loop {
             // Whatever is there now, without waiting.
-            let mut batch = consumer
-                .fetch()
-                .max_messages(max - out.len())
-                .messages()
-                .await
-                .map_err(|e| unavailable(&e))?;
             let mut got = 0;
-            while let Some(m) = batch.next().await {
-                let m = m.map_err(|e| unavailable(&e))?;
-                got += 1;
-                if let Some(t) = self.accept(m, filter, only).await {
-                    out.push(t);
+            let pulled = async {
+                let mut batch = consumer
+                    .fetch()
+                    .max_messages(max - out.len())
+                    .messages()
+                    .await?;
+                while let Some(m) = batch.next().await {
+                    let m = m?;
+                    got += 1;
+                    if let Some(t) = self.accept(m, filter, only).await {
+                        out.push(t);
+                    }
                 }
+                Ok::<_, async_nats::Error>(())
+            }
+            .await;
+            if let Err(e) = pulled {
+                if !out.is_empty() {
+                    return Ok(out);
+                }
+                if transient(&e) && tokio::time::Instant::now() < deadline {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+                return Err(unavailable(&e));
             }
             if !out.is_empty() {
                 return Ok(out);
@@ -567,7 +586,7 @@ impl Deliverer {
             .await?;
         let token = AckToken::decode_for(&req.token, &channel.client_id, &self.shared.key)?;
         let freed = self
-            .settle(token, req.kind, req.delay_ms, req.reason.as_deref())
+            .settle(&token, req.kind, req.delay_ms, req.reason.as_deref())
             .await?;
         self.flush_settles().await?;
         Ok(freed)
@@ -578,7 +597,7 @@ impl Deliverer {
     /// not awaited: call [`Self::flush_settles`] once after a batch of settles.
     pub(crate) async fn settle(
         &self,
-        token: AckToken,
+        token: &AckToken,
         kind: AckKind,
         delay_ms: Option<u64>,
         reason: Option<&str>,
@@ -616,7 +635,7 @@ impl Deliverer {
         } else {
             Stage::PullAckReceived
         };
-        let mut settle = self.record(stage, &token);
+        let mut settle = self.record(stage, token);
         settle.outcome = Some(kind.as_str().into());
         settle.detail = reason.map(str::to_owned);
         self.shared.sink.record(settle);
@@ -632,7 +651,7 @@ impl Deliverer {
             self.dead_letter(token.q, &token.g, Some(&token.c), token.n, &why)
                 .await;
         }
-        Ok(token.s.map(|s| (s, token.q)))
+        Ok(token.s.clone().map(|s| (s, token.q)))
     }
 
     /// Makes sure the server has every settle published so far (one round trip).

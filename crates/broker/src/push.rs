@@ -55,6 +55,8 @@ fn valid_deliver_subject(s: &str) -> bool {
         && s.len() <= 255
         && !s.starts_with("msgtrail.")
         && !s.starts_with("$")
+        // Service-import reply subjects: a push there would reach another account's requester.
+        && !s.starts_with("_R_.")
         && s.split('.').all(|t| {
             !t.is_empty() && t != "*" && t != ">" && !t.contains(|c: char| c.is_whitespace())
         })

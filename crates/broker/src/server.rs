@@ -165,6 +165,16 @@ impl Handlers {
     }
 
     async fn respond(&self, kind: Kind, req: service::Request) {
+        // A reply goes out with the broker's own rights: never aim it at JetStream's API,
+        // the KV buckets or msgtrail's streams, whatever reply subject a request names
+        // (deploy/'s accounts also keep clients from naming one; this holds without them).
+        if let Some(reply) = &req.message.reply {
+            if forbidden_reply(reply.as_str()) {
+                self.metrics.error(ErrorCode::NotPermitted);
+                tracing::warn!(reply = %reply, "request with a reply subject the broker never answers to; dropped");
+                return;
+            }
+        }
         let result = self.handle(kind, &req.message).await;
         let sent = match result {
             Ok(body) => req.respond(Ok(body)).await,
@@ -184,6 +194,12 @@ impl Handlers {
             tracing::debug!(error = %e, "reply not sent (requester gone?)");
         }
     }
+}
+
+/// Reply subjects the broker refuses to publish to: JetStream and system subjects (`$…`) and
+/// msgtrail's own (`msgtrail.…`: streams, internal notices).
+fn forbidden_reply(subject: &str) -> bool {
+    subject.starts_with('$') || subject.starts_with("msgtrail.")
 }
 
 /// A broker running in this process.

@@ -106,7 +106,7 @@ impl Settler {
                 match tokens.decode(&e.token, &channel.client_id, &self.deliverer.shared.key) {
                     Ok(token) => {
                         self.deliverer
-                            .settle(token, e.kind, e.delay_ms, reason)
+                            .settle(&token, e.kind, e.delay_ms, reason)
                             .await
                     }
                     Err(err) => Err(err),

@@ -546,27 +546,38 @@ pub struct ReportedRecord {
 /// delivery's C6, X1, X2 and C7 share one ack token, so it travels and is verified once).
 fn write_reports(w: &mut Writer, reports: &[ReportedRecord]) {
     let reports = &reports[..reports.len().min(MAX_REPORTED_RECORDS)];
-    let mut order: Vec<&str> = Vec::new();
-    let mut groups: std::collections::HashMap<&str, Vec<&StageRecord>> =
-        std::collections::HashMap::new();
+    // Groups in order of first appearance. Tokens are long (~200 bytes) and end in a MAC:
+    // their last 16 characters key the lookup, the full text decides.
+    let mut groups: Vec<(&str, Vec<&StageRecord>)> = Vec::new();
+    let mut by_end: std::collections::HashMap<&str, Vec<usize>> = std::collections::HashMap::new();
     for rep in reports {
-        groups
-            .entry(rep.token.as_str())
-            .or_insert_with(|| {
-                order.push(rep.token.as_str());
-                Vec::new()
-            })
-            .push(&rep.record);
+        let token = rep.token.as_str();
+        let end = &token[floor_char_boundary(token, token.len().saturating_sub(16))..];
+        let slot = by_end.entry(end).or_default();
+        match slot.iter().find(|&&i| groups[i].0 == token) {
+            Some(&i) => groups[i].1.push(&rep.record),
+            None => {
+                slot.push(groups.len());
+                groups.push((token, vec![&rep.record]));
+            }
+        }
     }
-    w.u16(order.len() as u16);
-    for token in order {
-        let records = &groups[token];
+    w.u16(groups.len() as u16);
+    for (token, records) in groups {
         w.str16(token);
         w.u16(records.len() as u16);
         for r in records {
             write_record(w, r);
         }
     }
+}
+
+/// The largest character boundary of `s` at or below `i`.
+fn floor_char_boundary(s: &str, mut i: usize) -> usize {
+    while !s.is_char_boundary(i) {
+        i -= 1;
+    }
+    i
 }
 
 /// Reads the reported records of a request: structurally always (the frame goes on after

@@ -70,7 +70,10 @@ impl MessageId {
     /// Builds an ID from its 128 bits, checking it is a UUIDv7.
     pub fn from_u128(v: u128) -> Result<Self, IdError> {
         let u = Uuid::from_u128(v);
-        Self::try_from(u.hyphenated().to_string())
+        if u.get_version_num() != 7 {
+            return Err(IdError::MessageId(u.hyphenated().to_string()));
+        }
+        Ok(MessageId(u))
     }
 
     /// The millisecond Unix timestamp embedded in the UUIDv7: when the broker assigned it.
