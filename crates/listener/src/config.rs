@@ -41,8 +41,10 @@ pub struct ListenerConfig {
     pub durable_name: String,
     /// Most stage-stream messages applied in one store transaction.
     pub batch_size: usize,
-    /// How long JetStream waits for the listener's ack before redelivering a stage-stream
-    /// message: after a crash, the batches that were in flight come back after this.
+    /// How long JetStream waits for the listener's ack before redelivering a stage-stream or
+    /// stored message: after a crash, the batches that were in flight come back after this,
+    /// so a restarted listener resumes within it. A store transaction that runs longer keeps
+    /// its messages with progress acks. At least 1 s; default 5 s.
     pub ack_wait: Duration,
     /// How many payload bytes of each message to keep (0 keeps none).
     pub payload_head_bytes: usize,
@@ -87,7 +89,7 @@ impl Default for ListenerConfig {
             token: None,
             durable_name: DEFAULT_DURABLE.to_owned(),
             batch_size: 512,
-            ack_wait: Duration::from_secs(30),
+            ack_wait: Duration::from_secs(5),
             payload_head_bytes: 256,
             cache_messages: crate::cache::DEFAULT_CACHE_MESSAGES,
             deadlines: Deadlines::default(),

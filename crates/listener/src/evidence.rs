@@ -314,13 +314,12 @@ async fn wait_for_consumer(
                 .get_stream(MESSAGE_STREAM)
                 .await
                 .map_err(|e| format!("message stream {MESSAGE_STREAM}: {e}"))?;
-            stream
-                .get_or_create_consumer(
-                    &source.name,
-                    consumer_config(&source.name, source.batch_size, source.ack_wait),
-                )
-                .await
-                .map_err(|e| format!("store-evidence consumer {}: {e}", source.name))
+            crate::ingest::durable_consumer(
+                &stream,
+                consumer_config(&source.name, source.batch_size, source.ack_wait),
+            )
+            .await
+            .map_err(|e| format!("store-evidence consumer {}: {e}", source.name))
         };
         let result = tokio::select! {
             _ = crate::stopped(stop) => return None,

@@ -37,7 +37,7 @@ pub fn stage_stream_config() -> stream::Config {
         num_replicas: 1,
         max_age: STAGE_STREAM_MAX_AGE,
         allow_direct: true,
-        description: Some("msgtrail stage records (newline-delimited JSON batches)".into()),
+        description: Some("msgtrail stage records (batches of compact binary records)".into()),
         ..Default::default()
     }
 }
@@ -53,21 +53,35 @@ pub async fn consumer(
         .get_or_create_stream(stage_stream_config())
         .await
         .map_err(|e| ListenerError::Nats(format!("stage stream {STAGE_STREAM}: {e}")))?;
-    stream
-        .get_or_create_consumer(
-            durable,
-            consumer::pull::Config {
-                durable_name: Some(durable.to_owned()),
-                description: Some("msgtrail listener".to_owned()),
-                ack_policy: consumer::AckPolicy::Explicit,
-                ack_wait,
-                max_ack_pending: (batch_size * 8).max(1024) as i64,
-                deliver_policy: consumer::DeliverPolicy::All,
-                ..Default::default()
-            },
-        )
+    let config = consumer::pull::Config {
+        durable_name: Some(durable.to_owned()),
+        description: Some("msgtrail listener".to_owned()),
+        ack_policy: consumer::AckPolicy::Explicit,
+        ack_wait,
+        max_ack_pending: (batch_size * 8).max(1024) as i64,
+        deliver_policy: consumer::DeliverPolicy::All,
+        ..Default::default()
+    };
+    durable_consumer(&stream, config)
         .await
         .map_err(|e| ListenerError::Nats(format!("durable consumer {durable}: {e}")))
+}
+
+/// Gets or creates a durable pull consumer, and brings the ack wait of an existing one to
+/// `config`'s: a listener started with a shorter ack wait than the consumer was created
+/// with would otherwise still wait the old one out after a crash.
+pub async fn durable_consumer(
+    stream: &jetstream::stream::Stream,
+    config: consumer::pull::Config,
+) -> Result<consumer::PullConsumer, async_nats::Error> {
+    let name = config.durable_name.clone().unwrap_or_default();
+    let mut c: consumer::PullConsumer =
+        stream.get_or_create_consumer(&name, config.clone()).await?;
+    if c.info().await?.config.ack_wait != config.ack_wait {
+        tracing::info!(consumer = %name, ack_wait_ms = config.ack_wait.as_millis() as u64, "updating the consumer's ack wait");
+        c = stream.update_consumer(config).await?;
+    }
+    Ok(c)
 }
 
 /// Applies stage-stream messages until `stop` turns true.
@@ -111,6 +125,10 @@ pub async fn run(
     }
     Ok(())
 }
+
+/// How often a store transaction still running tells JetStream its messages are in
+/// progress; well under the shortest ack wait the configuration allows (1 s).
+pub const PROGRESS_EVERY: Duration = Duration::from_millis(400);
 
 /// Where a [`Batch`] comes from, for the statistics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -209,7 +227,19 @@ pub async fn apply(
         Ok(Ok(None))
     } else {
         let st = store.clone();
-        tokio::task::spawn_blocking(move || st.apply(records, now).map(Some)).await
+        let mut work = tokio::task::spawn_blocking(move || st.apply(records, now).map(Some));
+        // A long transaction keeps its messages: tell JetStream they are in progress, so
+        // that the ack wait can stay short (a restart after a crash resumes within it).
+        loop {
+            tokio::select! {
+                r = &mut work => break r,
+                _ = tokio::time::sleep(PROGRESS_EVERY) => {
+                    for m in &acks {
+                        let _ = m.ack_with(AckKind::Progress).await;
+                    }
+                }
+            }
+        }
     };
     match result {
         Ok(Ok(mut outcome)) => {

@@ -1104,3 +1104,61 @@ fn the_in_flight_cache_changes_nothing() {
         }
     }
 }
+
+/// Issue 14, bug 5: stage batches a crashed listener held (delivered, never acked) come back
+/// within the listener's ack wait, 5 s by default — not the 30 s it used to be — and a
+/// consumer created with a longer ack wait is brought down to the configured one.
+#[tokio::test]
+async fn a_restart_after_a_crash_resumes_within_the_default_ack_wait() {
+    let (server, dir, js) = setup().await;
+    let mut rng = Rng(7);
+    let all = successes(20, "held", &mut rng);
+    let total = all.len() as u64;
+    // The consumer as a crashed listener left it: created with the old 30 s ack wait, every
+    // batch delivered to it and none acked.
+    let stream = js
+        .get_stream(msgtrail_core::subjects::STAGE_STREAM)
+        .await
+        .unwrap();
+    let durable = "msgtrail-listener";
+    let old: async_nats::jetstream::consumer::PullConsumer = stream
+        .get_or_create_consumer(
+            durable,
+            async_nats::jetstream::consumer::pull::Config {
+                durable_name: Some(durable.into()),
+                ack_policy: async_nats::jetstream::consumer::AckPolicy::Explicit,
+                ack_wait: Duration::from_secs(30),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    publish(&js, &all, &mut rng).await;
+    let mut held = old.fetch().max_messages(1000).messages().await.unwrap();
+    let mut n = 0;
+    while let Some(m) = futures::StreamExt::next(&mut held).await {
+        m.unwrap(); // delivered, never acked: the crash
+        n += 1;
+    }
+    assert!(n > 0);
+
+    let mut cfg = config(&server, dir.path());
+    cfg.ack_wait = ListenerConfig::default().ack_wait;
+    assert_eq!(cfg.ack_wait, Duration::from_secs(5));
+    let started = tokio::time::Instant::now();
+    let handle = msgtrail_listener::start(cfg).await.unwrap();
+    let c = client(&handle);
+    wait_for_records(&c, total).await;
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(15),
+        "the held batches came back after {took:?}, not within the 5 s ack wait"
+    );
+    let mut consumer: async_nats::jetstream::consumer::PullConsumer =
+        stream.get_consumer(durable).await.unwrap();
+    assert_eq!(
+        consumer.info().await.unwrap().config.ack_wait,
+        Duration::from_secs(5)
+    );
+    handle.shutdown().await.unwrap();
+}

@@ -105,11 +105,14 @@ pub struct Args {
     #[arg(long, default_value = "5m", value_parser = parse_long_duration)]
     pub stats_window: Duration,
     /// Do not recover P2/P3 (received, stored) from the stored messages' headers in the
-    /// message stream; read the stage stream alone. Brokers that stamp their stored
-    /// messages no longer write P2/P3 to the stage stream, so their messages then have no
-    /// store hop.
+    /// message stream; read the stage stream alone. Then a broker killed right after its
+    /// reply, or a stage stream without a leader, leaves messages without a store hop.
     #[arg(long)]
     pub no_store_evidence: bool,
+    /// Ack wait of the listener's consumers: after a crash, a restarted listener resumes
+    /// the batches in flight within it (long transactions send progress acks).
+    #[arg(long, default_value = "5s", value_parser = parse_long_duration)]
+    pub ack_wait: Duration,
 }
 
 impl Args {
@@ -136,6 +139,7 @@ impl Args {
             retention_max_bytes: (self.retention_max_size > 0).then_some(self.retention_max_size),
             stats_window: self.stats_window,
             store_evidence: !self.no_store_evidence,
+            ack_wait: self.ack_wait,
             ..Default::default()
         }
     }
