@@ -629,3 +629,141 @@ async fn the_concurrency_bound_slows_requests_and_loses_none() {
         .unwrap();
     assert_eq!(stream.info().await.unwrap().state.messages, 1000);
 }
+
+/// Records that ride along a settle batch give exactly the trajectory that the same records
+/// sent as a separate (JSON) stage report give.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ride_along_records_give_the_same_trajectory_as_separate_reports() {
+    use msgtrail_core::trajectory::{AssembleOptions, Trajectory};
+    let sys = TestSystem::start().await;
+    let producer = RawChannel::open(&sys, "shop", Role::Producer).await;
+    let res = producer
+        .upload(&UploadBatch {
+            entries: vec![entry("ride", "same.x", "a"), entry("apart", "same.x", "b")],
+            ..Default::default()
+        })
+        .await;
+    let (a, b) = (stored(&res.results[0]).0, stored(&res.results[1]).0);
+    let consumer = RawChannel::open(&sys, "billing-1", Role::Consumer).await;
+    let got = consumer.fetch("same", "same.*", 10).await;
+    let token_of = |id: MessageId| {
+        got.messages
+            .iter()
+            .find(|m| m.message_id == id)
+            .unwrap()
+            .ack_token
+            .clone()
+    };
+    let t0 = msgtrail_core::time::now_nanos();
+    let consumer_records = |base: u64| {
+        [
+            (Stage::PullReceived, None),
+            (Stage::ProcessStarted, None),
+            (Stage::ProcessFinished, Some("ok")),
+            (Stage::PullAckSent, Some("ack")),
+        ]
+        .into_iter()
+        .enumerate()
+        .map(|(i, (stage, outcome))| {
+            let mut r = StageRecord::at(stage, base + i as u64 * 1000);
+            r.outcome = outcome.map(Into::into);
+            r
+        })
+        .collect::<Vec<_>>()
+    };
+    let settle = |token: String| SettleEntry {
+        token,
+        kind: AckKind::Ack,
+        delay_ms: None,
+        reason: String::new(),
+    };
+    // a: the records ride along its settle.
+    let ride = consumer
+        .settle(&SettleBatch {
+            entries: vec![settle(token_of(a))],
+            reports: consumer_records(t0)
+                .into_iter()
+                .map(|record| ReportedRecord {
+                    record,
+                    token: token_of(a),
+                })
+                .collect(),
+            ..Default::default()
+        })
+        .await;
+    assert_eq!((ride.results, ride.reports.accepted), (vec![None], 4));
+    // b: the same records as a separate JSON report, then a settle without any.
+    let lines: Vec<String> = consumer_records(t0)
+        .into_iter()
+        .map(|r| {
+            let mut v = serde_json::to_value(&r).unwrap();
+            v["token"] = token_of(b).into();
+            v.to_string()
+        })
+        .collect();
+    let reply = consumer
+        .request(s::STAGE_REPORT, lines.join("\n").into())
+        .await;
+    assert_no_error(&reply);
+    let apart = consumer
+        .settle(&SettleBatch {
+            entries: vec![settle(token_of(b))],
+            ..Default::default()
+        })
+        .await;
+    assert_eq!(apart.results, vec![None]);
+
+    let done = |r: &[StageRecord]| {
+        [
+            Stage::PullReceived,
+            Stage::ProcessFinished,
+            Stage::PullAckSent,
+            Stage::PullAckReceived,
+        ]
+        .iter()
+        .all(|s| r.iter().any(|x| x.stage == *s))
+    };
+    let recs_a = sys.records_for(a, done).await;
+    let recs_b = sys.records_for(b, done).await;
+    // The consumer's records are the same but for what names the message.
+    let consumer_side = |recs: &[StageRecord]| -> Vec<StageRecord> {
+        let mut out: Vec<StageRecord> = recs
+            .iter()
+            .filter(|r| {
+                matches!(
+                    r.stage,
+                    Stage::PullReceived
+                        | Stage::ProcessStarted
+                        | Stage::ProcessFinished
+                        | Stage::PullAckSent
+                )
+            })
+            .cloned()
+            .map(|mut r| {
+                r.message_id = None;
+                r.stream_seq = None;
+                r
+            })
+            .collect();
+        out.sort_by_key(|r| r.at);
+        out
+    };
+    assert_eq!(consumer_side(&recs_a), consumer_side(&recs_b));
+    // And so are the trajectories' shapes: hops, statuses, events, state.
+    let shape = |recs: Vec<StageRecord>| {
+        let t = Trajectory::assemble(recs, &AssembleOptions::default()).unwrap();
+        let hops: Vec<(String, String, Vec<&'static str>)> = t
+            .hops
+            .iter()
+            .map(|h| {
+                (
+                    h.key.clone(),
+                    format!("{:?}", h.status),
+                    h.events.iter().map(|r| r.stage.code()).collect(),
+                )
+            })
+            .collect();
+        (t.state, hops)
+    };
+    assert_eq!(shape(recs_a), shape(recs_b));
+}
