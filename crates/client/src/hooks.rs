@@ -144,10 +144,15 @@ struct Registered {
     tx: mpsc::Sender<Arc<HookEvent>>,
 }
 
+/// A synchronous observer of every event, called inline by [`Hooks::emit`]: the SDK's own
+/// stage reporting, which only moves a record into its outbox.
+pub(crate) type Observer = Arc<dyn Fn(&HookEvent) + Send + Sync>;
+
 /// The hook registry of a producer or consumer; cheap to clone.
 #[derive(Clone, Default)]
 pub struct Hooks {
     hooks: Arc<RwLock<Vec<Registered>>>,
+    observer: Arc<RwLock<Option<Observer>>>,
     dropped: Arc<AtomicU64>,
 }
 
@@ -202,13 +207,39 @@ impl Hooks {
         rx
     }
 
-    /// Hands an event to every interested hook without waiting.
+    /// Sets the inline observer (the SDK's stage reporting): it sees every event first,
+    /// synchronously, without a queue or a task hop of its own.
+    pub(crate) fn observe(&self, observer: Observer) {
+        *self.observer.write().expect("hooks poisoned") = Some(observer);
+    }
+
+    /// A queue that receives no event and ends when the hooks are closed or the last clone
+    /// is dropped: how a task tied to the hooks learns that they are gone.
+    pub(crate) fn lifeline(&self) -> mpsc::Receiver<Arc<HookEvent>> {
+        let (tx, rx) = mpsc::channel(1);
+        self.hooks
+            .write()
+            .expect("hooks poisoned")
+            .push(Registered {
+                kinds: Some(Vec::new()),
+                tx,
+            });
+        rx
+    }
+
+    /// Hands an event to the observer, then to every interested hook without waiting.
     pub fn emit(&self, event: HookEvent) {
+        if let Some(observer) = self.observer.read().expect("hooks poisoned").as_ref() {
+            observer(&event);
+        }
         let hooks = self.hooks.read().expect("hooks poisoned");
-        if hooks.is_empty() {
+        let kind = event.kind();
+        if !hooks
+            .iter()
+            .any(|h| h.kinds.as_ref().is_none_or(|k| k.contains(&kind)))
+        {
             return;
         }
-        let kind = event.kind();
         let event = Arc::new(event);
         for h in hooks.iter() {
             if h.kinds.as_ref().is_some_and(|k| !k.contains(&kind)) {
@@ -222,6 +253,7 @@ impl Hooks {
 
     /// Unregisters every hook: their tasks finish the events already queued, then end.
     pub fn close(&self) {
+        *self.observer.write().expect("hooks poisoned") = None;
         self.hooks.write().expect("hooks poisoned").clear();
     }
 

@@ -1,8 +1,9 @@
 //! Stage reporting, built on the hooks, riding along the message path.
 //!
-//! A hook turns the client's events into its stage records — P4, C2/C3, C6/C7, X1/X2 — each
-//! with the proof the broker asks for (`token`: the delivery's ack token, or the upload
-//! receipt for P4), and puts them into a shared bounded **outbox**. P1 is not reported this
+//! An inline observer of the hooks (called synchronously as each event happens, no queue or
+//! task hop of its own) turns the client's events into its stage records — P4, C2/C3, C6/C7,
+//! X1/X2 — each with the proof the broker asks for (`token`: the delivery's ack token, or the
+//! upload receipt for P4), and puts them into a shared bounded **outbox**. P1 is not reported this
 //! way: each upload entry carries its send time (`sent_at`) and the broker writes P1 from it.
 //!
 //! The outbox empties three ways:
@@ -16,13 +17,11 @@
 //!
 //! The broker accepts the records of one request whole or refuses them whole; a refusal never
 //! fails the uploads or settles they rode with. Reporting is best effort and never delays the
-//! message path: an event beyond the hook's queue is dropped and counted by
-//! [`crate::hooks::Hooks::dropped`], a record beyond the outbox is dropped and counted by
-//! [`Reporter::dropped`], and records the broker refused or never answered are counted by
-//! [`Reporter::failed`].
+//! message path: a record beyond the outbox is dropped and counted by [`Reporter::dropped`],
+//! and records the broker refused or never answered are counted by [`Reporter::failed`].
 
 use crate::channel::{decode, Channel};
-use crate::hooks::{HookEvent, HookKind, Hooks};
+use crate::hooks::{HookEvent, Hooks};
 use msgtrail_core::frame::{self, ReportedRecord, ReportsOutcome};
 use msgtrail_core::subjects as s;
 use msgtrail_core::wire::OkReply;
@@ -41,8 +40,6 @@ use tokio::time::Instant;
 pub const MAX_RECORDS_PER_REQUEST: usize = 1000;
 /// Longest a record waits in the outbox for a batch to take it before it is sent alone.
 pub const LINGER: Duration = Duration::from_millis(20);
-/// Queue length of the reporting hook (events waiting to become records).
-const QUEUE: usize = 65_536;
 /// Most records the outbox holds; more are dropped and counted.
 pub const OUTBOX_CAPACITY: usize = 65_536;
 
@@ -173,15 +170,6 @@ pub fn reported(event: &HookEvent) -> Option<ReportedRecord> {
     })
 }
 
-/// The events the reporting hook turns into records.
-const REPORTED_KINDS: &[HookKind] = &[
-    HookKind::StoreConfirmed,
-    HookKind::Received,
-    HookKind::ProcessingStarted,
-    HookKind::ProcessingFinished,
-    HookKind::Settled,
-];
-
 fn delivery_record(stage: Stage, d: &crate::hooks::DeliveryInfo, at: u64) -> StageRecord {
     let mut r = StageRecord::at(stage, at);
     r.message_id = Some(d.message_id);
@@ -269,24 +257,28 @@ impl Outbox {
     }
 
     /// Queues a record, or drops and counts it when the outbox is full.
-    fn push_quiet(&self, r: ReportedRecord) {
+    /// Queues a record; true when it is the first of an empty outbox.
+    fn push_quiet(&self, r: ReportedRecord) -> bool {
         let mut q = self.lock();
         if q.records.len() >= self.capacity {
             drop(q);
             self.counters.dropped.fetch_add(1, Ordering::Relaxed);
             self.counters.failed.fetch_add(1, Ordering::Relaxed);
-            return;
+            return false;
         }
-        if q.records.is_empty() {
+        let first = q.records.is_empty();
+        if first {
             q.oldest = Some(Instant::now());
         }
         q.records.push_back(r);
+        first
     }
 
-    /// Queues a record and wakes the flusher.
+    /// Queues a record; wakes the flusher when it is the first (it arms the linger).
     pub(crate) fn push(&self, r: ReportedRecord) {
-        self.push_quiet(r);
-        self.arrived.notify_one();
+        if self.push_quiet(r) {
+            self.arrived.notify_one();
+        }
     }
 
     fn is_empty(&self) -> bool {
@@ -420,11 +412,11 @@ async fn send_report(channel: Arc<Channel>, records: Vec<ReportedRecord>, ticket
     }
 }
 
-/// The reporting task: moves the hook's events into the outbox as records, and sends what no
-/// batch took within [`LINGER`]. When the hooks are closed or dropped it sends everything
-/// left and waits for the records in flight, then ends.
+/// The reporting task: sends what no batch took from the outbox within [`LINGER`]. When the
+/// hooks are closed or dropped (`lifeline` ends) it sends everything left and waits for the
+/// records in flight, then ends.
 async fn run(
-    mut rx: mpsc::Receiver<Arc<HookEvent>>,
+    mut lifeline: mpsc::Receiver<Arc<HookEvent>>,
     outbox: Arc<Outbox>,
     channel: Arc<Channel>,
     max_bytes: usize,
@@ -440,18 +432,8 @@ async fn run(
     while open {
         let deadline = outbox.oldest().map(|t| t + LINGER);
         tokio::select! {
-            ev = rx.recv() => match ev {
-                Some(ev) => {
-                    outbox_event(&outbox, &ev);
-                    // Take what else is waiting without going round the loop for each.
-                    for _ in 0..1024 {
-                        match rx.try_recv() {
-                            Ok(ev) => outbox_event(&outbox, &ev),
-                            Err(_) => break,
-                        }
-                    }
-                }
-                None => open = false,
+            ev = lifeline.recv() => if ev.is_none() {
+                open = false;
             },
             _ = outbox.arrived.notified() => {},
             _ = sleep_until(deadline), if deadline.is_some() => {
@@ -480,12 +462,6 @@ async fn run(
         send_report(channel.clone(), records, ticket).await;
     }
     outbox.settled().await;
-}
-
-fn outbox_event(outbox: &Outbox, ev: &HookEvent) {
-    if let Some(r) = reported(ev) {
-        outbox.push_quiet(r);
-    }
 }
 
 async fn sleep_until(deadline: Option<Instant>) {
@@ -522,8 +498,19 @@ impl Reporting {
         }
         let counters = Arc::new(Reporter::default());
         let outbox = Arc::new(Outbox::new(OUTBOX_CAPACITY, counters.clone()));
-        let rx = hooks.channel(REPORTED_KINDS, QUEUE);
-        let task = tokio::spawn(run(rx, outbox.clone(), channel.clone(), max_bytes));
+        // Records go into the outbox inline, as the events happen: no queue, no task hop.
+        let observed = outbox.clone();
+        hooks.observe(Arc::new(move |ev: &HookEvent| {
+            if let Some(r) = reported(ev) {
+                observed.push(r);
+            }
+        }));
+        let task = tokio::spawn(run(
+            hooks.lifeline(),
+            outbox.clone(),
+            channel.clone(),
+            max_bytes,
+        ));
         Reporting {
             counters: Some(counters),
             outbox: Some(outbox),
