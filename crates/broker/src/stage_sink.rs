@@ -171,6 +171,16 @@ async fn write_batches(
         }
         let deadline = tokio::time::Instant::now() + linger;
         while batch.len() < batch_max {
+            // What is already there, without a timer per record; then wait out the linger.
+            while batch.len() < batch_max {
+                match rx.try_recv() {
+                    Ok(r) => batch.push(r),
+                    Err(_) => break,
+                }
+            }
+            if batch.len() >= batch_max {
+                break;
+            }
             match tokio::time::timeout_at(deadline, rx.recv()).await {
                 Ok(Some(r)) => batch.push(r),
                 _ => break,
