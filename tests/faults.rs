@@ -163,7 +163,6 @@ async fn s1_broker_kill_9_mid_upload_load() {
 /// Uploads and a consumer group: the same, and every consumed message's trajectory shows
 /// its acknowledged delivery.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "issue 14, bug 1's twin on the delivery path: a SIGKILLed broker loses the delivery records it had not flushed yet (C5, C8, and the consumer's C6/C7/X1/X2 it relayed), so a consumed message shows no acknowledged delivery; see RELIABILITY.md"]
 async fn s1_broker_kill_9_mid_load_with_consumers() {
     let _serial = SERIAL.lock().await;
     broker_kill_9("broker_kill_9", true).await;

@@ -589,6 +589,8 @@ impl Deliverer {
             .settle(&token, req.kind, req.delay_ms, req.reason.as_deref())
             .await?;
         self.flush_settles().await?;
+        // As for settle batches: the reply waits for the settle's records to be stored.
+        let _ = self.shared.sink.stored(crate::settle::STORED_WAIT).await;
         Ok(freed)
     }
 

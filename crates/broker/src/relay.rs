@@ -170,7 +170,10 @@ impl Relay {
             parse_json_report(&msg.payload)?
         };
         let records = self.check_all(&channel, reported, &mut TokenCache::new())?;
-        Ok(self.relay(records))
+        let n = self.relay(records);
+        // A report is answered once its records are stored (a killed broker loses none).
+        let _ = self.sink.stored(crate::settle::STORED_WAIT).await;
+        Ok(n)
     }
 
     /// Checks and relays the records that rode along an upload or settle batch. They are

@@ -5,7 +5,9 @@
 //!
 //! The request is a binary [`SettleBatch`] frame or JSON ([`SettleRequest`]); the reply has
 //! the same form. JetStream acks of the whole batch are published and then flushed once, so a
-//! batch costs one round trip to the server, not one per delivery.
+//! batch costs one round trip to the server, not one per delivery. The reply waits until the
+//! batch's stage records are stored in the stage stream ([`STORED_WAIT`] at most): a broker
+//! killed right after answering loses no record of what it answered.
 
 use crate::channels::Channel;
 use crate::consume::Deliverer;
@@ -17,6 +19,10 @@ use msgtrail_core::frame::{self, SettleBatch, SettleEntry, SettleResults};
 use msgtrail_core::headers as h;
 use msgtrail_core::wire::{ItemResult, SettleReply, SettleRequest};
 use msgtrail_core::{ErrorCode, Role, WireError};
+
+/// Longest a settle waits for its stage records to be stored before answering anyway (the
+/// writer keeps retrying them): about a stage-stream leader election.
+pub const STORED_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Handles settle batches.
 #[derive(Debug, Clone)]
@@ -49,6 +55,7 @@ impl Settler {
                 .relay_reported(&channel, batch.reports, batch.reports_invalid, &mut tokens)
                 .await;
             let results = self.settle_all(&channel, &batch.entries, &mut tokens).await;
+            self.records_stored().await;
             return Ok(SettleResults {
                 results: results.into_iter().map(Result::err).collect(),
                 reports,
@@ -75,12 +82,22 @@ impl Settler {
         let results = self
             .settle_all(&channel, &entries, &mut TokenCache::new())
             .await;
+        self.records_stored().await;
         let reply = SettleReply {
             results: results.iter().map(ItemResult::of).collect(),
         };
         Ok(serde_json::to_vec(&reply)
             .expect("replies serialize")
             .into())
+    }
+
+    /// Waits until this request's records (C4/C8, R1, and what rode along) are in the stage
+    /// stream, so that a broker killed right after its reply loses none of them.
+    async fn records_stored(&self) {
+        let sink = &self.deliverer.shared.sink;
+        if !sink.stored(STORED_WAIT).await {
+            tracing::warn!("settle answered before its stage records were stored (the stage stream is slow or electing a leader); they are retried");
+        }
     }
 
     async fn consumer_channel(&self, id: &str) -> Result<Channel, WireError> {

@@ -22,16 +22,27 @@ use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 /// Publish acks awaited concurrently by the writer.
 const ACK_WINDOW: usize = 64;
 
+/// What handlers hand the writer: a record, or a request to be told when every record
+/// handed before it is stored.
+#[derive(Debug)]
+// Records are nearly every item: boxing them would cost an allocation per record to save the
+// queue slots of the rare waiter.
+#[allow(clippy::large_enum_variant)]
+enum Item {
+    Record(StageRecord),
+    Stored(oneshot::Sender<()>),
+}
+
 /// A cheap handle to hand stage records to the writer.
 #[derive(Debug, Clone)]
 pub struct StageSink {
-    tx: Option<mpsc::Sender<StageRecord>>,
+    tx: Option<mpsc::Sender<Item>>,
     metrics: Arc<Metrics>,
 }
 
@@ -60,6 +71,24 @@ impl StageSink {
         )
     }
 
+    /// Resolves once every record handed to this sink before the call is stored in the stage
+    /// stream, or after `within` (false then; the writer keeps retrying in the background).
+    /// Without recording it resolves at once. The writer publishes at once, without its
+    /// linger, for a caller waiting here.
+    ///
+    /// Why: a broker that answers a settle while the records of it (C8, the consumer's
+    /// ride-along C6/X1/X2/C7) wait in its memory loses them when it is killed right after
+    /// its reply; settles wait for them to be stored, uploads do not (a stored message
+    /// carries its own store evidence, and P1/P4 losses leave the trajectory complete).
+    pub async fn stored(&self, within: Duration) -> bool {
+        let Some(tx) = &self.tx else { return true };
+        let (done, wait) = oneshot::channel();
+        if tx.try_send(Item::Stored(done)).is_err() {
+            return false;
+        }
+        matches!(tokio::time::timeout(within, wait).await, Ok(Ok(())))
+    }
+
     /// Whether records are written at all (stage recording is on).
     pub fn enabled(&self) -> bool {
         self.tx.is_some()
@@ -80,7 +109,7 @@ impl StageSink {
             "stage"
         );
         let Some(tx) = &self.tx else { return };
-        match tx.try_send(rec) {
+        match tx.try_send(Item::Record(rec)) {
             Ok(()) => Metrics::inc(&self.metrics.stage_records),
             Err(_) => Metrics::inc(&self.metrics.stage_dropped),
         }
@@ -89,9 +118,47 @@ impl StageSink {
 
 /// A stage-stream message waiting for its publish ack, or for another try.
 struct Pending {
+    /// The order in which the writer sent it, from 1.
+    seq: u64,
     bytes: Bytes,
     records: u64,
     tries: u32,
+}
+
+/// Callers waiting for records to be stored: each waits for every batch up to `seq`.
+#[derive(Default)]
+struct Waiters {
+    /// Batches acked, by sequence, beyond `stored_upto`.
+    acked: std::collections::BTreeSet<u64>,
+    /// Every batch up to this one is stored.
+    stored_upto: u64,
+    waiting: VecDeque<(u64, oneshot::Sender<()>)>,
+}
+
+impl Waiters {
+    fn acked(&mut self, seq: u64) {
+        self.acked.insert(seq);
+        while self.acked.remove(&(self.stored_upto + 1)) {
+            self.stored_upto += 1;
+        }
+        while self
+            .waiting
+            .front()
+            .is_some_and(|(upto, _)| *upto <= self.stored_upto)
+        {
+            if let Some((_, w)) = self.waiting.pop_front() {
+                let _ = w.send(());
+            }
+        }
+    }
+
+    fn wait(&mut self, upto: u64, w: oneshot::Sender<()>) {
+        if upto <= self.stored_upto {
+            let _ = w.send(());
+        } else {
+            self.waiting.push_back((upto, w));
+        }
+    }
 }
 
 /// First pause before a failed batch is published again; doubles up to [`RETRY_MAX`].
@@ -122,14 +189,16 @@ async fn publish(
 
 async fn write_batches(
     js: async_nats::jetstream::Context,
-    mut rx: mpsc::Receiver<StageRecord>,
+    mut rx: mpsc::Receiver<Item>,
     metrics: Arc<Metrics>,
     batch_max: usize,
     linger: Duration,
 ) {
     let mut acks: FuturesUnordered<AckFuture> = FuturesUnordered::new();
     let mut retry: VecDeque<(tokio::time::Instant, Pending)> = VecDeque::new();
+    let mut waiters = Waiters::default();
     let mut batch = Vec::with_capacity(batch_max);
+    let mut sent = 0u64;
     let mut open = true;
     let mut drain_until = None;
     loop {
@@ -140,11 +209,14 @@ async fn write_batches(
             break;
         }
         let next_retry = retry.front().map(|(at, _)| *at);
+        // Someone waits for what is queued: publish without the linger.
+        let mut urgent: Vec<oneshot::Sender<()>> = Vec::new();
         tokio::select! {
             biased;
             Some((p, res)) = acks.next(), if !acks.is_empty() => {
-                if let Some(again) = note_ack(&metrics, p, res) {
-                    schedule(&metrics, &mut retry, again);
+                match note_ack(&metrics, p, res) {
+                    Ok(seq) => waiters.acked(seq),
+                    Err(again) => schedule(&metrics, &mut retry, again),
                 }
                 continue;
             }
@@ -161,48 +233,63 @@ async fn write_batches(
                 continue;
             }
             first = rx.recv(), if open => {
-                let Some(first) = first else {
-                    open = false;
-                    drain_until = Some(tokio::time::Instant::now() + DRAIN);
-                    continue;
-                };
-                batch.push(first);
+                match first {
+                    None => {
+                        open = false;
+                        drain_until = Some(tokio::time::Instant::now() + DRAIN);
+                        continue;
+                    }
+                    Some(Item::Record(r)) => batch.push(r),
+                    Some(Item::Stored(w)) => urgent.push(w),
+                }
             }
         }
         let deadline = tokio::time::Instant::now() + linger;
         while batch.len() < batch_max {
-            // What is already there, without a timer per record; then wait out the linger.
+            // What is already there, without a timer per record; then wait out the linger
+            // (unless someone waits for these records to be stored).
             while batch.len() < batch_max {
                 match rx.try_recv() {
-                    Ok(r) => batch.push(r),
+                    Ok(Item::Record(r)) => batch.push(r),
+                    Ok(Item::Stored(w)) => urgent.push(w),
                     Err(_) => break,
                 }
             }
-            if batch.len() >= batch_max {
+            if batch.len() >= batch_max || !urgent.is_empty() {
                 break;
             }
             match tokio::time::timeout_at(deadline, rx.recv()).await {
-                Ok(Some(r)) => batch.push(r),
+                Ok(Some(Item::Record(r))) => batch.push(r),
+                Ok(Some(Item::Stored(w))) => urgent.push(w),
                 _ => break,
             }
         }
-        let pending = Pending {
-            records: batch.len() as u64,
-            bytes: encode_stage_batch(batch.iter()).into(),
-            tries: 0,
-        };
-        batch.clear();
-        match publish(&js, pending).await {
-            Ok(ack) => acks.push(ack),
-            Err((p, e)) => {
-                tracing::warn!(records = p.records, error = %e, "stage batch not sent; retrying");
-                schedule(&metrics, &mut retry, p);
+        if !batch.is_empty() {
+            sent += 1;
+            let pending = Pending {
+                seq: sent,
+                records: batch.len() as u64,
+                bytes: encode_stage_batch(batch.iter()).into(),
+                tries: 0,
+            };
+            batch.clear();
+            match publish(&js, pending).await {
+                Ok(ack) => acks.push(ack),
+                Err((p, e)) => {
+                    tracing::warn!(records = p.records, error = %e, "stage batch not sent; retrying");
+                    schedule(&metrics, &mut retry, p);
+                }
             }
+        }
+        // Every batch sent so far holds records handed before these waiters.
+        for w in urgent {
+            waiters.wait(sent, w);
         }
         while acks.len() >= ACK_WINDOW {
             if let Some((p, res)) = acks.next().await {
-                if let Some(again) = note_ack(&metrics, p, res) {
-                    schedule(&metrics, &mut retry, again);
+                match note_ack(&metrics, p, res) {
+                    Ok(seq) => waiters.acked(seq),
+                    Err(again) => schedule(&metrics, &mut retry, again),
                 }
             }
         }
@@ -250,16 +337,45 @@ fn schedule(
     retry.push_back((at, p));
 }
 
-/// Counts an acked batch, or hands a failed one back for another try.
-fn note_ack(metrics: &Metrics, p: Pending, res: Result<(), String>) -> Option<Pending> {
+/// Counts an acked batch (its sequence), or hands a failed one back for another try.
+fn note_ack(metrics: &Metrics, p: Pending, res: Result<(), String>) -> Result<u64, Pending> {
     match res {
         Ok(()) => {
             Metrics::inc(&metrics.stage_batches);
-            None
+            Ok(p.seq)
         }
         Err(e) => {
             tracing::warn!(records = p.records, tries = p.tries, error = %e, "stage batch not stored; retrying");
-            Some(p)
+            Err(p)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn waiters_are_told_once_every_batch_up_to_theirs_is_stored() {
+        let mut w = Waiters::default();
+        let (a, mut a_rx) = oneshot::channel();
+        let (b, mut b_rx) = oneshot::channel();
+        let (now, mut now_rx) = oneshot::channel();
+        w.wait(0, now);
+        assert!(
+            now_rx.try_recv().is_ok(),
+            "nothing sent yet: stored at once"
+        );
+        w.wait(2, a);
+        w.wait(3, b);
+        // Batch 2 is acked before batch 1 (a retry of 1 is still out): nobody is told.
+        w.acked(2);
+        assert!(a_rx.try_recv().is_err());
+        w.acked(1);
+        assert!(a_rx.try_recv().is_ok(), "1 and 2 stored");
+        assert!(b_rx.try_recv().is_err());
+        w.acked(3);
+        assert!(b_rx.try_recv().is_ok());
+        assert_eq!(w.stored_upto, 3);
     }
 }
