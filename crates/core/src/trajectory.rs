@@ -348,6 +348,12 @@ pub struct Trajectory {
     pub upload_attempts: u32,
     /// Duplicate uploads the broker suppressed (D1 records).
     pub duplicates: u32,
+    /// The other messages stored under the same producer and request ID, in upload order
+    /// (message ID order): the same request ID uploaded again after the broker's dedup
+    /// window, which stores it anew. Assembly leaves it empty (it knows one message's
+    /// records); the listener fills it at lookup time ([`Trajectory::set_same_request`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub same_request: Vec<MessageId>,
     /// The earliest record time, Unix nanoseconds.
     pub first_at: u64,
     /// The latest record time, Unix nanoseconds.
@@ -435,6 +441,22 @@ impl Trajectory {
         options: &AssembleOptions,
     ) -> Option<Trajectory> {
         Self::assemble_with(records, options, true)
+    }
+
+    /// Names the other messages stored under this message's producer and request ID
+    /// (sorted, without this message's own ID) and, when the trajectory has a diagnosis,
+    /// says so in it.
+    pub fn set_same_request(&mut self, others: impl IntoIterator<Item = MessageId>) {
+        let mut v: Vec<MessageId> = others
+            .into_iter()
+            .filter(|m| Some(*m) != self.message_id)
+            .collect();
+        v.sort_unstable();
+        v.dedup();
+        self.same_request = v;
+        if !self.diagnosis.is_empty() {
+            self.diagnosis = diagnose(self);
+        }
     }
 
     fn assemble_with(
@@ -1385,6 +1407,7 @@ impl<'a> Builder<'a> {
             traceparent,
             upload_attempts,
             duplicates,
+            same_request: Vec::new(),
             first_at,
             last_at,
             state,
@@ -1401,6 +1424,47 @@ impl<'a> Builder<'a> {
         }
         t
     }
+}
+
+/// The clause saying that the request ID was stored as several messages (uploaded again
+/// after the dedup window, a duplicate the broker no longer recognised), naming the others
+/// in upload order.
+fn same_request_clause(t: &Trajectory) -> Option<String> {
+    if t.same_request.is_empty() {
+        return None;
+    }
+    let req = t
+        .request_id
+        .as_ref()
+        .map(|r| format!("request id {r}"))
+        .unwrap_or_else(|| "its request id".to_owned());
+    let n = t.same_request.len() + 1;
+    let list = |ids: &[MessageId]| {
+        ids.iter()
+            .map(|m| m.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let (before, after): (Vec<MessageId>, Vec<MessageId>) = t
+        .same_request
+        .iter()
+        .partition(|m| t.message_id.is_some_and(|own| **m < own));
+    Some(if before.is_empty() {
+        format!(
+            "duplicate after the dedup window: {req} was stored again as message {}: {n} messages",
+            list(&after)
+        )
+    } else {
+        let later = if after.is_empty() {
+            String::new()
+        } else {
+            format!(", then as message {}", list(&after))
+        };
+        format!(
+            "duplicate after the dedup window: {req} was stored before as message {}, and again as this one{later}: {n} messages",
+            list(&before)
+        )
+    })
 }
 
 /// The plain-words account: one clause per step, joined by `; `.
@@ -1423,6 +1487,9 @@ fn diagnose(t: &Trajectory) -> String {
     }
     if t.duplicates > 0 {
         parts.push(format!("{} duplicate upload(s) suppressed", t.duplicates));
+    }
+    if let Some(clause) = same_request_clause(t) {
+        parts.push(clause);
     }
     match t.hop("store") {
         Some(st) => match st.end {
@@ -1552,6 +1619,45 @@ mod tests {
         r.outcome = Some(o.into());
         r.detail = detail.map(Into::into);
         r
+    }
+
+    #[test]
+    fn same_request_names_the_other_uploads_in_the_diagnosis_and_the_json() {
+        let recs = failure_then_success();
+        let mut t = Trajectory::assemble(recs.clone(), &AssembleOptions::default()).unwrap();
+        let plain = t.clone();
+        assert!(t.same_request.is_empty());
+        assert!(!serde_json::to_string(&t).unwrap().contains("same_request"));
+        let earlier: MessageId = "0193a5f2-0000-7000-8000-000000000001".parse().unwrap();
+        let later: MessageId = "0193a5f3-0000-7000-8000-000000000002".parse().unwrap();
+        // Its own ID and repeats are dropped; the others are sorted (upload order).
+        t.set_same_request([later, id(), earlier, later]);
+        assert_eq!(t.same_request, vec![earlier, later]);
+        assert!(
+            t.diagnosis.contains(&format!(
+                "duplicate after the dedup window: request id req-1 was stored before as message {earlier}, and again as this one, then as message {later}: 3 messages"
+            )),
+            "{}",
+            t.diagnosis
+        );
+        let back: Trajectory = serde_json::from_str(&serde_json::to_string(&t).unwrap()).unwrap();
+        assert_eq!(back, t);
+        t.set_same_request([later]);
+        assert!(
+            t.diagnosis.contains(&format!(
+                "duplicate after the dedup window: request id req-1 was stored again as message {later}: 2 messages"
+            )),
+            "{}",
+            t.diagnosis
+        );
+        // Nothing else changes, and naming none gives the plain trajectory back.
+        t.set_same_request([]);
+        assert_eq!(t, plain);
+        // A summary assembly has no diagnosis to add it to.
+        let mut lite = Trajectory::assemble_for_summary(recs, &AssembleOptions::default()).unwrap();
+        lite.set_same_request([later]);
+        assert!(lite.diagnosis.is_empty());
+        assert_eq!(lite.same_request, vec![later]);
     }
 
     /// Upload, then a failed first attempt (pull) and a successful redelivery.
