@@ -2,7 +2,7 @@
 //!
 //! | route | answer |
 //! | --- | --- |
-//! | `GET /api/messages/{message-id or request-id}[?producer=P]` | the [`Trajectory`] as JSON; 404 not found; 409 a request ID several producers used |
+//! | `GET /api/messages/{message-id or request-id}[?producer=P]` | the [`Trajectory`] as JSON (a request ID stored as several messages, uploaded again after the dedup window: the latest, its `same_request` naming the others); 404 not found; 409 a request ID several producers used |
 //! | `GET /api/messages?topic=&state=&from=&to=&since_secs=&limit=` | matching [`MessageSummary`]s, newest first |
 //! | `GET /api/stats[?topic=T]` | [`StatsSnapshot`] |
 //! | `GET /metrics` | Prometheus text |

@@ -34,6 +34,10 @@
 //!   assembled from the set, so any arrival order gives the same answer; an upload seen
 //!   before the broker's P2 is kept under `(producer, request ID)` and moved under the
 //!   message ID when a record carries both.
+//! - **A request ID stored twice is said so**: an upload repeated after the broker's dedup
+//!   window is a second message; both trajectories name each other (`same_request`), the
+//!   statistics count it (`duplicates_after_window`), the request-ID lookup answers the
+//!   latest (see [`store`]).
 //! - **Not found is not incomplete is not failed**: 404, 200 with the state and the open
 //!   hops, 5xx (see [`http`]).
 //!

@@ -9,8 +9,8 @@
 
 use crate::store::{
     topic_counter, ApplyOutcome, TopicState, COUNTER_CHANNELS_REFUSED, COUNTER_DEAD_LETTERS,
-    COUNTER_DUPLICATES, COUNTER_FUNNEL_PREFIX, COUNTER_REDELIVERIES, COUNTER_RETENTION_DELETED,
-    COUNTER_STAGE_PREFIX, COUNTER_UNKEYED, FUNNEL,
+    COUNTER_DUPLICATES, COUNTER_DUPLICATES_AFTER_WINDOW, COUNTER_FUNNEL_PREFIX,
+    COUNTER_REDELIVERIES, COUNTER_RETENTION_DELETED, COUNTER_STAGE_PREFIX, COUNTER_UNKEYED, FUNNEL,
 };
 use hdrhistogram::Histogram;
 use msgtrail_core::trajectory::{MessageState, Segment};
@@ -102,6 +102,11 @@ pub struct Funnel {
 pub struct EventCounts {
     /// Duplicate uploads suppressed (D1).
     pub duplicates: u64,
+    /// Messages stored under a producer's request ID that already named another message:
+    /// the request ID uploaded again after the broker's dedup window, stored anew (each
+    /// message past the first of its request ID counts once).
+    #[serde(default)]
+    pub duplicates_after_window: u64,
     /// Redeliveries scheduled (R1 `redeliver`).
     pub redeliveries: u64,
     /// Messages dead-lettered (R1 `dead_letter`).
@@ -440,6 +445,7 @@ impl Stats {
                 Some(t) => c(&topic_counter(t, COUNTER_DUPLICATES)),
                 None => c(&format!("{COUNTER_STAGE_PREFIX}D1")),
             },
+            duplicates_after_window: scoped(COUNTER_DUPLICATES_AFTER_WINDOW),
             redeliveries: scoped(COUNTER_REDELIVERIES),
             dead_letters: scoped(COUNTER_DEAD_LETTERS),
             no_match: c(&format!("{COUNTER_STAGE_PREFIX}N1")),
@@ -573,9 +579,10 @@ pub fn prometheus(s: &StatsSnapshot) -> String {
     metric(
         "msgtrail_events_total",
         "counter",
-        "Notable events: duplicates, redeliveries, dead letters, no-match notices, refused channels, retention deletions.",
+        "Notable events: duplicates, request IDs stored again after the dedup window, redeliveries, dead letters, no-match notices, refused channels, retention deletions.",
         [
             ("duplicate", s.events.duplicates),
+            ("duplicate_after_window", s.events.duplicates_after_window),
             ("redelivery", s.events.redeliveries),
             ("dead_letter", s.events.dead_letters),
             ("no_match", s.events.no_match),

@@ -7,6 +7,7 @@
 //! | `records` | (message key, record dedup key) | record JSON |
 //! | `summaries` | message key | [`MessageSummary`] JSON |
 //! | `requests` | (request ID, producer) | message key |
+//! | `request_messages` | (request ID, producer, message ID) | () |
 //! | `by_topic` | (topic, first time, message key) | () |
 //! | `by_state` | (state, last time, message key) | () |
 //! | `by_time` | (first time, message key) | () |
@@ -15,6 +16,14 @@
 //! A *message key* is the message ID, or `orphan/<producer>/<request-id>` for records of an
 //! upload the broker has not (yet) answered. When a record linking both arrives (P2), the
 //! orphan's records move under the message ID, so P1-before-P2 and P2-before-P1 end alike.
+//!
+//! A request ID names several messages when its producer uploaded it again after the
+//! broker's dedup window (which stores it anew, under a new message ID): `request_messages`
+//! keeps every message stored under (request ID, producer), in upload order (message IDs are
+//! UUIDv7). Each message past the first counts once (`duplicates_after_window`), the
+//! trajectories name each other ([`Trajectory::same_request`], filled at lookup time), and a
+//! record without message ID (a P1) goes to the message whose ID was assigned nearest its
+//! time — moving when a nearer one arrives — so the arrival order changes nothing.
 //!
 //! Records are keyed by [`StageRecord::dedup_key`], so a redelivered batch writes nothing
 //! new and counts nothing twice. A batch is one write transaction, committed (fsynced)
@@ -36,6 +45,8 @@ use std::time::Duration;
 const RECORDS: TableDefinition<(&str, &str), &str> = TableDefinition::new("records");
 const SUMMARIES: TableDefinition<&str, &str> = TableDefinition::new("summaries");
 const REQUESTS: TableDefinition<(&str, &str), &str> = TableDefinition::new("requests");
+const REQUEST_MESSAGES: TableDefinition<(&str, &str, &str), ()> =
+    TableDefinition::new("request_messages");
 const BY_TOPIC: TableDefinition<(&str, u64, &str), ()> = TableDefinition::new("by_topic");
 const BY_STATE: TableDefinition<(&str, u64, &str), ()> = TableDefinition::new("by_state");
 const BY_TIME: TableDefinition<(u64, &str), ()> = TableDefinition::new("by_time");
@@ -56,6 +67,10 @@ pub const COUNTER_REDELIVERIES: &str = "redeliveries";
 pub const COUNTER_DEAD_LETTERS: &str = "dead_letters";
 /// Counter (per topic only): D1 records, duplicate uploads suppressed.
 pub const COUNTER_DUPLICATES: &str = "duplicates";
+/// Counter (also per topic): messages stored under a producer's request ID that already
+/// named another message — the request ID uploaded again after the broker's dedup window.
+/// Each message past the first of its request ID counts once.
+pub const COUNTER_DUPLICATES_AFTER_WINDOW: &str = "duplicates_after_window";
 /// Counter: A1 records with outcome `refused`.
 pub const COUNTER_CHANNELS_REFUSED: &str = "channels_refused";
 /// Counter: records that name no message, no request and no client (ignored).
@@ -237,10 +252,27 @@ fn corrupt(e: impl std::fmt::Display) -> StoreError {
     StoreError::Corrupt(e.to_string())
 }
 
+/// (request ID, producer) → message key, as read or written in a transaction.
+type Links = HashMap<(String, String), Option<String>>;
+/// (request ID, producer) → the messages stored under it, as read or written in a
+/// transaction.
+type Sets = HashMap<(String, String), BTreeSet<MessageId>>;
+
+/// The message a record without message ID (a P1: the producer does not know it yet)
+/// belongs to, among the messages stored under its request ID: the one whose ID the broker
+/// assigned nearest the record's time (the earlier on a tie). Uploads that were stored apart
+/// are a dedup window apart, while an upload's own attempts lie within moments of its P2.
+fn nearest(set: &BTreeSet<MessageId>, at: u64) -> Option<MessageId> {
+    set.iter()
+        .copied()
+        .min_by_key(|m| (m.unix_millis().saturating_mul(1_000_000).abs_diff(at), *m))
+}
+
 struct Tables<'t> {
     records: Table<'t, (&'static str, &'static str), &'static str>,
     summaries: Table<'t, &'static str, &'static str>,
     requests: Table<'t, (&'static str, &'static str), &'static str>,
+    request_messages: Table<'t, (&'static str, &'static str, &'static str), ()>,
     by_topic: Table<'t, (&'static str, u64, &'static str), ()>,
     by_state: Table<'t, (&'static str, u64, &'static str), ()>,
     by_time: Table<'t, (u64, &'static str), ()>,
@@ -253,6 +285,7 @@ impl<'t> Tables<'t> {
             records: tx.open_table(RECORDS)?,
             summaries: tx.open_table(SUMMARIES)?,
             requests: tx.open_table(REQUESTS)?,
+            request_messages: tx.open_table(REQUEST_MESSAGES)?,
             by_topic: tx.open_table(BY_TOPIC)?,
             by_state: tx.open_table(BY_STATE)?,
             by_time: tx.open_table(BY_TIME)?,
@@ -318,7 +351,7 @@ impl<'t> Tables<'t> {
     /// The message key (request ID, producer) is linked to, through a per-transaction memo.
     fn link(
         &self,
-        memo: &mut HashMap<(String, String), Option<String>>,
+        memo: &mut Links,
         request: &str,
         producer: &str,
     ) -> Result<Option<String>, StoreError> {
@@ -337,13 +370,65 @@ impl<'t> Tables<'t> {
     /// Links (request ID, producer) to a message key, in the table and the memo.
     fn set_link(
         &mut self,
-        memo: &mut HashMap<(String, String), Option<String>>,
+        memo: &mut Links,
         request: &str,
         producer: &str,
         key: String,
     ) -> Result<(), StoreError> {
         self.requests.insert((request, producer), key.as_str())?;
         memo.insert((request.to_owned(), producer.to_owned()), Some(key));
+        Ok(())
+    }
+
+    /// The messages stored under (request ID, producer), in upload order, through a
+    /// per-transaction memo. A store written before `request_messages` existed has only the
+    /// link: the message it names is taken into the table.
+    fn messages_of<'s>(
+        &mut self,
+        sets: &'s mut Sets,
+        links: &mut Links,
+        request: &str,
+        producer: &str,
+    ) -> Result<&'s BTreeSet<MessageId>, StoreError> {
+        let k = (request.to_owned(), producer.to_owned());
+        if sets.contains_key(&k) {
+            return Ok(&sets[&k]);
+        }
+        let mut set = BTreeSet::new();
+        for item in self.request_messages.range((request, producer, "")..)? {
+            let (key, _) = item?;
+            let (r, p, m) = key.value();
+            if r != request || p != producer {
+                break;
+            }
+            set.insert(m.parse::<MessageId>().map_err(corrupt)?);
+        }
+        if set.is_empty() {
+            if let Some(Ok(m)) = self
+                .link(links, request, producer)?
+                .map(|l| l.parse::<MessageId>())
+            {
+                self.request_messages
+                    .insert((request, producer, m.to_string().as_str()), ())?;
+                set.insert(m);
+            }
+        }
+        Ok(sets.entry(k).or_insert(set))
+    }
+
+    /// Records that a message is stored under (request ID, producer).
+    fn add_message(
+        &mut self,
+        sets: &mut Sets,
+        request: &str,
+        producer: &str,
+        m: MessageId,
+    ) -> Result<(), StoreError> {
+        self.request_messages
+            .insert((request, producer, m.to_string().as_str()), ())?;
+        sets.entry((request.to_owned(), producer.to_owned()))
+            .or_default()
+            .insert(m);
         Ok(())
     }
 
@@ -455,6 +540,13 @@ impl<'t> Tables<'t> {
                     .is_some_and(|v| v.value() == key);
                 if points_here {
                     self.requests.remove((r.as_str(), p.as_str()))?;
+                }
+                if let Some(m) = s.message_id {
+                    self.request_messages.remove((
+                        r.as_str(),
+                        p.as_str(),
+                        m.to_string().as_str(),
+                    ))?;
                 }
             }
         }
@@ -627,25 +719,45 @@ impl Store {
         let tx = self.db.begin_write()?;
         {
             let mut t = Tables::open(&tx)?;
-            // (request ID, producer) → message key, as read or written in this transaction.
-            let mut links: HashMap<(String, String), Option<String>> = HashMap::new();
-            // Pass 1: links (producer, request ID) → message ID; orphans to merge.
+            let mut links: Links = HashMap::new();
+            let mut sets: Sets = HashMap::new();
+            // Pass 1: links (producer, request ID) → message ID; orphans to merge; messages
+            // stored under a request ID that already names another one.
             let mut merges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+            // (request ID, producer) that gained a message next to others: their records
+            // without message ID may belong to another of them now.
+            let mut regroup: BTreeSet<(String, String)> = BTreeSet::new();
+            // The messages counted as stored again after the dedup window: every message of
+            // a request ID but the first (in upload order), each counted once.
+            let mut again: Vec<String> = Vec::new();
             for r in &records {
                 if let (Some(m), Some(p), Some(q)) = (&r.message_id, &r.producer, &r.request_id) {
                     let mkey = m.to_string();
+                    // Read before the link may change (a store older than the table has
+                    // only the link).
+                    let set = t.messages_of(&mut sets, &mut links, q.as_str(), p.as_str())?;
+                    let (known, first) = (set.contains(m), set.first().copied());
                     let cur = t.link(&mut links, q.as_str(), p.as_str())?;
                     match cur {
                         Some(c) if c == mkey => {}
-                        // A request ID already linked to another message (a retry after the
-                        // dedup window): keep the first link, the records stay by message ID.
+                        // A request ID already linked to another message (uploaded again
+                        // after the dedup window): `request_messages` names both.
                         Some(c) if !c.starts_with("orphan/") => {}
                         other => {
                             if let Some(orphan) = other {
                                 merges.entry(mkey.clone()).or_default().insert(orphan);
                             }
-                            t.set_link(&mut links, q.as_str(), p.as_str(), mkey)?;
+                            t.set_link(&mut links, q.as_str(), p.as_str(), mkey.clone())?;
                         }
+                    }
+                    if !known {
+                        if let Some(first) = first {
+                            // The one that is not first in upload order is the re-upload,
+                            // whichever arrived first.
+                            again.push(if *m > first { mkey } else { first.to_string() });
+                            regroup.insert((q.as_str().to_owned(), p.as_str().to_owned()));
+                        }
+                        t.add_message(&mut sets, q.as_str(), p.as_str(), *m)?;
                     }
                 }
             }
@@ -655,13 +767,17 @@ impl Store {
                 let key = match (&r.message_id, &r.producer, &r.request_id) {
                     (Some(m), _, _) => m.to_string(),
                     (None, Some(p), Some(q)) => {
-                        match t.link(&mut links, q.as_str(), p.as_str())? {
-                            Some(k) => k,
-                            None => {
-                                let k = orphan_key(p.as_str(), q.as_str());
-                                t.set_link(&mut links, q.as_str(), p.as_str(), k.clone())?;
-                                k
-                            }
+                        let set = t.messages_of(&mut sets, &mut links, q.as_str(), p.as_str())?;
+                        match nearest(set, r.at) {
+                            Some(m) => m.to_string(),
+                            None => match t.link(&mut links, q.as_str(), p.as_str())? {
+                                Some(k) => k,
+                                None => {
+                                    let k = orphan_key(p.as_str(), q.as_str());
+                                    t.set_link(&mut links, q.as_str(), p.as_str(), k.clone())?;
+                                    k
+                                }
+                            },
                         }
                     }
                     _ => {
@@ -680,36 +796,34 @@ impl Store {
                 self.trim_payload(&mut r);
                 by_key.entry(key).or_default().push(r);
             }
-            for k in merges.keys() {
-                by_key.entry(k.clone()).or_default();
-            }
-            // Pass 3: per message, insert what is new and rebuild the shadow message.
-            for (key, fresh) in by_key {
-                // The message's own records before this batch (from the cache, else read
-                // once): the base of the statistics diff. A merged orphan's contribution is
-                // taken back first, so that a message counts once in the funnel whatever the
-                // order of P1 and P2.
-                let mut own = match cache.take(&key) {
-                    Some(c) => c,
-                    None => t.load_cached(&key)?,
-                };
-                let old_summary = own.summary.take();
-                let mut merged_any = false;
-                let mut moved: Vec<StageRecord> = Vec::new();
-                let mut moved_keys: HashSet<String> = HashSet::new();
-                for orphan in merges.get(&key).into_iter().flatten() {
+            // Pass 2b: records already stored that move to another message key. A merged
+            // orphan's records go to the message of the record that linked it — or, when
+            // the request ID names several messages, to the nearest one (`nearest`) — and
+            // the orphan is deleted; the records without message ID of a request ID that
+            // gained a message move to it when it is nearer. The statistics count moved
+            // records as they were (not as new).
+            let mut moves: BTreeMap<String, Vec<StageRecord>> = BTreeMap::new();
+            // Messages whose summary is rebuilt although nothing new was inserted: merge
+            // targets, and the messages that gave records away.
+            let mut rebuild: BTreeSet<String> = merges.keys().cloned().collect();
+            let mut shrunk: BTreeSet<String> = BTreeSet::new();
+            // Messages taken out of the cache (or read) before pass 3.
+            let mut taken: HashMap<String, Cached> = HashMap::new();
+            for (target, orphans) in &merges {
+                for orphan in orphans {
                     let o = match cache.remove(orphan) {
                         Some(c) => c,
                         None => t.load_cached(orphan)?,
                     };
                     let orecs = o.records.clone();
-                    moved_keys.extend(o.dedup_keys.iter().cloned());
-                    let (_, osum) = if o.records.is_empty() && o.summary.is_none() {
-                        (0, None)
+                    let osum = if o.records.is_empty() && o.summary.is_none() {
+                        None
                     } else {
-                        t.delete_known(orphan, o)?
+                        t.delete_known(orphan, o)?.1
                     };
                     if let Some(s) = osum {
+                        // The orphan's contribution is taken back, so that a message counts
+                        // once in the funnel whatever the order of P1 and P2.
                         let topic = s.topic.clone().unwrap_or_default();
                         for (flag, name) in s.funnel.iter().zip(FUNNEL) {
                             if *flag {
@@ -720,14 +834,81 @@ impl Store {
                         }
                         out.state_changes.push((Some(topic_state(&s)), None));
                     }
-                    moved.extend(orecs);
-                    merged_any = true;
+                    for r in orecs {
+                        let home = match (&r.producer, &r.request_id) {
+                            (Some(p), Some(q)) => nearest(
+                                t.messages_of(&mut sets, &mut links, q.as_str(), p.as_str())?,
+                                r.at,
+                            ),
+                            _ => None,
+                        };
+                        let home = home.map(|m| m.to_string()).unwrap_or(target.clone());
+                        moves.entry(home).or_default().push(r);
+                    }
                 }
-                // The records to assemble from: the message's own, the merged orphans'
-                // (repeats are harmless: assembly drops them), and the inserted ones.
+            }
+            for (q, p) in &regroup {
+                let set = t.messages_of(&mut sets, &mut links, q, p)?.clone();
+                for m in &set {
+                    let key = m.to_string();
+                    let mut c = match taken.remove(&key) {
+                        Some(c) => c,
+                        None => match cache.take(&key) {
+                            Some(c) => c,
+                            None => t.load_cached(&key)?,
+                        },
+                    };
+                    let mut freed = 0u64;
+                    let mut kept = Vec::with_capacity(c.records.len());
+                    for r in std::mem::take(&mut c.records) {
+                        let ours = r.message_id.is_none()
+                            && r.producer.as_ref().is_some_and(|x| x.as_str() == p)
+                            && r.request_id.as_ref().is_some_and(|x| x.as_str() == q);
+                        let home = nearest(&set, r.at).filter(|h| ours && h != m);
+                        let Some(home) = home else {
+                            kept.push(r);
+                            continue;
+                        };
+                        let dk = r.dedup_key();
+                        if let Some(v) = t.records.remove((key.as_str(), dk.as_str()))? {
+                            freed += (key.len() + dk.len() + v.value().len()) as u64;
+                        }
+                        c.dedup_keys.remove(&dk);
+                        moves.entry(home.to_string()).or_default().push(r);
+                        shrunk.insert(key.clone());
+                    }
+                    c.records = kept;
+                    if freed > 0 {
+                        c.bytes = c.bytes.saturating_sub(freed);
+                        t.sub_bytes(freed)?;
+                    }
+                    taken.insert(key, c);
+                }
+            }
+            rebuild.extend(moves.keys().cloned());
+            rebuild.extend(shrunk.iter().cloned());
+            for k in rebuild.iter().chain(taken.keys()) {
+                by_key.entry(k.clone()).or_default();
+            }
+            // Pass 3: per message, insert what is new and rebuild the shadow message.
+            for (key, fresh) in by_key {
+                // The message's own records before this batch (from the cache, else read
+                // once): the base of the statistics diff.
+                let mut own = match taken.remove(&key) {
+                    Some(c) => c,
+                    None => match cache.take(&key) {
+                        Some(c) => c,
+                        None => t.load_cached(&key)?,
+                    },
+                };
+                let old_summary = own.summary.take();
+                let moved = moves.remove(&key).unwrap_or_default();
+                let moved_keys: HashSet<String> = moved.iter().map(|r| r.dedup_key()).collect();
+                let rebuilt = rebuild.contains(&key);
+                // The records to assemble from: the message's own, the moved ones (repeats
+                // are harmless: assembly drops them), and the inserted ones.
                 let incoming = moved.len() + fresh.len();
-                let mut all: Vec<StageRecord> =
-                    Vec::with_capacity(own.records.len() + moved.len() + incoming);
+                let mut all: Vec<StageRecord> = Vec::with_capacity(own.records.len() + incoming);
                 all.extend_from_slice(&own.records);
                 all.extend_from_slice(&moved);
                 own.records.reserve(incoming);
@@ -747,8 +928,8 @@ impl Store {
                     t.records
                         .insert((key.as_str(), dk.as_str()), json.as_str())?;
                     inserted += 1;
-                    // Records moved from an orphan are not new; count only the fresh ones.
-                    if !merged_any || !moved_keys.contains(&dk) {
+                    // Moved records are not new; count only the fresh ones.
+                    if !moved_keys.contains(&dk) {
                         fresh_inserted.push((r.stage, r.outcome.clone()));
                     }
                     all.push(r.clone());
@@ -784,7 +965,7 @@ impl Store {
                 }
                 out.new_records += fresh_inserted.len() as u64;
                 t.bump(COUNTER_BYTES, bytes as i64, &mut out.counters)?;
-                if inserted == 0 && !merged_any {
+                if inserted == 0 && !rebuilt {
                     own.summary = old_summary;
                     staged.push((key, own));
                     continue;
@@ -807,24 +988,34 @@ impl Store {
                     t.bump(&topic_counter(&topic, e), 1, &mut out.counters)?;
                 }
                 // The summary remembers what the statistics counted for the message so far;
-                // a message whose topic became known moves its funnel to that topic.
+                // a message whose topic became known moves its funnel to that topic, and one
+                // that gave records away may lose a step.
                 let old_flags = prev.as_ref().map(|s| s.funnel).unwrap_or_default();
                 let old_topic = prev.as_ref().map(|s| s.topic.clone().unwrap_or_default());
+                let gave_away = shrunk.contains(&key);
                 for (i, name) in FUNNEL.iter().enumerate() {
                     let c = format!("{COUNTER_FUNNEL_PREFIX}{name}");
-                    if summary.funnel[i] && !old_flags[i] {
+                    let (was, is) = (old_flags[i], summary.funnel[i]);
+                    let lost = gave_away && was && !is;
+                    if is && !was {
                         t.bump(&c, 1, &mut out.counters)?;
                     }
+                    if lost {
+                        t.bump(&c, -1, &mut out.counters)?;
+                    }
                     match &old_topic {
-                        Some(ot) if *ot != topic && old_flags[i] => {
+                        Some(ot) if *ot != topic && was => {
                             t.bump(&topic_counter(ot, &c), -1, &mut out.counters)?;
-                            if summary.funnel[i] {
+                            if is {
                                 t.bump(&topic_counter(&topic, &c), 1, &mut out.counters)?;
                             }
                         }
                         _ => {
-                            if summary.funnel[i] && !old_flags[i] {
+                            if is && !was {
                                 t.bump(&topic_counter(&topic, &c), 1, &mut out.counters)?;
+                            }
+                            if lost {
+                                t.bump(&topic_counter(&topic, &c), -1, &mut out.counters)?;
                             }
                         }
                     }
@@ -842,6 +1033,25 @@ impl Store {
                 if self.emit_trajectories {
                     out.trajectories.push(new_traj);
                 }
+            }
+            // The re-uploads count globally and under the topic of the message stored again
+            // (every one of them was staged: it is in its request ID's regrouped set).
+            for key in &again {
+                let staged_topic = staged
+                    .iter()
+                    .find(|(k, _)| k == key)
+                    .map(|(_, c)| c.summary.as_ref().and_then(|s| s.topic.clone()));
+                let topic = match staged_topic {
+                    Some(tp) => tp,
+                    None => t.summary(key)?.and_then(|s| s.topic),
+                }
+                .unwrap_or_default();
+                t.bump(COUNTER_DUPLICATES_AFTER_WINDOW, 1, &mut out.counters)?;
+                t.bump(
+                    &topic_counter(&topic, COUNTER_DUPLICATES_AFTER_WINDOW),
+                    1,
+                    &mut out.counters,
+                )?;
             }
             t.count_states(&out.state_changes, &mut out.counters)?;
             t.flush(&out.counters)?;
@@ -1009,7 +1219,9 @@ impl Store {
         Ok(out)
     }
 
-    /// The trajectory stored under a message key, assembled with deadlines applied at `now`.
+    /// The trajectory stored under a message key, assembled with deadlines applied at `now`,
+    /// naming the other messages stored under its producer and request ID
+    /// ([`Trajectory::same_request`]).
     pub fn trajectory(&self, key: &str, now: u64) -> Result<Option<Trajectory>, StoreError> {
         let tx = self.db.begin_read()?;
         let records = tx.open_table(RECORDS)?;
@@ -1021,7 +1233,63 @@ impl Store {
             }
             recs.push(serde_json::from_str(v.value()).map_err(corrupt)?);
         }
-        Ok(Trajectory::assemble(recs, &self.options(now)))
+        let Some(mut t) = Trajectory::assemble(recs, &self.options(now)) else {
+            return Ok(None);
+        };
+        if let (Some(m), Some(p), Some(q)) = (t.message_id, &t.producer, &t.request_id) {
+            let idx = tx.open_table(REQUEST_MESSAGES)?;
+            let mut others = Vec::new();
+            for item in idx.range((q.as_str(), p.as_str(), "")..)? {
+                let (k, _) = item?;
+                let (r, pp, id) = k.value();
+                if r != q.as_str() || pp != p.as_str() {
+                    break;
+                }
+                let id = id.parse::<MessageId>().map_err(corrupt)?;
+                if id != m {
+                    others.push(id);
+                }
+            }
+            if !others.is_empty() {
+                t.set_same_request(others);
+            }
+        }
+        Ok(Some(t))
+    }
+
+    /// The message keys stored under a request ID, per producer (only `producer`'s when
+    /// given): every message in upload order, or else the link (an orphan upload).
+    fn request_keys(
+        &self,
+        id: &str,
+        producer: Option<&str>,
+    ) -> Result<BTreeMap<String, Vec<String>>, StoreError> {
+        let tx = self.db.begin_read()?;
+        let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        let idx = tx.open_table(REQUEST_MESSAGES)?;
+        for item in idx.range((id, "", "")..)? {
+            let (k, _) = item?;
+            let (r, p, m) = k.value();
+            if r != id {
+                break;
+            }
+            if producer.is_none_or(|want| want == p) {
+                out.entry(p.to_owned()).or_default().push(m.to_owned());
+            }
+        }
+        let requests = tx.open_table(REQUESTS)?;
+        for item in requests.range((id, "")..)? {
+            let (k, val) = item?;
+            let (r, p) = k.value();
+            if r != id {
+                break;
+            }
+            if producer.is_none_or(|want| want == p) {
+                out.entry(p.to_owned())
+                    .or_insert_with(|| vec![val.value().to_owned()]);
+            }
+        }
+        Ok(out)
     }
 
     /// Finds the trajectory of a message ID or of a request ID (optionally of one producer).
@@ -1044,32 +1312,23 @@ impl Store {
                 "{id:?} is neither a message id (UUIDv7) nor a request id"
             )));
         }
-        let keys: Vec<(String, String)> = {
-            let tx = self.db.begin_read().map_err(StoreError::from)?;
-            let requests = tx.open_table(REQUESTS).map_err(StoreError::from)?;
-            let mut v = Vec::new();
-            for item in requests.range((id, "")..).map_err(StoreError::from)? {
-                let (k, val) = item.map_err(StoreError::from)?;
-                let (r, p) = k.value();
-                if r != id {
-                    break;
-                }
-                if producer.is_none_or(|want| want == p) {
-                    v.push((p.to_owned(), val.value().to_owned()));
-                }
-            }
-            v
-        };
-        match keys.as_slice() {
-            [] => Err(QueryError::NotFound(format!(
+        let keys = self.request_keys(id, producer)?;
+        let mut producers = keys.iter();
+        match (producers.next(), producers.next()) {
+            (None, _) => Err(QueryError::NotFound(format!(
                 "message id or request id {id}"
             ))),
-            [(_, key)] => self
-                .trajectory(key, now)?
+            // A request ID stored as several messages (uploaded again after the dedup
+            // window) answers with the latest; its `same_request` names the others.
+            (Some((_, messages)), None) => messages
+                .last()
+                .map(|key| self.trajectory(key, now))
+                .transpose()?
+                .flatten()
                 .ok_or_else(|| QueryError::NotFound(format!("request id {id}"))),
-            many => Err(QueryError::Ambiguous {
+            (Some(_), Some(_)) => Err(QueryError::Ambiguous {
                 request_id: id.to_owned(),
-                producers: many.iter().map(|(p, _)| p.clone()).collect(),
+                producers: keys.into_keys().collect(),
             }),
         }
     }
