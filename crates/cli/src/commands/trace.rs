@@ -1,5 +1,9 @@
 //! `msgtrail trace <message-id | request-id>`: a message's trajectory as a timeline, from
 //! the listener's HTTP API (`--json` prints the whole trajectory as the API gives it).
+//!
+//! A request ID its producer uploaded again after the broker's dedup window names several
+//! messages: the listener answers with the latest, and both the note above the timeline and
+//! the timeline's header name every one of them.
 
 use anyhow::Context;
 use clap::Args as ClapArgs;
@@ -103,12 +107,69 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     if args.json {
         println!("{}", serde_json::to_string_pretty(&t)?);
     } else {
+        if let Some(note) = request_note(&t, &args.id) {
+            println!("{note}\n");
+        }
         print!("{}", render(&t, args.color.enabled()));
         if let (Some(ui), Some(trace)) = (msgtrail_otel::TraceUi::from_env(), &t.trace_id) {
             println!("trace: {}", ui.link_hex(trace));
         }
     }
     Ok(())
+}
+
+/// When `asked` was a request ID that names several messages (uploaded again after the
+/// dedup window): which one the answer is, and the others, in upload order.
+pub fn request_note(t: &Trajectory, asked: &str) -> Option<String> {
+    let own = t.message_id?;
+    if t.same_request.is_empty() || asked.trim() == own.to_string() {
+        return None;
+    }
+    let others: Vec<String> = t.same_request.iter().map(|m| m.to_string()).collect();
+    let latest = if t.same_request.iter().all(|m| *m < own) {
+        "the latest, "
+    } else {
+        ""
+    };
+    Some(format!(
+        "request id {} names {} messages (uploaded again after the dedup window); showing {latest}{own}; the other(s): {} (msgtrail trace <message-id>)",
+        asked.trim(),
+        t.same_request.len() + 1,
+        others.join(", ")
+    ))
+}
+
+/// The messages stored under the trajectory's request ID, in upload order, this one marked.
+fn same_request_line(t: &Trajectory) -> Option<String> {
+    if t.same_request.is_empty() {
+        return None;
+    }
+    let mut all: Vec<(msgtrail_core::MessageId, bool)> =
+        t.same_request.iter().map(|m| (*m, false)).collect();
+    if let Some(own) = t.message_id {
+        all.push((own, true));
+    }
+    all.sort();
+    let list: Vec<String> = all
+        .iter()
+        .map(|(m, own)| {
+            if *own {
+                format!("{m} (this one)")
+            } else {
+                m.to_string()
+            }
+        })
+        .collect();
+    let req = t
+        .request_id
+        .as_ref()
+        .map(|r| format!("request {r}"))
+        .unwrap_or_else(|| "the request id".to_owned());
+    Some(format!(
+        "{req} stored as {} messages (uploaded again after the dedup window): {}",
+        all.len(),
+        list.join(", ")
+    ))
 }
 
 /// ANSI styles, or nothing.
@@ -255,6 +316,10 @@ pub fn render(t: &Trajectory, color: bool) -> String {
     }
     o.push_str(&st.dim(&facts.join(" · ")));
     o.push('\n');
+    if let Some(line) = same_request_line(t) {
+        o.push_str(&st.paint("33;1", &line));
+        o.push('\n');
+    }
     if !t.attrs.is_empty() {
         let a: Vec<String> = t.attrs.iter().map(|(k, v)| format!("{k}={v}")).collect();
         o.push_str(&st.dim(&format!("attributes {}", a.join(" "))));
@@ -400,6 +465,38 @@ mod tests {
         assert!(out.contains("P3 stored"), "{out}");
         assert!(out.contains("2.0 ms"), "store latency: {out}");
         assert!(out.contains("diagnosis: "), "{out}");
+    }
+
+    #[test]
+    fn a_request_id_stored_twice_names_every_message() {
+        let mut t = sample();
+        let own = t.message_id.unwrap();
+        let earlier: MessageId = "0190aaaa-0000-7000-8000-000000000001".parse().unwrap();
+        assert!(!render(&t, false).contains("uploaded again"));
+        assert_eq!(request_note(&t, "req-9"), None);
+        t.set_same_request([earlier]);
+        let out = render(&t, false);
+        assert!(
+            out.contains(&format!(
+                "request req-9 stored as 2 messages (uploaded again after the dedup window): {earlier}, {own} (this one)"
+            )),
+            "{out}"
+        );
+        assert!(
+            out.contains(&format!(
+                "duplicate after the dedup window: request id req-9 was stored before as message {earlier}"
+            )),
+            "diagnosis: {out}"
+        );
+        let note = request_note(&t, "req-9").unwrap();
+        assert!(
+            note.contains("names 2 messages")
+                && note.contains(&format!("showing the latest, {own}"))
+                && note.contains(&earlier.to_string()),
+            "{note}"
+        );
+        // Asked by message ID: the header says it, no note.
+        assert_eq!(request_note(&t, &own.to_string()), None);
     }
 
     #[test]
