@@ -146,7 +146,11 @@ impl StageRecord {
                 .unwrap_or_default(),
             self.group.as_ref().map(|r| r.as_str()).unwrap_or_default(),
             self.attempt.unwrap_or(0),
-            if self.is_recovered() { "|recovered" } else { "" },
+            if self.is_recovered() {
+                "|recovered"
+            } else {
+                ""
+            },
         )
     }
 
