@@ -312,9 +312,9 @@ impl Deliverer {
         let info = m.info().ok()?;
         let (seq, attempt) = (info.stream_sequence, info.delivered.max(1) as u32);
         let ack_subject = m.reply.as_ref()?.to_string();
-        let hs = m.headers.clone().unwrap_or_default();
-        let get = |n: &str| hs.get(n).map(|v| v.as_str().to_owned());
-        let parsed = (|| {
+        // Read in place: a clone of the header map is an allocation per header.
+        let parsed = m.headers.as_ref().and_then(|hs| {
+            let get = |n: &str| hs.get(n).map(|v| v.as_str());
             let message_id: MessageId = get(h::MESSAGE_ID)?.parse().ok()?;
             let producer = ClientId::new(get(h::PRODUCER)?).ok()?;
             let topic = topic_of_subject(m.subject.as_str())?.to_owned();
@@ -328,7 +328,7 @@ impl Deliverer {
                 }
             }
             Some((message_id, producer, topic, attrs))
-        })();
+        });
         let wanted = match (&parsed, only) {
             (Some((id, ..)), Some((want, want_seq))) => *id == want && seq == want_seq,
             (Some((.., attrs)), None) => matches_filter(filter, attrs),

@@ -408,7 +408,7 @@ impl Consumer {
             json_deliveries(decode(&reply)?, me)?
         };
         for r in &out {
-            self.hooks.emit(HookEvent::Received {
+            self.hooks.emit_with(|| HookEvent::Received {
                 delivery: r.info(),
                 at: now_nanos(),
             });
@@ -461,7 +461,7 @@ impl Consumer {
         delay: Option<Duration>,
         reason: Option<String>,
     ) -> Result<(), ClientError> {
-        self.hooks.emit(HookEvent::Settled {
+        self.hooks.emit_with(|| HookEvent::Settled {
             delivery: msg.info(),
             kind,
             at: now_nanos(),
@@ -506,14 +506,13 @@ impl Consumer {
         Fut: Future<Output = Result<(), E>>,
         E: std::fmt::Display,
     {
-        let info = msg.info();
-        self.hooks.emit(HookEvent::ProcessingStarted {
-            delivery: info.clone(),
+        self.hooks.emit_with(|| HookEvent::ProcessingStarted {
+            delivery: msg.info(),
             at: now_nanos(),
         });
         let outcome = handler(msg.clone()).await.map_err(|e| e.to_string());
-        self.hooks.emit(HookEvent::ProcessingFinished {
-            delivery: info,
+        self.hooks.emit_with(|| HookEvent::ProcessingFinished {
+            delivery: msg.info(),
             outcome: outcome.clone(),
             at: now_nanos(),
         });
@@ -625,7 +624,7 @@ impl Stream for PushStream {
                     let batch = self.parse(m);
                     let at = now_nanos();
                     for r in &batch {
-                        self.consumer.hooks.emit(HookEvent::Received {
+                        self.consumer.hooks.emit_with(|| HookEvent::Received {
                             delivery: r.info(),
                             at,
                         });

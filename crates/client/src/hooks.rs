@@ -227,6 +227,25 @@ impl Hooks {
         rx
     }
 
+    /// Whether anyone listens: the observer (stage reporting) or a registered hook.
+    pub fn is_active(&self) -> bool {
+        self.observer.read().expect("hooks poisoned").is_some()
+            || self
+                .hooks
+                .read()
+                .expect("hooks poisoned")
+                .iter()
+                .any(|h| h.kinds.as_ref().is_none_or(|k| !k.is_empty()))
+    }
+
+    /// [`Hooks::emit`] of the event `make` builds, built only when someone listens (events
+    /// copy the delivery's strings; without reporting or hooks that is wasted work).
+    pub fn emit_with(&self, make: impl FnOnce() -> HookEvent) {
+        if self.is_active() {
+            self.emit(make());
+        }
+    }
+
     /// Hands an event to the observer, then to every interested hook without waiting.
     pub fn emit(&self, event: HookEvent) {
         if let Some(observer) = self.observer.read().expect("hooks poisoned").as_ref() {

@@ -356,7 +356,7 @@ impl Uploads {
                 },
                 Err(e) => Err(e.clone()),
             };
-            self.hooks.emit(HookEvent::AfterSend {
+            self.hooks.emit_with(|| HookEvent::AfterSend {
                 request_id,
                 topic,
                 attempt,
@@ -364,7 +364,7 @@ impl Uploads {
                 at,
             });
             if let Ok(reply) = &outcome {
-                self.hooks.emit(HookEvent::StoreConfirmed {
+                self.hooks.emit_with(|| HookEvent::StoreConfirmed {
                     reply: reply.clone(),
                     at,
                 });
