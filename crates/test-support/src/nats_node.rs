@@ -6,9 +6,15 @@
 //! A node keeps its client port and its store directory across [`NatsNode::kill9`] and
 //! [`NatsNode::restart`], so clients reconnect to the same URL and JetStream recovers the
 //! same streams from disk. The log of each incarnation is kept ([`NatsNode::logs`]).
+//!
+//! Every node also opens an HTTP monitoring port (a fresh one per incarnation), so a test can
+//! read its `/jsz` ([`NatsNode::jsz`]) — where a cluster's JetStream meta leader is found
+//! ([`NatsCluster::meta_leader`]): no JetStream API request names it without the system
+//! account, which these nodes do not configure.
 
 use crate::nats_server::{NatsServer, NatsServerError, NatsServerOptions};
 use crate::process::free_port;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -29,7 +35,7 @@ impl NatsNode {
     }
 
     /// Starts a node named `name` on `port`, its store in `store_dir`, with `extra_config`
-    /// (a cluster block, say) appended to the generated configuration.
+    /// (a cluster block, say) appended to the generated configuration, and a monitoring port.
     pub fn start_with(
         name: &str,
         store_dir: &Path,
@@ -40,6 +46,7 @@ impl NatsNode {
             store_dir: Some(store_dir.to_path_buf()),
             port: Some(port),
             extra_config,
+            monitoring: true,
             ..Default::default()
         };
         let server = NatsServer::start_with(options.clone())?;
@@ -61,6 +68,22 @@ impl NatsNode {
     /// The client URL; the same across restarts.
     pub fn url(&self) -> &str {
         &self.url
+    }
+
+    /// The HTTP monitoring URL of the running incarnation (`None` while it is down).
+    pub fn monitor_url(&self) -> Option<&str> {
+        self.server.as_ref().and_then(NatsServer::monitor_url)
+    }
+
+    /// The node's `GET /jsz` (JetStream information: `meta_cluster.leader` in a cluster), read
+    /// with a 2 s timeout. Blocking.
+    pub fn jsz(&self) -> Result<serde_json::Value, String> {
+        let url = self
+            .monitor_url()
+            .ok_or_else(|| format!("{} is not running", self.name))?;
+        let body = http_get(url, "/jsz", Duration::from_secs(2))
+            .map_err(|e| format!("{}: GET {url}/jsz: {e}", self.name))?;
+        serde_json::from_str(&body).map_err(|e| format!("{}: /jsz is not JSON: {e}", self.name))
     }
 
     /// Whether the node's process is running.
@@ -166,6 +189,47 @@ impl NatsCluster {
         self.nodes.iter().position(|n| n.name() == name)
     }
 
+    /// The node names, in order.
+    pub fn names(&self) -> Vec<String> {
+        self.nodes.iter().map(|n| n.name().to_owned()).collect()
+    }
+
+    /// The JetStream meta leader (the leader of the meta group, which places streams and
+    /// consumers), as every running node's `/jsz` names it (`meta_cluster.leader`). Retries
+    /// until the running nodes agree on one that is running (after a kill the others name the
+    /// dead leader for a moment), for up to `within`. Blocking.
+    pub fn meta_leader(&self, within: Duration) -> Result<String, String> {
+        let deadline = Instant::now() + within;
+        loop {
+            let seen: Vec<Result<String, String>> = self
+                .nodes
+                .iter()
+                .filter(|n| n.is_running())
+                .map(|n| {
+                    let v = n.jsz()?;
+                    v["meta_cluster"]["leader"]
+                        .as_str()
+                        .filter(|l| !l.is_empty())
+                        .map(str::to_owned)
+                        .ok_or_else(|| format!("{} knows no meta leader", n.name()))
+                })
+                .collect();
+            let first = seen.first().cloned();
+            match first {
+                Some(Ok(l))
+                    if seen.iter().all(|s| s.as_ref() == Ok(&l))
+                        && self.index_of(&l).is_none_or(|i| self.nodes[i].is_running()) =>
+                {
+                    return Ok(l)
+                }
+                _ if Instant::now() > deadline => {
+                    return Err(format!("no agreed meta leader: {seen:?}"))
+                }
+                _ => std::thread::sleep(Duration::from_millis(100)),
+            }
+        }
+    }
+
     /// The logs of every node, one after the other.
     pub fn logs(&self) -> String {
         self.nodes
@@ -174,6 +238,30 @@ impl NatsCluster {
             .collect::<Vec<_>>()
             .join("\n")
     }
+}
+
+/// `GET <path>` of `base` (`http://host:port`) over HTTP/1.0; the body on a 200. Blocking.
+fn http_get(base: &str, path: &str, timeout: Duration) -> Result<String, String> {
+    let authority = base.strip_prefix("http://").unwrap_or(base);
+    let addr = std::net::ToSocketAddrs::to_socket_addrs(authority)
+        .map_err(|e| e.to_string())?
+        .next()
+        .ok_or("no address")?;
+    let mut s = std::net::TcpStream::connect_timeout(&addr, timeout).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(timeout))
+        .map_err(|e| e.to_string())?;
+    s.set_write_timeout(Some(timeout))
+        .map_err(|e| e.to_string())?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {authority}\r\n\r\n").map_err(|e| e.to_string())?;
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).map_err(|e| e.to_string())?;
+    let text = String::from_utf8_lossy(&buf);
+    let (head, body) = text.split_once("\r\n\r\n").ok_or("no HTTP header")?;
+    let status = head.lines().next().unwrap_or_default();
+    if status.split_whitespace().nth(1) != Some("200") {
+        return Err(format!("answered {status}"));
+    }
+    Ok(body.to_owned())
 }
 
 #[cfg(test)]
@@ -194,5 +282,18 @@ mod tests {
         assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_ok());
         assert!(node.logs().contains("killed (SIGKILL)"));
         assert_eq!(node.store_dir(), store.path());
+        // A fresh monitoring port per incarnation, and /jsz on it.
+        assert!(node.jsz().unwrap()["config"]["store_dir"].is_string());
+    }
+
+    #[test]
+    fn a_cluster_names_its_meta_leader_and_elects_another_when_it_dies() {
+        let mut cluster = NatsCluster::start(3).expect("a 3-node cluster starts");
+        let leader = cluster.meta_leader(Duration::from_secs(20)).unwrap();
+        let i = cluster.index_of(&leader).expect("the leader is a node");
+        cluster.nodes[i].kill9();
+        let next = cluster.meta_leader(Duration::from_secs(20)).unwrap();
+        assert_ne!(next, leader);
+        assert!(cluster.names().contains(&next));
     }
 }
