@@ -23,6 +23,7 @@ mod garbage;
 #[path = "faults/harness.rs"]
 mod harness;
 
+use futures::StreamExt;
 use harness::*;
 use msgtrail_client::{Outgoing, ProducerOptions};
 use msgtrail_core::record::decode_batch;
@@ -38,8 +39,6 @@ const DEDUP_FAULT: &str = "broker --dedup-window 1s; a quarter of the uploads re
 the same request ID 3 s later";
 const DEDUP_GAP: &str = "bug 3: a retry past the dedup window is stored again under a new \
 message ID, and no trajectory says so";
-const CLUSTER_FAULT: &str =
-    "SIGKILL the MSGTRAIL_MESSAGES leader of a 3-node R3 cluster at a third of the load";
 
 /// How long the oracle waits for every trajectory to be complete. After a listener restart
 /// too: what the killed listener had fetched and not acked comes back after its ack wait (5 s
@@ -682,12 +681,189 @@ async fn s6_retry_past_the_dedup_window() {
 }
 
 // ---------------------------------------------------------------------------------------
-// 7. A 3-node R3 cluster loses the message stream's leader mid-load.
+// 7. A 3-node R3 cluster loses one node mid-load: the leader of the message stream, of the
+//    stage stream, or of the JetStream meta group.
 // ---------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s7_cluster_loses_the_stream_leader_mid_load() {
-    let _serial = SERIAL.lock().await;
+/// The leader a cluster scenario kills.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    /// `MSGTRAIL_MESSAGES`'s stream leader.
+    MessageStream,
+    /// `MSGTRAIL_STAGES`'s stream leader.
+    StageStream,
+    /// The JetStream meta group's leader (it places streams and consumers).
+    Meta,
+}
+
+impl Role {
+    fn describe(self) -> &'static str {
+        match self {
+            Role::MessageStream => "the MSGTRAIL_MESSAGES stream leader",
+            Role::StageStream => "the MSGTRAIL_STAGES stream leader",
+            Role::Meta => "the JetStream meta leader",
+        }
+    }
+}
+
+/// Who leads the meta group and each of the two streams.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Leaders {
+    meta: Option<String>,
+    messages: Option<String>,
+    stages: Option<String>,
+}
+
+impl Leaders {
+    /// The meta leader from the nodes' `/jsz`, the stream leaders from JetStream stream info.
+    async fn read(sys: &System) -> Leaders {
+        let cluster = cluster_of(sys);
+        let meta = blocking(|| cluster.meta_leader(Duration::from_secs(15))).ok();
+        let js = async_nats::jetstream::new(sys.admin.clone());
+        Leaders {
+            meta,
+            messages: stream_leader(&js, MESSAGE_STREAM).await,
+            stages: stream_leader(&js, STAGE_STREAM).await,
+        }
+    }
+
+    fn of(&self, role: Role) -> Option<&String> {
+        match role {
+            Role::MessageStream => self.messages.as_ref(),
+            Role::StageStream => self.stages.as_ref(),
+            Role::Meta => self.meta.as_ref(),
+        }
+    }
+
+    /// Whether the three are three different nodes.
+    fn separate(&self) -> bool {
+        match (&self.meta, &self.messages, &self.stages) {
+            (Some(a), Some(b), Some(c)) => a != b && a != c && b != c,
+            _ => false,
+        }
+    }
+
+    fn json(&self) -> serde_json::Value {
+        json!({"meta": self.meta, "messages": self.messages, "stages": self.stages})
+    }
+}
+
+fn cluster_of(sys: &System) -> &msgtrail_test_support::nats_node::NatsCluster {
+    match &sys.nats {
+        Nats::Cluster(c) => c,
+        Nats::Single(_) => unreachable!("a cluster scenario runs a cluster"),
+    }
+}
+
+/// The leader of `stream` as its stream info names it.
+async fn stream_leader(js: &async_nats::jetstream::Context, stream: &str) -> Option<String> {
+    let mut s = js.get_stream(stream).await.ok()?;
+    let info = s.info().await.ok()?;
+    info.cluster.clone().and_then(|c| c.leader)
+}
+
+/// Asks `stream`'s leader to step down in favour of `to` (`$JS.API.STREAM.LEADER.STEPDOWN`
+/// with a preferred placement) and waits up to 10 s until `to` leads.
+async fn move_stream_leader(sys: &System, stream: &str, to: &str) {
+    let js = async_nats::jetstream::new(sys.admin.clone());
+    let body = json!({"placement": {"preferred": to}}).to_string();
+    let _ = tokio::time::timeout(
+        Duration::from_secs(5),
+        sys.admin.request(
+            format!("$JS.API.STREAM.LEADER.STEPDOWN.{stream}"),
+            body.into(),
+        ),
+    )
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if stream_leader(&js, stream).await.as_deref() == Some(to) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Moves the stream leaders so that the meta leader, `MSGTRAIL_MESSAGES`'s leader and
+/// `MSGTRAIL_STAGES`'s leader are three different nodes, so that a kill hits one of them
+/// alone (the meta leader cannot be moved without the system account; the streams can).
+async fn separate_leaders(sys: &System) -> Leaders {
+    let names = cluster_of(sys).names();
+    for _ in 0..5 {
+        let l = Leaders::read(sys).await;
+        if l.separate() {
+            return l;
+        }
+        let (Some(meta), Some(msg), Some(stg)) = (&l.meta, &l.messages, &l.stages) else {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            continue;
+        };
+        let others: Vec<&String> = names.iter().filter(|n| *n != meta).collect();
+        let msg_to = if msg != meta {
+            msg.clone()
+        } else {
+            others
+                .iter()
+                .find(|n| **n != stg)
+                .copied()
+                .unwrap_or(others[0])
+                .clone()
+        };
+        let stg_to = others
+            .iter()
+            .find(|n| ***n != msg_to)
+            .copied()
+            .unwrap_or(others[0])
+            .clone();
+        if *msg != msg_to {
+            move_stream_leader(sys, MESSAGE_STREAM, &msg_to).await;
+        }
+        if *stg != stg_to {
+            move_stream_leader(sys, STAGE_STREAM, &stg_to).await;
+        }
+    }
+    Leaders::read(sys).await
+}
+
+/// Every JetStream asset `node` leads: the meta group, streams, consumers (`stream/consumer`).
+async fn led_by(sys: &System, node: &str, leaders: &Leaders) -> Vec<String> {
+    let js = async_nats::jetstream::new(sys.admin.clone());
+    let mut out = vec![];
+    if leaders.meta.as_deref() == Some(node) {
+        out.push("meta".to_owned());
+    }
+    let mut streams = js.streams();
+    let mut infos = vec![];
+    while let Ok(Some(Ok(info))) =
+        tokio::time::timeout(Duration::from_secs(5), streams.next()).await
+    {
+        infos.push(info);
+    }
+    for info in infos {
+        let name = info.config.name.clone();
+        if info.cluster.as_ref().and_then(|c| c.leader.as_deref()) == Some(node) {
+            out.push(format!("stream {name}"));
+        }
+        let Ok(stream) = js.get_stream(&name).await else {
+            continue;
+        };
+        let mut consumers = stream.consumers();
+        while let Ok(Some(Ok(c))) =
+            tokio::time::timeout(Duration::from_secs(5), consumers.next()).await
+        {
+            if c.cluster.as_ref().and_then(|c| c.leader.as_deref()) == Some(node) {
+                out.push(format!("consumer {name}/{}", c.name));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// A 3-node R3 cluster with two brokers; the leaders of the meta group and of the two streams
+/// are moved to three different nodes, and at a third of the load the node leading `role`
+/// is SIGKILLed (and stays down).
+async fn cluster_leader_kill_9(scenario: &str, role: Role) {
     let scale = Scale::pick(300, 2000);
     for rep in 1..=scale.reps {
         let mut sys = System::start(SystemOptions {
@@ -696,55 +872,71 @@ async fn s7_cluster_loses_the_stream_leader_mid_load() {
             ..Default::default()
         })
         .await;
+        let before = separate_leaders(&sys).await;
         let run = run_load(&sys, Load::new(scale.messages)).await;
         run.progress
             .wait_acked(scale.messages / 3, Duration::from_secs(60))
             .await;
-        let js = async_nats::jetstream::new(sys.admin.clone());
-        let leader = js
-            .get_stream(MESSAGE_STREAM)
-            .await
-            .unwrap()
-            .info()
-            .await
-            .unwrap()
-            .cluster
-            .clone()
-            .and_then(|c| c.leader)
-            .expect("the message stream has a leader");
+        // Read again right before the kill: the node that leads `role` now.
+        let at_kill = Leaders::read(&sys).await;
+        let victim = at_kill
+            .of(role)
+            .cloned()
+            .unwrap_or_else(|| panic!("no {} to kill: {at_kill:?}", role.describe()));
+        let victim_leads = led_by(&sys, &victim, &at_kill).await;
         let fault_ms = run.history.now_ms();
         let Nats::Cluster(cluster) = &mut sys.nats else {
             unreachable!("a cluster")
         };
         let i = cluster
-            .index_of(&leader)
+            .index_of(&victim)
             .expect("the leader is one of ours");
         blocking(|| cluster.nodes[i].kill9());
         let finished = run.finish().await;
-        let new_leader = js
-            .get_stream(MESSAGE_STREAM)
-            .await
-            .ok()
-            .map(|mut s| async move { s.info().await.ok().and_then(|i| i.cluster.clone()) });
-        let new_leader = match new_leader {
-            Some(f) => f.await.and_then(|c| c.leader),
-            None => None,
-        };
-        let mut r = oracle(
-            &sys,
-            "cluster_stream_leader_kill_9",
-            &scale,
-            rep,
-            &finished,
-            TRAJECTORY_WAIT,
+        let after = Leaders::read(&sys).await;
+        let mut r = oracle(&sys, scenario, &scale, rep, &finished, TRAJECTORY_WAIT).await;
+        r.set(
+            "fault",
+            json!(format!(
+                "SIGKILL {} of a 3-node R3 cluster at a third of the load",
+                role.describe()
+            )),
         )
-        .await;
-        r.set("fault", json!(CLUSTER_FAULT))
-            .set("killed", json!(leader))
-            .set("new_leader", json!(new_leader))
-            .set("fault_at_ms", json!(fault_ms.round()))
-            .set("recovery_ms", json!(finished.history.recovery_ms(fault_ms)));
+        .set("killed", json!(victim))
+        .set("killed_leads", json!(victim_leads))
+        .set("leaders_separate", json!(at_kill.separate()))
+        .set("leaders_at_kill", at_kill.json())
+        .set("leaders_after", after.json())
+        .set("new_leader", json!(after.of(role)))
+        .set("fault_at_ms", json!(fault_ms.round()))
+        .set("recovery_ms", json!(finished.history.recovery_ms(fault_ms)));
+        if before != at_kill {
+            r.set("leaders_before_load", before.json());
+        }
         r.print();
         r.assert_sound(true, &sys);
     }
+}
+
+/// The message stream's leader: uploads stall until a new leader is elected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s7_cluster_loses_the_stream_leader_mid_load() {
+    let _serial = SERIAL.lock().await;
+    cluster_leader_kill_9("cluster_stream_leader_kill_9", Role::MessageStream).await;
+}
+
+/// The stage stream's leader: stage records wait (the broker retries them) until a new
+/// leader is elected; none may be lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s7_cluster_loses_the_stage_stream_leader_mid_load() {
+    let _serial = SERIAL.lock().await;
+    cluster_leader_kill_9("cluster_stage_leader_kill_9", Role::StageStream).await;
+}
+
+/// The JetStream meta leader (leading neither stream): stream and consumer management
+/// stalls until a new one is elected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s7_cluster_loses_the_meta_leader_mid_load() {
+    let _serial = SERIAL.lock().await;
+    cluster_leader_kill_9("cluster_meta_leader_kill_9", Role::Meta).await;
 }
