@@ -124,6 +124,24 @@ fn entry(request_id: &str, topic: &str, payload: impl Into<Bytes>) -> UploadEntr
     }
 }
 
+/// An ack of the delivery with `token`.
+fn ack_entry(token: &str) -> SettleEntry {
+    SettleEntry {
+        token: token.to_owned(),
+        kind: AckKind::Ack,
+        delay_ms: None,
+        reason: String::new(),
+    }
+}
+
+/// A settle batch acking every one of `delivered`.
+fn ack_all(delivered: &[msgtrail_core::frame::DeliveredMessage]) -> SettleBatch {
+    SettleBatch {
+        entries: delivered.iter().map(|m| ack_entry(&m.ack_token)).collect(),
+        ..Default::default()
+    }
+}
+
 fn stored(r: &UploadResult) -> (MessageId, u64, bool, String) {
     match r {
         UploadResult::Stored {
@@ -368,18 +386,8 @@ async fn settle_batches_mix_ack_nack_term_and_a_forged_token_fails_alone() {
     let results = consumer
         .settle(&SettleBatch {
             entries: vec![
-                SettleEntry {
-                    token: tok(0),
-                    kind: AckKind::Ack,
-                    delay_ms: None,
-                    reason: String::new(),
-                },
-                SettleEntry {
-                    token: forged,
-                    kind: AckKind::Ack,
-                    delay_ms: None,
-                    reason: String::new(),
-                },
+                ack_entry(&tok(0)),
+                ack_entry(&forged),
                 SettleEntry {
                     token: tok(1),
                     kind: AckKind::Nack,
@@ -410,12 +418,7 @@ async fn settle_batches_mix_ack_nack_term_and_a_forged_token_fails_alone() {
     // Another consumer cannot settle these deliveries.
     let stolen = other
         .settle(&SettleBatch {
-            entries: vec![SettleEntry {
-                token: tok(1),
-                kind: AckKind::Ack,
-                delay_ms: None,
-                reason: String::new(),
-            }],
+            entries: vec![ack_entry(&tok(1))],
             reports: vec![],
             ..Default::default()
         })
@@ -465,12 +468,7 @@ async fn settle_batches_mix_ack_nack_term_and_a_forged_token_fails_alone() {
     }];
     let res = consumer
         .settle(&SettleBatch {
-            entries: vec![SettleEntry {
-                token: again.messages[0].ack_token.clone(),
-                kind: AckKind::Ack,
-                delay_ms: None,
-                reason: String::new(),
-            }],
+            entries: vec![ack_entry(&again.messages[0].ack_token)],
             reports: foreign,
             ..Default::default()
         })
@@ -512,22 +510,7 @@ async fn binary_fetch_and_push_carry_empty_and_max_size_payloads() {
     assert_eq!(got.messages[1].payload, big);
     assert_eq!(got.messages[1].producer, "shop");
     assert_eq!(got.messages[1].group, "pullers");
-    let acked = consumer
-        .settle(&SettleBatch {
-            entries: got
-                .messages
-                .iter()
-                .map(|m| SettleEntry {
-                    token: m.ack_token.clone(),
-                    kind: AckKind::Ack,
-                    delay_ms: None,
-                    reason: String::new(),
-                })
-                .collect(),
-            reports: vec![],
-            ..Default::default()
-        })
-        .await;
+    let acked = consumer.settle(&ack_all(&got.messages)).await;
     assert_eq!(acked.results, vec![None, None]);
     let none = consumer.fetch("pullers", "bin.*", 10).await;
     assert!(none.no_matching_message && none.messages.is_empty());
@@ -557,21 +540,7 @@ async fn binary_fetch_and_push_carry_empty_and_max_size_payloads() {
     assert_eq!(seen.iter().map(|m| m.message_id).collect::<Vec<_>>(), ids);
     assert!(seen[0].payload.is_empty());
     assert_eq!(seen[1].payload, big);
-    let settled = consumer
-        .settle(&SettleBatch {
-            entries: seen
-                .iter()
-                .map(|m| SettleEntry {
-                    token: m.ack_token.clone(),
-                    kind: AckKind::Ack,
-                    delay_ms: None,
-                    reason: String::new(),
-                })
-                .collect(),
-            reports: vec![],
-            ..Default::default()
-        })
-        .await;
+    let settled = consumer.settle(&ack_all(&seen)).await;
     assert_eq!(settled.results, vec![None, None]);
     let recs = sys
         .records_for(ids[1], |r| {
@@ -671,16 +640,10 @@ async fn ride_along_records_give_the_same_trajectory_as_separate_reports() {
         })
         .collect::<Vec<_>>()
     };
-    let settle = |token: String| SettleEntry {
-        token,
-        kind: AckKind::Ack,
-        delay_ms: None,
-        reason: String::new(),
-    };
     // a: the records ride along its settle.
     let ride = consumer
         .settle(&SettleBatch {
-            entries: vec![settle(token_of(a))],
+            entries: vec![ack_entry(&token_of(a))],
             reports: consumer_records(t0)
                 .into_iter()
                 .map(|record| ReportedRecord {
@@ -707,7 +670,7 @@ async fn ride_along_records_give_the_same_trajectory_as_separate_reports() {
     assert_no_error(&reply);
     let apart = consumer
         .settle(&SettleBatch {
-            entries: vec![settle(token_of(b))],
+            entries: vec![ack_entry(&token_of(b))],
             ..Default::default()
         })
         .await;

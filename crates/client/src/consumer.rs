@@ -221,16 +221,10 @@ impl Settles {
     async fn settle(&self, batch: Vec<Job<SettleEntry, Settled>>, spare_bytes: usize) {
         let (entries, replies): (Vec<_>, Vec<_>) =
             batch.into_iter().map(|j| (j.item, j.reply)).unzip();
-        let (reports, ticket) = match &self.outbox {
-            Some(o) => {
-                let (r, t) = o.take(
-                    reporter::MAX_RECORDS_PER_REQUEST,
-                    spare_bytes.saturating_sub(SETTLE_FRAME_OVERHEAD),
-                );
-                (r, Some(t))
-            }
-            None => (Vec::new(), None),
-        };
+        let (reports, ticket) = reporter::ride_along(
+            self.outbox.as_ref(),
+            spare_bytes.saturating_sub(SETTLE_FRAME_OVERHEAD),
+        );
         let body = SettleBatch {
             entries,
             reports,

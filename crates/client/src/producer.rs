@@ -275,16 +275,10 @@ impl Uploads {
             self.hooks.emit(before.clone());
             pending.push((request_id, before, job.reply));
         }
-        let (reports, ticket) = match &self.outbox {
-            Some(o) => {
-                let (r, t) = o.take(
-                    reporter::MAX_RECORDS_PER_REQUEST,
-                    spare_bytes.saturating_sub(UPLOAD_FRAME_OVERHEAD),
-                );
-                (r, Some(t))
-            }
-            None => (Vec::new(), None),
-        };
+        let (reports, ticket) = reporter::ride_along(
+            self.outbox.as_ref(),
+            spare_bytes.saturating_sub(UPLOAD_FRAME_OVERHEAD),
+        );
         let body = UploadBatch {
             entries,
             reports,

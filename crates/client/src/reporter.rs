@@ -216,6 +216,22 @@ pub(crate) fn reported_size(r: &ReportedRecord) -> usize {
         + s16(rec.payload_head.as_deref())
 }
 
+/// The records a batch request about to be sent takes along from `outbox` (none without
+/// reporting), within the `spare_bytes` its own entries left, and the ticket that says what
+/// became of them.
+pub(crate) fn ride_along(
+    outbox: Option<&Arc<Outbox>>,
+    spare_bytes: usize,
+) -> (Vec<ReportedRecord>, Option<Ticket>) {
+    match outbox {
+        Some(o) => {
+            let (r, t) = o.take(MAX_RECORDS_PER_REQUEST, spare_bytes);
+            (r, Some(t))
+        }
+        None => (Vec::new(), None),
+    }
+}
+
 /// Bytes of a report frame around its records: the frame head and the record count.
 const REPORT_FRAME_OVERHEAD: usize = 4 + 2;
 
