@@ -8,35 +8,16 @@ use msgtrail_core::subjects::STAGE_SUBJECT;
 use msgtrail_core::trajectory::{AssembleOptions, HopStatus, MessageState, Trajectory};
 use msgtrail_core::{ClientId, MessageId, RequestId, StageRecord};
 use msgtrail_listener::client::ListenerClient;
-use msgtrail_listener::{ListenerConfig, ListenerHandle};
+use msgtrail_listener::ListenerConfig;
 use msgtrail_test_support::NatsServer;
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::path::Path;
 use std::time::Duration;
 
+mod common;
+use common::*;
+
 const MS: u64 = 1_000_000;
-
-fn now() -> u64 {
-    msgtrail_core::time::now_nanos()
-}
-
-/// Deterministic xorshift, so a failing shuffle can be replayed.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn shuffle<T>(&mut self, v: &mut [T]) {
-        for i in (1..v.len()).rev() {
-            let j = (self.next() % (i as u64 + 1)) as usize;
-            v.swap(i, j);
-        }
-    }
-}
 
 /// Builds the records of one scenario, relative to a base time.
 struct Scenario {
@@ -241,11 +222,6 @@ async fn setup() -> (
     (server, tempfile::tempdir().unwrap(), js)
 }
 
-async fn nats(server: &NatsServer) -> async_nats::jetstream::Context {
-    let client = async_nats::connect(server.url()).await.unwrap();
-    async_nats::jetstream::new(client)
-}
-
 fn config(server: &NatsServer, dir: &Path) -> ListenerConfig {
     ListenerConfig {
         nats_url: server.url().to_owned(),
@@ -256,24 +232,6 @@ fn config(server: &NatsServer, dir: &Path) -> ListenerConfig {
         watchdog_interval: Duration::from_millis(100),
         retention_interval: Duration::from_millis(100),
         ..Default::default()
-    }
-}
-
-async fn eventually<T, F, Fut>(what: &str, mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(25)).await;
     }
 }
 
@@ -306,10 +264,6 @@ fn successes(n: u64, prefix: &str, rng: &mut Rng) -> Vec<StageRecord> {
     }
     rng.shuffle(&mut all);
     all
-}
-
-fn client(h: &ListenerHandle) -> ListenerClient {
-    ListenerClient::new(&format!("http://{}", h.http_addr()), None).unwrap()
 }
 
 fn expected(records: &[StageRecord], payload_head: Option<&str>) -> Trajectory {

@@ -16,33 +16,14 @@ use msgtrail_listener::client::ListenerClient;
 use msgtrail_listener::ListenerConfig;
 use msgtrail_test_support::NatsServer;
 use serde_json::Value;
-use std::future::Future;
 use std::time::Duration;
+
+mod common;
+use common::*;
 
 const MS: u64 = 1_000_000;
 /// Time between two uploads of the same request ID: past the default dedup window (2 min).
 const GAP_MS: u64 = 150_000;
-
-fn now() -> u64 {
-    msgtrail_core::time::now_nanos()
-}
-
-/// Deterministic xorshift, so a failing order can be replayed.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn shuffle<T>(&mut self, v: &mut [T]) {
-        for i in (1..v.len()).rev() {
-            let j = (self.next() % (i as u64 + 1)) as usize;
-            v.swap(i, j);
-        }
-    }
-}
 
 /// A message ID the broker would have assigned at `at` (Unix nanoseconds): UUIDv7 text
 /// order is upload order.
@@ -130,24 +111,6 @@ async fn publish(
         })
         .await;
         i = end;
-    }
-}
-
-async fn eventually<T, F, Fut>(what: &str, mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(25)).await;
     }
 }
 

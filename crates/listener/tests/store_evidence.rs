@@ -13,18 +13,16 @@ use msgtrail_core::trajectory::{AssembleOptions, HopStatus, MessageState, Trajec
 use msgtrail_core::{ClientId, MessageId, RequestId, StageRecord};
 use msgtrail_listener::client::ListenerClient;
 use msgtrail_listener::evidence::consumer_name;
-use msgtrail_listener::{ListenerConfig, ListenerHandle};
+use msgtrail_listener::ListenerConfig;
 use msgtrail_test_support::NatsServer;
-use std::future::Future;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+mod common;
+use common::*;
+
 const BROKER_SERVICE: &str = "msgtrail-broker-eu";
 const TRACEPARENT: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
-
-fn now() -> u64 {
-    msgtrail_core::time::now_nanos()
-}
 
 /// The message stream as the broker creates it (crates/broker/src/streams.rs, default
 /// `BrokerConfig`: one replica, 2 min duplicate window, 7 days).
@@ -218,11 +216,6 @@ async fn publish_stage(js: &async_nats::jetstream::Context, records: &[StageReco
         .unwrap();
 }
 
-async fn nats(server: &NatsServer) -> async_nats::jetstream::Context {
-    let client = async_nats::connect(server.url()).await.unwrap();
-    async_nats::jetstream::new(client)
-}
-
 fn config(server: &NatsServer, dir: &Path) -> ListenerConfig {
     ListenerConfig {
         nats_url: server.url().to_owned(),
@@ -233,28 +226,6 @@ fn config(server: &NatsServer, dir: &Path) -> ListenerConfig {
         watchdog_interval: Duration::from_millis(100),
         retention_interval: Duration::from_millis(100),
         ..Default::default()
-    }
-}
-
-fn client(h: &ListenerHandle) -> ListenerClient {
-    ListenerClient::new(&format!("http://{}", h.http_addr()), None).unwrap()
-}
-
-async fn eventually<T, F, Fut>(what: &str, mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(25)).await;
     }
 }
 
