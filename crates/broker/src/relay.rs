@@ -77,12 +77,19 @@ impl TokenCache {
             .rev()
             .nth(CACHE_KEY_CHARS - 1)
             .map_or(0, |(i, _)| i);
-        let slot = self.0.entry(text[start..].to_owned()).or_default();
-        if let Some((_, t)) = slot.iter().find(|(full, _)| full == text) {
+        let end = &text[start..];
+        if let Some((_, t)) = self
+            .0
+            .get(end)
+            .and_then(|slot| slot.iter().find(|(full, _)| full == text))
+        {
             return Ok(t.clone());
         }
         let t = Arc::new(AckToken::decode_for(text, consumer, key)?);
-        slot.push((text.to_owned(), t.clone()));
+        self.0
+            .entry(end.to_owned())
+            .or_default()
+            .push((text.to_owned(), t.clone()));
         Ok(t)
     }
 }
