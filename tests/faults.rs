@@ -27,7 +27,7 @@ use futures::StreamExt;
 use harness::*;
 use msgtrail_client::{Outgoing, ProducerOptions};
 use msgtrail_core::record::decode_batch;
-use msgtrail_core::subjects::{MESSAGE_STREAM, STAGE_STREAM};
+use msgtrail_core::subjects::{self, MESSAGE_STREAM, STAGE_STREAM};
 use msgtrail_core::{RequestId, Stage};
 use serde_json::json;
 use std::collections::{BTreeMap, HashSet};
@@ -45,7 +45,8 @@ message ID, and no trajectory says so";
 /// since issue 14 bug 5's fix; 30 s before, which made the catch-up take 30 s).
 const TRAJECTORY_WAIT: Duration = Duration::from_secs(30);
 
-/// Drains the message stream and reads the trajectories of `finished`'s acked uploads.
+/// Drains the message stream and reads the trajectories of `finished`'s acked uploads; adds
+/// what the brokers and the listener logged as warnings.
 async fn oracle(
     sys: &System,
     scenario: &str,
@@ -61,6 +62,12 @@ async fn oracle(
     let traj = judge_trajectories(&sys.listener_client(), &uploads, &consumed, wait).await;
     let mut r = Report::new(scenario, scale, rep, finished, &stream, &traj);
     explain_incomplete(sys, &traj, &mut r).await;
+    let warnings = sys.logged_warnings(8);
+    if !warnings.is_empty() {
+        let warnings: serde_json::Map<String, serde_json::Value> =
+            warnings.into_iter().map(|(k, n)| (k, json!(n))).collect();
+        r.set("logged_warnings", serde_json::Value::Object(warnings));
+    }
     r
 }
 
@@ -860,6 +867,38 @@ async fn led_by(sys: &System, node: &str, leaders: &Leaders) -> Vec<String> {
     out
 }
 
+/// The client connections on `node` (its `/connz`): `broker` (a `msgtrail` process
+/// subscribed to the upload subject), `listener` (another `msgtrail` process) or `test` (the
+/// suite's own producer, consumer and oracle). A request in flight through a killed node is
+/// lost with it: its caller sees a timeout whatever the node led.
+fn connections_on(sys: &System, node: &str) -> Vec<String> {
+    let cluster = cluster_of(sys);
+    let Some(i) = cluster.index_of(node) else {
+        return vec![];
+    };
+    let Ok(v) = blocking(|| cluster.nodes[i].monitor("/connz?subs=1")) else {
+        return vec!["unknown (/connz failed)".into()];
+    };
+    let mut out: Vec<String> = v["connections"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|c| {
+            let subscribes_upload = c["subscriptions_list"]
+                .as_array()
+                .is_some_and(|l| l.iter().any(|s| s.as_str() == Some(subjects::UPLOAD)));
+            match c["name"].as_str() {
+                Some("msgtrail") if subscribes_upload => "broker",
+                Some("msgtrail") | Some("msgtrail-listener") => "listener",
+                _ => "test",
+            }
+            .to_owned()
+        })
+        .collect();
+    out.sort();
+    out
+}
+
 /// A 3-node R3 cluster with two brokers; the leaders of the meta group and of the two streams
 /// are moved to three different nodes, and at a third of the load the node leading `role`
 /// is SIGKILLed (and stays down).
@@ -884,6 +923,7 @@ async fn cluster_leader_kill_9(scenario: &str, role: Role) {
             .cloned()
             .unwrap_or_else(|| panic!("no {} to kill: {at_kill:?}", role.describe()));
         let victim_leads = led_by(&sys, &victim, &at_kill).await;
+        let victim_connections = connections_on(&sys, &victim);
         let fault_ms = run.history.now_ms();
         let Nats::Cluster(cluster) = &mut sys.nats else {
             unreachable!("a cluster")
@@ -904,6 +944,7 @@ async fn cluster_leader_kill_9(scenario: &str, role: Role) {
         )
         .set("killed", json!(victim))
         .set("killed_leads", json!(victim_leads))
+        .set("killed_node_connections", json!(victim_connections))
         .set("leaders_separate", json!(at_kill.separate()))
         .set("leaders_at_kill", at_kill.json())
         .set("leaders_after", after.json())

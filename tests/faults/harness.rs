@@ -466,6 +466,33 @@ impl System {
         .await
     }
 
+    /// The warnings and errors the brokers and the listener logged (`WARN`/`ERROR` lines,
+    /// without timestamps and colours, `field=<number>` as `field=N`), by text with their
+    /// counts, the most frequent first (at most `n` texts).
+    pub fn logged_warnings(&self, n: usize) -> Vec<(String, usize)> {
+        let mut counts: HashMap<String, usize> = HashMap::new();
+        let procs = self.brokers.iter().chain(self.listener.iter());
+        for p in procs {
+            let kind = if p.name().starts_with("broker") {
+                "broker"
+            } else {
+                "listener"
+            };
+            for line in p.log().lines() {
+                let line = strip_ansi(line);
+                let Some(at) = line.find(" WARN ").or_else(|| line.find(" ERROR ")) else {
+                    continue;
+                };
+                let text: String = numbers_out(line[at..].trim()).chars().take(200).collect();
+                *counts.entry(format!("{kind}: {text}")).or_default() += 1;
+            }
+        }
+        let mut v: Vec<(String, usize)> = counts.into_iter().collect();
+        v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        v.truncate(n);
+        v
+    }
+
     /// The tail of every process log, for failure messages.
     pub fn diagnostics(&self) -> String {
         let mut out = String::new();
@@ -484,6 +511,40 @@ impl System {
         }
         out
     }
+}
+
+/// `s` with every `=<digits>` written `=N`, so that log lines differing in a count group.
+fn numbers_out(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars().peekable();
+    while let Some(c) = chars.next() {
+        out.push(c);
+        if c == '=' && chars.peek().is_some_and(char::is_ascii_digit) {
+            while chars.peek().is_some_and(char::is_ascii_digit) {
+                chars.next();
+            }
+            out.push('N');
+        }
+    }
+    out
+}
+
+/// `s` without ANSI colour sequences (`ESC [ … m`).
+fn strip_ansi(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for d in chars.by_ref() {
+                if d.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// Opens a channel, retrying for up to 30 s (a broker may still be coming up).
