@@ -75,15 +75,21 @@ impl NatsNode {
         self.server.as_ref().and_then(NatsServer::monitor_url)
     }
 
-    /// The node's `GET /jsz` (JetStream information: `meta_cluster.leader` in a cluster), read
+    /// `GET <path>` of the node's monitoring port (`/jsz`, `/connz?subs=1`) as JSON, read
     /// with a 2 s timeout. Blocking.
-    pub fn jsz(&self) -> Result<serde_json::Value, String> {
+    pub fn monitor(&self, path: &str) -> Result<serde_json::Value, String> {
         let url = self
             .monitor_url()
             .ok_or_else(|| format!("{} is not running", self.name))?;
-        let body = http_get(url, "/jsz", Duration::from_secs(2))
-            .map_err(|e| format!("{}: GET {url}/jsz: {e}", self.name))?;
-        serde_json::from_str(&body).map_err(|e| format!("{}: /jsz is not JSON: {e}", self.name))
+        let body = http_get(url, path, Duration::from_secs(2))
+            .map_err(|e| format!("{}: GET {url}{path}: {e}", self.name))?;
+        serde_json::from_str(&body).map_err(|e| format!("{}: {path} is not JSON: {e}", self.name))
+    }
+
+    /// The node's `GET /jsz` (JetStream information: `meta_cluster.leader` in a cluster).
+    /// Blocking.
+    pub fn jsz(&self) -> Result<serde_json::Value, String> {
+        self.monitor("/jsz")
     }
 
     /// Whether the node's process is running.
