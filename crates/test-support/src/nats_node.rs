@@ -13,7 +13,7 @@
 //! account, which these nodes do not configure.
 
 use crate::nats_server::{NatsServer, NatsServerError, NatsServerOptions};
-use crate::process::free_port;
+use crate::process::{free_port, free_ports};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -160,12 +160,29 @@ pub const CLUSTER_NAME: &str = "msgtrail";
 
 impl NatsCluster {
     /// Starts `n` nodes (3 for R3 streams) routed to each other, each with its own store.
+    /// The client and route ports are `2n` different free ports; when a node does not come
+    /// up (another process took a port in the meantime) the whole cluster is started again on
+    /// new ports, up to 3 times.
     pub fn start(n: usize) -> Result<Self, NatsServerError> {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match Self::start_once(n) {
+                Err(NatsServerError::Start(e)) if tries < 3 => {
+                    let first = e.lines().next().unwrap_or_default().to_owned();
+                    eprintln!("a nats cluster node did not start ({first}); again on new ports");
+                }
+                other => return other,
+            }
+        }
+    }
+
+    fn start_once(n: usize) -> Result<Self, NatsServerError> {
         let dir = tempfile::Builder::new()
             .prefix("msgtrail-cluster-")
             .tempdir()?;
-        let client_ports: Vec<u16> = (0..n).map(|_| free_port()).collect();
-        let route_ports: Vec<u16> = (0..n).map(|_| free_port()).collect();
+        let ports = free_ports(2 * n);
+        let (client_ports, route_ports) = ports.split_at(n);
         let routes = route_ports
             .iter()
             .map(|p| format!("\"nats-route://127.0.0.1:{p}\""))

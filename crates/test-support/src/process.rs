@@ -199,6 +199,17 @@ pub fn free_port() -> u16 {
         .expect("a free loopback port")
 }
 
+/// `n` different free TCP ports on 127.0.0.1: each is held until all are chosen, so no two
+/// are the same (calls of [`free_port`] one after the other may return one port twice).
+pub fn free_ports(n: usize) -> Vec<u16> {
+    let held: Vec<std::net::TcpListener> = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("a free loopback port"))
+        .collect();
+    held.iter()
+        .map(|l| l.local_addr().expect("a bound port").port())
+        .collect()
+}
+
 /// What to run: a program, its arguments and extra environment.
 #[derive(Debug, Clone)]
 pub struct ProcessSpec {
@@ -428,5 +439,12 @@ mod tests {
         let status = p.terminate(Duration::from_secs(5)).unwrap();
         assert!(status.is_some());
         assert!(p.log().contains("sleeper start #2"));
+    }
+
+    #[test]
+    fn free_ports_are_different() {
+        let ports = free_ports(16);
+        let distinct: std::collections::HashSet<u16> = ports.iter().copied().collect();
+        assert_eq!(distinct.len(), 16);
     }
 }
