@@ -163,8 +163,10 @@ impl Waiters {
 
 /// First pause before a failed batch is published again; doubles up to [`RETRY_MAX`].
 const RETRY_FIRST: Duration = Duration::from_millis(100);
-/// Longest pause between tries of a failed batch.
-const RETRY_MAX: Duration = Duration::from_secs(2);
+/// Longest pause between tries of a failed batch: short, so that a batch refused during a
+/// stage-stream leader election is stored within half a second of the new leader (settles
+/// wait for it, `crate::settle::STORED_WAIT`).
+const RETRY_MAX: Duration = Duration::from_millis(500);
 /// Failed batches kept for another try (about 2.5 M records at full batches); beyond it the
 /// oldest is given up and counted in `stage_publish_failed`.
 const RETRY_QUEUE: usize = 10_000;
