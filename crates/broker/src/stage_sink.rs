@@ -125,7 +125,8 @@ struct Pending {
     tries: u32,
 }
 
-/// Callers waiting for records to be stored: each waits for every batch up to `seq`.
+/// Callers waiting for records to be stored: each waits for every batch up to `seq`. A batch
+/// given up counts as done for them (they are answered; the loss is counted).
 #[derive(Default)]
 struct Waiters {
     /// Batches acked, by sequence, beyond `stored_upto`.
@@ -218,7 +219,7 @@ async fn write_batches(
             Some((p, res)) = acks.next(), if !acks.is_empty() => {
                 match note_ack(&metrics, p, res) {
                     Ok(seq) => waiters.acked(seq),
-                    Err(again) => schedule(&metrics, &mut retry, again),
+                    Err(again) => schedule(&metrics, &mut retry, &mut waiters, again),
                 }
                 continue;
             }
@@ -229,7 +230,7 @@ async fn write_batches(
                     Ok(ack) => acks.push(ack),
                     Err((p, e)) => {
                         tracing::debug!(error = %e, "stage batch publish failed again");
-                        schedule(&metrics, &mut retry, p);
+                        schedule(&metrics, &mut retry, &mut waiters, p);
                     }
                 }
                 continue;
@@ -279,7 +280,7 @@ async fn write_batches(
                 Ok(ack) => acks.push(ack),
                 Err((p, e)) => {
                     tracing::warn!(records = p.records, error = %e, "stage batch not sent; retrying");
-                    schedule(&metrics, &mut retry, p);
+                    schedule(&metrics, &mut retry, &mut waiters, p);
                 }
             }
         }
@@ -291,7 +292,7 @@ async fn write_batches(
             if let Some((p, res)) = acks.next().await {
                 match note_ack(&metrics, p, res) {
                     Ok(seq) => waiters.acked(seq),
-                    Err(again) => schedule(&metrics, &mut retry, again),
+                    Err(again) => schedule(&metrics, &mut retry, &mut waiters, again),
                 }
             }
         }
@@ -316,6 +317,7 @@ async fn sleep_until(at: Option<tokio::time::Instant>) {
 fn schedule(
     metrics: &Metrics,
     retry: &mut VecDeque<(tokio::time::Instant, Pending)>,
+    waiters: &mut Waiters,
     mut p: Pending,
 ) {
     p.tries += 1;
@@ -331,6 +333,8 @@ fn schedule(
                 records = old.records,
                 "stage batch given up: the retry queue is full"
             );
+            // Nothing more will come of it: waiters must not wait on it for ever.
+            waiters.acked(old.seq);
         }
     }
     // Batches keep their order of first failure; a later one never overtakes an earlier one.
@@ -379,5 +383,12 @@ mod tests {
         w.acked(3);
         assert!(b_rx.try_recv().is_ok());
         assert_eq!(w.stored_upto, 3);
+        // A batch given up (marked done) does not hold back later waiters.
+        let (c, mut c_rx) = oneshot::channel();
+        w.wait(5, c);
+        w.acked(5);
+        assert!(c_rx.try_recv().is_err(), "4 is still out");
+        w.acked(4); // given up
+        assert!(c_rx.try_recv().is_ok());
     }
 }
