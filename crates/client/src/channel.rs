@@ -72,9 +72,8 @@ pub(crate) async fn request_raw(
                 subject: subject.to_owned(),
                 timeout_ms: timeout.as_millis() as u64,
             },
-            async_nats::RequestErrorKind::NoResponders => ClientError::Timeout {
+            async_nats::RequestErrorKind::NoResponders => ClientError::NoBroker {
                 subject: subject.to_owned(),
-                timeout_ms: 0,
             },
             _ => ClientError::Nats(e.to_string()),
         })?;

@@ -18,6 +18,13 @@ pub enum ClientError {
         /// The timeout.
         timeout_ms: u64,
     },
+    /// No broker listens on the subject at all (NATS "no responders"): none is running, or
+    /// all are restarting. Nothing was sent to a broker.
+    #[error("no msgtrail broker is listening on {subject} (no responders: none running, or all restarting)")]
+    NoBroker {
+        /// The request subject.
+        subject: String,
+    },
     /// NATS trouble (connection, permissions).
     #[error("nats: {0}")]
     Nats(String),
@@ -40,6 +47,9 @@ impl ClientError {
 
     /// Whether retrying the same request may succeed (timeouts, unavailable JetStream).
     pub fn is_transient(&self) -> bool {
-        matches!(self, ClientError::Timeout { .. }) || self.code() == Some(ErrorCode::Unavailable)
+        matches!(
+            self,
+            ClientError::Timeout { .. } | ClientError::NoBroker { .. }
+        ) || self.code() == Some(ErrorCode::Unavailable)
     }
 }

@@ -248,7 +248,10 @@ impl Flight for Uploads {
 
 /// Whether a failed request may never have reached the broker (so the broker wrote no P1).
 fn maybe_unseen(e: &ClientError) -> bool {
-    matches!(e, ClientError::Timeout { .. } | ClientError::Nats(_))
+    matches!(
+        e,
+        ClientError::Timeout { .. } | ClientError::NoBroker { .. } | ClientError::Nats(_)
+    )
 }
 
 impl Uploads {

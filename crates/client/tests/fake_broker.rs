@@ -564,3 +564,23 @@ async fn binary_deliveries_batched_settles_and_refused_reports() {
         2 + 3 + 2 + 51 + 3
     );
 }
+
+/// With no broker at all, the SDK says so (NATS "no responders"), not "no reply within 0 ms",
+/// and counts it as transient (retried with the same request ID).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_broker_at_all_is_named_as_such() {
+    let server = msgtrail_test_support::NatsServer::start().unwrap();
+    let nats = async_nats::connect(server.url()).await.unwrap();
+    let me = msgtrail_client::Identity::generate(ClientId::new("shop").unwrap());
+    let err = msgtrail_client::Producer::connect(nats, me)
+        .await
+        .expect_err("nobody answers the channel challenge");
+    assert!(
+        matches!(err, msgtrail_client::ClientError::NoBroker { .. }),
+        "{err:?}"
+    );
+    assert!(err.is_transient());
+    let text = err.to_string();
+    assert!(text.contains("no msgtrail broker is listening"), "{text}");
+    assert!(!text.contains("0 ms"), "{text}");
+}
