@@ -235,24 +235,15 @@ impl Settles {
             .channel
             .request_on_channel(s::SETTLE, body, self.channel.timeout)
             .await;
-        let results = reply.and_then(|m| {
+        let reply = reply.and_then(|m| {
             let r = SettleResults::decode(&m.payload)
                 .map_err(|e| ClientError::Decode(e.to_string()))?;
-            if r.results.len() != replies.len() {
-                return Err(ClientError::Decode(format!(
-                    "{} settle results for {} settles",
-                    r.results.len(),
-                    replies.len()
-                )));
-            }
-            Ok(r)
+            Ok((r.results, r.reports))
         });
+        let results = reporter::batch_results(reply, replies.len(), ("settle", "settles"), ticket);
         match results {
-            Ok(r) => {
-                if let Some(t) = ticket {
-                    t.outcome(&r.reports);
-                }
-                for (res, reply) in r.results.into_iter().zip(replies) {
+            Ok(results) => {
+                for (res, reply) in results.into_iter().zip(replies) {
                     let _ = reply.send(match res {
                         None => Ok(()),
                         Some(e) => Err(ClientError::Refused(e)),
@@ -260,9 +251,6 @@ impl Settles {
                 }
             }
             Err(e) => {
-                if let Some(t) = ticket {
-                    t.failed(&e);
-                }
                 for reply in replies {
                     let _ = reply.send(Err(e.clone()));
                 }

@@ -293,32 +293,16 @@ impl Uploads {
             .request_on_channel(s::UPLOAD_BATCH, body, self.timeout)
             .await;
         let at = now_nanos();
-        let results = reply.and_then(|m| {
+        let reply = reply.and_then(|m| {
             let r = UploadResults::decode(&m.payload)
                 .map_err(|e| ClientError::Decode(e.to_string()))?;
-            if r.results.len() != pending.len() {
-                return Err(ClientError::Decode(format!(
-                    "{} upload results for {} messages",
-                    r.results.len(),
-                    pending.len()
-                )));
-            }
-            Ok(r)
+            Ok((r.results, r.reports))
         });
-        let results = match results {
-            Ok(r) => {
-                if let Some(t) = ticket {
-                    t.outcome(&r.reports);
-                }
-                Ok(r.results)
-            }
-            Err(e) => {
-                if let Some(t) = ticket {
-                    t.failed(&e);
-                }
+        let results = reporter::batch_results(reply, pending.len(), ("upload", "messages"), ticket)
+            .inspect_err(|e| {
                 // The broker may never have seen these attempts, so it wrote no P1 for them:
                 // report them (a P1 it did write has the same dedup key).
-                if let (Some(outbox), true) = (&self.outbox, maybe_unseen(&e)) {
+                if let (Some(outbox), true) = (&self.outbox, maybe_unseen(e)) {
                     for (_, before, _) in &pending {
                         if let Some(record) = reporter::record_of(before) {
                             outbox.push(ReportedRecord {
@@ -328,9 +312,7 @@ impl Uploads {
                         }
                     }
                 }
-                Err(e)
-            }
-        };
+            });
         for (i, (request_id, before, reply)) in pending.into_iter().enumerate() {
             let HookEvent::BeforeSend { topic, attempt, .. } = before else {
                 unreachable!("built above")

@@ -21,6 +21,7 @@
 //! and records the broker refused or never answered are counted by [`Reporter::failed`].
 
 use crate::channel::{decode, Channel};
+use crate::error::ClientError;
 use crate::hooks::{HookEvent, Hooks};
 use msgtrail_core::frame::{self, ReportedRecord, ReportsOutcome};
 use msgtrail_core::subjects as s;
@@ -229,6 +230,41 @@ pub(crate) fn ride_along(
             (r, Some(t))
         }
         None => (Vec::new(), None),
+    }
+}
+
+/// Checks that a batch reply answers every item of its request (`what` names the results,
+/// `items_name` the items), and
+/// tells the ride-along ticket what became of its records: the reply's reports outcome, or
+/// the request's failure.
+pub(crate) fn batch_results<T>(
+    reply: Result<(Vec<T>, ReportsOutcome), ClientError>,
+    items: usize,
+    (what, items_name): (&str, &str),
+    ticket: Option<Ticket>,
+) -> Result<Vec<T>, ClientError> {
+    let checked = reply.and_then(|(r, reports)| {
+        let n = r.len();
+        if n != items {
+            return Err(ClientError::Decode(format!(
+                "{n} {what} results for {items} {items_name}"
+            )));
+        }
+        Ok((r, reports))
+    });
+    match checked {
+        Ok((r, reports)) => {
+            if let Some(t) = ticket {
+                t.outcome(&reports);
+            }
+            Ok(r)
+        }
+        Err(e) => {
+            if let Some(t) = ticket {
+                t.failed(&e);
+            }
+            Err(e)
+        }
     }
 }
 

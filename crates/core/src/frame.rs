@@ -160,14 +160,7 @@ impl Writer {
 }
 
 fn cut(s: &str, max: usize) -> &str {
-    if s.len() <= max {
-        return s;
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
+    &s[..floor_char_boundary(s, max.min(s.len()))]
 }
 
 /// Reads frame fields from a buffer, slicing payloads without copying.
