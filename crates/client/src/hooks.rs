@@ -144,6 +144,18 @@ struct Registered {
     tx: mpsc::Sender<Arc<HookEvent>>,
 }
 
+impl Registered {
+    /// Whether it wants events of `kind` (`None`: every kind).
+    fn wants(&self, kind: HookKind) -> bool {
+        self.kinds.as_ref().is_none_or(|k| k.contains(&kind))
+    }
+
+    /// Whether it wants any event at all (a lifeline wants none).
+    fn listens(&self) -> bool {
+        self.kinds.as_ref().is_none_or(|k| !k.is_empty())
+    }
+}
+
 /// A synchronous observer of every event, called inline by [`Hooks::emit`]: the SDK's own
 /// stage reporting, which only moves a record into its outbox.
 pub(crate) type Observer = Arc<dyn Fn(&HookEvent) + Send + Sync>;
@@ -235,39 +247,37 @@ impl Hooks {
                 .read()
                 .expect("hooks poisoned")
                 .iter()
-                .any(|h| h.kinds.as_ref().is_none_or(|k| !k.is_empty()))
+                .any(Registered::listens)
     }
 
     /// [`Hooks::emit`] of the event `make` builds, built only when someone listens (events
     /// copy the delivery's strings; without reporting or hooks that is wasted work).
     pub fn emit_with(&self, make: impl FnOnce() -> HookEvent) {
-        if self.is_active() {
-            self.emit(make());
+        let observer = self.observer.read().expect("hooks poisoned");
+        let hooks = self.hooks.read().expect("hooks poisoned");
+        if observer.is_none() && !hooks.iter().any(Registered::listens) {
+            return;
+        }
+        let event = make();
+        if let Some(observer) = observer.as_ref() {
+            observer(&event);
+        }
+        drop(observer);
+        let kind = event.kind();
+        if !hooks.iter().any(|h| h.wants(kind)) {
+            return;
+        }
+        let event = Arc::new(event);
+        for h in hooks.iter().filter(|h| h.wants(kind)) {
+            if h.tx.try_send(event.clone()).is_err() {
+                self.dropped.fetch_add(1, Ordering::Relaxed);
+            }
         }
     }
 
     /// Hands an event to the observer, then to every interested hook without waiting.
     pub fn emit(&self, event: HookEvent) {
-        if let Some(observer) = self.observer.read().expect("hooks poisoned").as_ref() {
-            observer(&event);
-        }
-        let hooks = self.hooks.read().expect("hooks poisoned");
-        let kind = event.kind();
-        if !hooks
-            .iter()
-            .any(|h| h.kinds.as_ref().is_none_or(|k| k.contains(&kind)))
-        {
-            return;
-        }
-        let event = Arc::new(event);
-        for h in hooks.iter() {
-            if h.kinds.as_ref().is_some_and(|k| !k.contains(&kind)) {
-                continue;
-            }
-            if h.tx.try_send(event.clone()).is_err() {
-                self.dropped.fetch_add(1, Ordering::Relaxed);
-            }
-        }
+        self.emit_with(move || event);
     }
 
     /// Unregisters every hook: their tasks finish the events already queued, then end.
