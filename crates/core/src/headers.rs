@@ -30,8 +30,9 @@ pub const STREAM_SEQ: &str = "Msgtrail-Stream-Seq";
 pub const RECEIVED_AT: &str = "Msgtrail-Received-At";
 /// On a stored message: the `service.name` of the broker that stored it.
 pub const BROKER_SERVICE: &str = "Msgtrail-Broker-Service";
-/// On a stored message: the first bytes of the payload, base64 (the broker's
-/// `record_payload_bytes`; only with stage recording on).
+/// On a stored message, optionally: the first bytes of the payload, base64. The listener
+/// takes it into a recovered P2 when present; brokers do not set it today (the payload head
+/// travels in their own P2 on the stage stream, which the listener prefers).
 pub const PAYLOAD_HEAD: &str = "Msgtrail-Payload-Head";
 /// The machine-readable error code of an error reply (see [`crate::wire::ErrorCode`]).
 pub const ERROR: &str = "Msgtrail-Error";
