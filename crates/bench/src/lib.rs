@@ -23,6 +23,7 @@
 //! - [`lookup`]: S5, trajectory lookup latency with many stored messages.
 //! - [`export`]: S6, OTLP export of trajectory spans to a local receiver.
 //! - [`report`]: [`Report`], its ratios and target checks, the table and the JSON.
+//! - [`synth`]: a synthetic stage-record workload with a production mix, for S4.
 //! - [`run`](mod@run): the order of the scenarios and the nats-servers they run against.
 //! - [`error`]: the harness's error type, [`BenchError`].
 
@@ -36,6 +37,7 @@ pub mod pipeline;
 pub mod raw;
 pub mod report;
 pub mod run;
+pub mod synth;
 
 pub use config::BenchConfig;
 pub use error::BenchError;

@@ -37,8 +37,8 @@ pub struct CacheStats {
 pub(crate) struct Cached {
     /// Every record stored under the key.
     pub records: Vec<StageRecord>,
-    /// Their dedup keys.
-    pub dedup_keys: HashSet<String>,
+    /// Fingerprints of their dedup keys ([`crate::store::codec::dedup_hash`]).
+    pub dedup_keys: HashSet<u64>,
     /// Bytes they take in the records table (keys and values).
     pub bytes: u64,
     /// The stored summary.

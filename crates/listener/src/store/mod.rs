@@ -4,7 +4,7 @@
 //! ## Tables
 //! | table | key | value |
 //! | --- | --- | --- |
-//! | `records` | (message key, record dedup key) | record JSON |
+//! | `message_records` | message key | every record of the message, compact ([`codec`]) |
 //! | `summaries` | message key | [`MessageSummary`] JSON |
 //! | `requests` | (request ID, producer) | message key |
 //! | `request_messages` | (request ID, producer, message ID) | () |
@@ -25,8 +25,11 @@
 //! record without message ID (a P1) goes to the message whose ID was assigned nearest its
 //! time — moving when a nearer one arrives — so the arrival order changes nothing.
 //!
-//! Records are keyed by [`StageRecord::dedup_key`], so a redelivered batch writes nothing
-//! new and counts nothing twice. A batch is one write transaction, committed (fsynced)
+//! A message's records are one value, rewritten when a batch brings it new records (a
+//! message is touched by a few batches in its life, so this costs less than a row per record
+//! and its indexes). The store skips a record whose [`StageRecord::dedup_key`] it already
+//! holds (by a 64-bit fingerprint, [`codec::dedup_hash`]), so a redelivered batch writes
+//! nothing new and counts nothing twice. A batch is one write transaction, committed (fsynced)
 //! before the ingest acks the stage-stream messages it came from.
 
 use crate::cache::{Cache, CacheStats, Cached, DEFAULT_CACHE_MESSAGES};
@@ -35,14 +38,19 @@ use base64::Engine;
 use msgtrail_core::stage::Stage;
 use msgtrail_core::trajectory::{AssembleOptions, Deadlines, MessageState, Segment, Trajectory};
 use msgtrail_core::{ClientId, MessageId, RequestId, StageRecord};
-use redb::{Database, ReadableDatabase, ReadableTable, Table, TableDefinition};
+use redb::{Database, ReadableDatabase, ReadableTable, Table, TableDefinition, TableHandle};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
-const RECORDS: TableDefinition<(&str, &str), &str> = TableDefinition::new("records");
+pub mod codec;
+
+const RECORDS: TableDefinition<&str, &[u8]> = TableDefinition::new("message_records");
+/// The records table of the first version: one JSON row per record, keyed by (message key,
+/// dedup key). [`Store::open`] moves what it finds there into `message_records`.
+const RECORDS_V1: TableDefinition<(&str, &str), &str> = TableDefinition::new("records");
 const SUMMARIES: TableDefinition<&str, &str> = TableDefinition::new("summaries");
 const REQUESTS: TableDefinition<(&str, &str), &str> = TableDefinition::new("requests");
 const REQUEST_MESSAGES: TableDefinition<(&str, &str, &str), ()> =
@@ -269,7 +277,7 @@ fn nearest(set: &BTreeSet<MessageId>, at: u64) -> Option<MessageId> {
 }
 
 struct Tables<'t> {
-    records: Table<'t, (&'static str, &'static str), &'static str>,
+    records: Table<'t, &'static str, &'static [u8]>,
     summaries: Table<'t, &'static str, &'static str>,
     requests: Table<'t, (&'static str, &'static str), &'static str>,
     request_messages: Table<'t, (&'static str, &'static str, &'static str), ()>,
@@ -433,15 +441,25 @@ impl<'t> Tables<'t> {
     }
 
     fn load_records(&self, key: &str) -> Result<Vec<StageRecord>, StoreError> {
-        let mut out = Vec::new();
-        for item in self.records.range((key, "")..)? {
-            let (k, v) = item?;
-            if k.value().0 != key {
-                break;
-            }
-            out.push(serde_json::from_str(v.value()).map_err(corrupt)?);
+        match self.records.get(key)? {
+            Some(v) => codec::decode(v.value()).map_err(corrupt),
+            None => Ok(Vec::new()),
         }
-        Ok(out)
+    }
+
+    /// Writes a message's records (or removes the row of a message left without any);
+    /// returns the change in stored bytes.
+    fn put_records(&mut self, key: &str, c: &mut Cached) -> Result<i64, StoreError> {
+        let old = c.bytes as i64;
+        if c.records.is_empty() {
+            self.records.remove(key)?;
+            c.bytes = 0;
+        } else {
+            let v = codec::encode(&c.records);
+            c.bytes = (key.len() + v.len()) as u64;
+            self.records.insert(key, v.as_slice())?;
+        }
+        Ok(c.bytes as i64 - old)
     }
 
     fn summary(&self, key: &str) -> Result<Option<MessageSummary>, StoreError> {
@@ -499,16 +517,10 @@ impl<'t> Tables<'t> {
     /// summary.
     fn load_cached(&self, key: &str) -> Result<Cached, StoreError> {
         let mut c = Cached::default();
-        for item in self.records.range((key, "")..)? {
-            let (k, v) = item?;
-            let (mk, dk) = k.value();
-            if mk != key {
-                break;
-            }
-            c.bytes += (mk.len() + dk.len() + v.value().len()) as u64;
-            c.dedup_keys.insert(dk.to_owned());
-            c.records
-                .push(serde_json::from_str(v.value()).map_err(corrupt)?);
+        if let Some(v) = self.records.get(key)? {
+            c.bytes = (key.len() + v.value().len()) as u64;
+            c.records = codec::decode(v.value()).map_err(corrupt)?;
+            c.dedup_keys = c.records.iter().map(codec::dedup_hash).collect();
         }
         c.summary = self.summary(key)?;
         Ok(c)
@@ -521,9 +533,7 @@ impl<'t> Tables<'t> {
         key: &str,
         c: Cached,
     ) -> Result<(u64, Option<MessageSummary>), StoreError> {
-        for dk in &c.dedup_keys {
-            self.records.remove((key, dk.as_str()))?;
-        }
+        self.records.remove(key)?;
         self.delete_summary(key, c.summary.as_ref())?;
         self.sub_bytes(c.bytes)?;
         Ok((c.bytes, c.summary))
@@ -555,25 +565,65 @@ impl<'t> Tables<'t> {
 
     /// Deletes a message entirely; returns (bytes freed, its summary).
     fn delete_message(&mut self, key: &str) -> Result<(u64, Option<MessageSummary>), StoreError> {
-        let mut keys = Vec::new();
-        let mut freed = 0u64;
-        for item in self.records.range((key, "")..)? {
-            let (k, v) = item?;
-            let (mk, dk) = k.value();
-            if mk != key {
-                break;
-            }
-            freed += (mk.len() + dk.len() + v.value().len()) as u64;
-            keys.push(dk.to_owned());
-        }
-        for dk in &keys {
-            self.records.remove((key, dk.as_str()))?;
-        }
+        let freed = match self.records.remove(key)? {
+            Some(v) => (key.len() + v.value().len()) as u64,
+            None => 0,
+        };
         let summary = self.summary(key)?;
         self.delete_summary(key, summary.as_ref())?;
         self.sub_bytes(freed)?;
         Ok((freed, summary))
     }
+}
+
+/// Moves the records of a store written by the first version (one JSON row per record, in
+/// `records`) into the compact per-message form, in one transaction, and drops the old
+/// table; the summaries, indexes and counters keep their form. Returns how many messages
+/// moved (0 for a store that has nothing to move). A row that does not parse fails the
+/// open with [`StoreError::Corrupt`] naming it, and the old table stays as it was.
+fn migrate_v1(db: &Database) -> Result<u64, StoreError> {
+    let tx = db.begin_write()?;
+    let exists = tx.list_tables()?.any(|t| t.name() == RECORDS_V1.name());
+    if !exists {
+        return Ok(0);
+    }
+    let mut moved = 0u64;
+    let mut bytes = 0u64;
+    {
+        let old = tx.open_table(RECORDS_V1)?;
+        let mut records = tx.open_table(RECORDS)?;
+        let mut key: Option<String> = None;
+        let mut recs: Vec<StageRecord> = Vec::new();
+        let mut flush = |key: &str, recs: &mut Vec<StageRecord>| -> Result<(), StoreError> {
+            let v = codec::encode(recs);
+            bytes += (key.len() + v.len()) as u64;
+            records.insert(key, v.as_slice())?;
+            recs.clear();
+            moved += 1;
+            Ok(())
+        };
+        for item in old.iter()? {
+            let (k, v) = item?;
+            let (mk, dk) = k.value();
+            let rec: StageRecord = serde_json::from_str(v.value())
+                .map_err(|e| StoreError::Corrupt(format!("first-version record {mk}/{dk}: {e}")))?;
+            if key.as_deref() != Some(mk) {
+                if let Some(prev) = key.take() {
+                    flush(&prev, &mut recs)?;
+                }
+                key = Some(mk.to_owned());
+            }
+            recs.push(rec);
+        }
+        if let Some(prev) = key {
+            flush(&prev, &mut recs)?;
+        }
+        let mut counters = tx.open_table(COUNTERS)?;
+        counters.insert(COUNTER_BYTES, bytes)?;
+    }
+    tx.delete_table(RECORDS_V1)?;
+    tx.commit()?;
+    Ok(moved)
 }
 
 fn funnel_flags(t: &Trajectory) -> [bool; 4] {
@@ -641,6 +691,10 @@ impl Store {
         let tx = db.begin_write()?;
         drop(Tables::open(&tx)?);
         tx.commit()?;
+        let migrated = migrate_v1(&db)?;
+        if migrated > 0 {
+            tracing::info!(messages = migrated, path = %path.display(), "moved the records of a first-version store into the compact form");
+        }
         Ok(Store {
             db,
             payload_head_bytes,
@@ -858,7 +912,6 @@ impl Store {
                             None => t.load_cached(&key)?,
                         },
                     };
-                    let mut freed = 0u64;
                     let mut kept = Vec::with_capacity(c.records.len());
                     for r in std::mem::take(&mut c.records) {
                         let ours = r.message_id.is_none()
@@ -869,19 +922,11 @@ impl Store {
                             kept.push(r);
                             continue;
                         };
-                        let dk = r.dedup_key();
-                        if let Some(v) = t.records.remove((key.as_str(), dk.as_str()))? {
-                            freed += (key.len() + dk.len() + v.value().len()) as u64;
-                        }
-                        c.dedup_keys.remove(&dk);
+                        c.dedup_keys.remove(&codec::dedup_hash(&r));
                         moves.entry(home.to_string()).or_default().push(r);
                         shrunk.insert(key.clone());
                     }
                     c.records = kept;
-                    if freed > 0 {
-                        c.bytes = c.bytes.saturating_sub(freed);
-                        t.sub_bytes(freed)?;
-                    }
                     taken.insert(key, c);
                 }
             }
@@ -903,7 +948,7 @@ impl Store {
                 };
                 let old_summary = own.summary.take();
                 let moved = moves.remove(&key).unwrap_or_default();
-                let moved_keys: HashSet<String> = moved.iter().map(|r| r.dedup_key()).collect();
+                let moved_keys: HashSet<u64> = moved.iter().map(codec::dedup_hash).collect();
                 let rebuilt = rebuild.contains(&key);
                 // The records to assemble from: the message's own, the moved ones (repeats
                 // are harmless: assembly drops them), and the inserted ones.
@@ -915,18 +960,13 @@ impl Store {
                 let mut inserted = 0usize;
                 // (stage, outcome) of the inserted records that are new to the store.
                 let mut fresh_inserted: Vec<(Stage, Option<String>)> = Vec::new();
-                let mut bytes = 0u64;
-                let mut seen: HashSet<String> = HashSet::new();
+                let mut seen: HashSet<u64> = HashSet::new();
                 for r in moved.into_iter().chain(fresh) {
-                    let dk = r.dedup_key();
-                    if own.dedup_keys.contains(&dk) || !seen.insert(dk.clone()) {
+                    let dk = codec::dedup_hash(&r);
+                    if own.dedup_keys.contains(&dk) || !seen.insert(dk) {
                         out.repeated_records += 1;
                         continue;
                     }
-                    let json = r.to_json();
-                    bytes += (key.len() + dk.len() + json.len()) as u64;
-                    t.records
-                        .insert((key.as_str(), dk.as_str()), json.as_str())?;
                     inserted += 1;
                     // Moved records are not new; count only the fresh ones.
                     if !moved_keys.contains(&dk) {
@@ -936,7 +976,10 @@ impl Store {
                     own.records.push(r);
                 }
                 own.dedup_keys.extend(seen);
-                own.bytes += bytes;
+                if inserted > 0 || shrunk.contains(&key) {
+                    let delta = t.put_records(&key, &mut own)?;
+                    t.bump(COUNTER_BYTES, delta, &mut out.counters)?;
+                }
                 // Events also count per topic, once the message's topic is known (below).
                 let mut topic_events: Vec<&'static str> = Vec::new();
                 for (stage, outcome) in &fresh_inserted {
@@ -964,7 +1007,6 @@ impl Store {
                     }
                 }
                 out.new_records += fresh_inserted.len() as u64;
-                t.bump(COUNTER_BYTES, bytes as i64, &mut out.counters)?;
                 if inserted == 0 && !rebuilt {
                     own.summary = old_summary;
                     staged.push((key, own));
@@ -1225,14 +1267,10 @@ impl Store {
     pub fn trajectory(&self, key: &str, now: u64) -> Result<Option<Trajectory>, StoreError> {
         let tx = self.db.begin_read()?;
         let records = tx.open_table(RECORDS)?;
-        let mut recs = Vec::new();
-        for item in records.range((key, "")..)? {
-            let (k, v) = item?;
-            if k.value().0 != key {
-                break;
-            }
-            recs.push(serde_json::from_str(v.value()).map_err(corrupt)?);
-        }
+        let recs = match records.get(key)? {
+            Some(v) => codec::decode(v.value()).map_err(corrupt)?,
+            None => return Ok(None),
+        };
         let Some(mut t) = Trajectory::assemble(recs, &self.options(now)) else {
             return Ok(None);
         };
@@ -1470,5 +1508,99 @@ impl Store {
             }
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use msgtrail_core::{ClientId, RequestId};
+
+    fn records_of_one_message() -> Vec<StageRecord> {
+        let m = MessageId::new();
+        let t0 = msgtrail_core::time::now_nanos();
+        let mut out = Vec::new();
+        for (i, stage) in [Stage::UploadSent, Stage::UploadReceived, Stage::Stored]
+            .into_iter()
+            .enumerate()
+        {
+            let mut r = StageRecord::at(stage, t0 + i as u64 * 1_000);
+            r.request_id = Some(RequestId::new("order-1").unwrap());
+            r.producer = Some(ClientId::new("shop").unwrap());
+            r.topic = Some("orders".into());
+            r.message_id = (stage != Stage::UploadSent).then_some(m);
+            out.push(r);
+        }
+        out
+    }
+
+    /// A store written by the first version (JSON rows in `records`) opens with its
+    /// trajectories intact, the old table gone and the byte count redone.
+    #[test]
+    fn a_first_version_store_is_migrated() {
+        let dir = tempfile::tempdir().unwrap();
+        let recs = records_of_one_message();
+        let m = recs[1].message_id.unwrap();
+        // Write the store the way the first version did: the summaries through `apply`,
+        // then the records moved back into JSON rows.
+        let store = Store::open(dir.path(), 0, Deadlines::default()).unwrap();
+        store.apply(recs.clone(), recs[2].at).unwrap();
+        let want = store
+            .trajectory(&m.to_string(), recs[2].at)
+            .unwrap()
+            .unwrap();
+        drop(store);
+        {
+            let db = Database::create(dir.path().join("listener.redb")).unwrap();
+            let tx = db.begin_write().unwrap();
+            {
+                let mut v1 = tx.open_table(RECORDS_V1).unwrap();
+                for r in &recs {
+                    v1.insert(
+                        (m.to_string().as_str(), r.dedup_key().as_str()),
+                        r.to_json().as_str(),
+                    )
+                    .unwrap();
+                }
+            }
+            tx.delete_table(RECORDS).unwrap();
+            tx.commit().unwrap();
+        }
+        let store = Store::open(dir.path(), 0, Deadlines::default()).unwrap();
+        let got = store
+            .trajectory(&m.to_string(), recs[2].at)
+            .unwrap()
+            .unwrap();
+        assert_eq!(got, want);
+        assert!(store.counters().unwrap()[COUNTER_BYTES] > 0);
+        // Applying the same records again finds them all already stored.
+        let again = store.apply(recs, want.last_at).unwrap();
+        assert_eq!((again.new_records, again.repeated_records), (0, 3));
+        drop(store);
+        let db = Database::create(dir.path().join("listener.redb")).unwrap();
+        let tx = db.begin_read().unwrap();
+        assert!(!tx.list_tables().unwrap().any(|t| t.name() == "records"));
+    }
+
+    /// A first-version row that does not parse fails the open, naming the row, and leaves
+    /// the old table for the operator.
+    #[test]
+    fn a_corrupt_first_version_row_fails_the_open() {
+        let dir = tempfile::tempdir().unwrap();
+        drop(Store::open(dir.path(), 0, Deadlines::default()).unwrap());
+        {
+            let db = Database::create(dir.path().join("listener.redb")).unwrap();
+            let tx = db.begin_write().unwrap();
+            tx.open_table(RECORDS_V1)
+                .unwrap()
+                .insert(("m", "k"), "{not json")
+                .unwrap();
+            tx.commit().unwrap();
+        }
+        let err = Store::open(dir.path(), 0, Deadlines::default()).unwrap_err();
+        assert!(
+            err.to_string().contains("first-version record m/k"),
+            "{err}"
+        );
     }
 }

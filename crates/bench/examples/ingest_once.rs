@@ -1,0 +1,41 @@
+//! Ingests a synthetic workload into a fresh listener store once, for profilers
+//! (`perf record`, `valgrind --tool=callgrind`): `cargo run --release -p msgtrail-bench
+//! --example ingest_once -- [messages] [stage messages per transaction]`.
+
+use msgtrail_bench::synth::{stage_messages, Mix};
+use std::time::Instant;
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let messages: u64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(100_000);
+    let per_tx: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(64);
+    let t0 = msgtrail_core::time::now_nanos();
+    let decoded = stage_messages(&Mix::realistic(messages), t0);
+    let total: usize = decoded.iter().map(Vec::len).sum();
+    // As the stage stream holds them: what the listener decodes.
+    let set: Vec<Vec<u8>> = decoded
+        .iter()
+        .map(msgtrail_core::frame::encode_stage_batch)
+        .collect();
+    drop(decoded);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = msgtrail_listener::Store::open(dir.path(), 0, Default::default()).expect("open");
+    let start = Instant::now();
+    for chunk in set.chunks(per_tx) {
+        let mut records = Vec::new();
+        for m in chunk {
+            records.extend(msgtrail_core::record::decode_batch(m).expect("decodes"));
+        }
+        store
+            .apply(records, msgtrail_core::time::now_nanos())
+            .expect("apply");
+    }
+    let secs = start.elapsed().as_secs_f64();
+    println!(
+        "{total} records of {messages} messages in {secs:.2} s: {:.0} records/s",
+        total as f64 / secs
+    );
+}

@@ -1,0 +1,293 @@
+//! A synthetic stage-record workload with the mix a production stage stream carries:
+//! successes through pull and push groups, redeliveries after failed processing, dead
+//! letters, duplicate uploads (D1), orphan uploads the broker never answered (P1 only), and
+//! client reports that arrive after the broker's own records of later stages (out-of-order
+//! batches).
+//!
+//! S4 ingests it (no NATS needed, so `--large` can store millions of messages) and the
+//! listener's property tests use the same shapes. The generator is deterministic: a seed
+//! gives the same records, in the same stage messages, every time.
+
+use msgtrail_core::{ClientId, MessageId, RequestId, Stage, StageRecord};
+
+/// How a workload is shaped.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Mix {
+    /// Messages to generate.
+    pub messages: u64,
+    /// Share of messages whose first processing attempt fails and is redelivered.
+    pub redelivered: f64,
+    /// Share of messages that fail every attempt and are dead-lettered.
+    pub dead_lettered: f64,
+    /// Share of uploads retried with the same request ID (the broker writes a D1).
+    pub duplicated: f64,
+    /// Share of uploads the broker never answered (a P1 and nothing else).
+    pub orphaned: f64,
+    /// Share of messages consumed by a second (push) group besides the pull group.
+    pub second_group: f64,
+    /// Records per stage-stream message (the broker's stage batches).
+    pub records_per_stage_message: usize,
+    /// How far client reports lag the broker's records, in stage messages.
+    pub client_lag: usize,
+    /// The seed.
+    pub seed: u64,
+}
+
+impl Mix {
+    /// The default mix for `messages` messages: 5 % redelivered, 1 % dead-lettered, 2 %
+    /// duplicated, 2 % orphaned, 30 % in a second group; 128 records per stage message.
+    pub fn realistic(messages: u64) -> Self {
+        Mix {
+            messages,
+            redelivered: 0.05,
+            dead_lettered: 0.01,
+            duplicated: 0.02,
+            orphaned: 0.02,
+            second_group: 0.3,
+            records_per_stage_message: 128,
+            client_lag: 2,
+            seed: 0x5eed,
+        }
+    }
+}
+
+/// A small deterministic generator (SplitMix64): enough for workload shapes.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator from a seed.
+    pub fn new(seed: u64) -> Self {
+        Rng(seed)
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// True with probability `p`.
+    pub fn chance(&mut self, p: f64) -> bool {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64 <= p
+    }
+
+    /// A number in `0..n` (`n` > 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n.max(1)
+    }
+}
+
+const TOPICS: [&str; 3] = ["orders.created", "orders.paid", "orders.refund"];
+const MICRO: u64 = 1_000;
+
+/// The records of one message, split by who writes them: the broker's records reach the
+/// stage stream first, the clients' reports later.
+#[derive(Debug, Default)]
+struct MessageRecords {
+    broker: Vec<StageRecord>,
+    client: Vec<StageRecord>,
+}
+
+fn id(s: String) -> ClientId {
+    ClientId::new(s).expect("generated client IDs are valid")
+}
+
+/// The records of message number `i`, starting at `t0` (Unix nanoseconds).
+fn message(i: u64, t0: u64, mix: &Mix, rng: &mut Rng) -> MessageRecords {
+    let mut out = MessageRecords::default();
+    let producer = id(format!("producer-{}", i % 4));
+    let request = RequestId::new(format!("req-{i}")).expect("generated request IDs are valid");
+    let topic = TOPICS[(i % 3) as usize].to_owned();
+    let base = |stage: Stage, at: u64| {
+        let mut r = StageRecord::at(stage, at);
+        r.topic = Some(topic.clone());
+        r.producer = Some(producer.clone());
+        r.request_id = Some(request.clone());
+        r
+    };
+    let mut p1 = base(Stage::UploadSent, t0);
+    p1.attempt = Some(1);
+    p1.service = Some("shop".into());
+    out.client.push(p1);
+    if rng.chance(mix.orphaned) {
+        return out;
+    }
+    let m = MessageId::from_u128(
+        (u128::from(t0 / 1_000_000) << 80) | (0x7 << 76) | (2 << 62) | u128::from(i),
+    )
+    .expect("generated message IDs are UUIDv7");
+    let mut p2 = base(Stage::UploadReceived, t0 + 60 * MICRO);
+    p2.message_id = Some(m);
+    p2.service = Some("msgtrail-broker".into());
+    p2.attrs.insert(
+        "category".into(),
+        ["refund", "sale"][(i % 2) as usize].into(),
+    );
+    p2.payload_size = Some(128);
+    let mut p3 = base(Stage::Stored, t0 + 320 * MICRO);
+    p3.message_id = Some(m);
+    p3.stream_seq = Some(i + 1);
+    let mut p4 = base(Stage::StoreConfirmed, t0 + 400 * MICRO);
+    p4.message_id = Some(m);
+    out.broker.extend([p2, p3]);
+    out.client.push(p4);
+    if rng.chance(mix.duplicated) {
+        let mut p1b = base(Stage::UploadSent, t0 + 5_000 * MICRO);
+        p1b.attempt = Some(2);
+        out.client.push(p1b);
+        let mut d1 = base(Stage::Duplicate, t0 + 5_050 * MICRO);
+        d1.message_id = Some(m);
+        d1.attempt = Some(2);
+        out.broker.push(d1);
+    }
+    let failures = if rng.chance(mix.dead_lettered) {
+        u32::MAX
+    } else if rng.chance(mix.redelivered) {
+        1
+    } else {
+        0
+    };
+    deliver(&mut out, m, &topic, "billing", false, failures, t0, rng);
+    if rng.chance(mix.second_group) {
+        deliver(&mut out, m, &topic, "audit", true, 0, t0, rng);
+    }
+    out
+}
+
+/// One group's deliveries of a message: attempts that fail `failures` times (then a
+/// redelivery, or a dead letter after the third), then one that succeeds.
+#[allow(clippy::too_many_arguments)]
+fn deliver(
+    out: &mut MessageRecords,
+    m: MessageId,
+    topic: &str,
+    group: &str,
+    push: bool,
+    failures: u32,
+    t0: u64,
+    rng: &mut Rng,
+) {
+    const MAX_ATTEMPTS: u32 = 3;
+    let consumer = id(format!("{group}-{}", rng.below(3)));
+    let group_id = id(group.to_owned());
+    let stages = if push {
+        [
+            Stage::PushSent,
+            Stage::PushReceived,
+            Stage::PushAckSent,
+            Stage::PushAckReceived,
+        ]
+    } else {
+        [
+            Stage::PullSent,
+            Stage::PullReceived,
+            Stage::PullAckSent,
+            Stage::PullAckReceived,
+        ]
+    };
+    let mut at = t0 + (700 + rng.below(2_000)) * MICRO;
+    for attempt in 1..=MAX_ATTEMPTS {
+        let fails = attempt <= failures;
+        let rec = |stage: Stage, at: u64| {
+            let mut r = StageRecord::at(stage, at);
+            r.message_id = Some(m);
+            r.topic = Some(topic.to_owned());
+            r.consumer = Some(consumer.clone());
+            r.group = Some(group_id.clone());
+            r.attempt = Some(attempt);
+            r
+        };
+        let settle = if fails { "nack" } else { "ack" };
+        let mut sent = rec(stages[0], at);
+        sent.stream_seq = Some(1);
+        out.broker.push(sent);
+        out.client.push(rec(stages[1], at + 80 * MICRO));
+        out.client.push(rec(Stage::ProcessStarted, at + 90 * MICRO));
+        let mut x2 = rec(Stage::ProcessFinished, at + 600 * MICRO);
+        x2.outcome = Some(if fails { "failed" } else { "ok" }.into());
+        if fails {
+            x2.detail = Some("payment service unavailable".into());
+        }
+        out.client.push(x2);
+        let mut ack_sent = rec(stages[2], at + 610 * MICRO);
+        ack_sent.outcome = Some(settle.into());
+        out.client.push(ack_sent);
+        let mut ack_got = rec(stages[3], at + 700 * MICRO);
+        ack_got.outcome = Some(settle.into());
+        out.broker.push(ack_got);
+        if !fails {
+            return;
+        }
+        let mut r1 = rec(Stage::Redelivery, at + 720 * MICRO);
+        let last = attempt == MAX_ATTEMPTS;
+        r1.outcome = Some(if last { "dead_letter" } else { "redeliver" }.into());
+        out.broker.push(r1);
+        if last {
+            return;
+        }
+        at += 50_000 * MICRO;
+    }
+}
+
+/// The workload as stage-stream messages (each a `Vec` of records, in stream order): the
+/// broker's records in the order they happened, each client's reports `client_lag` stage
+/// messages later, as relayed reports reach the stream.
+pub fn stage_messages(mix: &Mix, t0: u64) -> Vec<Vec<StageRecord>> {
+    let mut rng = Rng::new(mix.seed);
+    let per = mix.records_per_stage_message.max(1);
+    let mut out: Vec<Vec<StageRecord>> = Vec::new();
+    let mut broker: Vec<StageRecord> = Vec::new();
+    let mut pending_client: std::collections::VecDeque<Vec<StageRecord>> = Default::default();
+    let mut client: Vec<StageRecord> = Vec::new();
+    for i in 0..mix.messages {
+        let recs = message(i, t0 + i * 20 * MICRO, mix, &mut rng);
+        broker.extend(recs.broker);
+        client.extend(recs.client);
+        if broker.len() >= per {
+            out.push(std::mem::take(&mut broker));
+            pending_client.push_back(std::mem::take(&mut client));
+            if pending_client.len() > mix.client_lag {
+                out.extend(pending_client.pop_front().filter(|c| !c.is_empty()));
+            }
+        }
+    }
+    out.extend([broker, client].into_iter().filter(|b| !b.is_empty()));
+    out.extend(pending_client.into_iter().filter(|c| !c.is_empty()));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeSet;
+
+    #[test]
+    fn deterministic_and_mixed() {
+        let mix = Mix::realistic(2_000);
+        let a = stage_messages(&mix, 1_700_000_000_000_000_000);
+        let b = stage_messages(&mix, 1_700_000_000_000_000_000);
+        assert_eq!(a, b);
+        let all: Vec<&StageRecord> = a.iter().flatten().collect();
+        let count = |s: Stage| all.iter().filter(|r| r.stage == s).count();
+        let p1 = count(Stage::UploadSent);
+        let p2 = count(Stage::UploadReceived);
+        assert!(p1 > p2, "orphans and retries add P1s: {p1} vs {p2}");
+        assert!(count(Stage::Duplicate) > 10);
+        let outcome = |o: &str| {
+            all.iter()
+                .filter(|r| r.stage == Stage::Redelivery && r.outcome.as_deref() == Some(o))
+                .count()
+        };
+        assert!(outcome("redeliver") > 50 && outcome("dead_letter") > 5);
+        assert!(count(Stage::PushSent) > 300);
+        let ids: BTreeSet<MessageId> = all.iter().filter_map(|r| r.message_id).collect();
+        assert_eq!(ids.len(), p2);
+        // Records per message near the issue's ~10 (more with a second group).
+        let per = all.len() as f64 / 2_000.0;
+        assert!((8.0..20.0).contains(&per), "{per}");
+    }
+}
