@@ -70,6 +70,7 @@
 pub mod cache;
 pub mod client;
 pub mod config;
+pub mod counters;
 pub mod error;
 pub mod evidence;
 pub mod export;
@@ -419,7 +420,7 @@ async fn housekeeping(
                 match tokio::task::spawn_blocking(move || st.enforce_retention(now, age, bytes, HOUSEKEEPING_BATCH)).await {
                     Ok(Ok(out)) => {
                         stats.apply_state_changes(&out.state_changes);
-                        stats.add_counter(store::COUNTER_RETENTION_DELETED, out.deleted);
+                        stats.add_counter(counters::Counter::RetentionDeleted, out.deleted);
                         if out.deleted > 0 {
                             tracing::info!(deleted = out.deleted, bytes = out.bytes_freed, "retention");
                         }

@@ -7,13 +7,11 @@
 //! window (each message's summary keeps its completed segments), so a restart keeps the
 //! window's percentiles; "since start" then also covers that window.
 
-use crate::store::{
-    topic_counter, ApplyOutcome, TopicState, COUNTER_CHANNELS_REFUSED, COUNTER_DEAD_LETTERS,
-    COUNTER_DUPLICATES, COUNTER_DUPLICATES_AFTER_WINDOW, COUNTER_FUNNEL_PREFIX,
-    COUNTER_REDELIVERIES, COUNTER_RETENTION_DELETED, COUNTER_STAGE_PREFIX, COUNTER_UNKEYED, FUNNEL,
-};
+use crate::counters::{topic_counter, Counter, CounterKey, FunnelStep, STAGE_PREFIX};
+use crate::store::{ApplyOutcome, TopicState};
 use hdrhistogram::Histogram;
 use msgtrail_core::trajectory::{MessageState, Segment};
+use msgtrail_core::Stage;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt::Write as _;
@@ -356,7 +354,7 @@ impl Stats {
         g.ingest.transactions += 1;
         g.ingest.repeated_records += outcome.repeated_records;
         for (k, v) in &outcome.counters {
-            let e = g.counters.entry(k.clone()).or_default();
+            let e = g.counters.entry(k.to_string()).or_default();
             *e = e.saturating_add_signed(*v);
         }
         let window = self.window;
@@ -395,8 +393,9 @@ impl Stats {
     }
 
     /// Adds to a persistent counter mirror (retention).
-    pub fn add_counter(&self, name: &str, by: u64) {
-        *self.lock().counters.entry(name.to_owned()).or_default() += by;
+    pub fn add_counter(&self, counter: Counter, by: u64) {
+        let name = CounterKey::Global(counter).to_string();
+        *self.lock().counters.entry(name).or_default() += by;
     }
 
     /// Sets the consumer-side lag figures.
@@ -428,45 +427,44 @@ impl Stats {
     /// A snapshot, optionally of one topic's latencies only.
     pub fn snapshot(&self, topic: Option<&str>, now: u64) -> StatsSnapshot {
         let mut g = self.lock();
-        let c = |name: &str| g.counters.get(name).copied().unwrap_or(0);
+        let named = |name: &str| g.counters.get(name).copied().unwrap_or(0);
+        let c = |counter: Counter| named(&CounterKey::Global(counter).to_string());
         // Funnel, duplicates, redeliveries, dead letters and states are kept per topic too.
-        let scoped = |name: &str| match topic {
-            Some(t) => c(&topic_counter(t, name)),
-            None => c(name),
+        let scoped = |counter: Counter| match topic {
+            Some(t) => named(&topic_counter(t, counter)),
+            None => c(counter),
         };
+        let step = |s: FunnelStep| scoped(Counter::Funnel(s));
         let funnel = Funnel {
-            sent: scoped(&format!("{COUNTER_FUNNEL_PREFIX}{}", FUNNEL[0])),
-            stored: scoped(&format!("{COUNTER_FUNNEL_PREFIX}{}", FUNNEL[1])),
-            delivered: scoped(&format!("{COUNTER_FUNNEL_PREFIX}{}", FUNNEL[2])),
-            acked: scoped(&format!("{COUNTER_FUNNEL_PREFIX}{}", FUNNEL[3])),
+            sent: step(FunnelStep::Sent),
+            stored: step(FunnelStep::Stored),
+            delivered: step(FunnelStep::Delivered),
+            acked: step(FunnelStep::Acked),
         };
         let events = EventCounts {
             duplicates: match topic {
-                Some(t) => c(&topic_counter(t, COUNTER_DUPLICATES)),
-                None => c(&format!("{COUNTER_STAGE_PREFIX}D1")),
+                Some(t) => named(&topic_counter(t, Counter::Duplicates)),
+                None => c(Counter::Stage(Stage::Duplicate)),
             },
-            duplicates_after_window: scoped(COUNTER_DUPLICATES_AFTER_WINDOW),
-            redeliveries: scoped(COUNTER_REDELIVERIES),
-            dead_letters: scoped(COUNTER_DEAD_LETTERS),
-            no_match: c(&format!("{COUNTER_STAGE_PREFIX}N1")),
-            channels_refused: c(COUNTER_CHANNELS_REFUSED),
-            retention_deleted: c(COUNTER_RETENTION_DELETED),
+            duplicates_after_window: scoped(Counter::DuplicatesAfterWindow),
+            redeliveries: scoped(Counter::Redeliveries),
+            dead_letters: scoped(Counter::DeadLetters),
+            no_match: c(Counter::Stage(Stage::NoMatch)),
+            channels_refused: c(Counter::ChannelsRefused),
+            retention_deleted: c(Counter::RetentionDeleted),
         };
         let stages: BTreeMap<String, u64> = g
             .counters
             .iter()
-            .filter_map(|(k, v)| {
-                k.strip_prefix(COUNTER_STAGE_PREFIX)
-                    .map(|s| (s.to_owned(), *v))
-            })
+            .filter_map(|(k, v)| k.strip_prefix(STAGE_PREFIX).map(|s| (s.to_owned(), *v)))
             .collect();
         let records = stages
             .values()
             .sum::<u64>()
-            .saturating_sub(c(COUNTER_UNKEYED));
+            .saturating_sub(c(Counter::Unkeyed));
         let mut ingest = g.ingest.clone();
         ingest.records = records;
-        ingest.unkeyed_records = c(COUNTER_UNKEYED);
+        ingest.unkeyed_records = c(Counter::Unkeyed);
         let window_secs = self.window.as_secs_f64();
         let uptime = (now.saturating_sub(self.started_at) as f64 / 1e9).max(1e-9);
         let wsecs = window_secs.min(uptime);

@@ -17,7 +17,6 @@
 //! guess: a value that does not decode is corruption, which the store reports as such.
 
 use msgtrail_core::{ClientId, MessageId, RequestId, Stage, StageRecord};
-use std::collections::HashMap;
 
 /// The version byte of the stored form.
 const VERSION: u8 = 1;
@@ -52,7 +51,8 @@ pub struct CodecError {
 
 struct Writer<'a> {
     buf: Vec<u8>,
-    index: HashMap<&'a str, u32>,
+    /// The distinct strings so far. A message has a dozen or so, so a linear scan (most
+    /// comparisons end at the length) beats hashing every string.
     strings: Vec<&'a str>,
 }
 
@@ -67,12 +67,14 @@ impl<'a> Writer<'a> {
 
     /// The index of `s` in the string table, adding it on first use.
     fn string(&mut self, s: &'a str) {
-        let next = self.strings.len() as u32;
-        let i = *self.index.entry(s).or_insert_with(|| {
-            self.strings.push(s);
-            next
-        });
-        Self::varint(&mut self.buf, u64::from(i));
+        let i = match self.strings.iter().position(|x| *x == s) {
+            Some(i) => i,
+            None => {
+                self.strings.push(s);
+                self.strings.len() - 1
+            }
+        };
+        Self::varint(&mut self.buf, i as u64);
     }
 }
 
@@ -87,8 +89,7 @@ pub fn encode(records: &[StageRecord]) -> Vec<u8> {
     let base = records.iter().map(|r| r.at).min().unwrap_or(0);
     let mut w = Writer {
         buf: Vec::with_capacity(16 * records.len() + 32),
-        index: HashMap::new(),
-        strings: Vec::new(),
+        strings: Vec::with_capacity(16),
     };
     for r in records {
         write_record(&mut w, r, id, base);

@@ -33,6 +33,7 @@
 //! before the ingest acks the stage-stream messages it came from.
 
 use crate::cache::{Cache, CacheStats, Cached, DEFAULT_CACHE_MESSAGES};
+use crate::counters::{Counter, CounterKey, FunnelStep, STATE_PREFIX, TOPIC_PREFIX};
 use crate::error::{QueryError, StoreError};
 use base64::Engine;
 use msgtrail_core::stage::Stage;
@@ -60,35 +61,10 @@ const BY_STATE: TableDefinition<(&str, u64, &str), ()> = TableDefinition::new("b
 const BY_TIME: TableDefinition<(u64, &str), ()> = TableDefinition::new("by_time");
 const COUNTERS: TableDefinition<&str, u64> = TableDefinition::new("counters");
 
-/// Counter: bytes of stored records (keys and values), what size retention measures.
+/// Counter name: bytes of stored records (keys and values), what size retention measures.
 pub const COUNTER_BYTES: &str = "bytes";
-/// Counter: messages deleted by retention.
-pub const COUNTER_RETENTION_DELETED: &str = "retention_deleted";
-/// Prefix of the per-stage record counters (`stage.P1`, …).
-pub const COUNTER_STAGE_PREFIX: &str = "stage.";
-/// Prefix of the funnel counters (`funnel.sent`, `funnel.stored`, `funnel.delivered`,
-/// `funnel.acked`): messages that reached each step.
-pub const COUNTER_FUNNEL_PREFIX: &str = "funnel.";
-/// Counter: R1 records with outcome `redeliver`.
-pub const COUNTER_REDELIVERIES: &str = "redeliveries";
-/// Counter: R1 records with outcome `dead_letter`.
-pub const COUNTER_DEAD_LETTERS: &str = "dead_letters";
-/// Counter (per topic only): D1 records, duplicate uploads suppressed.
-pub const COUNTER_DUPLICATES: &str = "duplicates";
-/// Counter (also per topic): messages stored under a producer's request ID that already
-/// named another message — the request ID uploaded again after the broker's dedup window.
-/// Each message past the first of its request ID counts once.
-pub const COUNTER_DUPLICATES_AFTER_WINDOW: &str = "duplicates_after_window";
-/// Counter: A1 records with outcome `refused`.
-pub const COUNTER_CHANNELS_REFUSED: &str = "channels_refused";
-/// Counter: records that name no message, no request and no client (ignored).
-pub const COUNTER_UNKEYED: &str = "unkeyed_records";
-
 /// Most summaries one search reads before it answers with what it found.
 const SEARCH_SCAN_MAX: usize = 200_000;
-
-/// The funnel steps, in order.
-pub const FUNNEL: [&str; 4] = ["sent", "stored", "delivered", "acked"];
 
 /// The shadow message of seed 001, as indexed for search: one per message key.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -169,23 +145,6 @@ pub type TopicState = (String, MessageState);
 /// created or deleted.
 pub type StateDelta = (Option<TopicState>, Option<TopicState>);
 
-/// The name of a per-topic counter: `topic/<topic>/<name>` (`/` is not in the topic
-/// grammar, so the name cannot be mistaken for a global one).
-pub fn topic_counter(topic: &str, name: &str) -> String {
-    format!("{COUNTER_TOPIC_PREFIX}{topic}/{name}")
-}
-
-/// Prefix of the per-topic counters (see [`topic_counter`]).
-pub const COUNTER_TOPIC_PREFIX: &str = "topic/";
-
-/// The persistent counter of messages of `topic` in `state`.
-fn state_counter(topic: &str, state: MessageState) -> String {
-    topic_counter(topic, &format!("{STATE_COUNTER_PREFIX}{state}"))
-}
-
-/// Prefix of the state part of a per-topic state counter.
-const STATE_COUNTER_PREFIX: &str = "state.";
-
 fn topic_state(s: &MessageSummary) -> TopicState {
     (s.topic.clone().unwrap_or_default(), s.state)
 }
@@ -204,11 +163,14 @@ pub struct ApplyOutcome {
     /// Latencies completed by this batch: (topic, segment, nanoseconds).
     pub latencies: Vec<(String, Segment, u64)>,
     /// Counter increments (also persisted).
-    pub counters: BTreeMap<String, i64>,
+    pub counters: Deltas,
     /// The trajectories this batch changed, when the store was opened to emit them (for
     /// trace export).
     pub trajectories: Vec<Trajectory>,
 }
+
+/// Counter increments by counter, gathered while a transaction works and written once.
+pub type Deltas = BTreeMap<CounterKey, i64>;
 
 /// What a watchdog pass changed.
 #[derive(Debug, Default, Clone, PartialEq)]
@@ -301,39 +263,51 @@ impl<'t> Tables<'t> {
         })
     }
 
-    fn bump(
-        &mut self,
-        name: &str,
-        by: i64,
-        out: &mut BTreeMap<String, i64>,
-    ) -> Result<(), StoreError> {
+    fn bump(&mut self, key: CounterKey, by: i64, out: &mut Deltas) -> Result<(), StoreError> {
         // Deltas gather in `out` and reach the table once per transaction (`flush`).
         if by != 0 {
-            *out.entry(name.to_owned()).or_default() += by;
+            *out.entry(key).or_default() += by;
         }
         Ok(())
+    }
+
+    /// Bumps a counter both globally and within `topic`.
+    fn bump_both(
+        &mut self,
+        topic: &str,
+        c: Counter,
+        by: i64,
+        out: &mut Deltas,
+    ) -> Result<(), StoreError> {
+        self.bump(c.into(), by, out)?;
+        self.bump(CounterKey::Topic(topic.to_owned(), c), by, out)
     }
 
     /// Keeps the per-topic state counts as persistent counters
     /// (`topic/<topic>/state.<state>`), so a start reads them instead of every summary.
-    fn count_states(
-        &mut self,
-        changes: &[StateDelta],
-        out: &mut BTreeMap<String, i64>,
-    ) -> Result<(), StoreError> {
+    fn count_states(&mut self, changes: &[StateDelta], out: &mut Deltas) -> Result<(), StoreError> {
         for (old, new) in changes {
             if let Some((topic, st)) = old {
-                self.bump(&state_counter(topic, *st), -1, out)?;
+                self.bump(
+                    CounterKey::Topic(topic.clone(), Counter::State(*st)),
+                    -1,
+                    out,
+                )?;
             }
             if let Some((topic, st)) = new {
-                self.bump(&state_counter(topic, *st), 1, out)?;
+                self.bump(
+                    CounterKey::Topic(topic.clone(), Counter::State(*st)),
+                    1,
+                    out,
+                )?;
             }
         }
         Ok(())
     }
 
-    fn flush(&mut self, deltas: &BTreeMap<String, i64>) -> Result<(), StoreError> {
-        for (name, by) in deltas {
+    fn flush(&mut self, deltas: &Deltas) -> Result<(), StoreError> {
+        for (key, by) in deltas {
+            let name = key.to_string();
             let cur = self
                 .counters
                 .get(name.as_str())?
@@ -837,12 +811,11 @@ impl Store {
                     _ => {
                         // Channel and no-match records name no message: they are counted,
                         // not stored (a redelivered batch may count them twice).
-                        let stage_counter = format!("{COUNTER_STAGE_PREFIX}{}", r.stage);
-                        t.bump(&stage_counter, 1, &mut out.counters)?;
+                        t.bump(Counter::Stage(r.stage).into(), 1, &mut out.counters)?;
                         if r.stage == Stage::Channel && r.outcome.as_deref() == Some("refused") {
-                            t.bump(COUNTER_CHANNELS_REFUSED, 1, &mut out.counters)?;
+                            t.bump(Counter::ChannelsRefused.into(), 1, &mut out.counters)?;
                         }
-                        t.bump(COUNTER_UNKEYED, 1, &mut out.counters)?;
+                        t.bump(Counter::Unkeyed.into(), 1, &mut out.counters)?;
                         out.unkeyed_records += 1;
                         continue;
                     }
@@ -879,11 +852,10 @@ impl Store {
                         // The orphan's contribution is taken back, so that a message counts
                         // once in the funnel whatever the order of P1 and P2.
                         let topic = s.topic.clone().unwrap_or_default();
-                        for (flag, name) in s.funnel.iter().zip(FUNNEL) {
+                        for (flag, step) in s.funnel.iter().zip(FunnelStep::ALL) {
                             if *flag {
-                                let c = format!("{COUNTER_FUNNEL_PREFIX}{name}");
-                                t.bump(&c, -1, &mut out.counters)?;
-                                t.bump(&topic_counter(&topic, &c), -1, &mut out.counters)?;
+                                let c = Counter::Funnel(step);
+                                t.bump_both(&topic, c, -1, &mut out.counters)?;
                             }
                         }
                         out.state_changes.push((Some(topic_state(&s)), None));
@@ -978,32 +950,33 @@ impl Store {
                 own.dedup_keys.extend(seen);
                 if inserted > 0 || shrunk.contains(&key) {
                     let delta = t.put_records(&key, &mut own)?;
-                    t.bump(COUNTER_BYTES, delta, &mut out.counters)?;
+                    t.bump(Counter::Bytes.into(), delta, &mut out.counters)?;
                 }
                 // Events also count per topic, once the message's topic is known (below).
-                let mut topic_events: Vec<&'static str> = Vec::new();
+                let mut topic_events: Vec<Counter> = Vec::new();
                 for (stage, outcome) in &fresh_inserted {
                     // Recovered P2/P3 (store evidence) count apart: most stand beside the
                     // broker's own record of the same stage.
                     let stage_counter =
                         if outcome.as_deref() == Some(msgtrail_core::record::RECOVERED) {
-                            format!("{COUNTER_STAGE_PREFIX}{stage}.recovered")
+                            Counter::StageRecovered(*stage)
                         } else {
-                            format!("{COUNTER_STAGE_PREFIX}{stage}")
+                            Counter::Stage(*stage)
                         };
-                    t.bump(&stage_counter, 1, &mut out.counters)?;
+                    t.bump(stage_counter.into(), 1, &mut out.counters)?;
                     match (*stage, outcome.as_deref()) {
                         (Stage::Redelivery, Some("dead_letter")) => {
-                            topic_events.push(COUNTER_DEAD_LETTERS)
+                            topic_events.push(Counter::DeadLetters)
                         }
-                        (Stage::Redelivery, _) => topic_events.push(COUNTER_REDELIVERIES),
-                        (Stage::Duplicate, _) => topic_events.push(COUNTER_DUPLICATES),
+                        (Stage::Redelivery, _) => topic_events.push(Counter::Redeliveries),
+                        (Stage::Duplicate, _) => topic_events.push(Counter::Duplicates),
                         _ => {}
                     }
                 }
                 for e in &topic_events {
-                    if *e != COUNTER_DUPLICATES {
-                        t.bump(e, 1, &mut out.counters)?;
+                    // Globally, duplicates are the D1 stage counter.
+                    if *e != Counter::Duplicates {
+                        t.bump((*e).into(), 1, &mut out.counters)?;
                     }
                 }
                 out.new_records += fresh_inserted.len() as u64;
@@ -1027,7 +1000,7 @@ impl Store {
                 }
                 let topic = summary.topic.clone().unwrap_or_default();
                 for e in topic_events {
-                    t.bump(&topic_counter(&topic, e), 1, &mut out.counters)?;
+                    t.bump(CounterKey::Topic(topic.clone(), e), 1, &mut out.counters)?;
                 }
                 // The summary remembers what the statistics counted for the message so far;
                 // a message whose topic became known moves its funnel to that topic, and one
@@ -1035,31 +1008,22 @@ impl Store {
                 let old_flags = prev.as_ref().map(|s| s.funnel).unwrap_or_default();
                 let old_topic = prev.as_ref().map(|s| s.topic.clone().unwrap_or_default());
                 let gave_away = shrunk.contains(&key);
-                for (i, name) in FUNNEL.iter().enumerate() {
-                    let c = format!("{COUNTER_FUNNEL_PREFIX}{name}");
+                for (i, step) in FunnelStep::ALL.into_iter().enumerate() {
+                    let c = Counter::Funnel(step);
                     let (was, is) = (old_flags[i], summary.funnel[i]);
                     let lost = gave_away && was && !is;
-                    if is && !was {
-                        t.bump(&c, 1, &mut out.counters)?;
-                    }
-                    if lost {
-                        t.bump(&c, -1, &mut out.counters)?;
-                    }
+                    let by = i64::from(is && !was) - i64::from(lost);
+                    t.bump(c.into(), by, &mut out.counters)?;
                     match &old_topic {
                         Some(ot) if *ot != topic && was => {
-                            t.bump(&topic_counter(ot, &c), -1, &mut out.counters)?;
-                            if is {
-                                t.bump(&topic_counter(&topic, &c), 1, &mut out.counters)?;
-                            }
+                            t.bump(CounterKey::Topic(ot.clone(), c), -1, &mut out.counters)?;
+                            t.bump(
+                                CounterKey::Topic(topic.clone(), c),
+                                i64::from(is),
+                                &mut out.counters,
+                            )?;
                         }
-                        _ => {
-                            if is && !was {
-                                t.bump(&topic_counter(&topic, &c), 1, &mut out.counters)?;
-                            }
-                            if lost {
-                                t.bump(&topic_counter(&topic, &c), -1, &mut out.counters)?;
-                            }
-                        }
+                        _ => t.bump(CounterKey::Topic(topic.clone(), c), by, &mut out.counters)?,
                     }
                 }
                 let old_l = prev
@@ -1088,12 +1052,7 @@ impl Store {
                     None => t.summary(key)?.and_then(|s| s.topic),
                 }
                 .unwrap_or_default();
-                t.bump(COUNTER_DUPLICATES_AFTER_WINDOW, 1, &mut out.counters)?;
-                t.bump(
-                    &topic_counter(&topic, COUNTER_DUPLICATES_AFTER_WINDOW),
-                    1,
-                    &mut out.counters,
-                )?;
+                t.bump_both(&topic, Counter::DuplicatesAfterWindow, 1, &mut out.counters)?;
             }
             t.count_states(&out.state_changes, &mut out.counters)?;
             t.flush(&out.counters)?;
@@ -1254,7 +1213,11 @@ impl Store {
             }
             let mut ignored = BTreeMap::new();
             t.count_states(&out.state_changes, &mut ignored)?;
-            t.bump(COUNTER_RETENTION_DELETED, out.deleted as i64, &mut ignored)?;
+            t.bump(
+                Counter::RetentionDeleted.into(),
+                out.deleted as i64,
+                &mut ignored,
+            )?;
             t.flush(&ignored)?;
         }
         tx.commit()?;
@@ -1494,10 +1457,10 @@ impl Store {
         let tx = self.db.begin_read()?;
         let counters = tx.open_table(COUNTERS)?;
         let mut out = BTreeMap::new();
-        let marker = format!("/{STATE_COUNTER_PREFIX}");
-        for item in counters.range(COUNTER_TOPIC_PREFIX..)? {
+        let marker = format!("/{STATE_PREFIX}");
+        for item in counters.range(TOPIC_PREFIX..)? {
             let (k, v) = item?;
-            let Some(rest) = k.value().strip_prefix(COUNTER_TOPIC_PREFIX) else {
+            let Some(rest) = k.value().strip_prefix(TOPIC_PREFIX) else {
                 break;
             };
             let Some((topic, state)) = rest.rsplit_once(&marker) else {
