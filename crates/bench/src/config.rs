@@ -28,6 +28,8 @@ pub struct BenchConfig {
     pub latency_rate: f64,
     /// Latency runs: messages.
     pub latency_messages: u64,
+    /// S4: messages of the synthetic workload (about 12 records each).
+    pub ingest_messages: u64,
     /// S4: copies of the recorded stage records replayed (each copy with other IDs).
     pub ingest_copies: u64,
     /// S4: stage-stream messages applied per store transaction (the listener's batch size).
@@ -58,6 +60,7 @@ impl Default for BenchConfig {
             fetch_batch: 128,
             latency_rate: 500.0,
             latency_messages: 3_000,
+            ingest_messages: 100_000,
             ingest_copies: 4,
             ingest_batch: 512,
             lookup_messages: 200_000,
@@ -81,6 +84,7 @@ impl BenchConfig {
             window: 16,
             fetch_batch: 64,
             latency_messages: 100,
+            ingest_messages: 2_000,
             ingest_copies: 2,
             lookup_messages: 2_000,
             lookup_queries: 500,
@@ -118,8 +122,8 @@ impl BenchConfig {
         {
             return bad("latency messages and rate must be positive");
         }
-        if self.ingest_copies == 0 || self.ingest_batch == 0 {
-            return bad("ingest copies and batch must be at least 1");
+        if self.ingest_messages == 0 || self.ingest_copies == 0 || self.ingest_batch == 0 {
+            return bad("ingest messages, copies and batch must be at least 1");
         }
         if self.lookup_messages == 0 || self.lookup_queries == 0 || self.export_spans == 0 {
             return bad("lookup messages, lookup queries and export spans must be at least 1");

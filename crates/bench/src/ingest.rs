@@ -1,17 +1,28 @@
-//! S4: listener ingest alone. The stage-stream messages recorded during S3 are replayed —
-//! `copies` times, each copy under other message and request IDs so that nothing is skipped
-//! as a repeat — through what the listener's ingest does per batch (decode, one store
-//! transaction, statistics), on one thread: records per second on one core, drops, and the
-//! resident memory each in-flight message costs.
+//! S4: listener ingest alone, on one thread, through what the listener's ingest does per
+//! batch (decode the stage-stream messages, one store transaction, statistics):
+//! - the main figure ingests a synthetic workload with a production mix ([`crate::synth`]:
+//!   successes, redeliveries, dead letters, orphans, duplicates, client reports arriving
+//!   after later broker records), with one stage message in a hundred delivered twice (a
+//!   redelivered batch, skipped as repeats);
+//! - the stage-stream messages recorded during S3 are replayed too, `copies` times under
+//!   other IDs (the real shape of this version's records);
+//! - memory per in-flight message is counted, not read from the resident set (which swings
+//!   with the allocator's arenas: 0.27 B one run, 1,137 B the next): the bytes the store's
+//!   in-memory state holds ([`msgtrail_listener::cache::CacheStats::bytes`], counted from
+//!   the sizes of what it holds) after applying uploaded-but-undelivered messages (P1–P3),
+//!   per message, as many messages as it keeps in memory. redb's page cache is bounded by
+//!   its own setting, not per message, and is not in the figure.
 //!
 //! NATS is left out on purpose: S3 reports the listener's catch-up behind a real stage
 //! stream; S4 isolates the listener's own cost.
 
 use crate::error::BenchError;
-use crate::measure::{rss_bytes, Progress, Throughput};
+use crate::measure::{Progress, Throughput};
+use crate::synth::{stage_messages, Mix};
 use bytes::Bytes;
 use msgtrail_core::record::{decode_batch, encode_batch};
 use msgtrail_core::{MessageId, RequestId, StageRecord};
+use msgtrail_listener::cache::DEFAULT_CACHE_MESSAGES;
 use msgtrail_listener::stats::Stats;
 use msgtrail_listener::Store;
 use serde::{Deserialize, Serialize};
@@ -21,26 +32,30 @@ use std::time::{Duration, Instant};
 /// What S4 measured.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct IngestResult {
-    /// Stage-stream messages replayed.
+    /// Stage-stream messages of the synthetic workload, redelivered ones included.
     pub stage_messages: u64,
-    /// Store transactions (listener batches).
+    /// Store transactions (listener batches) of the synthetic workload.
     pub transactions: u64,
-    /// Records replayed, per second, on one thread.
+    /// Records of the synthetic workload ingested, per second, on one thread.
     pub records: Throughput,
     /// Records stored for the first time.
     pub new_records: u64,
-    /// Records skipped as already stored.
+    /// Records skipped as already stored (the redelivered stage messages).
     pub repeated_records: u64,
     /// Records lost: in undecodable stage messages or in failed transactions.
     pub drops: u64,
-    /// Messages whose records were replayed.
+    /// Messages of the synthetic workload (orphan uploads included).
     pub messages: u64,
-    /// In-flight messages (P1–P3 only: stored, not yet delivered) applied for the memory
-    /// measurement.
+    /// The stage records S3 recorded, replayed `copies` times, per second on one thread.
+    #[serde(default)]
+    pub recorded_records: Throughput,
+    /// In-flight messages (P1–P3 only: stored, not yet delivered) for the memory count.
     pub inflight_messages: u64,
-    /// Resident memory growth per in-flight message, bytes.
-    pub rss_bytes_per_inflight_message: f64,
-    /// Store file size per message after the replay, bytes (disk, not memory).
+    /// Bytes the store's in-memory state holds per in-flight message, counted.
+    #[serde(default)]
+    pub counted_bytes_per_inflight_message: f64,
+    /// Store file size per message after the synthetic workload, bytes (disk, not memory;
+    /// payload heads off).
     pub store_bytes_per_message: f64,
 }
 
@@ -83,45 +98,43 @@ pub fn replay_set(recorded: &[Vec<StageRecord>], copies: u64) -> Vec<Vec<u8>> {
     out
 }
 
-fn open_store(dir: &std::path::Path) -> Result<Store, BenchError> {
-    Store::open(dir, 256, Default::default()).map_err(|e| BenchError::Listener(e.to_string()))
+fn open_store(dir: &std::path::Path, payload_head: usize) -> Result<Store, BenchError> {
+    Store::open(dir, payload_head, Default::default())
+        .map_err(|e| BenchError::Listener(e.to_string()))
 }
 
-/// Runs S4 on the current thread (call it from a blocking thread).
-pub fn run(
-    recorded: &[Bytes],
-    copies: u64,
-    batch: usize,
-    progress: &Progress,
-) -> Result<IngestResult, BenchError> {
-    let decoded = decode_all(recorded);
-    if decoded.is_empty() {
-        return Err(BenchError::Config(
-            "S4 has no recorded stage records to replay (S3 recorded nothing)".into(),
-        ));
-    }
-    let set = replay_set(&decoded, copies);
-    let dir = tempfile::Builder::new()
-        .prefix("msgtrail-bench-ingest-")
-        .tempdir()?;
-    let store = open_store(dir.path())?;
-    let stats = Stats::new(
+fn new_stats() -> Stats {
+    Stats::new(
         Duration::from_secs(300),
         msgtrail_core::time::now_nanos(),
         BTreeMap::new(),
         BTreeMap::new(),
-    );
-    let total: u64 = decoded.iter().map(|b| b.len() as u64).sum::<u64>() * copies;
-    let phase = progress.phase("S4 listener ingest", total);
-    let mut out = IngestResult {
-        stage_messages: set.len() as u64,
-        ..Default::default()
-    };
-    let mut messages = BTreeSet::new();
+    )
+}
+
+/// What ingesting one set of stage messages gave.
+#[derive(Debug, Default)]
+struct Ingested {
+    records: u64,
+    new_records: u64,
+    repeated_records: u64,
+    drops: u64,
+    transactions: u64,
+    seconds: f64,
+}
+
+/// Ingests encoded stage messages into `store`, `batch` per transaction, as the listener
+/// does: decode, apply, statistics.
+fn ingest(
+    store: &Store,
+    set: &[Vec<u8>],
+    batch: usize,
+    progress: &crate::measure::Phase,
+) -> Ingested {
+    let stats = new_stats();
+    let mut out = Ingested::default();
     let start = Instant::now();
-    let mut replayed = 0u64;
     for chunk in set.chunks(batch) {
-        // What the listener's ingest does with one batch of stage-stream messages.
         let mut records = Vec::new();
         for m in chunk {
             match decode_batch(m) {
@@ -130,7 +143,6 @@ pub fn run(
             }
         }
         let n = records.len() as u64;
-        messages.extend(records.iter().filter_map(|r| r.message_id));
         let now = msgtrail_core::time::now_nanos();
         match store.apply(records, now) {
             Ok(o) => {
@@ -144,48 +156,126 @@ pub fn run(
             }
         }
         out.transactions += 1;
-        replayed += n;
-        phase.add(n);
+        out.records += n;
+        progress.add(n);
     }
-    out.records = Throughput::new(replayed, start.elapsed());
-    drop(phase);
-    out.messages = messages.len() as u64;
-    drop(store);
-    let file = std::fs::metadata(dir.path().join("listener.redb"))
-        .map(|m| m.len())
-        .unwrap_or(0);
-    out.store_bytes_per_message = file as f64 / out.messages.max(1) as f64;
+    out.seconds = start.elapsed().as_secs_f64();
+    out
+}
 
-    // Memory: in-flight messages only (uploaded and stored, nothing delivered yet), in a
-    // fresh store, resident memory before and after.
-    let inflight: Vec<Vec<StageRecord>> = set
+/// The synthetic workload as the stage stream holds it: encoded stage messages, one in a
+/// hundred delivered a second time a few batches later (a redelivery after a lost ack).
+pub fn synthetic_set(messages: u64) -> Vec<Vec<u8>> {
+    let decoded = stage_messages(&Mix::realistic(messages), msgtrail_core::time::now_nanos());
+    let encoded: Vec<Vec<u8>> = decoded
         .iter()
-        .filter_map(|m| decode_batch(m).ok())
-        .map(|b| {
-            b.into_iter()
-                .filter(|r| matches!(r.stage.code(), "P1" | "P2" | "P3"))
-                .collect::<Vec<_>>()
-        })
-        .filter(|b| !b.is_empty())
+        .map(msgtrail_core::frame::encode_stage_batch)
+        .collect();
+    let mut out = Vec::with_capacity(encoded.len() + encoded.len() / 100);
+    for (i, m) in encoded.iter().enumerate() {
+        out.push(m.clone());
+        if i >= 300 && i % 100 == 0 {
+            out.push(encoded[i - 300].clone());
+        }
+    }
+    out
+}
+
+/// Counts the bytes a fresh store holds per in-flight message: the first `n` messages of
+/// the synthetic mix, uploaded and stored (P1–P3) but not delivered.
+fn counted_inflight(n: u64, batch: usize) -> Result<(u64, f64), BenchError> {
+    let inflight: Vec<Vec<StageRecord>> =
+        stage_messages(&Mix::realistic(n), msgtrail_core::time::now_nanos())
+            .into_iter()
+            .map(|b| {
+                b.into_iter()
+                    .filter(|r| matches!(r.stage.code(), "P1" | "P2" | "P3"))
+                    .collect::<Vec<_>>()
+            })
+            .filter(|b| !b.is_empty())
+            .collect();
+    let ids: BTreeSet<MessageId> = inflight
+        .iter()
+        .flatten()
+        .filter_map(|r| r.message_id)
         .collect();
     let dir = tempfile::Builder::new()
         .prefix("msgtrail-bench-inflight-")
         .tempdir()?;
-    let store = open_store(dir.path())?;
-    let mut ids = BTreeSet::new();
-    let before = rss_bytes();
+    let store = open_store(dir.path(), 0)?.cache_capacity(n as usize);
     for chunk in inflight.chunks(batch) {
         let records: Vec<StageRecord> = chunk.iter().flatten().cloned().collect();
-        ids.extend(records.iter().filter_map(|r| r.message_id));
-        let now = msgtrail_core::time::now_nanos();
-        if let Ok(o) = store.apply(records, now) {
-            stats.record_batch(chunk.len() as u64, &o, now);
-        }
+        store
+            .apply(records, msgtrail_core::time::now_nanos())
+            .map_err(|e| BenchError::Listener(e.to_string()))?;
     }
-    let after = rss_bytes();
-    out.inflight_messages = ids.len() as u64;
-    out.rss_bytes_per_inflight_message =
-        after.saturating_sub(before) as f64 / out.inflight_messages.max(1) as f64;
+    let cache = store.cache_stats();
+    let per = cache.bytes as f64 / cache.messages.max(1) as f64;
+    drop(store);
+    Ok((ids.len() as u64, per))
+}
+
+/// Runs S4 on the current thread (call it from a blocking thread): the synthetic mix of
+/// `messages` messages, then S3's recorded stage messages `copies` times.
+pub fn run(
+    recorded: &[Bytes],
+    messages: u64,
+    copies: u64,
+    batch: usize,
+    progress: &Progress,
+) -> Result<IngestResult, BenchError> {
+    let set = synthetic_set(messages);
+    let total: u64 = set
+        .iter()
+        .filter_map(|m| decode_batch(m).ok())
+        .map(|b| b.len() as u64)
+        .sum();
+    let dir = tempfile::Builder::new()
+        .prefix("msgtrail-bench-ingest-")
+        .tempdir()?;
+    let store = open_store(dir.path(), 0)?;
+    let phase = progress.phase("S4 listener ingest (synthetic mix)", total);
+    let got = ingest(&store, &set, batch, &phase);
+    drop(phase);
+    drop(store);
+    let file = std::fs::metadata(dir.path().join("listener.redb"))
+        .map(|m| m.len())
+        .unwrap_or(0);
+    let mut out = IngestResult {
+        stage_messages: set.len() as u64,
+        transactions: got.transactions,
+        records: Throughput::new(got.records, Duration::from_secs_f64(got.seconds)),
+        new_records: got.new_records,
+        repeated_records: got.repeated_records,
+        drops: got.drops,
+        messages,
+        store_bytes_per_message: file as f64 / messages.max(1) as f64,
+        ..Default::default()
+    };
+    drop(set);
+
+    let decoded = decode_all(recorded);
+    if decoded.is_empty() {
+        return Err(BenchError::Config(
+            "S4 has no recorded stage records to replay (S3 recorded nothing)".into(),
+        ));
+    }
+    let replay = replay_set(&decoded, copies);
+    let total: u64 = decoded.iter().map(|b| b.len() as u64).sum::<u64>() * copies;
+    let dir = tempfile::Builder::new()
+        .prefix("msgtrail-bench-replay-")
+        .tempdir()?;
+    let store = open_store(dir.path(), 256)?;
+    let phase = progress.phase("S4 listener ingest (S3's records)", total);
+    let got = ingest(&store, &replay, batch, &phase);
+    drop(phase);
+    out.recorded_records = Throughput::new(got.records, Duration::from_secs_f64(got.seconds));
+    out.drops += got.drops;
+    drop(store);
+
+    let (n, per) = counted_inflight(DEFAULT_CACHE_MESSAGES as u64, batch)?;
+    out.inflight_messages = n;
+    out.counted_bytes_per_inflight_message = per;
     Ok(out)
 }
 

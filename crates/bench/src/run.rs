@@ -68,10 +68,16 @@ pub async fn run(config: BenchConfig, progress: bool) -> Result<Report, BenchErr
     let decoded = ingest::decode_all(&recorded);
     let template = lookup::template(&decoded)
         .ok_or_else(|| BenchError::Config("S3 recorded no trajectory to replay".into()))?;
-    let (copies, batch) = (config.ingest_copies, config.ingest_batch);
-    let s4 = tokio::task::spawn_blocking(move || ingest::run(&recorded, copies, batch, &progress))
-        .await
-        .map_err(|e| BenchError::Listener(e.to_string()))??;
+    let (messages, copies, batch) = (
+        config.ingest_messages,
+        config.ingest_copies,
+        config.ingest_batch,
+    );
+    let s4 = tokio::task::spawn_blocking(move || {
+        ingest::run(&recorded, messages, copies, batch, &progress)
+    })
+    .await
+    .map_err(|e| BenchError::Listener(e.to_string()))??;
     let (tpl, n, q) = (
         template.clone(),
         config.lookup_messages,

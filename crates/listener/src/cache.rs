@@ -1,6 +1,14 @@
-//! The in-memory cache of in-flight messages: for each message key it holds, every record
-//! stored under that key, their dedup keys, their stored size and the summary, exactly as
-//! committed. [`crate::Store::apply`] uses it instead of reading a message back from redb.
+//! The in-memory cache of in-flight messages: for each message key it holds every record
+//! stored under that key, the fingerprints of their dedup keys, their stored size and the
+//! summary, exactly as committed. [`crate::Store::apply`] uses it instead of reading a
+//! message back from redb.
+//!
+//! It holds messages compactly — their records in the store's own stored form
+//! ([`crate::store::records`]), the summary encoded ([`MessageSummary::encode`]) — and
+//! hands out the working form ([`Cached`]) a transaction needs: a few hundred bytes per
+//! in-flight message instead of several kilobytes of decoded records. The encodings are
+//! the ones the transaction wrote to the store anyway, so keeping them costs no extra
+//! encoding. [`CacheStats::bytes`] counts exactly what the entries hold.
 //!
 //! The cache only ever holds committed state: entries are taken out while a transaction
 //! works on them and put back after its commit, so a failed transaction leaves them out
@@ -8,13 +16,14 @@
 //! past its capacity it evicts messages in a final state first, then the least recently
 //! used, down to 90 % of the capacity, and counts what it evicted.
 
-use crate::store::MessageSummary;
+use crate::store::records;
+use crate::summary::MessageSummary;
 use msgtrail_core::StageRecord;
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet};
 
-/// How many in-flight messages the cache holds by default. A cached message costs about
-/// 9–18 KB (its records and summary), so the default bounds the cache near 100–200 MB.
+/// How many in-flight messages the cache holds by default. A cached message costs a few
+/// hundred bytes (its records and summary in stored form; see [`CacheStats::bytes`]).
 pub const DEFAULT_CACHE_MESSAGES: usize = 10_000;
 
 /// The cache's counters.
@@ -30,26 +39,87 @@ pub struct CacheStats {
     pub misses: u64,
     /// Messages evicted to stay within the capacity.
     pub evictions: u64,
+    /// Bytes the cache holds: its table (keys and entries, by slot) and what each entry
+    /// owns on the heap, counted from the sizes of what it holds.
+    #[serde(default)]
+    pub bytes: u64,
 }
 
-/// One message as stored.
+/// One message in the working form a transaction uses.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Cached {
     /// Every record stored under the key.
     pub records: Vec<StageRecord>,
-    /// Fingerprints of their dedup keys ([`crate::store::codec::dedup_hash`]).
+    /// Fingerprints of their dedup keys ([`crate::store::records::dedup_hash`]).
     pub dedup_keys: HashSet<u64>,
-    /// Bytes they take in the records table (keys and values).
+    /// Bytes they take in the records table (key and value).
     pub bytes: u64,
     /// The stored summary.
     pub summary: Option<MessageSummary>,
+    /// `records` as stored, when known to match them (set when read or written, cleared
+    /// when the records change): the cache keeps these bytes instead of encoding again.
+    pub encoded: Option<Vec<u8>>,
+}
+
+/// One message as the cache holds it.
+#[derive(Debug)]
+struct Entry {
+    records: Box<[u8]>,
+    dedup: Box<[u64]>,
+    bytes: u64,
+    summary: Option<Box<[u8]>>,
+    /// Whether the summary's state is final (evicted first).
+    done: bool,
     /// When it was last used (the cache's clock).
     used: u64,
 }
 
+impl Entry {
+    fn of(mut c: Cached, used: u64) -> Entry {
+        let records = match c.encoded.take() {
+            Some(v) => v,
+            None => records::encode(&c.records),
+        };
+        let mut dedup: Vec<u64> = c.dedup_keys.into_iter().collect();
+        dedup.sort_unstable();
+        Entry {
+            records: records.into_boxed_slice(),
+            dedup: dedup.into_boxed_slice(),
+            bytes: c.bytes,
+            done: c.summary.as_ref().is_some_and(|s| s.state.is_final()),
+            summary: c.summary.map(|s| s.encode().into_boxed_slice()),
+            used,
+        }
+    }
+
+    /// The working form; `None` if what it holds no longer decodes (then the store is
+    /// read instead).
+    fn open(&self, key: &str) -> Option<Cached> {
+        let records = records::decode(&self.records).ok()?;
+        let summary = match &self.summary {
+            Some(b) => Some(MessageSummary::decode(key, b).ok()?),
+            None => None,
+        };
+        Some(Cached {
+            records,
+            dedup_keys: self.dedup.iter().copied().collect(),
+            bytes: self.bytes,
+            summary,
+            encoded: Some(self.records.to_vec()),
+        })
+    }
+
+    /// Heap bytes the entry owns.
+    fn heap_bytes(&self) -> usize {
+        self.records.len()
+            + self.dedup.len() * std::mem::size_of::<u64>()
+            + self.summary.as_ref().map_or(0, |s| s.len())
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct Cache {
-    map: HashMap<String, Cached>,
+    map: HashMap<String, Entry>,
     capacity: usize,
     clock: u64,
     hits: u64,
@@ -71,7 +141,7 @@ impl Cache {
 
     /// Takes a message out (to work on it); counts a hit or a miss.
     pub fn take(&mut self, key: &str) -> Option<Cached> {
-        let e = self.map.remove(key);
+        let e = self.remove(key);
         if e.is_some() {
             self.hits += 1;
         } else {
@@ -82,19 +152,27 @@ impl Cache {
 
     /// Takes a message out without counting (for housekeeping and merges).
     pub fn remove(&mut self, key: &str) -> Option<Cached> {
-        self.map.remove(key)
+        self.map.remove(key).and_then(|e| e.open(key))
     }
 
-    /// A held message, to update in place (after a commit).
-    pub fn get_mut(&mut self, key: &str) -> Option<&mut Cached> {
-        self.map.get_mut(key)
+    /// A held message's working form, left in the cache.
+    pub fn peek(&self, key: &str) -> Option<Cached> {
+        self.map.get(key).and_then(|e| e.open(key))
+    }
+
+    /// Replaces a held message's summary (after a commit that changed only it).
+    pub fn set_summary(&mut self, key: &str, summary: &MessageSummary) {
+        if let Some(e) = self.map.get_mut(key) {
+            e.done = summary.state.is_final();
+            e.summary = Some(summary.encode().into_boxed_slice());
+        }
     }
 
     /// Puts committed messages in, then evicts past the capacity.
     pub fn put_all(&mut self, entries: impl IntoIterator<Item = (String, Cached)>) {
         self.clock += 1;
-        for (k, mut e) in entries {
-            e.used = self.clock;
+        for (k, c) in entries {
+            let e = Entry::of(c, self.clock);
             self.map.insert(k, e);
         }
         self.evict();
@@ -107,14 +185,8 @@ impl Cache {
         let target = self.capacity / 10 * 9;
         let excess = self.map.len() - target;
         // Final messages first (nothing more is expected for them), then the oldest.
-        let mut order: Vec<(bool, u64, &String)> = self
-            .map
-            .iter()
-            .map(|(k, e)| {
-                let open = !e.summary.as_ref().is_some_and(|s| s.state.is_final());
-                (open, e.used, k)
-            })
-            .collect();
+        let mut order: Vec<(bool, u64, &String)> =
+            self.map.iter().map(|(k, e)| (!e.done, e.used, k)).collect();
         // 1 <= excess <= len: the first `excess` after partitioning are the victims.
         order.select_nth_unstable_by(excess - 1, |a, b| (a.0, a.1).cmp(&(b.0, b.1)));
         let victims: Vec<String> = order[..excess]
@@ -127,6 +199,20 @@ impl Cache {
         self.evictions += excess as u64;
     }
 
+    /// Bytes held: the table's slots (hashbrown keeps one control byte and one
+    /// (key, entry) pair per bucket, at most 7/8 of the buckets full) and each key's and
+    /// entry's heap.
+    fn bytes(&self) -> u64 {
+        let slot = std::mem::size_of::<(String, Entry)>() + 1;
+        let buckets = (self.map.capacity() * 8).div_ceil(7);
+        let heap: usize = self
+            .map
+            .iter()
+            .map(|(k, e)| k.capacity() + e.heap_bytes())
+            .sum();
+        (buckets * slot + heap) as u64
+    }
+
     pub fn stats(&self) -> CacheStats {
         CacheStats {
             messages: self.map.len(),
@@ -134,6 +220,7 @@ impl Cache {
             hits: self.hits,
             misses: self.misses,
             evictions: self.evictions,
+            bytes: self.bytes(),
         }
     }
 }
@@ -188,6 +275,40 @@ mod tests {
         assert!(c.take("open-0").is_none() && c.take("open-1").is_none());
         assert!(c.take("open-2").is_some());
         assert_eq!((c.stats().hits, c.stats().misses), (1, 2));
+    }
+
+    /// A message goes in compact and comes out as it went in; the byte count follows what
+    /// the entries hold.
+    #[test]
+    fn compact_round_trip_and_counted_bytes() {
+        use msgtrail_core::{MessageId, Stage};
+        let mut c = Cache::new(100);
+        let empty = c.stats().bytes;
+        let m = MessageId::new();
+        let mut msg = entry(MessageState::Enqueued);
+        if let Some(s) = msg.summary.as_mut() {
+            s.key = m.to_string();
+        }
+        for stage in [Stage::UploadReceived, Stage::Stored] {
+            let mut r = StageRecord::at(stage, 1_700_000_000_000_000_000);
+            r.message_id = Some(m);
+            r.topic = Some("orders".into());
+            msg.dedup_keys.insert(records::dedup_hash(&r));
+            msg.records.push(r);
+        }
+        c.put_all([(m.to_string(), msg.clone())]);
+        let one = c.stats().bytes;
+        assert!(one > empty, "{one} vs {empty}");
+        let back = c.peek(&m.to_string()).unwrap();
+        assert_eq!(back.records, msg.records);
+        assert_eq!(back.dedup_keys, msg.dedup_keys);
+        assert_eq!(back.summary, msg.summary);
+        for i in 0..50 {
+            c.put_all([(format!("k{i}"), msg.clone())]);
+        }
+        let per = (c.stats().bytes - empty) as f64 / 51.0;
+        // Two records, a summary, the key and the slot: well under a kilobyte.
+        assert!((100.0..1024.0).contains(&per), "{per}");
     }
 
     #[test]

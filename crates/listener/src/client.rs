@@ -7,7 +7,7 @@
 
 use crate::http::ApiError;
 use crate::stats::StatsSnapshot;
-use crate::store::MessageSummary;
+use crate::summary::MessageSummary;
 use msgtrail_core::trajectory::Trajectory;
 use serde::de::DeserializeOwned;
 use std::fmt;

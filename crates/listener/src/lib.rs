@@ -69,6 +69,7 @@
 
 pub mod cache;
 pub mod client;
+pub mod codec;
 pub mod config;
 pub mod counters;
 pub mod error;
@@ -78,6 +79,7 @@ pub mod http;
 pub mod ingest;
 pub mod stats;
 pub mod store;
+pub mod summary;
 
 pub use config::ListenerConfig;
 pub use error::{ConfigError, ListenerError, QueryError, StoreError};

@@ -28,17 +28,19 @@
 //! A message's records are one value, rewritten when a batch brings it new records (a
 //! message is touched by a few batches in its life, so this costs less than a row per record
 //! and its indexes). The store skips a record whose [`StageRecord::dedup_key`] it already
-//! holds (by a 64-bit fingerprint, [`codec::dedup_hash`]), so a redelivered batch writes
+//! holds (by a 64-bit fingerprint, [`records::dedup_hash`]), so a redelivered batch writes
 //! nothing new and counts nothing twice. A batch is one write transaction, committed (fsynced)
 //! before the ingest acks the stage-stream messages it came from.
 
 use crate::cache::{Cache, CacheStats, Cached, DEFAULT_CACHE_MESSAGES};
 use crate::counters::{Counter, CounterKey, FunnelStep, STATE_PREFIX, TOPIC_PREFIX};
 use crate::error::{QueryError, StoreError};
+use crate::summary::{new_latencies, topic_state};
+pub use crate::summary::{MessageSummary, StateDelta, TopicState};
 use base64::Engine;
 use msgtrail_core::stage::Stage;
 use msgtrail_core::trajectory::{AssembleOptions, Deadlines, MessageState, Segment, Trajectory};
-use msgtrail_core::{ClientId, MessageId, RequestId, StageRecord};
+use msgtrail_core::{MessageId, RequestId, StageRecord};
 use redb::{Database, ReadableDatabase, ReadableTable, Table, TableDefinition, TableHandle};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
@@ -46,13 +48,15 @@ use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
-pub mod codec;
+pub mod records;
 
 const RECORDS: TableDefinition<&str, &[u8]> = TableDefinition::new("message_records");
 /// The records table of the first version: one JSON row per record, keyed by (message key,
 /// dedup key). [`Store::open`] moves what it finds there into `message_records`.
 const RECORDS_V1: TableDefinition<(&str, &str), &str> = TableDefinition::new("records");
-const SUMMARIES: TableDefinition<&str, &str> = TableDefinition::new("summaries");
+const SUMMARIES: TableDefinition<&str, &[u8]> = TableDefinition::new("message_summaries");
+/// The summaries table of the first version (JSON), moved into `message_summaries` on open.
+const SUMMARIES_V1: TableDefinition<&str, &str> = TableDefinition::new("summaries");
 const REQUESTS: TableDefinition<(&str, &str), &str> = TableDefinition::new("requests");
 const REQUEST_MESSAGES: TableDefinition<(&str, &str, &str), ()> =
     TableDefinition::new("request_messages");
@@ -65,63 +69,6 @@ const COUNTERS: TableDefinition<&str, u64> = TableDefinition::new("counters");
 pub const COUNTER_BYTES: &str = "bytes";
 /// Most summaries one search reads before it answers with what it found.
 const SEARCH_SCAN_MAX: usize = 200_000;
-
-/// The shadow message of seed 001, as indexed for search: one per message key.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MessageSummary {
-    /// The message key: the message ID, or `orphan/<producer>/<request-id>`.
-    pub key: String,
-    /// The message ID, once assigned.
-    pub message_id: Option<MessageId>,
-    /// The producer's request ID.
-    pub request_id: Option<RequestId>,
-    /// The producer.
-    pub producer: Option<ClientId>,
-    /// The topic, when known.
-    pub topic: Option<String>,
-    /// The overall state.
-    pub state: MessageState,
-    /// The state per consumer group.
-    pub groups: BTreeMap<String, MessageState>,
-    /// Earliest record time, Unix nanoseconds.
-    pub first_at: u64,
-    /// Latest record time, Unix nanoseconds.
-    pub last_at: u64,
-    /// The first failure point, in words.
-    pub failure: Option<String>,
-    /// How many records the message has.
-    pub records: usize,
-    /// Which funnel steps it reached: sent, stored, delivered, acked.
-    #[serde(default)]
-    pub funnel: [bool; 4],
-    /// Its completed latency segments (nanoseconds): what the statistics already counted.
-    #[serde(default)]
-    pub segments: Vec<(Segment, u64)>,
-}
-
-impl MessageSummary {
-    fn of(key: &str, t: &Trajectory) -> Self {
-        MessageSummary {
-            key: key.to_owned(),
-            message_id: t.message_id,
-            request_id: t.request_id.clone(),
-            producer: t.producer.clone(),
-            topic: t.topic.clone(),
-            state: t.state,
-            groups: t
-                .groups
-                .iter()
-                .map(|g| (g.group.to_string(), g.state))
-                .collect(),
-            first_at: t.first_at,
-            last_at: t.last_at,
-            failure: t.failure.clone(),
-            records: t.record_count,
-            funnel: funnel_flags(t),
-            segments: t.segment_latencies(),
-        }
-    }
-}
 
 /// A search over the shadow messages. Every filter is optional; results are newest first.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -136,17 +83,6 @@ pub struct SearchQuery {
     pub to: Option<u64>,
     /// At most this many results (default 100, at most 10 000).
     pub limit: Option<usize>,
-}
-
-/// A message's topic (`""` when unknown) and state: what the counts by state are kept by.
-pub type TopicState = (String, MessageState);
-
-/// A shadow-message state change for the counts by state: (old, new); `None` for a message
-/// created or deleted.
-pub type StateDelta = (Option<TopicState>, Option<TopicState>);
-
-fn topic_state(s: &MessageSummary) -> TopicState {
-    (s.topic.clone().unwrap_or_default(), s.state)
 }
 
 /// What applying one batch changed, for the statistics.
@@ -240,7 +176,7 @@ fn nearest(set: &BTreeSet<MessageId>, at: u64) -> Option<MessageId> {
 
 struct Tables<'t> {
     records: Table<'t, &'static str, &'static [u8]>,
-    summaries: Table<'t, &'static str, &'static str>,
+    summaries: Table<'t, &'static str, &'static [u8]>,
     requests: Table<'t, (&'static str, &'static str), &'static str>,
     request_messages: Table<'t, (&'static str, &'static str, &'static str), ()>,
     by_topic: Table<'t, (&'static str, u64, &'static str), ()>,
@@ -416,7 +352,7 @@ impl<'t> Tables<'t> {
 
     fn load_records(&self, key: &str) -> Result<Vec<StageRecord>, StoreError> {
         match self.records.get(key)? {
-            Some(v) => codec::decode(v.value()).map_err(corrupt),
+            Some(v) => records::decode(v.value()).map_err(corrupt),
             None => Ok(Vec::new()),
         }
     }
@@ -428,17 +364,21 @@ impl<'t> Tables<'t> {
         if c.records.is_empty() {
             self.records.remove(key)?;
             c.bytes = 0;
+            c.encoded = None;
         } else {
-            let v = codec::encode(&c.records);
+            let v = records::encode(&c.records);
             c.bytes = (key.len() + v.len()) as u64;
             self.records.insert(key, v.as_slice())?;
+            c.encoded = Some(v);
         }
         Ok(c.bytes as i64 - old)
     }
 
     fn summary(&self, key: &str) -> Result<Option<MessageSummary>, StoreError> {
         match self.summaries.get(key)? {
-            Some(v) => Ok(Some(serde_json::from_str(v.value()).map_err(corrupt)?)),
+            Some(v) => Ok(Some(
+                MessageSummary::decode(key, v.value()).map_err(corrupt)?,
+            )),
             None => Ok(None),
         }
     }
@@ -482,8 +422,7 @@ impl<'t> Tables<'t> {
             self.by_state
                 .insert((new.state.as_str(), new.last_at, key), ())?;
         }
-        let json = serde_json::to_string(new).map_err(corrupt)?;
-        self.summaries.insert(key, json.as_str())?;
+        self.summaries.insert(key, new.encode().as_slice())?;
         Ok(())
     }
 
@@ -493,8 +432,9 @@ impl<'t> Tables<'t> {
         let mut c = Cached::default();
         if let Some(v) = self.records.get(key)? {
             c.bytes = (key.len() + v.value().len()) as u64;
-            c.records = codec::decode(v.value()).map_err(corrupt)?;
-            c.dedup_keys = c.records.iter().map(codec::dedup_hash).collect();
+            c.records = records::decode(v.value()).map_err(corrupt)?;
+            c.dedup_keys = c.records.iter().map(records::dedup_hash).collect();
+            c.encoded = Some(v.value().to_vec());
         }
         c.summary = self.summary(key)?;
         Ok(c)
@@ -557,8 +497,23 @@ impl<'t> Tables<'t> {
 /// open with [`StoreError::Corrupt`] naming it, and the old table stays as it was.
 fn migrate_v1(db: &Database) -> Result<u64, StoreError> {
     let tx = db.begin_write()?;
-    let exists = tx.list_tables()?.any(|t| t.name() == RECORDS_V1.name());
-    if !exists {
+    let tables: Vec<String> = tx.list_tables()?.map(|t| t.name().to_owned()).collect();
+    if tables.iter().any(|t| t == SUMMARIES_V1.name()) {
+        {
+            let old = tx.open_table(SUMMARIES_V1)?;
+            let mut new = tx.open_table(SUMMARIES)?;
+            for item in old.iter()? {
+                let (k, v) = item?;
+                let s = MessageSummary::decode(k.value(), v.value().as_bytes()).map_err(|e| {
+                    StoreError::Corrupt(format!("first-version summary {}: {e}", k.value()))
+                })?;
+                new.insert(k.value(), s.encode().as_slice())?;
+            }
+        }
+        tx.delete_table(SUMMARIES_V1)?;
+    }
+    if !tables.iter().any(|t| t == RECORDS_V1.name()) {
+        tx.commit()?;
         return Ok(0);
     }
     let mut moved = 0u64;
@@ -569,7 +524,7 @@ fn migrate_v1(db: &Database) -> Result<u64, StoreError> {
         let mut key: Option<String> = None;
         let mut recs: Vec<StageRecord> = Vec::new();
         let mut flush = |key: &str, recs: &mut Vec<StageRecord>| -> Result<(), StoreError> {
-            let v = codec::encode(recs);
+            let v = records::encode(recs);
             bytes += (key.len() + v.len()) as u64;
             records.insert(key, v.as_slice())?;
             recs.clear();
@@ -598,51 +553,6 @@ fn migrate_v1(db: &Database) -> Result<u64, StoreError> {
     tx.delete_table(RECORDS_V1)?;
     tx.commit()?;
     Ok(moved)
-}
-
-fn funnel_flags(t: &Trajectory) -> [bool; 4] {
-    use msgtrail_core::trajectory::HopKind;
-    [
-        t.hops.iter().any(|h| h.kind == HopKind::Send),
-        t.hop("store").is_some_and(|h| h.end.is_some()),
-        t.hops.iter().any(|h| h.kind == HopKind::Deliver),
-        t.groups.iter().any(|g| g.acked_at.is_some()),
-    ]
-}
-
-/// The latency samples a change adds: per segment, as many samples as the segment gained
-/// (a segment whose value only moved — a late P1 moving the start — adds none, so counts
-/// stay exact whatever the arrival order), taken from the values that are new.
-fn new_latencies(old: &[(Segment, u64)], new: &[(Segment, u64)]) -> Vec<(Segment, u64)> {
-    let mut out = Vec::new();
-    for seg in Segment::ALL {
-        let mut o: Vec<u64> = old
-            .iter()
-            .filter(|(s, _)| s == seg)
-            .map(|(_, v)| *v)
-            .collect();
-        let n: Vec<u64> = new
-            .iter()
-            .filter(|(s, _)| s == seg)
-            .map(|(_, v)| *v)
-            .collect();
-        let gained = n.len().saturating_sub(o.len());
-        if gained == 0 {
-            continue;
-        }
-        let mut fresh = Vec::new();
-        for v in n {
-            match o.iter().position(|x| *x == v) {
-                Some(i) => {
-                    o.swap_remove(i);
-                }
-                None => fresh.push(v),
-            }
-        }
-        fresh.sort_unstable();
-        out.extend(fresh.into_iter().take(gained).map(|v| (*seg, v)));
-    }
-    out
 }
 
 impl Store {
@@ -894,11 +804,12 @@ impl Store {
                             kept.push(r);
                             continue;
                         };
-                        c.dedup_keys.remove(&codec::dedup_hash(&r));
+                        c.dedup_keys.remove(&records::dedup_hash(&r));
                         moves.entry(home.to_string()).or_default().push(r);
                         shrunk.insert(key.clone());
                     }
                     c.records = kept;
+                    c.encoded = None;
                     taken.insert(key, c);
                 }
             }
@@ -920,7 +831,7 @@ impl Store {
                 };
                 let old_summary = own.summary.take();
                 let moved = moves.remove(&key).unwrap_or_default();
-                let moved_keys: HashSet<u64> = moved.iter().map(codec::dedup_hash).collect();
+                let moved_keys: HashSet<u64> = moved.iter().map(records::dedup_hash).collect();
                 let rebuilt = rebuild.contains(&key);
                 // The records to assemble from: the message's own, the moved ones (repeats
                 // are harmless: assembly drops them), and the inserted ones.
@@ -934,7 +845,7 @@ impl Store {
                 let mut fresh_inserted: Vec<(Stage, Option<String>)> = Vec::new();
                 let mut seen: HashSet<u64> = HashSet::new();
                 for r in moved.into_iter().chain(fresh) {
-                    let dk = codec::dedup_hash(&r);
+                    let dk = records::dedup_hash(&r);
                     if own.dedup_keys.contains(&dk) || !seen.insert(dk) {
                         out.repeated_records += 1;
                         continue;
@@ -1126,8 +1037,8 @@ impl Store {
             };
             let opts = self.options(now);
             for key in candidates {
-                let (old, recs) = match cache.get_mut(&key) {
-                    Some(c) => (c.summary.clone(), c.records.clone()),
+                let (old, recs) = match cache.peek(&key) {
+                    Some(c) => (c.summary, c.records),
                     None => (t.summary(&key)?, t.load_records(&key)?),
                 };
                 let Some(old) = old else {
@@ -1155,9 +1066,7 @@ impl Store {
         }
         tx.commit()?;
         for (key, new) in changed {
-            if let Some(c) = cache.get_mut(&key) {
-                c.summary = Some(new);
-            }
+            cache.set_summary(&key, &new);
         }
         Ok(out)
     }
@@ -1231,7 +1140,7 @@ impl Store {
         let tx = self.db.begin_read()?;
         let records = tx.open_table(RECORDS)?;
         let recs = match records.get(key)? {
-            Some(v) => codec::decode(v.value()).map_err(corrupt)?,
+            Some(v) => records::decode(v.value()).map_err(corrupt)?,
             None => return Ok(None),
         };
         let Some(mut t) = Trajectory::assemble(recs, &self.options(now)) else {
@@ -1351,7 +1260,7 @@ impl Store {
         let mut consider = |key: &str, out: &mut Vec<MessageSummary>| -> Result<bool, StoreError> {
             examined += 1;
             if let Some(v) = summaries.get(key)? {
-                let s: MessageSummary = serde_json::from_str(v.value()).map_err(corrupt)?;
+                let s = MessageSummary::decode(key, v.value()).map_err(corrupt)?;
                 let wanted = q.state.is_none_or(|st| st == s.state)
                     && q.topic
                         .as_deref()
@@ -1426,7 +1335,7 @@ impl Store {
             for item in idx.range((st.as_str(), since, "")..=(st.as_str(), u64::MAX, "\u{7f}"))? {
                 let key = item?.0.value().2.to_owned();
                 if let Some(v) = summaries.get(key.as_str())? {
-                    out.push(serde_json::from_str::<MessageSummary>(v.value()).map_err(corrupt)?);
+                    out.push(MessageSummary::decode(&key, v.value()).map_err(corrupt)?);
                 }
             }
         }
@@ -1527,6 +1436,18 @@ mod tests {
                 }
             }
             tx.delete_table(RECORDS).unwrap();
+            let summary = {
+                let t = tx.open_table(SUMMARIES).unwrap();
+                let key = m.to_string();
+                let v = t.get(key.as_str()).unwrap().unwrap();
+                MessageSummary::decode(&key, v.value()).unwrap()
+            };
+            tx.delete_table(SUMMARIES).unwrap();
+            let json = serde_json::to_string(&summary).unwrap();
+            tx.open_table(SUMMARIES_V1)
+                .unwrap()
+                .insert(m.to_string().as_str(), json.as_str())
+                .unwrap();
             tx.commit().unwrap();
         }
         let store = Store::open(dir.path(), 0, Deadlines::default()).unwrap();
@@ -1535,6 +1456,10 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(got, want);
+        let found = store.search(&SearchQuery::default()).unwrap();
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].message_id, Some(m));
+        assert_eq!(found[0].records, 3);
         assert!(store.counters().unwrap()[COUNTER_BYTES] > 0);
         // Applying the same records again finds them all already stored.
         let again = store.apply(recs, want.last_at).unwrap();
@@ -1542,7 +1467,15 @@ mod tests {
         drop(store);
         let db = Database::create(dir.path().join("listener.redb")).unwrap();
         let tx = db.begin_read().unwrap();
-        assert!(!tx.list_tables().unwrap().any(|t| t.name() == "records"));
+        let names: Vec<String> = tx
+            .list_tables()
+            .unwrap()
+            .map(|t| t.name().to_owned())
+            .collect();
+        assert!(
+            !names.iter().any(|t| t == "records" || t == "summaries"),
+            "{names:?}"
+        );
     }
 
     /// A first-version row that does not parse fails the open, naming the row, and leaves

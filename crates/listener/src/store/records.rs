@@ -16,6 +16,7 @@
 //! Decoding checks every index, length and ID, and fails with [`CodecError`] rather than
 //! guess: a value that does not decode is corruption, which the store reports as such.
 
+use crate::codec::{CodecError, Reader as Bytes, Writer as Out};
 use msgtrail_core::{ClientId, MessageId, RequestId, Stage, StageRecord};
 
 /// The version byte of the stored form.
@@ -39,33 +40,16 @@ const F_PAYLOAD_HEAD: u32 = 1 << 14;
 /// The record's message ID differs from the value's (written in full after the bits).
 const F_OTHER_MESSAGE_ID: u32 = 1 << 15;
 
-/// Why a stored value did not decode.
-#[derive(Debug, thiserror::Error)]
-#[error("stored records are corrupt at byte {at}: {what}")]
-pub struct CodecError {
-    /// Where reading stopped.
-    pub at: usize,
-    /// What was wrong.
-    pub what: String,
-}
-
+/// The records being written: their bytes, and the string table they refer to.
 struct Writer<'a> {
-    buf: Vec<u8>,
+    body: Out,
     /// The distinct strings so far. A message has a dozen or so, so a linear scan (most
     /// comparisons end at the length) beats hashing every string.
     strings: Vec<&'a str>,
 }
 
 impl<'a> Writer<'a> {
-    fn varint(buf: &mut Vec<u8>, mut v: u64) {
-        while v >= 0x80 {
-            buf.push((v as u8) | 0x80);
-            v >>= 7;
-        }
-        buf.push(v as u8);
-    }
-
-    /// The index of `s` in the string table, adding it on first use.
+    /// Writes the index of `s` in the string table, adding it on first use.
     fn string(&mut self, s: &'a str) {
         let i = match self.strings.iter().position(|x| *x == s) {
             Some(i) => i,
@@ -74,7 +58,7 @@ impl<'a> Writer<'a> {
                 self.strings.len() - 1
             }
         };
-        Self::varint(&mut self.buf, i as u64);
+        self.body.varint(i as u64);
     }
 }
 
@@ -88,30 +72,29 @@ pub fn encode(records: &[StageRecord]) -> Vec<u8> {
     let id = common_id(records);
     let base = records.iter().map(|r| r.at).min().unwrap_or(0);
     let mut w = Writer {
-        buf: Vec::with_capacity(16 * records.len() + 32),
+        body: Out::with_capacity(16 * records.len() + 32),
         strings: Vec::with_capacity(16),
     };
     for r in records {
         write_record(&mut w, r, id, base);
     }
-    let mut out = Vec::with_capacity(w.buf.len() + 64);
-    out.push(VERSION);
-    Writer::varint(&mut out, w.strings.len() as u64);
+    let mut out = Out::with_capacity(w.body.len() + 64);
+    out.u8(VERSION);
+    out.varint(w.strings.len() as u64);
     for s in &w.strings {
-        Writer::varint(&mut out, s.len() as u64);
-        out.extend_from_slice(s.as_bytes());
+        out.str(s);
     }
     match id {
         Some(m) => {
-            out.push(1);
-            out.extend_from_slice(m.as_bytes());
+            out.u8(1);
+            out.bytes(m.as_bytes());
         }
-        None => out.push(0),
+        None => out.u8(0),
     }
-    Writer::varint(&mut out, base);
-    Writer::varint(&mut out, records.len() as u64);
-    out.extend_from_slice(&w.buf);
-    out
+    out.varint(base);
+    out.varint(records.len() as u64);
+    out.bytes(&w.body.finish());
+    out.finish()
 }
 
 fn write_record<'a>(w: &mut Writer<'a>, r: &'a StageRecord, id: Option<MessageId>, base: u64) {
@@ -140,13 +123,12 @@ fn write_record<'a>(w: &mut Writer<'a>, r: &'a StageRecord, id: Option<MessageId
     set(!r.attrs.is_empty(), F_ATTRS);
     set(r.payload_size.is_some(), F_PAYLOAD_SIZE);
     set(r.payload_head.is_some(), F_PAYLOAD_HEAD);
-    w.buf.push(msgtrail_core::frame::stage_byte(r.stage));
-    let delta = r.at.wrapping_sub(base) as i64;
-    Writer::varint(&mut w.buf, ((delta << 1) ^ (delta >> 63)) as u64);
-    Writer::varint(&mut w.buf, u64::from(bits));
+    w.body.u8(msgtrail_core::frame::stage_byte(r.stage));
+    w.body.zigzag(r.at.wrapping_sub(base) as i64);
+    w.body.varint(u64::from(bits));
     if bits & F_OTHER_MESSAGE_ID != 0 {
         if let Some(m) = r.message_id {
-            w.buf.extend_from_slice(m.as_bytes());
+            w.body.bytes(m.as_bytes());
         }
     }
     let strings = [
@@ -160,10 +142,10 @@ fn write_record<'a>(w: &mut Writer<'a>, r: &'a StageRecord, id: Option<MessageId
         w.string(s);
     }
     if let Some(v) = r.attempt {
-        Writer::varint(&mut w.buf, u64::from(v));
+        w.body.varint(u64::from(v));
     }
     if let Some(v) = r.stream_seq {
-        Writer::varint(&mut w.buf, v);
+        w.body.varint(v);
     }
     for s in [
         r.outcome.as_deref(),
@@ -179,77 +161,37 @@ fn write_record<'a>(w: &mut Writer<'a>, r: &'a StageRecord, id: Option<MessageId
         w.string(v);
     }
     if !r.attrs.is_empty() {
-        Writer::varint(&mut w.buf, r.attrs.len() as u64);
+        w.body.varint(r.attrs.len() as u64);
         for (k, v) in &r.attrs {
             w.string(k);
             w.string(v);
         }
     }
     if let Some(v) = r.payload_size {
-        Writer::varint(&mut w.buf, v);
+        w.body.varint(v);
     }
     if let Some(v) = &r.payload_head {
         w.string(v);
     }
 }
 
+/// A value being read: its bytes and its string table.
 struct Reader<'a> {
-    bytes: &'a [u8],
-    pos: usize,
+    bytes: Bytes<'a>,
     strings: Vec<&'a str>,
 }
 
 impl<'a> Reader<'a> {
     fn fail<T>(&self, what: impl Into<String>) -> Result<T, CodecError> {
-        Err(CodecError {
-            at: self.pos,
-            what: what.into(),
-        })
-    }
-
-    fn u8(&mut self) -> Result<u8, CodecError> {
-        match self.bytes.get(self.pos) {
-            Some(b) => {
-                self.pos += 1;
-                Ok(*b)
-            }
-            None => self.fail("unexpected end"),
-        }
-    }
-
-    fn take(&mut self, n: usize) -> Result<&'a [u8], CodecError> {
-        match self.bytes.get(self.pos..self.pos.saturating_add(n)) {
-            Some(s) => {
-                self.pos += n;
-                Ok(s)
-            }
-            None => self.fail(format!("{n} bytes announced past the end")),
-        }
-    }
-
-    fn varint(&mut self) -> Result<u64, CodecError> {
-        let mut v = 0u64;
-        for shift in (0..64).step_by(7) {
-            let b = self.u8()?;
-            v |= u64::from(b & 0x7f) << shift;
-            if b & 0x80 == 0 {
-                return Ok(v);
-            }
-        }
-        self.fail("varint longer than 64 bits")
+        self.bytes.fail(what)
     }
 
     fn string(&mut self) -> Result<&'a str, CodecError> {
-        let i = self.varint()? as usize;
+        let i = self.bytes.varint()? as usize;
         match self.strings.get(i) {
             Some(s) => Ok(s),
             None => self.fail(format!("string index {i} past the table")),
         }
-    }
-
-    fn message_id(&mut self) -> Result<MessageId, CodecError> {
-        let raw: [u8; 16] = self.take(16)?.try_into().expect("16 bytes");
-        MessageId::from_u128(u128::from_be_bytes(raw)).or_else(|e| self.fail(e.to_string()))
     }
 
     fn client(&mut self) -> Result<ClientId, CodecError> {
@@ -261,43 +203,30 @@ impl<'a> Reader<'a> {
 /// Decodes what [`encode`] wrote.
 pub fn decode(bytes: &[u8]) -> Result<Vec<StageRecord>, CodecError> {
     let mut r = Reader {
-        bytes,
-        pos: 0,
+        bytes: Bytes::new(bytes),
         strings: Vec::new(),
     };
-    let version = r.u8()?;
+    let version = r.bytes.u8()?;
     if version != VERSION {
         return r.fail(format!("unknown version {version}"));
     }
-    let n = r.varint()? as usize;
-    if n > bytes.len() {
-        return r.fail(format!("{n} strings in {} bytes", bytes.len()));
-    }
+    let n = r.bytes.count()?;
     r.strings.reserve(n);
     for _ in 0..n {
-        let len = r.varint()? as usize;
-        let raw = r.take(len)?;
-        match std::str::from_utf8(raw) {
-            Ok(s) => r.strings.push(s),
-            Err(e) => return r.fail(e.to_string()),
-        }
+        let s = r.bytes.str()?;
+        r.strings.push(s);
     }
-    let id = match r.u8()? {
+    let id = match r.bytes.u8()? {
         0 => None,
-        _ => Some(r.message_id()?),
+        _ => Some(r.bytes.message_id()?),
     };
-    let base = r.varint()?;
-    let count = r.varint()? as usize;
-    if count > bytes.len() {
-        return r.fail(format!("{count} records in {} bytes", bytes.len()));
-    }
+    let base = r.bytes.varint()?;
+    let count = r.bytes.count()?;
     let mut out = Vec::with_capacity(count);
     for _ in 0..count {
         out.push(read_record(&mut r, id, base)?);
     }
-    if r.pos != bytes.len() {
-        return r.fail("bytes after the last record");
-    }
+    r.bytes.end()?;
     Ok(out)
 }
 
@@ -306,18 +235,17 @@ fn read_record(
     id: Option<MessageId>,
     base: u64,
 ) -> Result<StageRecord, CodecError> {
-    let code = r.u8()?;
+    let code = r.bytes.u8()?;
     let Some(stage) = Stage::ALL.get(code as usize).copied() else {
         return r.fail(format!("unknown stage byte {code}"));
     };
-    let z = r.varint()?;
-    let delta = ((z >> 1) as i64) ^ -((z & 1) as i64);
+    let delta = r.bytes.zigzag()?;
     let mut rec = StageRecord::at(stage, base.wrapping_add(delta as u64));
-    let bits = u32::try_from(r.varint()?).or_else(|_| r.fail("field bits past 32"))?;
+    let bits = u32::try_from(r.bytes.varint()?).or_else(|_| r.fail("field bits past 32"))?;
     let has = |bit: u32| bits & bit != 0;
     if has(F_MESSAGE_ID) {
         rec.message_id = if has(F_OTHER_MESSAGE_ID) {
-            Some(r.message_id()?)
+            Some(r.bytes.message_id()?)
         } else {
             match id {
                 Some(m) => Some(m),
@@ -342,10 +270,11 @@ fn read_record(
         rec.topic = Some(r.string()?.to_owned());
     }
     if has(F_ATTEMPT) {
-        rec.attempt = Some(u32::try_from(r.varint()?).or_else(|_| r.fail("attempt past 32 bits"))?);
+        rec.attempt =
+            Some(u32::try_from(r.bytes.varint()?).or_else(|_| r.fail("attempt past 32 bits"))?);
     }
     if has(F_STREAM_SEQ) {
-        rec.stream_seq = Some(r.varint()?);
+        rec.stream_seq = Some(r.bytes.varint()?);
     }
     if has(F_OUTCOME) {
         rec.outcome = Some(r.string()?.to_owned());
@@ -360,7 +289,7 @@ fn read_record(
         rec.traceparent = Some(r.string()?.to_owned());
     }
     if has(F_ATTRS) {
-        let n = r.varint()? as usize;
+        let n = r.bytes.varint()? as usize;
         for _ in 0..n {
             let k = r.string()?.to_owned();
             let v = r.string()?.to_owned();
@@ -368,7 +297,7 @@ fn read_record(
         }
     }
     if has(F_PAYLOAD_SIZE) {
-        rec.payload_size = Some(r.varint()?);
+        rec.payload_size = Some(r.bytes.varint()?);
     }
     if has(F_PAYLOAD_HEAD) {
         rec.payload_head = Some(r.string()?.to_owned());

@@ -1,0 +1,305 @@
+//! The shadow message: what the listener keeps of each message for search, state counts and
+//! statistics ([`MessageSummary`], derived from its trajectory), and its compact stored
+//! form ([`MessageSummary::encode`] / [`MessageSummary::decode`]).
+//!
+//! The store writes a summary whenever a batch changes the message's trajectory, keeps it
+//! in memory while the message is in flight, and diffs old against new to update the
+//! counters ([`crate::counters`]) and latency statistics ([`new_latencies`]).
+
+use crate::codec::{CodecError, Reader, Writer};
+use msgtrail_core::trajectory::{MessageState, Segment, Trajectory};
+use msgtrail_core::{ClientId, MessageId, RequestId};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// The shadow message of seed 001, as indexed for search: one per message key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MessageSummary {
+    /// The message key: the message ID, or `orphan/<producer>/<request-id>`.
+    pub key: String,
+    /// The message ID, once assigned.
+    pub message_id: Option<MessageId>,
+    /// The producer's request ID.
+    pub request_id: Option<RequestId>,
+    /// The producer.
+    pub producer: Option<ClientId>,
+    /// The topic, when known.
+    pub topic: Option<String>,
+    /// The overall state.
+    pub state: MessageState,
+    /// The state per consumer group.
+    pub groups: BTreeMap<String, MessageState>,
+    /// Earliest record time, Unix nanoseconds.
+    pub first_at: u64,
+    /// Latest record time, Unix nanoseconds.
+    pub last_at: u64,
+    /// The first failure point, in words.
+    pub failure: Option<String>,
+    /// How many records the message has.
+    pub records: usize,
+    /// Which funnel steps it reached: sent, stored, delivered, acked.
+    #[serde(default)]
+    pub funnel: [bool; 4],
+    /// Its completed latency segments (nanoseconds): what the statistics already counted.
+    #[serde(default)]
+    pub segments: Vec<(Segment, u64)>,
+}
+
+impl MessageSummary {
+    /// The summary of a trajectory stored under `key`.
+    pub fn of(key: &str, t: &Trajectory) -> Self {
+        MessageSummary {
+            key: key.to_owned(),
+            message_id: t.message_id,
+            request_id: t.request_id.clone(),
+            producer: t.producer.clone(),
+            topic: t.topic.clone(),
+            state: t.state,
+            groups: t
+                .groups
+                .iter()
+                .map(|g| (g.group.to_string(), g.state))
+                .collect(),
+            first_at: t.first_at,
+            last_at: t.last_at,
+            failure: t.failure.clone(),
+            records: t.record_count,
+            funnel: funnel_flags(t),
+            segments: t.segment_latencies(),
+        }
+    }
+}
+
+/// A message's topic (`""` when unknown) and state: what the counts by state are kept by.
+pub type TopicState = (String, MessageState);
+
+/// A shadow-message state change for the counts by state: (old, new); `None` for a message
+/// created or deleted.
+pub type StateDelta = (Option<TopicState>, Option<TopicState>);
+
+/// The (topic, state) a summary counts under.
+pub fn topic_state(s: &MessageSummary) -> TopicState {
+    (s.topic.clone().unwrap_or_default(), s.state)
+}
+
+fn funnel_flags(t: &Trajectory) -> [bool; 4] {
+    use msgtrail_core::trajectory::HopKind;
+    [
+        t.hops.iter().any(|h| h.kind == HopKind::Send),
+        t.hop("store").is_some_and(|h| h.end.is_some()),
+        t.hops.iter().any(|h| h.kind == HopKind::Deliver),
+        t.groups.iter().any(|g| g.acked_at.is_some()),
+    ]
+}
+
+/// The latency samples a change adds: per segment, as many samples as the segment gained
+/// (a segment whose value only moved — a late P1 moving the start — adds none, so counts
+/// stay exact whatever the arrival order), taken from the values that are new.
+pub fn new_latencies(old: &[(Segment, u64)], new: &[(Segment, u64)]) -> Vec<(Segment, u64)> {
+    let mut out = Vec::new();
+    for seg in Segment::ALL {
+        let mut o: Vec<u64> = old
+            .iter()
+            .filter(|(s, _)| s == seg)
+            .map(|(_, v)| *v)
+            .collect();
+        let n: Vec<u64> = new
+            .iter()
+            .filter(|(s, _)| s == seg)
+            .map(|(_, v)| *v)
+            .collect();
+        let gained = n.len().saturating_sub(o.len());
+        if gained == 0 {
+            continue;
+        }
+        let mut fresh = Vec::new();
+        for v in n {
+            match o.iter().position(|x| *x == v) {
+                Some(i) => {
+                    o.swap_remove(i);
+                }
+                None => fresh.push(v),
+            }
+        }
+        fresh.sort_unstable();
+        out.extend(fresh.into_iter().take(gained).map(|v| (*seg, v)));
+    }
+    out
+}
+
+/// The version byte of a summary's stored form.
+const SUMMARY_VERSION: u8 = 1;
+
+impl MessageSummary {
+    /// The compact stored form (the key is the table's key, not repeated). States and
+    /// segments are written by name, so that new variants never shift old values.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::with_capacity(96);
+        w.u8(SUMMARY_VERSION);
+        match self.message_id {
+            Some(m) => {
+                w.u8(1);
+                w.bytes(m.as_bytes());
+            }
+            None => w.u8(0),
+        }
+        w.opt_str(self.request_id.as_ref().map(|v| v.as_str()));
+        w.opt_str(self.producer.as_ref().map(|v| v.as_str()));
+        w.opt_str(self.topic.as_deref());
+        w.str(self.state.as_str());
+        w.varint(self.groups.len() as u64);
+        for (g, st) in &self.groups {
+            w.str(g);
+            w.str(st.as_str());
+        }
+        w.varint(self.first_at);
+        w.varint(self.last_at.wrapping_sub(self.first_at));
+        w.opt_str(self.failure.as_deref());
+        w.varint(self.records as u64);
+        let funnel = self
+            .funnel
+            .iter()
+            .enumerate()
+            .fold(0u8, |acc, (i, f)| acc | (u8::from(*f) << i));
+        w.u8(funnel);
+        w.varint(self.segments.len() as u64);
+        for (seg, v) in &self.segments {
+            w.str(seg.as_str());
+            w.varint(*v);
+        }
+        w.finish()
+    }
+
+    /// Reads what [`MessageSummary::encode`] wrote, for the message stored under `key`. A
+    /// value that starts with `{` is the first version's JSON form, read as such.
+    pub fn decode(key: &str, bytes: &[u8]) -> Result<MessageSummary, CodecError> {
+        if bytes.first() == Some(&b'{') {
+            return serde_json::from_slice(bytes).map_err(|e| CodecError {
+                at: e.column(),
+                what: format!("first-version summary: {e}"),
+            });
+        }
+        let mut r = Reader::new(bytes);
+        let version = r.u8()?;
+        if version != SUMMARY_VERSION {
+            return r.fail(format!("unknown summary version {version}"));
+        }
+        let message_id = match r.u8()? {
+            0 => None,
+            _ => Some(r.message_id()?),
+        };
+        let request_id = match r.opt_str()? {
+            Some(s) => Some(RequestId::new(s).or_else(|e| r.fail(e.to_string()))?),
+            None => None,
+        };
+        let producer = match r.opt_str()? {
+            Some(s) => Some(ClientId::new(s).or_else(|e| r.fail(e.to_string()))?),
+            None => None,
+        };
+        let topic = r.opt_str()?.map(str::to_owned);
+        let state = read_state(&mut r)?;
+        let n = r.count()?;
+        let mut groups = BTreeMap::new();
+        for _ in 0..n {
+            let g = r.str()?.to_owned();
+            groups.insert(g, read_state(&mut r)?);
+        }
+        let first_at = r.varint()?;
+        let last_at = first_at.wrapping_add(r.varint()?);
+        let failure = r.opt_str()?.map(str::to_owned);
+        let records = r.varint()? as usize;
+        let bits = r.u8()?;
+        let funnel = std::array::from_fn(|i| bits & (1 << i) != 0);
+        let n = r.count()?;
+        let mut segments = Vec::with_capacity(n);
+        for _ in 0..n {
+            let name = r.str()?;
+            let Some(seg) = Segment::ALL.iter().find(|s| s.as_str() == name) else {
+                return r.fail(format!("unknown segment {name:?}"));
+            };
+            segments.push((*seg, r.varint()?));
+        }
+        r.end()?;
+        Ok(MessageSummary {
+            key: key.to_owned(),
+            message_id,
+            request_id,
+            producer,
+            topic,
+            state,
+            groups,
+            first_at,
+            last_at,
+            failure,
+            records,
+            funnel,
+            segments,
+        })
+    }
+}
+
+fn read_state(r: &mut Reader<'_>) -> Result<MessageState, CodecError> {
+    let name = r.str()?;
+    name.parse::<MessageState>()
+        .or_else(|_| r.fail(format!("unknown state {name:?}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> MessageSummary {
+        MessageSummary {
+            key: "k".into(),
+            message_id: Some(MessageId::new()),
+            request_id: Some(RequestId::new("order-1").unwrap()),
+            producer: Some(ClientId::new("shop").unwrap()),
+            topic: Some("orders.created".into()),
+            state: MessageState::Consumed,
+            groups: [
+                ("billing".to_owned(), MessageState::Consumed),
+                ("audit".to_owned(), MessageState::Failed),
+            ]
+            .into(),
+            first_at: 1_700_000_000_000_000_000,
+            last_at: 1_700_000_000_500_000_000,
+            failure: Some("audit: processing failed".into()),
+            records: 12,
+            funnel: [true, true, false, true],
+            segments: vec![(Segment::SentToStored, 300_000), (Segment::EndToEnd, 9)],
+        }
+    }
+
+    #[test]
+    fn round_trip_and_json_fallback() {
+        let s = sample();
+        let bytes = s.encode();
+        assert_eq!(MessageSummary::decode("k", &bytes).unwrap(), s);
+        let json = serde_json::to_vec(&s).unwrap();
+        assert_eq!(MessageSummary::decode("k", &json).unwrap(), s);
+        assert!(
+            bytes.len() * 2 < json.len(),
+            "{} vs {}",
+            bytes.len(),
+            json.len()
+        );
+        let mut empty = sample();
+        empty.message_id = None;
+        empty.request_id = None;
+        empty.producer = None;
+        empty.topic = None;
+        empty.failure = None;
+        empty.groups.clear();
+        empty.segments.clear();
+        empty.last_at = 0; // before first_at: still round-trips
+        assert_eq!(MessageSummary::decode("k", &empty.encode()).unwrap(), empty);
+    }
+
+    #[test]
+    fn truncated_values_are_errors() {
+        let bytes = sample().encode();
+        for n in 0..bytes.len() {
+            assert!(MessageSummary::decode("k", &bytes[..n]).is_err(), "at {n}");
+        }
+    }
+}
