@@ -22,6 +22,8 @@
 mod garbage;
 #[path = "faults/harness.rs"]
 mod harness;
+#[path = "faults/otlp.rs"]
+mod otlp;
 
 use futures::StreamExt;
 use harness::*;
@@ -980,4 +982,23 @@ async fn s7_cluster_loses_the_stage_stream_leader_mid_load() {
 async fn s7_cluster_loses_the_meta_leader_mid_load() {
     let _serial = SERIAL.lock().await;
     cluster_leader_kill_9("cluster_meta_leader_kill_9", Role::Meta).await;
+}
+
+// ---------------------------------------------------------------------------------------
+// 8. The listener's OTLP endpoint hangs (a black hole) or refuses connections.
+// ---------------------------------------------------------------------------------------
+
+/// An endpoint that accepts TCP connections and never answers: each export call waits out
+/// its timeout; the message path, ingest and the API must not notice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s8_otlp_endpoint_black_hole() {
+    let _serial = SERIAL.lock().await;
+    otlp::otlp_endpoint_down("otlp_black_hole", otlp::Endpoint::BlackHole).await;
+}
+
+/// An endpoint whose port is closed: every export call is refused at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s8_otlp_endpoint_refused() {
+    let _serial = SERIAL.lock().await;
+    otlp::otlp_endpoint_down("otlp_refused", otlp::Endpoint::Refused).await;
 }
