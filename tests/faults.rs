@@ -24,6 +24,8 @@ mod garbage;
 mod harness;
 #[path = "faults/otlp.rs"]
 mod otlp;
+#[path = "faults/slow_consumer.rs"]
+mod slow_consumer;
 
 use futures::StreamExt;
 use harness::*;
@@ -1001,4 +1003,14 @@ async fn s8_otlp_endpoint_black_hole() {
 async fn s8_otlp_endpoint_refused() {
     let _serial = SERIAL.lock().await;
     otlp::otlp_endpoint_down("otlp_refused", otlp::Endpoint::Refused).await;
+}
+
+// ---------------------------------------------------------------------------------------
+// 9. Consumers slower than the group's ack wait: redeliveries, late acks, dead letters.
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s9_consumer_slower_than_the_ack_wait() {
+    let _serial = SERIAL.lock().await;
+    slow_consumer::slower_than_ack_wait("consumer_slower_than_ack_wait").await;
 }

@@ -794,6 +794,11 @@ impl History {
         ms_since(self.t0, Instant::now())
     }
 
+    /// Records a call of `kind` on `key` that started at `start` and ends now.
+    pub fn record(&self, kind: &'static str, key: String, start: Instant, outcome: Outcome) {
+        self.push(kind, key, start, outcome);
+    }
+
     fn push(&self, kind: &'static str, key: String, start: Instant, outcome: Outcome) {
         let op = Op {
             kind,
