@@ -45,7 +45,7 @@ impl Class {
     fn of(order: u64) -> Class {
         if order % 20 == 9 {
             Class::Hung
-        } else if order % 5 == 0 {
+        } else if order.is_multiple_of(5) {
             Class::AlwaysSlow
         } else if order % 5 == 1 || order % 5 == 2 {
             Class::SlowOnce
