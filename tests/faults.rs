@@ -24,6 +24,8 @@ mod garbage;
 mod harness;
 #[path = "faults/otlp.rs"]
 mod otlp;
+#[path = "faults/permissions.rs"]
+mod permissions;
 #[path = "faults/slow_consumer.rs"]
 mod slow_consumer;
 
@@ -1013,4 +1015,14 @@ async fn s8_otlp_endpoint_refused() {
 async fn s9_consumer_slower_than_the_ack_wait() {
     let _serial = SERIAL.lock().await;
     slow_consumer::slower_than_ack_wait("consumer_slower_than_ack_wait").await;
+}
+
+// ---------------------------------------------------------------------------------------
+// 10. Permission bypass attempts under deploy/'s accounts while real clients work.
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s10_permission_bypass_attempts_under_deploy_accounts() {
+    let _serial = SERIAL.lock().await;
+    permissions::bypass_attempts_under_load("permission_bypass").await;
 }
