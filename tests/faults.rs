@@ -1160,3 +1160,103 @@ async fn s11_cluster_node_comes_back_mid_load() {
         );
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// 12. Two faults at once.
+// ---------------------------------------------------------------------------------------
+
+/// Which two processes die together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TwoFaults {
+    /// broker-1 (stays down) and nats-server (started again on its store 1 s later).
+    BrokerAndNatsServer,
+    /// broker-1 (stays down) and the listener (started again on its store 1 s later).
+    BrokerAndListener,
+}
+
+impl TwoFaults {
+    fn describe(self) -> &'static str {
+        match self {
+            TwoFaults::BrokerAndNatsServer => {
+                "SIGKILL broker-1 of 2 and nats-server at the same moment at a third of the \
+                 load; nats-server started again on the same store 1 s later"
+            }
+            TwoFaults::BrokerAndListener => {
+                "SIGKILL broker-1 of 2 and the listener at the same moment at a third of the \
+                 load; the listener started again on the same store 1 s later"
+            }
+        }
+    }
+}
+
+/// Two brokers, a consumer group, and two processes SIGKILLed at the same moment.
+async fn two_faults_at_once(scenario: &str, faults: TwoFaults) {
+    let scale = Scale::pick(300, 2000);
+    let outage = Duration::from_secs(1);
+    for rep in 1..=scale.reps {
+        let mut sys = System::start(SystemOptions {
+            brokers: 2,
+            ..Default::default()
+        })
+        .await;
+        let run = run_load(&sys, Load::new(scale.messages)).await;
+        run.progress
+            .wait_acked(scale.messages / 3, Duration::from_secs(60))
+            .await;
+        let fault_ms = run.history.now_ms();
+        blocking(|| -> Result<(), String> {
+            sys.brokers[0].kill9().map_err(|e| e.to_string())?;
+            match faults {
+                TwoFaults::BrokerAndNatsServer => match &mut sys.nats {
+                    Nats::Single(node) => node.kill9(),
+                    Nats::Cluster(_) => unreachable!("one node"),
+                },
+                TwoFaults::BrokerAndListener => {
+                    if let Some(l) = sys.listener.as_mut() {
+                        l.kill9().map_err(|e| e.to_string())?;
+                    }
+                }
+            }
+            Ok(())
+        })
+        .expect("kill -9 both");
+        tokio::time::sleep(outage).await;
+        match faults {
+            TwoFaults::BrokerAndNatsServer => {
+                let Nats::Single(node) = &mut sys.nats else {
+                    unreachable!("one node")
+                };
+                blocking(|| node.restart()).expect("nats-server restarts on its store");
+            }
+            TwoFaults::BrokerAndListener => {
+                sys.spawn_listener();
+                sys.wait_listener(Duration::from_secs(30)).await;
+            }
+        }
+        let restarted_ms = run.history.now_ms();
+        let finished = run.finish().await;
+        let mut r = oracle(&sys, scenario, &scale, rep, &finished, TRAJECTORY_WAIT).await;
+        r.set("fault", json!(faults.describe()))
+            .set("fault_at_ms", json!(fault_ms.round()))
+            .set("outage_ms", json!((restarted_ms - fault_ms).round()))
+            .set("recovery_ms", json!(finished.history.recovery_ms(fault_ms)));
+        r.print();
+        r.assert_sound(true, &sys);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s12_broker_and_nats_server_kill_9_at_once() {
+    let _serial = SERIAL.lock().await;
+    two_faults_at_once(
+        "broker_and_nats_server_kill_9",
+        TwoFaults::BrokerAndNatsServer,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s12_broker_and_listener_kill_9_at_once() {
+    let _serial = SERIAL.lock().await;
+    two_faults_at_once("broker_and_listener_kill_9", TwoFaults::BrokerAndListener).await;
+}
