@@ -371,7 +371,8 @@ pub async fn slower_than_ack_wait(scenario: &str) {
                 }
                 e.4 = e.4.max(g.map(|g| g.attempts).unwrap_or(0));
             }
-            if class == Class::Hung && !s.acked.is_empty() {
+            let dead_lettered = traj.as_ref().is_some_and(|t| r1_counts(t).1 > 0);
+            if dead_lettered && !s.acked.is_empty() {
                 hung_acked_ok += 1;
                 if hung_diagnosis.is_none() {
                     hung_diagnosis = traj.as_ref().map(|t| t.diagnosis.clone());
