@@ -22,6 +22,12 @@
 mod garbage;
 #[path = "faults/harness.rs"]
 mod harness;
+#[path = "faults/otlp.rs"]
+mod otlp;
+#[path = "faults/permissions.rs"]
+mod permissions;
+#[path = "faults/slow_consumer.rs"]
+mod slow_consumer;
 
 use futures::StreamExt;
 use harness::*;
@@ -980,4 +986,277 @@ async fn s7_cluster_loses_the_stage_stream_leader_mid_load() {
 async fn s7_cluster_loses_the_meta_leader_mid_load() {
     let _serial = SERIAL.lock().await;
     cluster_leader_kill_9("cluster_meta_leader_kill_9", Role::Meta).await;
+}
+
+// ---------------------------------------------------------------------------------------
+// 8. The listener's OTLP endpoint hangs (a black hole) or refuses connections.
+// ---------------------------------------------------------------------------------------
+
+/// An endpoint that accepts TCP connections and never answers: each export call waits out
+/// its timeout; the message path, ingest and the API must not notice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s8_otlp_endpoint_black_hole() {
+    let _serial = SERIAL.lock().await;
+    otlp::otlp_endpoint_down("otlp_black_hole", otlp::Endpoint::BlackHole).await;
+}
+
+/// An endpoint whose port is closed: every export call is refused at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s8_otlp_endpoint_refused() {
+    let _serial = SERIAL.lock().await;
+    otlp::otlp_endpoint_down("otlp_refused", otlp::Endpoint::Refused).await;
+}
+
+// ---------------------------------------------------------------------------------------
+// 9. Consumers slower than the group's ack wait: redeliveries, late acks, dead letters.
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s9_consumer_slower_than_the_ack_wait() {
+    let _serial = SERIAL.lock().await;
+    slow_consumer::slower_than_ack_wait("consumer_slower_than_ack_wait").await;
+}
+
+// ---------------------------------------------------------------------------------------
+// 10. Permission bypass attempts under deploy/'s accounts while real clients work.
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s10_permission_bypass_attempts_under_deploy_accounts() {
+    let _serial = SERIAL.lock().await;
+    permissions::bypass_attempts_under_load("permission_bypass").await;
+}
+
+// ---------------------------------------------------------------------------------------
+// 11. A node of the R3 cluster comes back: killed mid-load, started again on its store.
+// ---------------------------------------------------------------------------------------
+
+/// Whether `node` is a current member of `stream`'s group again: its leader, or a replica
+/// that is current and not offline.
+async fn rejoined(js: &async_nats::jetstream::Context, stream: &str, node: &str) -> bool {
+    let Ok(mut s) = js.get_stream(stream).await else {
+        return false;
+    };
+    let Ok(info) = s.info().await else {
+        return false;
+    };
+    let Some(cluster) = info.cluster.clone() else {
+        return false;
+    };
+    cluster.leader.as_deref() == Some(node)
+        || cluster
+            .replicas
+            .iter()
+            .any(|p| p.name == node && p.current && !p.offline)
+}
+
+/// Waits up to `within` until `node` is a current member of both msgtrail streams again;
+/// the time it took, or `None`.
+async fn wait_rejoined(sys: &System, node: &str, within: Duration) -> Option<u64> {
+    let js = async_nats::jetstream::new(sys.admin.clone());
+    let start = Instant::now();
+    while start.elapsed() < within {
+        if rejoined(&js, MESSAGE_STREAM, node).await && rejoined(&js, STAGE_STREAM, node).await {
+            return Some(start.elapsed().as_millis() as u64);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    None
+}
+
+/// The message stream's leader is SIGKILLed at a third of the load and started again on the
+/// same port and store at half of it (the load paced so that it is still running): it must
+/// rejoin both streams' groups, and the load lose nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s11_cluster_node_comes_back_mid_load() {
+    let _serial = SERIAL.lock().await;
+    let scale = Scale::pick(400, 2000);
+    let pace = Duration::from_millis(if scale.long { 10 } else { 40 });
+    for rep in 1..=scale.reps {
+        let mut sys = System::start(SystemOptions {
+            cluster: true,
+            brokers: 2,
+            ..Default::default()
+        })
+        .await;
+        let before = separate_leaders(&sys).await;
+        let run = run_load(
+            &sys,
+            Load {
+                pace,
+                ..Load::new(scale.messages)
+            },
+        )
+        .await;
+        run.progress
+            .wait_acked(scale.messages / 3, Duration::from_secs(60))
+            .await;
+        let at_kill = Leaders::read(&sys).await;
+        let victim = at_kill
+            .of(Role::MessageStream)
+            .cloned()
+            .unwrap_or_else(|| panic!("no message stream leader: {at_kill:?}"));
+        let victim_leads = led_by(&sys, &victim, &at_kill).await;
+        let fault_ms = run.history.now_ms();
+        let i = cluster_of(&sys)
+            .index_of(&victim)
+            .expect("the leader is one of ours");
+        let Nats::Cluster(cluster) = &mut sys.nats else {
+            unreachable!("a cluster")
+        };
+        blocking(|| cluster.nodes[i].kill9());
+        run.progress
+            .wait_acked(scale.messages / 2, Duration::from_secs(60))
+            .await;
+        let acked_at_restart = run.progress.acked.load(std::sync::atomic::Ordering::SeqCst);
+        blocking(|| cluster.nodes[i].restart()).expect("the node starts again on its store");
+        let restarted_ms = run.history.now_ms();
+        let mid_load = !run
+            .progress
+            .producers_done
+            .load(std::sync::atomic::Ordering::SeqCst);
+        let rejoin_ms = wait_rejoined(&sys, &victim, Duration::from_secs(60)).await;
+        let finished = run.finish().await;
+        let after = Leaders::read(&sys).await;
+        let mut r = oracle(
+            &sys,
+            "cluster_node_comes_back",
+            &scale,
+            rep,
+            &finished,
+            TRAJECTORY_WAIT,
+        )
+        .await;
+        r.set(
+            "fault",
+            json!(
+                "SIGKILL the MSGTRAIL_MESSAGES leader of a 3-node R3 cluster at a third of the \
+                 load, start it again on the same port and store at half of it"
+            ),
+        )
+        .set("killed", json!(victim))
+        .set("killed_leads", json!(victim_leads))
+        .set("leaders_at_kill", at_kill.json())
+        .set("leaders_after", after.json())
+        .set("fault_at_ms", json!(fault_ms.round()))
+        .set("outage_ms", json!((restarted_ms - fault_ms).round()))
+        .set("acked_at_restart", json!(acked_at_restart))
+        .set("restarted_mid_load", json!(mid_load))
+        .set("rejoined_after_ms", json!(rejoin_ms))
+        .set("recovery_ms", json!(finished.history.recovery_ms(fault_ms)));
+        if before != at_kill {
+            r.set("leaders_before_load", before.json());
+        }
+        r.print();
+        r.assert_sound(true, &sys);
+        assert!(
+            rejoin_ms.is_some(),
+            "{victim} did not rejoin both streams within 60 s: {:?}",
+            r.json
+        );
+        assert!(
+            mid_load,
+            "the node came back after the load: nothing was tested"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// 12. Two faults at once.
+// ---------------------------------------------------------------------------------------
+
+/// Which two processes die together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TwoFaults {
+    /// broker-1 (stays down) and nats-server (started again on its store 1 s later).
+    BrokerAndNatsServer,
+    /// broker-1 (stays down) and the listener (started again on its store 1 s later).
+    BrokerAndListener,
+}
+
+impl TwoFaults {
+    fn describe(self) -> &'static str {
+        match self {
+            TwoFaults::BrokerAndNatsServer => {
+                "SIGKILL broker-1 of 2 and nats-server at the same moment at a third of the \
+                 load; nats-server started again on the same store 1 s later"
+            }
+            TwoFaults::BrokerAndListener => {
+                "SIGKILL broker-1 of 2 and the listener at the same moment at a third of the \
+                 load; the listener started again on the same store 1 s later"
+            }
+        }
+    }
+}
+
+/// Two brokers, a consumer group, and two processes SIGKILLed at the same moment.
+async fn two_faults_at_once(scenario: &str, faults: TwoFaults) {
+    let scale = Scale::pick(300, 2000);
+    let outage = Duration::from_secs(1);
+    for rep in 1..=scale.reps {
+        let mut sys = System::start(SystemOptions {
+            brokers: 2,
+            ..Default::default()
+        })
+        .await;
+        let run = run_load(&sys, Load::new(scale.messages)).await;
+        run.progress
+            .wait_acked(scale.messages / 3, Duration::from_secs(60))
+            .await;
+        let fault_ms = run.history.now_ms();
+        blocking(|| -> Result<(), String> {
+            sys.brokers[0].kill9().map_err(|e| e.to_string())?;
+            match faults {
+                TwoFaults::BrokerAndNatsServer => match &mut sys.nats {
+                    Nats::Single(node) => node.kill9(),
+                    Nats::Cluster(_) => unreachable!("one node"),
+                },
+                TwoFaults::BrokerAndListener => {
+                    if let Some(l) = sys.listener.as_mut() {
+                        l.kill9().map_err(|e| e.to_string())?;
+                    }
+                }
+            }
+            Ok(())
+        })
+        .expect("kill -9 both");
+        tokio::time::sleep(outage).await;
+        match faults {
+            TwoFaults::BrokerAndNatsServer => {
+                let Nats::Single(node) = &mut sys.nats else {
+                    unreachable!("one node")
+                };
+                blocking(|| node.restart()).expect("nats-server restarts on its store");
+            }
+            TwoFaults::BrokerAndListener => {
+                sys.spawn_listener();
+                sys.wait_listener(Duration::from_secs(30)).await;
+            }
+        }
+        let restarted_ms = run.history.now_ms();
+        let finished = run.finish().await;
+        let mut r = oracle(&sys, scenario, &scale, rep, &finished, TRAJECTORY_WAIT).await;
+        r.set("fault", json!(faults.describe()))
+            .set("fault_at_ms", json!(fault_ms.round()))
+            .set("outage_ms", json!((restarted_ms - fault_ms).round()))
+            .set("recovery_ms", json!(finished.history.recovery_ms(fault_ms)));
+        r.print();
+        r.assert_sound(true, &sys);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s12_broker_and_nats_server_kill_9_at_once() {
+    let _serial = SERIAL.lock().await;
+    two_faults_at_once(
+        "broker_and_nats_server_kill_9",
+        TwoFaults::BrokerAndNatsServer,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s12_broker_and_listener_kill_9_at_once() {
+    let _serial = SERIAL.lock().await;
+    two_faults_at_once("broker_and_listener_kill_9", TwoFaults::BrokerAndListener).await;
 }

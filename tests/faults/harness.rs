@@ -157,6 +157,19 @@ pub struct SystemOptions {
     pub broker_args: Vec<String>,
     /// More `msgtrail listener` arguments (`--batch-size 4`).
     pub listener_args: Vec<String>,
+    /// More environment of the listener process (`OTEL_EXPORTER_OTLP_ENDPOINT`, …).
+    pub listener_env: Vec<(String, String)>,
+    /// Run nats-server under deploy/nats/accounts.conf (accounts, users, permissions): the
+    /// brokers connect as `broker`, the listener as `listener`, the test's producer and
+    /// consumer as the password client `client` with its inbox prefix, the oracle as `broker`.
+    pub deploy_accounts: bool,
+}
+
+impl SystemOptions {
+    /// `user` under deploy's accounts, `None` (no authentication) otherwise.
+    fn user(&self, user: &'static NatsUser) -> Option<&'static NatsUser> {
+        self.deploy_accounts.then_some(user)
+    }
 }
 
 impl Default for SystemOptions {
@@ -167,6 +180,8 @@ impl Default for SystemOptions {
             listener: true,
             broker_args: vec![],
             listener_args: vec![],
+            listener_env: vec![],
+            deploy_accounts: false,
         }
     }
 }
@@ -197,16 +212,77 @@ fn id(s: &str) -> ClientId {
     ClientId::new(s).expect("valid client id")
 }
 
+/// A NATS user of deploy/nats/accounts.conf, with the inbox prefix it must use.
+#[derive(Debug, Clone)]
+pub struct NatsUser {
+    /// The user name.
+    pub user: &'static str,
+    /// Its password (the suite's own, handed to nats-server as the config's variables).
+    pub password: &'static str,
+    /// The inbox prefix its permissions allow (`None`: `_INBOX`).
+    pub inbox_prefix: Option<&'static str>,
+}
+
+/// The public key of deploy's demo producer `shop` (deploy/msgtrail/clients.json), a NATS
+/// nkey user of the CLIENTS account with the inbox prefix `_INBOX_CLIENT.shop`.
+pub const DEMO_SHOP_PUBLIC_KEY: &str = "UCDCVLQXCRQX2PV7XTBYNHKMAMZXHZTPO4GQWK7GQWZVEVL6DQQLF6ZX";
+
+/// The brokers' user.
+pub const BROKER_USER: NatsUser = NatsUser {
+    user: "broker",
+    password: "faults-broker-secret",
+    inbox_prefix: None,
+};
+/// The listener's user.
+pub const LISTENER_USER: NatsUser = NatsUser {
+    user: "listener",
+    password: "faults-listener-secret",
+    inbox_prefix: None,
+};
+/// The password client of the CLIENTS account, on its own inbox prefix.
+pub const CLIENT_USER: NatsUser = NatsUser {
+    user: "client",
+    password: "faults-client-secret",
+    inbox_prefix: Some("_INBOX_CLIENT.client"),
+};
+
+/// deploy/nats/accounts.conf as nats-server configuration text, its password variables
+/// defined before it (nats-server's `include` takes no absolute path, so the file's text is
+/// appended as it is).
+pub fn deploy_accounts_config() -> String {
+    let path = msgtrail_test_support::process::workspace_root().join("deploy/nats/accounts.conf");
+    let accounts =
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    format!(
+        "NATS_SYS_PASSWORD: \"faults-sys-secret\"\n\
+         MSGTRAIL_BROKER_PASSWORD: \"{}\"\n\
+         MSGTRAIL_LISTENER_PASSWORD: \"{}\"\n\
+         MSGTRAIL_CLIENT_PASSWORD: \"{}\"\n{accounts}\n",
+        BROKER_USER.password, LISTENER_USER.password, CLIENT_USER.password
+    )
+}
+
 /// Connects to every URL of `urls` (each a seed), retrying until `within` passes.
 pub async fn connect(urls: &[String]) -> async_nats::Client {
+    connect_as(urls, None).await
+}
+
+/// Connects to every URL of `urls` as `user` (`None`: no authentication), retrying for up
+/// to 20 s.
+pub async fn connect_as(urls: &[String], user: Option<&NatsUser>) -> async_nats::Client {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let addrs: Vec<async_nats::ServerAddr> = urls.iter().map(|u| u.parse().unwrap()).collect();
-        match async_nats::ConnectOptions::new()
-            .retry_on_initial_connect()
-            .connect(addrs)
-            .await
-        {
+        let mut options = match user {
+            Some(u) => {
+                async_nats::ConnectOptions::with_user_and_password(u.user.into(), u.password.into())
+            }
+            None => async_nats::ConnectOptions::new(),
+        };
+        if let Some(prefix) = user.and_then(|u| u.inbox_prefix) {
+            options = options.custom_inbox_prefix(prefix);
+        }
+        match options.retry_on_initial_connect().connect(addrs).await {
             Ok(c) => return c,
             Err(e) if Instant::now() < deadline => {
                 let _ = e;
@@ -227,6 +303,16 @@ impl System {
             .unwrap();
         let nats = if options.cluster {
             Nats::Cluster(NatsCluster::start(3).expect("a 3-node nats cluster starts"))
+        } else if options.deploy_accounts {
+            Nats::Single(Box::new(
+                NatsNode::start_with(
+                    "nats",
+                    &dir.path().join("jetstream"),
+                    free_port(),
+                    deploy_accounts_config(),
+                )
+                .expect("nats-server starts under deploy/nats/accounts.conf"),
+            ))
         } else {
             Nats::Single(Box::new(
                 NatsNode::start(&dir.path().join("jetstream")).expect("nats-server must start"),
@@ -236,14 +322,21 @@ impl System {
         let consumer_id =
             Identity::generate(id("faults-billing-1")).with_service_name("faults-billing");
         let clients_file = dir.path().join("clients.json");
-        let clients = json!({ "clients": [
+        let mut clients = json!({ "clients": [
             { "id": "faults-shop", "role": "producer", "public_key": producer_id.public_key(),
               "topics": ["faults.>"], "service_name": "faults-shop" },
             { "id": "faults-billing-1", "role": "consumer", "public_key": consumer_id.public_key(),
               "topics": ["faults.>"], "service_name": "faults-billing" },
         ]});
+        if options.deploy_accounts {
+            // deploy's demo producer `shop` (its nkey is also a NATS user of the CLIENTS
+            // account), allowed on orders.> only: a legitimate client of its own.
+            clients["clients"].as_array_mut().unwrap().push(json!(
+                { "id": "shop", "role": "producer", "public_key": DEMO_SHOP_PUBLIC_KEY,
+                  "topics": ["orders.>"], "service_name": "shop-frontend" }));
+        }
         std::fs::write(&clients_file, serde_json::to_vec_pretty(&clients).unwrap()).unwrap();
-        let admin = connect(&nats.urls()).await;
+        let admin = connect_as(&nats.urls(), options.user(&BROKER_USER)).await;
         let listener_data = dir.path().join("listener-data");
         let mut sys = System {
             nats,
@@ -277,7 +370,7 @@ impl System {
     }
 
     fn base_spec(&self, name: &str) -> ProcessSpec {
-        ProcessSpec::new(
+        let spec = ProcessSpec::new(
             name,
             Self::bin(),
             self.dir.path().join(format!("{name}.log")),
@@ -287,6 +380,25 @@ impl System {
         .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
         .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
         .env_remove("OTEL_SERVICE_NAME")
+        .env_remove("NATS_USER")
+        .env_remove("NATS_PASSWORD");
+        // Under deploy's accounts a broker connects as `broker`, anything else as `listener`.
+        let user = if name.starts_with("broker") {
+            &BROKER_USER
+        } else {
+            &LISTENER_USER
+        };
+        match self.options.user(user) {
+            Some(u) => spec
+                .env("NATS_USER", u.user)
+                .env("NATS_PASSWORD", u.password),
+            None => spec,
+        }
+    }
+
+    /// The NATS user of the test's own clients (`None` without deploy's accounts).
+    pub fn client_user(&self) -> Option<&'static NatsUser> {
+        self.options.user(&CLIENT_USER)
     }
 
     /// Starts one more broker process (`broker-<n>`) and returns its index; does not wait.
@@ -299,11 +411,13 @@ impl System {
             self.clients_file.display().to_string(),
             "--service-name".into(),
             name.clone(),
-            "--ack-wait".into(),
-            ACK_WAIT.into(),
-            "--max-deliver".into(),
-            "20".into(),
         ];
+        // The suite's defaults, unless the scenario sets its own.
+        for (flag, value) in [("--ack-wait", ACK_WAIT), ("--max-deliver", "20")] {
+            if !self.options.broker_args.iter().any(|a| a == flag) {
+                args.extend([flag.into(), value.into()]);
+            }
+        }
         if self.options.cluster {
             args.extend(["--replicas".into(), "3".into()]);
         }
@@ -377,7 +491,10 @@ impl System {
             self.listener_addr.clone(),
         ];
         args.extend(self.options.listener_args.iter().cloned());
-        let spec = self.base_spec("listener").args(args);
+        let mut spec = self.base_spec("listener").args(args);
+        for (k, v) in &self.options.listener_env {
+            spec = spec.env(k, v);
+        }
         self.listener = Some(ChildProcess::spawn(spec).expect("listener process starts"));
     }
 
@@ -441,7 +558,7 @@ impl System {
     /// A producer on its own NATS connection (every URL a seed), with a short request timeout
     /// so that a dead broker costs a retry, not a long wait.
     pub async fn producer(&self) -> Producer {
-        let nats = connect(&self.nats.urls()).await;
+        let nats = connect_as(&self.nats.urls(), self.client_user()).await;
         let options = ProducerOptions {
             timeout: Duration::from_secs(2),
             ..Default::default()
@@ -454,7 +571,7 @@ impl System {
 
     /// A consumer on its own NATS connection.
     pub async fn consumer(&self) -> Consumer {
-        let nats = connect(&self.nats.urls()).await;
+        let nats = connect_as(&self.nats.urls(), self.client_user()).await;
         retry_open(|| {
             Consumer::connect_with(
                 nats.clone(),
@@ -675,6 +792,11 @@ impl History {
     /// Now, in ms since the start.
     pub fn now_ms(&self) -> f64 {
         ms_since(self.t0, Instant::now())
+    }
+
+    /// Records a call of `kind` on `key` that started at `start` and ends now.
+    pub fn record(&self, kind: &'static str, key: String, start: Instant, outcome: Outcome) {
+        self.push(kind, key, start, outcome);
     }
 
     fn push(&self, kind: &'static str, key: String, start: Instant, outcome: Outcome) {
