@@ -24,6 +24,7 @@ use futures::StreamExt;
 use msgtrail_core::frame::{DeliveredMessage, DeliveryBatch};
 use msgtrail_core::headers as h;
 use msgtrail_core::ids::validate_topic_filter;
+use msgtrail_core::outcome::RedeliveryOutcome;
 use msgtrail_core::subjects::{
     dead_letter_subject, message_subject, topic_of_subject, MESSAGE_STREAM,
 };
@@ -375,7 +376,7 @@ impl Deliverer {
         if t.attempt > 1 {
             Metrics::inc(&self.shared.metrics.redeliveries);
             let mut r1 = self.record(Stage::Redelivery, &token);
-            r1.outcome = Some("redeliver".into());
+            r1.set_outcome(RedeliveryOutcome::Redeliver);
             r1.detail = Some(format!(
                 "delivery attempt {} of {}: the previous delivery was nacked or not acked within the ack wait ({} ms)",
                 t.attempt,
@@ -638,7 +639,7 @@ impl Deliverer {
             Stage::PullAckReceived
         };
         let mut settle = self.record(stage, token);
-        settle.outcome = Some(kind.as_str().into());
+        settle.set_outcome(kind);
         settle.detail = reason.map(str::to_owned);
         self.shared.sink.record(settle);
         if effective == AckKind::Term {
@@ -678,7 +679,7 @@ impl Deliverer {
         Metrics::inc(&self.shared.metrics.dead_letters);
         let original = self.shared.stream.direct_get(seq).await;
         let mut r1 = StageRecord::now(Stage::Redelivery);
-        r1.outcome = Some("dead_letter".into());
+        r1.set_outcome(RedeliveryOutcome::DeadLetter);
         r1.detail = Some(why.to_owned());
         r1.group = Some(group.clone());
         r1.consumer = consumer.cloned();

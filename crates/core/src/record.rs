@@ -67,7 +67,7 @@ pub struct StageRecord {
 
 /// The outcome of a P2 or P3 that the listener recovered from the stored message itself
 /// (its `Msgtrail-Received-At` header and JetStream's stored time) rather than read from the
-/// broker's records.
+/// broker's records. The text of [`crate::outcome::StoreOutcome::Recovered`].
 pub const RECOVERED: &str = "recovered";
 
 /// Why a stage record or batch could not be decoded.
@@ -119,7 +119,8 @@ impl StageRecord {
     /// Whether this is a P2/P3 the listener recovered from the stored message itself rather
     /// than one the broker wrote ([`RECOVERED`]).
     pub fn is_recovered(&self) -> bool {
-        self.outcome.as_deref() == Some(RECOVERED)
+        matches!(self.stage, Stage::UploadReceived | Stage::Stored)
+            && self.store_outcome() == Some(crate::outcome::StoreOutcome::Recovered)
     }
 
     /// A stable key that identifies this record among redeliveries of the same batch: the
