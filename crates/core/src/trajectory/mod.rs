@@ -43,6 +43,8 @@ mod assembly;
 mod diagnosis;
 mod latency;
 pub mod model;
+#[cfg(test)]
+mod proptests;
 mod state;
 #[cfg(test)]
 mod tests;
