@@ -6,8 +6,9 @@
 //! - **trace ID of a message** = the 16 bytes of its message ID (UUIDv7), unchanged.
 //! - **span ID of a hop** = the first 8 bytes of `SHA-256(message-id-bytes ‖ hop-key)`, where
 //!   `hop-key` is the UTF-8 text of [`Hop::key`] (`send`, `store`,
-//!   `deliver/<group>/<consumer>/<attempt>`, `process/<group>/<consumer>/<attempt>`). An
-//!   all-zero result (invalid in OpenTelemetry) becomes `00…01`.
+//!   `deliver/<group>/<consumer>/<attempt>`, `process/<group>/<consumer>/<attempt>`, and for
+//!   a fetch by message ID the same with `/by-id` appended). An all-zero result (invalid in
+//!   OpenTelemetry) becomes `00…01`.
 //! - **trace ID of an orphan upload** (a P1 that never reached the broker, so it has no
 //!   message ID) = the first 16 bytes of `SHA-256("msgtrail-orphan" ‖ 0x00 ‖ producer ‖ 0x00 ‖
 //!   request-id)`, with the same zero rule.
@@ -41,6 +42,25 @@ pub enum Hop<'a> {
         /// Delivery attempt, from 1.
         attempt: u32,
     },
+    /// One delivery attempt of a fetch by message ID (its own attempt count, apart from
+    /// the group's subscriptions): C5 → C8.
+    DeliverById {
+        /// Consumer group.
+        group: &'a str,
+        /// Consumer ID.
+        consumer: &'a str,
+        /// Delivery attempt of the fetch by ID, from 1.
+        attempt: u32,
+    },
+    /// The consumer processing one delivery of a fetch by message ID.
+    ProcessById {
+        /// Consumer group.
+        group: &'a str,
+        /// Consumer ID.
+        consumer: &'a str,
+        /// Delivery attempt of the fetch by ID, from 1.
+        attempt: u32,
+    },
 }
 
 impl<'a> Hop<'a> {
@@ -52,8 +72,8 @@ impl<'a> Hop<'a> {
     /// Reads a hop key (docs/PROTOCOL.md §13):
     ///
     /// ```text
-    /// hop-key  = "send" / "store" / kind "/" group "/" consumer "/" attempt
-    /// kind     = "deliver" / "process"
+    /// hop-key  = "send" / "store" / kind "/" group "/" consumer "/" attempt [ "/by-id" ]
+    /// kind     = "deliver" / "process"   ; "/by-id": a delivery of a fetch by message ID
     /// group    = client-id            ; 1–64 of A-Z a-z 0-9 _ -
     /// consumer = client-id
     /// attempt  = 1*DIGIT              ; from 1
@@ -79,25 +99,54 @@ impl<'a> Hop<'a> {
                 let attempt = name()?
                     .parse()
                     .map_err(|_| bad("the attempt is not a number"))?;
-                if kind == "deliver" {
-                    Hop::Deliver {
-                        group,
-                        consumer,
-                        attempt,
+                let by_id = match parts.next() {
+                    None => false,
+                    Some("by-id") => true,
+                    Some(_) => {
+                        return Err(bad("a delivery hop key ends with its attempt or /by-id"))
                     }
-                } else {
-                    Hop::Process {
-                        group,
-                        consumer,
-                        attempt,
-                    }
-                }
+                };
+                Hop::delivery(kind == "deliver", by_id, group, consumer, attempt)
             }
             _ => return Err(bad("unknown hop kind")),
         };
         match parts.next() {
             None => Ok(hop),
             Some(_) => Err(bad("too many parts")),
+        }
+    }
+}
+
+impl<'a> Hop<'a> {
+    /// A deliver (or else process) hop, of a fetch by message ID or of a subscription.
+    pub fn delivery(
+        deliver: bool,
+        by_id: bool,
+        group: &'a str,
+        consumer: &'a str,
+        attempt: u32,
+    ) -> Hop<'a> {
+        match (deliver, by_id) {
+            (true, false) => Hop::Deliver {
+                group,
+                consumer,
+                attempt,
+            },
+            (false, false) => Hop::Process {
+                group,
+                consumer,
+                attempt,
+            },
+            (true, true) => Hop::DeliverById {
+                group,
+                consumer,
+                attempt,
+            },
+            (false, true) => Hop::ProcessById {
+                group,
+                consumer,
+                attempt,
+            },
         }
     }
 }
@@ -117,6 +166,16 @@ impl fmt::Display for Hop<'_> {
                 consumer,
                 attempt,
             } => write!(f, "process/{group}/{consumer}/{attempt}"),
+            Hop::DeliverById {
+                group,
+                consumer,
+                attempt,
+            } => write!(f, "deliver/{group}/{consumer}/{attempt}/by-id"),
+            Hop::ProcessById {
+                group,
+                consumer,
+                attempt,
+            } => write!(f, "process/{group}/{consumer}/{attempt}/by-id"),
         }
     }
 }
@@ -228,6 +287,16 @@ mod tests {
                 consumer: "c",
                 attempt: 1,
             },
+            Hop::DeliverById {
+                group: "g",
+                consumer: "c-1",
+                attempt: 3,
+            },
+            Hop::ProcessById {
+                group: "g",
+                consumer: "c-1",
+                attempt: 1,
+            },
         ];
         for h in hops {
             assert_eq!(Hop::parse(&h.key()), Ok(h.clone()));
@@ -240,10 +309,25 @@ mod tests {
             "deliver//c/1",
             "send/x",
             "store/",
+            "deliver/g/c/1/by-id/2",
+            "process/g/c/1/by",
         ] {
             let e = Hop::parse(bad).unwrap_err();
             assert_eq!(e.key, bad);
         }
+        let by_id = Hop::DeliverById {
+            group: "g",
+            consumer: "c",
+            attempt: 1,
+        };
+        assert_eq!(by_id.key(), "deliver/g/c/1/by-id");
+        let id: MessageId = "0193a5f2-7c1e-7b2a-9f10-3c4d5e6f7a8b".parse().unwrap();
+        let topic = Hop::Deliver {
+            group: "g",
+            consumer: "c",
+            attempt: 1,
+        };
+        assert_ne!(span_id(&id, &by_id), span_id(&id, &topic));
     }
 
     #[test]

@@ -243,6 +243,7 @@ fn full_key(r: &StageRecord) -> Option<DeliveryId> {
         group: r.group.as_ref()?.as_str().to_owned(),
         consumer: r.consumer.as_ref()?.as_str().to_owned(),
         attempt: r.attempt?,
+        by_id: r.by_id,
     })
 }
 
@@ -303,7 +304,8 @@ fn place_partial(attempts: &mut BTreeMap<DeliveryId, AttemptRecs>, partial: Vec<
         let candidates: Vec<(&DeliveryId, &u64)> = starts
             .iter()
             .filter(|(k, _)| {
-                g.is_none_or(|g| g == k.group)
+                k.by_id == r.by_id
+                    && g.is_none_or(|g| g == k.group)
                     && c.is_none_or(|c| c == k.consumer)
                     && r.attempt.is_none_or(|a| a == k.attempt)
             })
@@ -318,6 +320,7 @@ fn place_partial(attempts: &mut BTreeMap<DeliveryId, AttemptRecs>, partial: Vec<
             group: g.unwrap_or("unknown").to_owned(),
             consumer: c.unwrap_or("unknown").to_owned(),
             attempt: r.attempt.unwrap_or(1),
+            by_id: r.by_id,
         });
         push_attempt(attempts, key, r);
     }
@@ -360,6 +363,7 @@ fn upload_hop(ctx: &Ctx<'_>, id: HopId, start: u64, end: Option<u64>) -> HopSpan
         consumer: None,
         attempt: None,
         mode: None,
+        by_id: false,
         service: None,
         start,
         end,
@@ -586,6 +590,7 @@ fn attempt_hop(ctx: &Ctx<'_>, id: HopId, parent: HopId, mode: Option<DeliveryMod
         consumer: ClientId::new(d.consumer.clone()).ok(),
         attempt: Some(d.attempt),
         mode,
+        by_id: d.by_id,
         service: None,
         start: 0,
         end: None,
@@ -609,7 +614,8 @@ fn delivery_hops(
     for (d, v) in attempts {
         let mode = delivery_mode(&v);
         let deliver_id = HopId::Deliver(d.clone());
-        let who = format!("consumer {} (group {})", d.consumer, d.group);
+        let how = if d.by_id { ", by message ID" } else { "" };
+        let who = format!("consumer {} (group {}{how})", d.consumer, d.group);
         if !v.deliver.is_empty() || !v.process.is_empty() {
             let mut hop = attempt_hop(ctx, deliver_id.clone(), HopId::Store, mode);
             let process_start = v.process.iter().map(|r| r.at).min();

@@ -77,7 +77,9 @@ pub(super) fn diagnose(t: &Trajectory) -> String {
         .collect();
     for (i, d) in delivers.iter().enumerate() {
         // Each group's outcome after its last delivery.
-        let last_of_group = !delivers[i + 1..].iter().any(|later| later.group == d.group);
+        let last_of_group = !delivers[i + 1..]
+            .iter()
+            .any(|later| later.group == d.group && later.by_id == d.by_id);
         delivery_clauses(t, d, last_of_group, &mut parts);
     }
     if t.groups.is_empty() && t.state == MessageState::Enqueued {
@@ -141,20 +143,19 @@ fn delivery_clauses(t: &Trajectory, d: &HopSpan, last_of_group: bool, parts: &mu
     let g = d.group.as_ref().map(|g| g.as_str()).unwrap_or("?");
     let c = d.consumer.as_ref().map(|c| c.as_str()).unwrap_or("?");
     let a = d.attempt.unwrap_or(1);
+    let how = if d.by_id { " by message ID" } else { "" };
     parts.push(if a > 1 {
         format!(
-            "redelivered to {g}/{c}, attempt {a}, at {}",
+            "redelivered to {g}/{c}{how}, attempt {a}, at {}",
             clock_words(d.start)
         )
     } else {
-        format!("delivered to {g}/{c} at {}", clock_words(d.start))
+        format!("delivered to {g}/{c}{how} at {}", clock_words(d.start))
     });
-    let process = t.hops.iter().find(|h| {
-        h.kind == HopKind::Process
-            && h.group == d.group
-            && h.consumer == d.consumer
-            && h.attempt == d.attempt
-    });
+    let process = t
+        .hops
+        .iter()
+        .find(|h| h.kind == HopKind::Process && h.parent.as_ref() == Some(&d.key));
     parts.extend(
         process
             .filter(|p| p.status != HopStatus::Ok)
@@ -167,7 +168,10 @@ fn delivery_clauses(t: &Trajectory, d: &HopSpan, last_of_group: bool, parts: &mu
         )),
         _ => parts.extend(d.reason.clone()),
     }
-    let summary = t.groups.iter().find(|s| Some(&s.group) == d.group.as_ref());
+    let summary = t
+        .groups
+        .iter()
+        .find(|s| Some(&s.group) == d.group.as_ref() && s.by_id == d.by_id);
     if let (true, Some(e)) = (last_of_group, summary.and_then(|s| s.end_to_end_nanos)) {
         parts.push(format!("group {g} done {} end to end", latency_words(e)));
     }

@@ -35,7 +35,8 @@ impl Trajectory {
             let first_delivery = self
                 .hops
                 .iter()
-                .filter(|h| h.kind == HopKind::Deliver && h.group.as_ref() == Some(&g.group))
+                .filter(|h| h.kind == HopKind::Deliver && h.by_id == g.by_id)
+                .filter(|h| h.group.as_ref() == Some(&g.group))
                 .map(|h| h.start)
                 .min();
             if let (Some(s), Some(d)) = (stored, first_delivery) {

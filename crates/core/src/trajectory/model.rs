@@ -113,6 +113,10 @@ pub struct HopSpan {
     pub attempt: Option<u32>,
     /// Push or pull (deliver and process hops).
     pub mode: Option<DeliveryMode>,
+    /// A deliver or process hop of a fetch by message ID (docs/PROTOCOL.md §8.2): its own
+    /// consumption, apart from the group's subscriptions.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub by_id: bool,
     /// The `service.name` of the party that did the work, from the hop's records.
     pub service: Option<String>,
     /// When the hop started, Unix nanoseconds.
@@ -227,6 +231,10 @@ pub struct StateChange {
     pub group: Option<ClientId>,
     /// The consumer, for per-group states.
     pub consumer: Option<ClientId>,
+    /// For per-group states: of the group's fetches by message ID rather than of its
+    /// subscriptions.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub by_id: bool,
 }
 
 /// The consumption of the message by one consumer group.
@@ -234,6 +242,11 @@ pub struct StateChange {
 pub struct GroupSummary {
     /// The group.
     pub group: ClientId,
+    /// The group's fetches by message ID, summarized apart: a fetch by ID is not the
+    /// group's consumption (its subscriptions deliver the message all the same,
+    /// docs/PROTOCOL.md §8.2).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub by_id: bool,
     /// The group's state.
     pub state: MessageState,
     /// Delivery attempts seen (the highest attempt number).
@@ -360,6 +373,9 @@ pub struct DeliveryId {
     pub consumer: String,
     /// The delivery attempt, from 1.
     pub attempt: u32,
+    /// A delivery of a fetch by message ID (its attempts are counted apart from the group's
+    /// subscriptions'), rather than through a topic subscription.
+    pub by_id: bool,
 }
 
 /// The identity of a hop: what its key names and its span ID is computed from. Its
@@ -371,9 +387,10 @@ pub enum HopId {
     Send,
     /// The broker storing it: `store`.
     Store,
-    /// One delivery attempt, broker side: `deliver/<group>/<consumer>/<attempt>`.
+    /// One delivery attempt, broker side: `deliver/<group>/<consumer>/<attempt>`, with
+    /// `/by-id` appended for a fetch by message ID.
     Deliver(DeliveryId),
-    /// The same attempt, consumer side: `process/<group>/<consumer>/<attempt>`.
+    /// The same attempt, consumer side: `process/<group>/<consumer>/<attempt>[/by-id]`.
     Process(DeliveryId),
 }
 
@@ -383,16 +400,8 @@ impl HopId {
         match self {
             HopId::Send => Hop::Send,
             HopId::Store => Hop::Store,
-            HopId::Deliver(d) => Hop::Deliver {
-                group: &d.group,
-                consumer: &d.consumer,
-                attempt: d.attempt,
-            },
-            HopId::Process(d) => Hop::Process {
-                group: &d.group,
-                consumer: &d.consumer,
-                attempt: d.attempt,
-            },
+            HopId::Deliver(d) => Hop::delivery(true, d.by_id, &d.group, &d.consumer, d.attempt),
+            HopId::Process(d) => Hop::delivery(false, d.by_id, &d.group, &d.consumer, d.attempt),
         }
     }
 
@@ -422,10 +431,11 @@ impl HopId {
 
 impl From<Hop<'_>> for HopId {
     fn from(h: Hop<'_>) -> HopId {
-        let delivery = |group: &str, consumer: &str, attempt: u32| DeliveryId {
+        let delivery = |group: &str, consumer: &str, attempt: u32, by_id: bool| DeliveryId {
             group: group.to_owned(),
             consumer: consumer.to_owned(),
             attempt,
+            by_id,
         };
         match h {
             Hop::Send => HopId::Send,
@@ -434,12 +444,22 @@ impl From<Hop<'_>> for HopId {
                 group,
                 consumer,
                 attempt,
-            } => HopId::Deliver(delivery(group, consumer, attempt)),
+            } => HopId::Deliver(delivery(group, consumer, attempt, false)),
             Hop::Process {
                 group,
                 consumer,
                 attempt,
-            } => HopId::Process(delivery(group, consumer, attempt)),
+            } => HopId::Process(delivery(group, consumer, attempt, false)),
+            Hop::DeliverById {
+                group,
+                consumer,
+                attempt,
+            } => HopId::Deliver(delivery(group, consumer, attempt, true)),
+            Hop::ProcessById {
+                group,
+                consumer,
+                attempt,
+            } => HopId::Process(delivery(group, consumer, attempt, true)),
         }
     }
 }

@@ -48,10 +48,15 @@ pub(super) fn derive(
         .find(|h| h.kind == HopKind::Send && !h.inferred)
         .map(|h| h.start);
     let e2e_from = first_send.or(times.p2_at);
-    let group_names: BTreeSet<&ClientId> = t.hops.iter().filter_map(|h| h.group.as_ref()).collect();
-    t.groups = group_names
+    // A group's fetches by message ID are a consumption of their own (PROTOCOL.md §8.2).
+    let consumptions: BTreeSet<(&ClientId, bool)> = t
+        .hops
+        .iter()
+        .filter_map(|h| Some((h.group.as_ref()?, h.by_id)))
+        .collect();
+    t.groups = consumptions
         .into_iter()
-        .map(|g| group_summary(&t.hops, g, e2e_from, &mut failures))
+        .map(|(g, by_id)| group_summary(&t.hops, g, by_id, e2e_from, &mut failures))
         .collect();
     let (state, stuck_reason) = overall_state(ctx, t, times);
     failures.extend(stuck_reason);
@@ -63,16 +68,18 @@ pub(super) fn derive(
     t.failure = failures.into_iter().next();
 }
 
-/// One group's consumption; a dead letter or a stuck delivery adds its failure point.
+/// One group's consumption (through its subscriptions, or by message ID); a dead letter or
+/// a stuck delivery adds its failure point.
 fn group_summary(
     hops: &[HopSpan],
     group: &ClientId,
+    by_id: bool,
     e2e_from: Option<u64>,
     failures: &mut Vec<String>,
 ) -> GroupSummary {
     let gh: Vec<&HopSpan> = hops
         .iter()
-        .filter(|h| h.group.as_ref() == Some(group))
+        .filter(|h| h.group.as_ref() == Some(group) && h.by_id == by_id)
         .collect();
     let all_recs = || gh.iter().flat_map(|h| h.events.iter());
     let consumers: BTreeSet<ClientId> = gh.iter().filter_map(|h| h.consumer.clone()).collect();
@@ -95,8 +102,13 @@ fn group_summary(
     let state = group_state(&latest, dead, acked_at.is_some());
     if state == MessageState::DeadLettered {
         let last = last_error.as_deref().map(|e| format!("; last error: {e}"));
+        let how = if by_id {
+            " (fetched by message ID)"
+        } else {
+            ""
+        };
         failures.push(format!(
-            "dead-lettered by group {group} after {max_attempt} attempt(s){}",
+            "dead-lettered by group {group}{how} after {max_attempt} attempt(s){}",
             last.unwrap_or_default()
         ));
     }
@@ -106,6 +118,7 @@ fn group_summary(
     }
     GroupSummary {
         group: group.clone(),
+        by_id,
         state,
         attempts: max_attempt,
         consumers: consumers.into_iter().collect(),
@@ -214,6 +227,7 @@ fn state_history(ctx: &Ctx<'_>, t: &Trajectory, times: &UploadTimes) -> Vec<Stat
                 at,
                 group: hop.and_then(|h| h.group.clone()),
                 consumer: hop.and_then(|h| h.consumer.clone()),
+                by_id: hop.is_some_and(|h| h.by_id),
             });
         }
     };
@@ -231,7 +245,13 @@ fn state_history(ctx: &Ctx<'_>, t: &Trajectory, times: &UploadTimes) -> Vec<Stat
         push(t.state, ctx.opts.now, None);
     }
     states.sort_by(|a, b| {
-        (a.at, a.state, &a.group, &a.consumer).cmp(&(b.at, b.state, &b.group, &b.consumer))
+        (a.at, a.state, &a.group, &a.consumer, a.by_id).cmp(&(
+            b.at,
+            b.state,
+            &b.group,
+            &b.consumer,
+            b.by_id,
+        ))
     });
     states
 }

@@ -514,3 +514,59 @@ fn deliveries_alone_give_hops_on_their_own_time_axis() {
     assert!(t.groups.iter().all(|g| g.end_to_end_nanos.is_none()));
     assert!(t.first_at >= T0);
 }
+
+#[test]
+fn a_fetch_by_id_and_a_subscription_delivery_are_different_hops() {
+    let by_id = |mut r: StageRecord| {
+        r.by_id = true;
+        r
+    };
+    let recs = vec![
+        up(Stage::UploadReceived, 1, true),
+        up(Stage::Stored, 2, true),
+        by_id(dl(Stage::PullSent, 5, "billing", "b-1", 1)),
+        by_id(dl(Stage::PullReceived, 6, "billing", "b-1", 1)),
+        by_id(with_outcome(
+            dl(Stage::PullAckReceived, 8, "billing", "b-1", 1),
+            "ack",
+            None,
+        )),
+        dl(Stage::PullSent, 10, "billing", "b-1", 1),
+        dl(Stage::PullReceived, 11, "billing", "b-1", 1),
+    ];
+    let t = Trajectory::assemble(recs, &AssembleOptions::default()).unwrap();
+    let keys: Vec<&str> = t.hops.iter().map(|h| h.key.as_str()).collect();
+    assert_eq!(
+        keys,
+        [
+            "send",
+            "store",
+            "deliver/billing/b-1/1/by-id",
+            "process/billing/b-1/1/by-id",
+            "deliver/billing/b-1/1",
+            "process/billing/b-1/1"
+        ]
+    );
+    let spans: std::collections::BTreeSet<&str> =
+        t.hops.iter().filter_map(|h| h.span_id.as_deref()).collect();
+    assert_eq!(spans.len(), t.hops.len(), "one span ID per hop");
+    for h in &t.hops {
+        assert_eq!(h.id().unwrap().to_string(), h.key);
+    }
+    // The fetch by ID is not the group's consumption: the subscription's delivery is open.
+    assert_eq!(t.groups.len(), 2);
+    let (sub, fetched) = (&t.groups[0], &t.groups[1]);
+    assert!(!sub.by_id && fetched.by_id);
+    assert_eq!(fetched.state, MessageState::Consumed);
+    assert_eq!(sub.state, MessageState::Delivered);
+    assert_eq!(t.state, MessageState::Delivered);
+    assert!(
+        t.diagnosis
+            .contains("delivered to billing/b-1 by message ID at"),
+        "{}",
+        t.diagnosis
+    );
+    // Records without the flag are not taken for the fetch by ID (nor the other way).
+    let d = t.hop("deliver/billing/b-1/1/by-id").unwrap();
+    assert!(d.by_id && d.events.iter().all(|r| r.by_id));
+}
