@@ -363,6 +363,67 @@ async fn fetch_by_message_id() {
         .is_empty());
 }
 
+/// A fetch by message ID and a delivery through the group's topic subscription are two
+/// deliveries: their records say which is which (`by_id`, stamped by the broker also on the
+/// consumer's reports), so the trajectory has a hop and a span ID for each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fetch_by_id_and_a_subscription_delivery_are_different_hops() {
+    use msgtrail_core::trajectory::{AssembleOptions, Trajectory};
+    let sys = TestSystem::start().await;
+    let producer = sys.producer("shop").await;
+    let consumer = sys.consumer("billing-1").await;
+    let sent = producer.send("orders.eu", "m").await.unwrap();
+    let mut by_id = sub("billing", "orders.*");
+    by_id.message_id = Some(sent.message_id);
+    let fetched = consumer.fetch(&by_id, 1, WAIT).await.unwrap();
+    assert!(fetched[0].by_id);
+    consumer
+        .process(fetched[0].clone(), |_| async { Ok::<(), String>(()) })
+        .await
+        .unwrap()
+        .unwrap();
+    // Not the group's consumption: its topic subscription delivers the message too.
+    let again = consumer
+        .fetch(&sub("billing", "orders.*"), 1, WAIT)
+        .await
+        .unwrap();
+    assert_eq!(again[0].message_id, sent.message_id);
+    assert!(!again[0].by_id);
+    assert_ne!(fetched[0].process_span_ids(), again[0].process_span_ids());
+    consumer.ack(&again[0]).await.unwrap();
+    let recs = sys
+        .records_for(sent.message_id, |r| {
+            r.iter()
+                .filter(|r| r.stage == Stage::PullAckReceived)
+                .count()
+                == 2
+                && r.iter().any(|r| r.stage == Stage::ProcessFinished)
+        })
+        .await;
+    let flagged = |stage: Stage| {
+        recs.iter()
+            .filter(|r| r.stage == stage)
+            .map(|r| r.by_id)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(flagged(Stage::ProcessFinished), [true], "{recs:#?}");
+    let mut c5 = flagged(Stage::PullSent);
+    c5.sort();
+    assert_eq!(c5, [false, true]);
+    let t = Trajectory::assemble(recs, &AssembleOptions::default()).unwrap();
+    assert!(
+        t.hop("deliver/billing/billing-1/1/by-id").is_some(),
+        "{t:#?}"
+    );
+    assert!(t.hop("deliver/billing/billing-1/1").is_some(), "{t:#?}");
+    let (_, span) = fetched[0].process_span_ids();
+    let process = t.hop("process/billing/billing-1/1/by-id").unwrap();
+    assert_eq!(
+        process.span_id.as_deref(),
+        Some(msgtrail_core::trace_ids::hex(&span).as_str())
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_repeated_request_id_is_stored_once_with_the_same_message_id() {
     let sys = TestSystem::start().await;

@@ -17,6 +17,7 @@ use crate::stage_sink::StageSink;
 use async_nats::jetstream::kv::{Operation, Store};
 use base64::Engine;
 use futures::StreamExt;
+use msgtrail_core::outcome::ChannelOutcome;
 use msgtrail_core::wire::{ChallengeReply, KeepaliveReply, OpenReply, OpenRequest};
 use msgtrail_core::{ClientId, ErrorCode, Role, Stage, StageRecord, WireError};
 use serde::{Deserialize, Serialize};
@@ -139,11 +140,11 @@ impl Channels {
         match &result {
             Ok(_) => {
                 Metrics::inc(&self.inner.metrics.channels_opened);
-                rec.outcome = Some("opened".into());
+                rec.set_outcome(ChannelOutcome::Opened);
             }
             Err(e) => {
                 Metrics::inc(&self.inner.metrics.channels_refused);
-                rec.outcome = Some("refused".into());
+                rec.set_outcome(ChannelOutcome::Refused);
                 rec.detail = Some(e.to_string());
             }
         }
@@ -322,7 +323,7 @@ impl Channels {
             Role::Producer => rec.producer = Some(ch.client_id.clone()),
             Role::Consumer => rec.consumer = Some(ch.client_id.clone()),
         }
-        rec.outcome = Some("closed".into());
+        rec.set_outcome(ChannelOutcome::Closed);
         rec.service = Some(self.inner.service_name.clone());
         self.inner.sink.record(rec);
         Ok(())
@@ -365,7 +366,7 @@ async fn sweep_expired(inner: std::sync::Weak<Inner>) {
                 Role::Producer => rec.producer = Some(ch.client_id.clone()),
                 Role::Consumer => rec.consumer = Some(ch.client_id.clone()),
             }
-            rec.outcome = Some("expired".into());
+            rec.set_outcome(ChannelOutcome::Expired);
             rec.detail = Some(format!("no keepalive within {} ms", inner.ttl.as_millis()));
             rec.service = Some(inner.service_name.clone());
             inner.sink.record(rec);

@@ -24,6 +24,7 @@ use futures::StreamExt;
 use msgtrail_core::frame::{DeliveredMessage, DeliveryBatch};
 use msgtrail_core::headers as h;
 use msgtrail_core::ids::validate_topic_filter;
+use msgtrail_core::outcome::RedeliveryOutcome;
 use msgtrail_core::subjects::{
     dead_letter_subject, message_subject, topic_of_subject, MESSAGE_STREAM,
 };
@@ -117,6 +118,20 @@ pub fn durable_name(sub: &Subscription) -> String {
         parts.push(v);
     }
     format!("g-{}-{:016x}", sub.group, fnv64(&parts))
+}
+
+/// The durable consumer of a group's fetches by message ID of one message
+/// (`g-<group>-m<32 hex>`, docs/PROTOCOL.md §8.2).
+pub fn by_id_durable_name(group: &str, id: &MessageId) -> String {
+    format!("g-{group}-m{}", id.trace_hex())
+}
+
+/// Whether a durable consumer name is one of fetches by message ID (`g-<group>-m<32 hex>`).
+pub fn is_by_id_durable(name: &str) -> bool {
+    name.strip_prefix("g-")
+        .and_then(|s| s.rsplit_once('-'))
+        .and_then(|(_, last)| last.strip_prefix('m'))
+        .is_some_and(|hex| hex.len() == 32 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
 /// The group of a durable consumer name (`g-<group>-<hash>`).
@@ -375,7 +390,7 @@ impl Deliverer {
         if t.attempt > 1 {
             Metrics::inc(&self.shared.metrics.redeliveries);
             let mut r1 = self.record(Stage::Redelivery, &token);
-            r1.outcome = Some("redeliver".into());
+            r1.set_outcome(RedeliveryOutcome::Redeliver);
             r1.detail = Some(format!(
                 "delivery attempt {} of {}: the previous delivery was nacked or not acked within the ack wait ({} ms)",
                 t.attempt,
@@ -402,6 +417,7 @@ impl Deliverer {
         r.topic = Some(token.t.clone());
         r.stream_seq = Some(token.q);
         r.service = Some(self.shared.config.service_name.clone());
+        r.by_id = token.by_id();
         r
     }
 
@@ -508,7 +524,7 @@ impl Deliverer {
         let Some((seq, subject)) = self.find_by_id(sub, id).await? else {
             return Ok(vec![]);
         };
-        let name = format!("g-{}-m{}", sub.group, id.trace_hex());
+        let name = by_id_durable_name(sub.group.as_str(), &id);
         let config = pull::Config {
             durable_name: Some(name),
             filter_subject: subject,
@@ -638,7 +654,7 @@ impl Deliverer {
             Stage::PullAckReceived
         };
         let mut settle = self.record(stage, token);
-        settle.outcome = Some(kind.as_str().into());
+        settle.set_outcome(kind);
         settle.detail = reason.map(str::to_owned);
         self.shared.sink.record(settle);
         if effective == AckKind::Term {
@@ -650,8 +666,15 @@ impl Deliverer {
                 ),
                 _ => format!("terminated by consumer {}{because}", token.c),
             };
-            self.dead_letter(token.q, &token.g, Some(&token.c), token.n, &why)
-                .await;
+            self.dead_letter(
+                token.q,
+                &token.g,
+                Some(&token.c),
+                token.n,
+                token.by_id(),
+                &why,
+            )
+            .await;
         }
         Ok(token.s.clone().map(|s| (s, token.q)))
     }
@@ -673,16 +696,18 @@ impl Deliverer {
         group: &ClientId,
         consumer: Option<&ClientId>,
         attempt: u32,
+        by_id: bool,
         why: &str,
     ) {
         Metrics::inc(&self.shared.metrics.dead_letters);
         let original = self.shared.stream.direct_get(seq).await;
         let mut r1 = StageRecord::now(Stage::Redelivery);
-        r1.outcome = Some("dead_letter".into());
+        r1.set_outcome(RedeliveryOutcome::DeadLetter);
         r1.detail = Some(why.to_owned());
         r1.group = Some(group.clone());
         r1.consumer = consumer.cloned();
         r1.attempt = Some(attempt);
+        r1.by_id = by_id;
         r1.stream_seq = Some(seq);
         r1.service = Some(self.shared.config.service_name.clone());
         match original {
@@ -762,7 +787,9 @@ impl Deliverer {
                 "not acked within the ack wait ({} ms) on any of {attempt} delivery attempts",
                 self.shared.config.ack_wait.as_millis()
             );
-            self.dead_letter(seq, &group, None, attempt, &why).await;
+            let by_id = is_by_id_durable(consumer);
+            self.dead_letter(seq, &group, None, attempt, by_id, &why)
+                .await;
         }
     }
 }

@@ -347,6 +347,7 @@ impl Relay {
                 r.attempt = Some(t.n);
                 r.stream_seq = Some(t.q);
                 r.topic = Some(t.t.clone());
+                r.by_id = t.by_id();
             }
         }
         Ok(())

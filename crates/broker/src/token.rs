@@ -48,6 +48,13 @@ pub struct AckToken {
 }
 
 impl AckToken {
+    /// Whether this is a delivery of a fetch by message ID: its JetStream ack subject names
+    /// the group's per-message durable consumer ([`crate::consume::by_id_durable_name`]).
+    pub fn by_id(&self) -> bool {
+        let durable = crate::consume::by_id_durable_name(self.g.as_str(), &self.m);
+        self.a.split('.').any(|token| token == durable)
+    }
+
     /// Encodes and signs the token.
     pub fn encode(&self, key: &SigningKey) -> String {
         let body = URL_SAFE_NO_PAD.encode(self.to_bytes());
@@ -178,6 +185,22 @@ mod tests {
             s: None,
             a: "$JS.ACK.MSGTRAIL_MESSAGES.g-billing-1.1.7.7.1.0".into(),
         }
+    }
+
+    #[test]
+    fn a_fetch_by_id_is_told_by_its_durable_consumer() {
+        let mut t = token();
+        assert!(!t.by_id());
+        let durable = crate::consume::by_id_durable_name("billing", &t.m);
+        assert!(crate::consume::is_by_id_durable(&durable));
+        assert!(!crate::consume::is_by_id_durable(
+            "g-billing-0123456789abcdef"
+        ));
+        t.a = format!("$JS.ACK.MSGTRAIL_MESSAGES.{durable}.1.7.1.1.0");
+        assert!(t.by_id());
+        // Another message's or group's by-ID consumer is not this delivery's.
+        t.m = MessageId::new();
+        assert!(!t.by_id());
     }
 
     #[test]

@@ -27,6 +27,7 @@ use base64::Engine;
 use bytes::Bytes;
 use msgtrail_core::frame::{UploadBatch, UploadResult, UploadResults};
 use msgtrail_core::headers as h;
+use msgtrail_core::outcome::StoreOutcome;
 use msgtrail_core::subjects::message_subject;
 use msgtrail_core::wire::UploadReply;
 use msgtrail_core::{ErrorCode, MessageId, RequestId, Role, Stage, StageRecord, Topic, WireError};
@@ -486,7 +487,7 @@ impl Uploader {
         p2.producer = Some(channel.client_id.clone());
         p2.topic = Topic::new(raw.topic).ok().map(|t| t.to_string());
         p2.attempt = Some(raw.attempt);
-        p2.outcome = Some("refused".into());
+        p2.set_outcome(StoreOutcome::Refused);
         p2.detail = Some(e.to_string());
         p2.service = Some(self.shared.config.service_name.clone());
         self.shared.sink.record(p2);

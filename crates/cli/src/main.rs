@@ -11,6 +11,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod commands;
 mod common;
+mod present;
 mod signal;
 
 /// msgtrail: a message broker over NATS that records the trajectory of every message.

@@ -85,6 +85,8 @@ pub struct Received {
     pub consumer: ClientId,
     /// Pushed (true) or pulled (false).
     pub push: bool,
+    /// Fetched by message ID (docs/PROTOCOL.md §8.2): its hops have keys of their own.
+    pub by_id: bool,
     /// The token to settle it with.
     pub ack_token: String,
 }
@@ -92,13 +94,16 @@ pub struct Received {
 impl Received {
     /// The trace and span IDs of this delivery's `process` span, the span the listener
     /// exports for it: trace ID = message ID, span ID = the documented hash of
-    /// (message ID, `process/<group>/<consumer>/<attempt>`). No propagation involved.
+    /// (message ID, `process/<group>/<consumer>/<attempt>`, with `/by-id` for a fetch by
+    /// message ID). No propagation involved.
     pub fn process_span_ids(&self) -> ([u8; 16], [u8; 8]) {
-        let hop = msgtrail_core::trace_ids::Hop::Process {
-            group: self.group.as_str(),
-            consumer: self.consumer.as_str(),
-            attempt: self.delivery_attempt,
-        };
+        let hop = msgtrail_core::trace_ids::Hop::delivery(
+            false,
+            self.by_id,
+            self.group.as_str(),
+            self.consumer.as_str(),
+            self.delivery_attempt,
+        );
         (
             msgtrail_core::trace_ids::trace_id(&self.message_id),
             msgtrail_core::trace_ids::span_id(&self.message_id, &hop),
@@ -277,6 +282,7 @@ fn received(d: DeliveredMessage, consumer: &ClientId, push: bool) -> Result<Rece
         group,
         consumer: consumer.clone(),
         push,
+        by_id: false,
         ack_token: d.ack_token,
     })
 }
@@ -377,7 +383,7 @@ impl Consumer {
             })
             .await?;
         let me = self.client_id();
-        let out = if frame::frame_kind(&reply.payload) == Some(FrameKind::Deliveries) {
+        let mut out = if frame::frame_kind(&reply.payload) == Some(FrameKind::Deliveries) {
             let batch = DeliveryBatch::decode(&reply.payload)
                 .map_err(|e| ClientError::Decode(e.to_string()))?;
             batch
@@ -389,6 +395,9 @@ impl Consumer {
             // A broker that predates binary deliveries answers in JSON.
             json_deliveries(decode(&reply)?, me)?
         };
+        for r in &mut out {
+            r.by_id = sub.message_id.is_some();
+        }
         for r in &out {
             self.hooks.emit_with(|| HookEvent::Received {
                 delivery: r.info(),
@@ -588,6 +597,7 @@ impl PushStream {
             group: self.group.clone(),
             consumer: self.consumer.client_id().clone(),
             push: true,
+            by_id: false,
             ack_token: get(h::ACK_TOKEN)?,
         })
     }
@@ -657,6 +667,7 @@ fn json_deliveries(reply: FetchReply, me: &ClientId) -> Result<Vec<Received>, Cl
                 group: d.group,
                 consumer: me.clone(),
                 push: false,
+                by_id: false,
                 ack_token: d.ack_token,
             })
         })

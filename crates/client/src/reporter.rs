@@ -24,6 +24,7 @@ use crate::channel::{decode, Channel};
 use crate::error::ClientError;
 use crate::hooks::{HookEvent, Hooks};
 use msgtrail_core::frame::{self, ReportedRecord, ReportsOutcome};
+use msgtrail_core::outcome::{ConfirmOutcome, ProcessOutcome};
 use msgtrail_core::subjects as s;
 use msgtrail_core::wire::OkReply;
 use msgtrail_core::{Stage, StageRecord};
@@ -94,7 +95,7 @@ pub fn record_of(event: &HookEvent) -> Option<StageRecord> {
             r.message_id = Some(reply.message_id);
             r.stream_seq = Some(reply.stream_seq);
             if reply.duplicate {
-                r.outcome = Some("duplicate".into());
+                r.set_outcome(ConfirmOutcome::Duplicate);
             }
             r
         }
@@ -116,9 +117,9 @@ pub fn record_of(event: &HookEvent) -> Option<StageRecord> {
         } => {
             let mut r = delivery_record(Stage::ProcessFinished, delivery, *at);
             match outcome {
-                Ok(()) => r.outcome = Some("ok".into()),
+                Ok(()) => r.set_outcome(ProcessOutcome::Ok),
                 Err(e) => {
-                    r.outcome = Some("failed".into());
+                    r.set_outcome(ProcessOutcome::Failed);
                     r.detail = Some(e.chars().take(1024).collect());
                 }
             }
@@ -131,7 +132,7 @@ pub fn record_of(event: &HookEvent) -> Option<StageRecord> {
                 Stage::PullAckSent
             };
             let mut r = delivery_record(stage, delivery, *at);
-            r.outcome = Some(kind.as_str().into());
+            r.set_outcome(*kind);
             r
         }
         HookEvent::AfterSend { .. } => return None,

@@ -329,6 +329,8 @@ const F_TRACEPARENT: u16 = 1 << 11;
 const F_ATTRS: u16 = 1 << 12;
 const F_PAYLOAD_SIZE: u16 = 1 << 13;
 const F_PAYLOAD_HEAD: u16 = 1 << 14;
+/// A flag without a value: the record's `by_id` (a decoder that predates it ignores it).
+const F_BY_ID: u16 = 1 << 15;
 
 fn write_record(w: &mut Writer, r: &StageRecord) {
     let mut present = 0u16;
@@ -352,6 +354,7 @@ fn write_record(w: &mut Writer, r: &StageRecord) {
     flag(!r.attrs.is_empty(), F_ATTRS);
     flag(r.payload_size.is_some(), F_PAYLOAD_SIZE);
     flag(r.payload_head.is_some(), F_PAYLOAD_HEAD);
+    flag(r.by_id, F_BY_ID);
     w.u8(stage_byte(r.stage));
     w.u64(r.at);
     w.u16(present);
@@ -482,6 +485,7 @@ fn read_record(r: &mut Reader<'_>) -> Result<Result<StageRecord, String>, FrameE
     if has(F_PAYLOAD_SIZE) {
         rec.payload_size = Some(r.u64()?);
     }
+    rec.by_id = has(F_BY_ID);
     if has(F_PAYLOAD_HEAD) {
         rec.payload_head = Some(r.str16()?);
     }
@@ -1099,6 +1103,24 @@ mod tests {
             bytes.len(),
             json.len()
         );
+    }
+
+    #[test]
+    fn by_id_is_a_flag_without_bytes_and_absent_records_encode_as_before() {
+        let mut r = StageRecord::at(Stage::PullSent, 5);
+        let plain = encode_stage_batch([&r]);
+        let plain_json = r.to_json();
+        r.by_id = true;
+        let flagged = encode_stage_batch([&r]);
+        assert_eq!(plain.len(), flagged.len(), "no value bytes, one flag bit");
+        assert_eq!(
+            decode_stage_batch(&Bytes::from(flagged)).unwrap(),
+            vec![r.clone()]
+        );
+        assert!(!plain_json.contains("by_id"));
+        assert!(r.to_json().ends_with(r#","by_id":true}"#));
+        let back: StageRecord = serde_json::from_str(&r.to_json()).unwrap();
+        assert_eq!(back, r);
     }
 
     #[test]

@@ -9,6 +9,8 @@
 //!   message IDs, so every part computes the same IDs without propagating context.
 //! - [`stage`]: the stage model (P1–P4, C1–C8, X1/X2, N1, A1, R1, D1).
 //! - [`record`]: a stage record and its JSON encoding (stage stream version 1, reports).
+//! - [`outcome`]: the typed outcome of each stage (per-stage enums over the record's
+//!   outcome text).
 //! - [`frame`]: the binary frames of the batched message path and the compact stage-record
 //!   encoding (stage stream version 2).
 //! - [`subjects`]: the NATS subjects and stream names of the protocol.
@@ -24,6 +26,7 @@
 pub mod frame;
 pub mod headers;
 pub mod ids;
+pub mod outcome;
 pub mod record;
 pub mod stage;
 pub mod subjects;

@@ -63,11 +63,16 @@ pub struct StageRecord {
     /// The first bytes of the payload, base64 (P2; the broker's `--record-payload-bytes`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub payload_head: Option<String>,
+    /// The record belongs to a delivery of a fetch by message ID (C5–C8, X1, X2, R1 of it,
+    /// set by the broker): a consumption of its own, apart from the group's topic
+    /// subscriptions (docs/PROTOCOL.md §8.2). Absent (false) for every other record.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub by_id: bool,
 }
 
 /// The outcome of a P2 or P3 that the listener recovered from the stored message itself
 /// (its `Msgtrail-Received-At` header and JetStream's stored time) rather than read from the
-/// broker's records.
+/// broker's records. The text of [`crate::outcome::StoreOutcome::Recovered`].
 pub const RECOVERED: &str = "recovered";
 
 /// Why a stage record or batch could not be decoded.
@@ -113,22 +118,25 @@ impl StageRecord {
             attrs: BTreeMap::new(),
             payload_size: None,
             payload_head: None,
+            by_id: false,
         }
     }
 
     /// Whether this is a P2/P3 the listener recovered from the stored message itself rather
     /// than one the broker wrote ([`RECOVERED`]).
     pub fn is_recovered(&self) -> bool {
-        self.outcome.as_deref() == Some(RECOVERED)
+        matches!(self.stage, Stage::UploadReceived | Stage::Stored)
+            && self.store_outcome() == Some(crate::outcome::StoreOutcome::Recovered)
     }
 
     /// A stable key that identifies this record among redeliveries of the same batch: the
     /// listener applies a record once per key. A recovered record has a key of its own, so
     /// that the broker's record of the same stage is never dropped for it (the assembly
-    /// prefers the broker's).
+    /// prefers the broker's), and so has a record of a fetch by message ID (it is another
+    /// delivery than the subscription's of the same attempt number).
     pub fn dedup_key(&self) -> String {
         format!(
-            "{}|{}|{}|{}|{}|{}|{}|{}{}",
+            "{}|{}|{}|{}|{}|{}|{}|{}{}{}",
             self.stage,
             self.at,
             self.message_id.map(|m| m.to_string()).unwrap_or_default(),
@@ -151,6 +159,7 @@ impl StageRecord {
             } else {
                 ""
             },
+            if self.by_id { "|by-id" } else { "" },
         )
     }
 

@@ -6,14 +6,16 @@
 //! - **trace ID of a message** = the 16 bytes of its message ID (UUIDv7), unchanged.
 //! - **span ID of a hop** = the first 8 bytes of `SHA-256(message-id-bytes ‖ hop-key)`, where
 //!   `hop-key` is the UTF-8 text of [`Hop::key`] (`send`, `store`,
-//!   `deliver/<group>/<consumer>/<attempt>`, `process/<group>/<consumer>/<attempt>`). An
-//!   all-zero result (invalid in OpenTelemetry) becomes `00…01`.
+//!   `deliver/<group>/<consumer>/<attempt>`, `process/<group>/<consumer>/<attempt>`, and for
+//!   a fetch by message ID the same with `/by-id` appended). An all-zero result (invalid in
+//!   OpenTelemetry) becomes `00…01`.
 //! - **trace ID of an orphan upload** (a P1 that never reached the broker, so it has no
 //!   message ID) = the first 16 bytes of `SHA-256("msgtrail-orphan" ‖ 0x00 ‖ producer ‖ 0x00 ‖
 //!   request-id)`, with the same zero rule.
 
 use crate::ids::{ClientId, MessageId, RequestId};
 use sha2::{Digest, Sha256};
+use std::fmt;
 
 /// One hop of a trajectory, the unit that becomes one span.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -40,26 +42,152 @@ pub enum Hop<'a> {
         /// Delivery attempt, from 1.
         attempt: u32,
     },
+    /// One delivery attempt of a fetch by message ID (its own attempt count, apart from
+    /// the group's subscriptions): C5 → C8.
+    DeliverById {
+        /// Consumer group.
+        group: &'a str,
+        /// Consumer ID.
+        consumer: &'a str,
+        /// Delivery attempt of the fetch by ID, from 1.
+        attempt: u32,
+    },
+    /// The consumer processing one delivery of a fetch by message ID.
+    ProcessById {
+        /// Consumer group.
+        group: &'a str,
+        /// Consumer ID.
+        consumer: &'a str,
+        /// Delivery attempt of the fetch by ID, from 1.
+        attempt: u32,
+    },
 }
 
-impl Hop<'_> {
-    /// The hop key hashed into the span ID.
+impl<'a> Hop<'a> {
+    /// The hop key hashed into the span ID (the [`Display`](fmt::Display) form).
     pub fn key(&self) -> String {
+        self.to_string()
+    }
+
+    /// Reads a hop key (docs/PROTOCOL.md §13):
+    ///
+    /// ```text
+    /// hop-key  = "send" / "store" / kind "/" group "/" consumer "/" attempt [ "/by-id" ]
+    /// kind     = "deliver" / "process"   ; "/by-id": a delivery of a fetch by message ID
+    /// group    = client-id            ; 1–64 of A-Z a-z 0-9 _ -
+    /// consumer = client-id
+    /// attempt  = 1*DIGIT              ; from 1
+    /// ```
+    pub fn parse(key: &'a str) -> Result<Hop<'a>, HopKeyError> {
+        let bad = |why: &'static str| HopKeyError {
+            key: key.to_owned(),
+            why,
+        };
+        let mut parts = key.split('/');
+        let kind = parts.next().unwrap_or_default();
+        let hop = match kind {
+            "send" => Hop::Send,
+            "store" => Hop::Store,
+            "deliver" | "process" => {
+                let mut name = || {
+                    parts
+                        .next()
+                        .filter(|p| !p.is_empty())
+                        .ok_or_else(|| bad("a delivery hop names its group, consumer and attempt"))
+                };
+                let (group, consumer) = (name()?, name()?);
+                let attempt = name()?
+                    .parse()
+                    .map_err(|_| bad("the attempt is not a number"))?;
+                let by_id = match parts.next() {
+                    None => false,
+                    Some("by-id") => true,
+                    Some(_) => {
+                        return Err(bad("a delivery hop key ends with its attempt or /by-id"))
+                    }
+                };
+                Hop::delivery(kind == "deliver", by_id, group, consumer, attempt)
+            }
+            _ => return Err(bad("unknown hop kind")),
+        };
+        match parts.next() {
+            None => Ok(hop),
+            Some(_) => Err(bad("too many parts")),
+        }
+    }
+}
+
+impl<'a> Hop<'a> {
+    /// A deliver (or else process) hop, of a fetch by message ID or of a subscription.
+    pub fn delivery(
+        deliver: bool,
+        by_id: bool,
+        group: &'a str,
+        consumer: &'a str,
+        attempt: u32,
+    ) -> Hop<'a> {
+        match (deliver, by_id) {
+            (true, false) => Hop::Deliver {
+                group,
+                consumer,
+                attempt,
+            },
+            (false, false) => Hop::Process {
+                group,
+                consumer,
+                attempt,
+            },
+            (true, true) => Hop::DeliverById {
+                group,
+                consumer,
+                attempt,
+            },
+            (false, true) => Hop::ProcessById {
+                group,
+                consumer,
+                attempt,
+            },
+        }
+    }
+}
+
+impl fmt::Display for Hop<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Hop::Send => "send".to_owned(),
-            Hop::Store => "store".to_owned(),
+            Hop::Send => f.write_str("send"),
+            Hop::Store => f.write_str("store"),
             Hop::Deliver {
                 group,
                 consumer,
                 attempt,
-            } => format!("deliver/{group}/{consumer}/{attempt}"),
+            } => write!(f, "deliver/{group}/{consumer}/{attempt}"),
             Hop::Process {
                 group,
                 consumer,
                 attempt,
-            } => format!("process/{group}/{consumer}/{attempt}"),
+            } => write!(f, "process/{group}/{consumer}/{attempt}"),
+            Hop::DeliverById {
+                group,
+                consumer,
+                attempt,
+            } => write!(f, "deliver/{group}/{consumer}/{attempt}/by-id"),
+            Hop::ProcessById {
+                group,
+                consumer,
+                attempt,
+            } => write!(f, "process/{group}/{consumer}/{attempt}/by-id"),
         }
     }
+}
+
+/// A text that is not a hop key.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid hop key {key:?}: {why}")]
+pub struct HopKeyError {
+    /// The text.
+    pub key: String,
+    /// What is wrong with it.
+    pub why: &'static str,
 }
 
 /// The trace ID of a message: its 16 bytes.
@@ -71,7 +199,7 @@ pub fn trace_id(message_id: &MessageId) -> [u8; 16] {
 pub fn span_id(message_id: &MessageId, hop: &Hop<'_>) -> [u8; 8] {
     let mut h = Sha256::new();
     h.update(message_id.as_bytes());
-    h.update(hop.key().as_bytes());
+    h.update(hop.to_string().as_bytes());
     let digest = h.finalize();
     let mut out = [0u8; 8];
     out.copy_from_slice(&digest[..8]);
@@ -142,6 +270,64 @@ mod tests {
         // Reference value, reproducible with:
         // python3 -c "import hashlib,uuid;print(hashlib.sha256(uuid.UUID('0193a5f2-7c1e-7b2a-9f10-3c4d5e6f7a8b').bytes+b'send').hexdigest()[:16])"
         assert_eq!(hex(&send), "48c7eb5f9750d85c");
+    }
+
+    #[test]
+    fn hop_keys_round_trip_and_bad_ones_say_why() {
+        let hops = [
+            Hop::Send,
+            Hop::Store,
+            Hop::Deliver {
+                group: "g",
+                consumer: "c-1",
+                attempt: 3,
+            },
+            Hop::Process {
+                group: "g_2",
+                consumer: "c",
+                attempt: 1,
+            },
+            Hop::DeliverById {
+                group: "g",
+                consumer: "c-1",
+                attempt: 3,
+            },
+            Hop::ProcessById {
+                group: "g",
+                consumer: "c-1",
+                attempt: 1,
+            },
+        ];
+        for h in hops {
+            assert_eq!(Hop::parse(&h.key()), Ok(h.clone()));
+        }
+        for bad in [
+            "",
+            "nope",
+            "deliver/g/c",
+            "deliver/g/c/x",
+            "deliver//c/1",
+            "send/x",
+            "store/",
+            "deliver/g/c/1/by-id/2",
+            "process/g/c/1/by",
+        ] {
+            let e = Hop::parse(bad).unwrap_err();
+            assert_eq!(e.key, bad);
+        }
+        let by_id = Hop::DeliverById {
+            group: "g",
+            consumer: "c",
+            attempt: 1,
+        };
+        assert_eq!(by_id.key(), "deliver/g/c/1/by-id");
+        let id: MessageId = "0193a5f2-7c1e-7b2a-9f10-3c4d5e6f7a8b".parse().unwrap();
+        let topic = Hop::Deliver {
+            group: "g",
+            consumer: "c",
+            attempt: 1,
+        };
+        assert_ne!(span_id(&id, &by_id), span_id(&id, &topic));
     }
 
     #[test]

@@ -44,6 +44,7 @@ use async_nats::jetstream::{self, consumer, stream};
 use async_nats::HeaderMap;
 use futures::StreamExt;
 use msgtrail_core::headers as h;
+use msgtrail_core::outcome::StoreOutcome;
 use msgtrail_core::subjects::{topic_of_subject, MESSAGE_STREAM, MESSAGE_SUBJECT_PREFIX};
 pub use msgtrail_core::trajectory::RECOVERED;
 use msgtrail_core::{ClientId, MessageId, RequestId, Stage, StageRecord};
@@ -168,7 +169,7 @@ pub fn records_of(
         r.topic = topic.clone();
         r.attempt = attempt;
         r.service = service.clone();
-        r.outcome = Some(RECOVERED.to_owned());
+        r.set_outcome(StoreOutcome::Recovered);
         r
     };
 

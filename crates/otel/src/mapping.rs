@@ -30,8 +30,9 @@
 //! msgtrail's own are under `msgtrail.*` (`msgtrail.hop`, `msgtrail.attempt`,
 //! `msgtrail.delivery.mode`, `msgtrail.hop.status`, `msgtrail.synthesized`, …).
 
+use msgtrail_core::outcome::{Outcome, ProcessOutcome, RedeliveryOutcome, SettleOutcome};
 use msgtrail_core::trace_ids::{self, Hop};
-use msgtrail_core::trajectory::{DeliveryMode, HopKind, HopSpan, HopStatus, Trajectory};
+use msgtrail_core::trajectory::{DeliveryMode, HopId, HopKind, HopSpan, HopStatus, Trajectory};
 use msgtrail_core::{MessageId, Stage, StageRecord};
 use opentelemetry::trace::{
     Event, Link, SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState,
@@ -102,34 +103,10 @@ pub fn orphan_send_span_id(trace_id: TraceId) -> SpanId {
     SpanId::from_bytes(out)
 }
 
-/// The hop a hop key names (`send`, `store`, `deliver/<g>/<c>/<n>`, `process/<g>/<c>/<n>`).
+/// The hop a hop key names ([`Hop::parse`], the grammar of docs/PROTOCOL.md §13); `None`
+/// for a text that is not a hop key.
 pub fn parse_hop_key(key: &str) -> Option<Hop<'_>> {
-    let mut parts = key.split('/');
-    let kind = parts.next()?;
-    let hop = match kind {
-        "send" => Hop::Send,
-        "store" => Hop::Store,
-        "deliver" | "process" => {
-            let group = parts.next()?;
-            let consumer = parts.next()?;
-            let attempt = parts.next()?.parse().ok()?;
-            if kind == "deliver" {
-                Hop::Deliver {
-                    group,
-                    consumer,
-                    attempt,
-                }
-            } else {
-                Hop::Process {
-                    group,
-                    consumer,
-                    attempt,
-                }
-            }
-        }
-        _ => return None,
-    };
-    parts.next().is_none().then_some(hop)
+    Hop::parse(key).ok()
 }
 
 /// The span context of a message's process span for one delivery: what a consumer's
@@ -266,30 +243,23 @@ pub fn record_event(r: &StageRecord) -> Event {
     )
 }
 
-/// The stages that carry a settle outcome (`ack`, `nack`, `term`).
-const SETTLE_STAGES: &[Stage] = &[
-    Stage::PushAckSent,
-    Stage::PushAckReceived,
-    Stage::PullAckSent,
-    Stage::PullAckReceived,
-];
-
 /// Why a hop failed, as a short `error.type`.
 fn error_type(hop: &HopSpan) -> &'static str {
-    let outcome = |stages: &[Stage], o: &str| {
+    // Typed outcomes are read per stage: a settle outcome only from C3/C4/C7/C8, and so on.
+    let outcome = |o: Outcome| {
         hop.events
             .iter()
-            .any(|r| stages.contains(&r.stage) && r.outcome.as_deref() == Some(o))
+            .any(|r| r.typed_outcome() == Some(o.clone()))
     };
-    if outcome(&[Stage::Redelivery], "dead_letter") {
+    if outcome(RedeliveryOutcome::DeadLetter.into()) {
         "dead_letter"
-    } else if outcome(&[Stage::ProcessFinished], "failed") {
+    } else if outcome(ProcessOutcome::Failed.into()) {
         "processing_failed"
-    } else if outcome(SETTLE_STAGES, "nack") {
+    } else if outcome(SettleOutcome::Nack.into()) {
         "nack"
-    } else if outcome(SETTLE_STAGES, "term") {
+    } else if outcome(SettleOutcome::Term.into()) {
         "term"
-    } else if outcome(&[Stage::Redelivery], "redeliver") {
+    } else if outcome(RedeliveryOutcome::Redeliver.into()) {
         "no_ack"
     } else if hop.end.is_none() {
         "timeout"
@@ -334,9 +304,7 @@ fn hop_span_id(t: &Trajectory, hop: &HopSpan, trace_id: TraceId) -> Option<SpanI
         return SpanId::from_hex(hex).ok();
     }
     match (&t.message_id, hop.kind) {
-        (Some(m), _) => {
-            parse_hop_key(&hop.key).map(|h| SpanId::from_bytes(trace_ids::span_id(m, &h)))
-        }
+        (Some(m), _) => hop.id().ok().map(|h| SpanId::from_bytes(h.span_id(m))),
         (None, HopKind::Send) => Some(orphan_send_span_id(trace_id)),
         (None, _) => None,
     }
@@ -352,8 +320,8 @@ fn parent_span_id(t: &Trajectory, hop: &HopSpan) -> SpanId {
         }
     }
     // The parent has no record yet: its ID is computable all the same.
-    match (&t.message_id, parse_hop_key(key)) {
-        (Some(m), Some(h)) => SpanId::from_bytes(trace_ids::span_id(m, &h)),
+    match (&t.message_id, key.parse::<HopId>()) {
+        (Some(m), Ok(h)) => SpanId::from_bytes(h.span_id(m)),
         _ => SpanId::INVALID,
     }
 }

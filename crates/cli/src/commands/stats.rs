@@ -1,9 +1,10 @@
 //! `msgtrail stats [--topic T] [--json]`: the listener's statistics as a table.
 
 use super::trace::ListenerArgs;
+use crate::present::format_latency as ms;
 use anyhow::Context;
 use clap::Args as ClapArgs;
-use msgtrail_core::trajectory::{format_latency as ms, MessageState};
+use msgtrail_core::trajectory::MessageState;
 use msgtrail_listener::stats::LatencyStats;
 use msgtrail_listener::StatsSnapshot;
 

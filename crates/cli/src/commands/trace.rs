@@ -5,12 +5,13 @@
 //! messages: the listener answers with the latest, and both the note above the timeline and
 //! the timeline's header name every one of them.
 
+use crate::present::{format_clock as clock, format_latency as ms};
 use anyhow::Context;
 use clap::Args as ClapArgs;
+use msgtrail_core::outcome::RedeliveryOutcome;
 use msgtrail_core::stage::Stage;
 use msgtrail_core::trajectory::{
-    format_clock as clock, format_latency as ms, DeliveryMode, HopKind, HopSpan, HopStatus,
-    MessageState, Trajectory,
+    DeliveryMode, HopKind, HopSpan, HopStatus, MessageState, Trajectory,
 };
 use msgtrail_core::StageRecord;
 use msgtrail_listener::client::{ListenerClient, DEFAULT_URL, ENV_LISTENER_URL};
@@ -243,8 +244,8 @@ pub fn describe(r: &StageRecord) -> String {
         Stage::ProcessFinished => "processing finished",
         Stage::NoMatch => "no matching message",
         Stage::Channel => "channel",
-        Stage::Redelivery => match r.outcome.as_deref() {
-            Some("dead_letter") => "dead-lettered",
+        Stage::Redelivery => match r.redelivery_outcome() {
+            Some(RedeliveryOutcome::DeadLetter) => "dead-lettered",
             _ => "redelivery scheduled",
         },
         Stage::Duplicate => "duplicate upload suppressed",

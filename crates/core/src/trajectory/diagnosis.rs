@@ -1,0 +1,178 @@
+//! The plain-words account of a trajectory: one clause per step, in the order things
+//! happened, joined by `; `. Runs last, on the finished [`Trajectory`] (hops, groups, state
+//! and failure), and again when [`Trajectory::set_same_request`] names other uploads.
+
+use super::model::{HopKind, HopSpan, HopStatus, MessageState, Trajectory};
+use crate::ids::MessageId;
+use crate::time::format_rfc3339_millis;
+
+/// A latency in words: `0.8 ms`, `41 ms`, `2.97 s`.
+fn latency_words(nanos: u64) -> String {
+    let ms = nanos as f64 / 1e6;
+    if ms >= 1000.0 {
+        format!("{:.2} s", ms / 1000.0)
+    } else if ms >= 10.0 {
+        format!("{ms:.0} ms")
+    } else {
+        format!("{ms:.1} ms")
+    }
+}
+
+/// The UTC time of day with milliseconds: `12:00:01.003`.
+fn clock_words(nanos: u64) -> String {
+    // `2026-12-01T12:00:01.003Z` → `12:00:01.003`
+    let s = format_rfc3339_millis(nanos);
+    s.get(11..23).unwrap_or(&s).to_owned()
+}
+
+/// The clause saying that the request ID was stored as several messages (uploaded again
+/// after the dedup window, a duplicate the broker no longer recognised), naming the others
+/// in upload order.
+fn same_request_clause(t: &Trajectory) -> Option<String> {
+    if t.same_request.is_empty() {
+        return None;
+    }
+    let req = t
+        .request_id
+        .as_ref()
+        .map(|r| format!("request id {r}"))
+        .unwrap_or_else(|| "its request id".to_owned());
+    let n = t.same_request.len() + 1;
+    let list = |ids: &[MessageId]| {
+        ids.iter()
+            .map(|m| m.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let (before, after): (Vec<MessageId>, Vec<MessageId>) = t
+        .same_request
+        .iter()
+        .partition(|m| t.message_id.is_some_and(|own| **m < own));
+    Some(if before.is_empty() {
+        format!(
+            "duplicate after the dedup window: {req} was stored again as message {}: {n} messages",
+            list(&after)
+        )
+    } else {
+        let later = if after.is_empty() {
+            String::new()
+        } else {
+            format!(", then as message {}", list(&after))
+        };
+        format!(
+            "duplicate after the dedup window: {req} was stored before as message {}, and again as this one{later}: {n} messages",
+            list(&before)
+        )
+    })
+}
+
+/// The plain-words account: one clause per step, joined by `; `.
+pub(super) fn diagnose(t: &Trajectory) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    upload_clauses(t, &mut parts);
+    let delivers: Vec<&HopSpan> = t
+        .hops
+        .iter()
+        .filter(|h| h.kind == HopKind::Deliver)
+        .collect();
+    for (i, d) in delivers.iter().enumerate() {
+        // Each group's outcome after its last delivery.
+        let last_of_group = !delivers[i + 1..]
+            .iter()
+            .any(|later| later.group == d.group && later.by_id == d.by_id);
+        delivery_clauses(t, d, last_of_group, &mut parts);
+    }
+    if t.groups.is_empty() && t.state == MessageState::Enqueued {
+        parts.push("not delivered yet".to_owned());
+    }
+    if let Some(f) = &t.failure {
+        if !parts.iter().any(|p| p == f) {
+            parts.push(f.clone());
+        }
+    }
+    let s = parts.join("; ");
+    if s.is_empty() {
+        format!("state {}", t.state)
+    } else {
+        s
+    }
+}
+
+/// Sent (by whom, how often), duplicates, the same request stored again, stored.
+fn upload_clauses(t: &Trajectory, parts: &mut Vec<String>) {
+    let send = t.hop("send");
+    if let Some(send) = send.filter(|s| !s.synthesized) {
+        let who = t.producer.as_ref().map(|p| format!(" by {p}"));
+        let tries = (t.upload_attempts > 1).then(|| format!(" ({} attempts)", t.upload_attempts));
+        parts.push(format!(
+            "sent{} {}{}",
+            who.unwrap_or_default(),
+            clock_words(send.start),
+            tries.unwrap_or_default()
+        ));
+    }
+    if t.duplicates > 0 {
+        parts.push(format!("{} duplicate upload(s) suppressed", t.duplicates));
+    }
+    parts.extend(same_request_clause(t));
+    match (t.hop("store"), send) {
+        (Some(st), _) => match st.end {
+            Some(end) => {
+                let lat = send.filter(|s| !s.synthesized).map(|s| {
+                    let l = latency_words(end.saturating_sub(s.start));
+                    format!(" ({l} after sending)")
+                });
+                parts.push(format!(
+                    "stored {}{}",
+                    clock_words(end),
+                    lat.unwrap_or_default()
+                ));
+            }
+            None => parts.push(format!(
+                "received by the broker {}, not stored",
+                clock_words(st.start)
+            )),
+        },
+        (None, send) => parts.extend(send.and_then(|s| s.reason.clone())),
+    }
+}
+
+/// One delivery: to whom and when, the processing's trouble, the ack or why not, and the
+/// group's end-to-end time after its last delivery.
+fn delivery_clauses(t: &Trajectory, d: &HopSpan, last_of_group: bool, parts: &mut Vec<String>) {
+    let g = d.group.as_ref().map(|g| g.as_str()).unwrap_or("?");
+    let c = d.consumer.as_ref().map(|c| c.as_str()).unwrap_or("?");
+    let a = d.attempt.unwrap_or(1);
+    let how = if d.by_id { " by message ID" } else { "" };
+    parts.push(if a > 1 {
+        format!(
+            "redelivered to {g}/{c}{how}, attempt {a}, at {}",
+            clock_words(d.start)
+        )
+    } else {
+        format!("delivered to {g}/{c}{how} at {}", clock_words(d.start))
+    });
+    let process = t
+        .hops
+        .iter()
+        .find(|h| h.kind == HopKind::Process && h.parent.as_ref() == Some(&d.key));
+    parts.extend(
+        process
+            .filter(|p| p.status != HopStatus::Ok)
+            .and_then(|p| p.reason.clone()),
+    );
+    match d.status {
+        HopStatus::Ok => parts.push(format!(
+            "acked after {}",
+            latency_words(d.latency_nanos.unwrap_or(0))
+        )),
+        _ => parts.extend(d.reason.clone()),
+    }
+    let summary = t
+        .groups
+        .iter()
+        .find(|s| Some(&s.group) == d.group.as_ref() && s.by_id == d.by_id);
+    if let (true, Some(e)) = (last_of_group, summary.and_then(|s| s.end_to_end_nanos)) {
+        parts.push(format!("group {g} done {} end to end", latency_words(e)));
+    }
+}

@@ -1,0 +1,257 @@
+//! From hops to the shadow message: per-group summaries ([`group_summary`]), the overall
+//! state ([`overall_state`]), the state history ([`state_history`]) and the first failure
+//! point. Runs after [`super::assembly`] built the hops, before [`super::diagnosis`].
+
+use super::assembly::{Ctx, UploadTimes};
+use super::model::{
+    GroupSummary, HopKind, HopSpan, HopStatus, MessageState, StateChange, Trajectory,
+};
+use crate::ids::ClientId;
+use crate::outcome::{Outcome, ProcessOutcome, RedeliveryOutcome, SettleOutcome};
+use crate::record::StageRecord;
+use crate::stage::Stage;
+use std::collections::BTreeSet;
+
+/// Whether a settle record (C4/C8) acked: an ack, or no outcome at all.
+fn is_ack(r: &StageRecord) -> bool {
+    matches!(
+        r.typed_outcome(),
+        None | Some(Outcome::Settle(SettleOutcome::Ack))
+    )
+}
+
+fn is_settle_received(r: &StageRecord) -> bool {
+    matches!(r.stage, Stage::PushAckReceived | Stage::PullAckReceived)
+}
+
+fn is_dead_letter(r: &StageRecord) -> bool {
+    r.stage == Stage::Redelivery && r.redelivery_outcome() == Some(RedeliveryOutcome::DeadLetter)
+}
+
+fn is_failed_processing(r: &StageRecord) -> bool {
+    r.stage == Stage::ProcessFinished && r.process_outcome() == Some(ProcessOutcome::Failed)
+}
+
+/// Fills the groups, the state, the state history and the failure of `t`, whose hops are
+/// built. `failures` are the failure points the hops found, in order; the first one (of
+/// those and of the ones found here) is the trajectory's failure.
+pub(super) fn derive(
+    ctx: &Ctx<'_>,
+    t: &mut Trajectory,
+    times: &UploadTimes,
+    mut failures: Vec<String>,
+) {
+    // Times implied by inference are no measurements: no latency starts at them.
+    let first_send = t
+        .hops
+        .iter()
+        .find(|h| h.kind == HopKind::Send && !h.inferred)
+        .map(|h| h.start);
+    let e2e_from = first_send.or(times.p2_at);
+    // A group's fetches by message ID are a consumption of their own (PROTOCOL.md §8.2).
+    let consumptions: BTreeSet<(&ClientId, bool)> = t
+        .hops
+        .iter()
+        .filter_map(|h| Some((h.group.as_ref()?, h.by_id)))
+        .collect();
+    t.groups = consumptions
+        .into_iter()
+        .map(|(g, by_id)| group_summary(&t.hops, g, by_id, e2e_from, &mut failures))
+        .collect();
+    let (state, stuck_reason) = overall_state(ctx, t, times);
+    failures.extend(stuck_reason);
+    if state == MessageState::Lost {
+        failures.extend(t.hop("send").and_then(|h| h.reason.clone()));
+    }
+    t.state = state;
+    t.states = state_history(ctx, t, times);
+    t.failure = failures.into_iter().next();
+}
+
+/// One group's consumption (through its subscriptions, or by message ID); a dead letter or
+/// a stuck delivery adds its failure point.
+fn group_summary(
+    hops: &[HopSpan],
+    group: &ClientId,
+    by_id: bool,
+    e2e_from: Option<u64>,
+    failures: &mut Vec<String>,
+) -> GroupSummary {
+    let gh: Vec<&HopSpan> = hops
+        .iter()
+        .filter(|h| h.group.as_ref() == Some(group) && h.by_id == by_id)
+        .collect();
+    let all_recs = || gh.iter().flat_map(|h| h.events.iter());
+    let consumers: BTreeSet<ClientId> = gh.iter().filter_map(|h| h.consumer.clone()).collect();
+    let max_attempt = gh.iter().filter_map(|h| h.attempt).max().unwrap_or(0);
+    let acked_at = all_recs()
+        .filter(|r| is_settle_received(r) && is_ack(r))
+        .map(|r| r.at)
+        .max();
+    let dead = all_recs().any(is_dead_letter);
+    let last_error = all_recs()
+        .filter(|r| is_failed_processing(r))
+        .max_by_key(|r| r.at)
+        .map(|r| r.detail.clone().unwrap_or_else(|| "failed".into()));
+    // The latest attempt decides the state.
+    let latest: Vec<&HopSpan> = gh
+        .iter()
+        .copied()
+        .filter(|h| h.attempt == Some(max_attempt))
+        .collect();
+    let state = group_state(&latest, dead, acked_at.is_some());
+    if state == MessageState::DeadLettered {
+        let last = last_error.as_deref().map(|e| format!("; last error: {e}"));
+        let how = if by_id {
+            " (fetched by message ID)"
+        } else {
+            ""
+        };
+        failures.push(format!(
+            "dead-lettered by group {group}{how} after {max_attempt} attempt(s){}",
+            last.unwrap_or_default()
+        ));
+    }
+    if state == MessageState::Stuck {
+        let stuck = latest.iter().find(|h| h.status == HopStatus::Error);
+        failures.extend(stuck.and_then(|h| h.reason.clone()));
+    }
+    GroupSummary {
+        group: group.clone(),
+        by_id,
+        state,
+        attempts: max_attempt,
+        consumers: consumers.into_iter().collect(),
+        acked_at,
+        end_to_end_nanos: match (e2e_from, acked_at) {
+            (Some(f), Some(a)) => Some(a.saturating_sub(f)),
+            _ => None,
+        },
+        last_error,
+    }
+}
+
+/// A group's state from its latest attempt's hops.
+fn group_state(latest: &[&HopSpan], dead: bool, acked: bool) -> MessageState {
+    let latest_recs = || latest.iter().flat_map(|h| h.events.iter());
+    if dead {
+        MessageState::DeadLettered
+    } else if acked {
+        MessageState::Consumed
+    } else if latest.iter().any(|h| {
+        h.status == HopStatus::Error && h.reason.as_deref().is_some_and(|r| r.starts_with("stuck"))
+    }) {
+        MessageState::Stuck
+    } else if latest
+        .iter()
+        .any(|h| h.kind == HopKind::Process && h.status == HopStatus::Error)
+        || latest_recs().any(|r| is_settle_received(r) && r.outcome.is_some() && !is_ack(r))
+    {
+        MessageState::Failed
+    } else if latest_recs().any(|r| r.stage == Stage::ProcessStarted) {
+        MessageState::Consuming
+    } else {
+        MessageState::Delivered
+    }
+}
+
+/// The overall state, and why it is stuck when the store or the first delivery is overdue.
+fn overall_state(
+    ctx: &Ctx<'_>,
+    t: &Trajectory,
+    times: &UploadTimes,
+) -> (MessageState, Option<String>) {
+    let d = ctx.opts.deadlines;
+    // A later stage implies the earlier ones: a delivered message was stored.
+    let stored =
+        times.p3_at.is_some() || times.p2_at.is_some() || times.first_delivery_at.is_some();
+    if !stored {
+        let lost = t.hop("send").is_some_and(|h| h.status == HopStatus::Error);
+        let state = if lost {
+            MessageState::Lost
+        } else {
+            MessageState::Sent
+        };
+        return (state, None);
+    }
+    if t.groups.is_empty() {
+        let since = times.p3_at.or(times.p2_at).unwrap_or(0);
+        return if times.p3_at.is_some() && ctx.overdue(since, d.delivered_ms) {
+            let why = format!(
+                "stored, but not delivered to any consumer within {} ms",
+                d.delivered_ms
+            );
+            (MessageState::Stuck, Some(why))
+        } else if times.p3_at.is_none() && ctx.overdue(since, d.stored_ms) {
+            let why = "received by the broker, never stored".to_owned();
+            (MessageState::Stuck, Some(why))
+        } else {
+            (MessageState::Enqueued, None)
+        };
+    }
+    // The worst group state wins.
+    let worst = [
+        MessageState::DeadLettered,
+        MessageState::Stuck,
+        MessageState::Failed,
+        MessageState::Consuming,
+        MessageState::Delivered,
+    ]
+    .into_iter()
+    .find(|s| t.groups.iter().any(|g| g.state == *s));
+    (worst.unwrap_or(MessageState::Consumed), None)
+}
+
+/// The state a record moves its group to, if any.
+fn record_state(r: &StageRecord) -> Option<MessageState> {
+    match r.stage {
+        Stage::PushSent | Stage::PullSent => Some(MessageState::Delivered),
+        Stage::ProcessStarted => Some(MessageState::Consuming),
+        Stage::ProcessFinished if is_failed_processing(r) => Some(MessageState::Failed),
+        Stage::PushAckReceived | Stage::PullAckReceived if is_ack(r) => {
+            Some(MessageState::Consumed)
+        }
+        Stage::PushAckReceived | Stage::PullAckReceived => Some(MessageState::Failed),
+        Stage::Redelivery if is_dead_letter(r) => Some(MessageState::DeadLettered),
+        _ => None,
+    }
+}
+
+/// Every state change with its time, in order.
+fn state_history(ctx: &Ctx<'_>, t: &Trajectory, times: &UploadTimes) -> Vec<StateChange> {
+    let mut states = Vec::new();
+    let mut push = |state: MessageState, at: Option<u64>, hop: Option<&HopSpan>| {
+        if let Some(at) = at {
+            states.push(StateChange {
+                state,
+                at,
+                group: hop.and_then(|h| h.group.clone()),
+                consumer: hop.and_then(|h| h.consumer.clone()),
+                by_id: hop.is_some_and(|h| h.by_id),
+            });
+        }
+    };
+    push(MessageState::Sent, times.p1_at, None);
+    let enqueued = times.p3_at.or(times.p2_at).or(times.first_delivery_at);
+    push(MessageState::Enqueued, enqueued, None);
+    for h in &t.hops {
+        for r in &h.events {
+            if let Some(s) = record_state(r) {
+                push(s, Some(r.at), Some(h));
+            }
+        }
+    }
+    if matches!(t.state, MessageState::Stuck | MessageState::Lost) {
+        push(t.state, ctx.opts.now, None);
+    }
+    states.sort_by(|a, b| {
+        (a.at, a.state, &a.group, &a.consumer, a.by_id).cmp(&(
+            b.at,
+            b.state,
+            &b.group,
+            &b.consumer,
+            b.by_id,
+        ))
+    });
+    states
+}
