@@ -38,6 +38,7 @@ use crate::error::{QueryError, StoreError};
 use crate::summary::{new_latencies, topic_state};
 pub use crate::summary::{MessageSummary, StateDelta, TopicState};
 use base64::Engine;
+use msgtrail_core::outcome::{ChannelOutcome, RedeliveryOutcome};
 use msgtrail_core::stage::Stage;
 use msgtrail_core::trajectory::{AssembleOptions, Deadlines, MessageState, Segment, Trajectory};
 use msgtrail_core::{MessageId, RequestId, StageRecord};
@@ -722,7 +723,7 @@ impl Store {
                         // Channel and no-match records name no message: they are counted,
                         // not stored (a redelivered batch may count them twice).
                         t.bump(Counter::Stage(r.stage).into(), 1, &mut out.counters)?;
-                        if r.stage == Stage::Channel && r.outcome.as_deref() == Some("refused") {
+                        if r.channel_outcome() == Some(ChannelOutcome::Refused) {
                             t.bump(Counter::ChannelsRefused.into(), 1, &mut out.counters)?;
                         }
                         t.bump(Counter::Unkeyed.into(), 1, &mut out.counters)?;
@@ -842,7 +843,8 @@ impl Store {
                 own.records.reserve(incoming);
                 let mut inserted = 0usize;
                 // (stage, outcome) of the inserted records that are new to the store.
-                let mut fresh_inserted: Vec<(Stage, Option<String>)> = Vec::new();
+                // (stage, recovered, dead letter) of the inserted records new to the store.
+                let mut fresh_inserted: Vec<(Stage, bool, bool)> = Vec::new();
                 let mut seen: HashSet<u64> = HashSet::new();
                 for r in moved.into_iter().chain(fresh) {
                     let dk = records::dedup_hash(&r);
@@ -853,7 +855,8 @@ impl Store {
                     inserted += 1;
                     // Moved records are not new; count only the fresh ones.
                     if !moved_keys.contains(&dk) {
-                        fresh_inserted.push((r.stage, r.outcome.clone()));
+                        let dead = r.redelivery_outcome() == Some(RedeliveryOutcome::DeadLetter);
+                        fresh_inserted.push((r.stage, r.is_recovered(), dead));
                     }
                     all.push(r.clone());
                     own.records.push(r);
@@ -865,20 +868,17 @@ impl Store {
                 }
                 // Events also count per topic, once the message's topic is known (below).
                 let mut topic_events: Vec<Counter> = Vec::new();
-                for (stage, outcome) in &fresh_inserted {
+                for (stage, recovered, dead_letter) in &fresh_inserted {
                     // Recovered P2/P3 (store evidence) count apart: most stand beside the
                     // broker's own record of the same stage.
-                    let stage_counter =
-                        if outcome.as_deref() == Some(msgtrail_core::record::RECOVERED) {
-                            Counter::StageRecovered(*stage)
-                        } else {
-                            Counter::Stage(*stage)
-                        };
+                    let stage_counter = if *recovered {
+                        Counter::StageRecovered(*stage)
+                    } else {
+                        Counter::Stage(*stage)
+                    };
                     t.bump(stage_counter.into(), 1, &mut out.counters)?;
-                    match (*stage, outcome.as_deref()) {
-                        (Stage::Redelivery, Some("dead_letter")) => {
-                            topic_events.push(Counter::DeadLetters)
-                        }
+                    match (*stage, dead_letter) {
+                        (Stage::Redelivery, true) => topic_events.push(Counter::DeadLetters),
                         (Stage::Redelivery, _) => topic_events.push(Counter::Redeliveries),
                         (Stage::Duplicate, _) => topic_events.push(Counter::Duplicates),
                         _ => {}

@@ -39,6 +39,8 @@ const F_PAYLOAD_SIZE: u32 = 1 << 13;
 const F_PAYLOAD_HEAD: u32 = 1 << 14;
 /// The record's message ID differs from the value's (written in full after the bits).
 const F_OTHER_MESSAGE_ID: u32 = 1 << 15;
+/// A delivery fetched by message ID (no value bytes).
+const F_BY_ID: u32 = 1 << 16;
 
 /// The records being written: their bytes, and the string table they refer to.
 struct Writer<'a> {
@@ -123,6 +125,7 @@ fn write_record<'a>(w: &mut Writer<'a>, r: &'a StageRecord, id: Option<MessageId
     set(!r.attrs.is_empty(), F_ATTRS);
     set(r.payload_size.is_some(), F_PAYLOAD_SIZE);
     set(r.payload_head.is_some(), F_PAYLOAD_HEAD);
+    set(r.by_id, F_BY_ID);
     w.body.u8(msgtrail_core::frame::stage_byte(r.stage));
     w.body.zigzag(r.at.wrapping_sub(base) as i64);
     w.body.varint(u64::from(bits));
@@ -243,6 +246,7 @@ fn read_record(
     let mut rec = StageRecord::at(stage, base.wrapping_add(delta as u64));
     let bits = u32::try_from(r.bytes.varint()?).or_else(|_| r.fail("field bits past 32"))?;
     let has = |bit: u32| bits & bit != 0;
+    rec.by_id = has(F_BY_ID);
     if has(F_MESSAGE_ID) {
         rec.message_id = if has(F_OTHER_MESSAGE_ID) {
             Some(r.bytes.message_id()?)
@@ -320,6 +324,7 @@ pub fn dedup_hash(r: &StageRecord) -> u64 {
     r.group.as_ref().map(|v| v.as_str()).hash(&mut h);
     r.attempt.unwrap_or(0).hash(&mut h);
     r.is_recovered().hash(&mut h);
+    r.by_id.hash(&mut h);
     h.finish()
 }
 
@@ -349,6 +354,7 @@ mod tests {
         x2.attempt = Some(3);
         x2.outcome = Some("failed".into());
         x2.detail = Some("timeout ✗".into());
+        x2.by_id = true;
         let mut other = StageRecord::at(Stage::Stored, 0);
         other.message_id = Some(MessageId::new());
         other.stream_seq = Some(u64::MAX);
