@@ -230,7 +230,11 @@ impl OtlpReceiver {
         let task = match protocol {
             OtlpProtocol::Grpc => tokio::spawn(async move {
                 let incoming = tonic::transport::server::TcpIncoming::from(listener);
+                // Like the receivers of the OpenTelemetry Collector, Jaeger and Tempo
+                // (grpc-go: flow-control windows sized to the bandwidth-delay product), not
+                // hyper's fixed 64 KiB that would throttle large requests.
                 let _ = tonic::transport::Server::builder()
+                    .http2_adaptive_window(Some(true))
                     .add_service(
                         TraceServiceServer::new(forward)
                             .accept_compressed(tonic::codec::CompressionEncoding::Gzip),
@@ -239,8 +243,11 @@ impl OtlpReceiver {
                     .await;
             }),
             OtlpProtocol::HttpProtobuf => tokio::spawn(async move {
+                // The OpenTelemetry Collector's OTLP/HTTP receiver takes bodies up to 20 MiB
+                // (axum's own default is 2 MB).
                 let app = axum::Router::new()
                     .route("/v1/traces", axum::routing::post(http_export))
+                    .layer(axum::extract::DefaultBodyLimit::max(20 << 20))
                     .with_state(forward);
                 let _ = axum::serve(listener, app)
                     .with_graceful_shutdown(signal)
