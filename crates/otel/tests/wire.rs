@@ -1,4 +1,5 @@
-//! Export against a real OTLP receiver (msgtrail-test-support) over gRPC and HTTP/protobuf:
+//! Export against a real OTLP receiver (msgtrail-test-support) over gRPC, HTTP/protobuf and
+//! HTTP/JSON:
 //! spans arrive with trace ID = message ID, the parent chain and one resource per service;
 //! a receiver that is down and comes back gets the spans; drops are counted at the bound.
 
@@ -99,6 +100,29 @@ async fn spans_arrive_over_grpc() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spans_arrive_over_http_protobuf() {
     round_trip(OtlpProtocol::HttpProtobuf, Protocol::HttpProtobuf).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_arrive_over_http_json() {
+    let mut rx = OtlpReceiver::start(OtlpProtocol::HttpProtobuf, None)
+        .await
+        .unwrap();
+    let exporter = TraceExporter::start(config(Protocol::HttpJson, rx.endpoint())).unwrap();
+    assert_eq!(exporter.try_export(spans()), 4);
+    check_trace(&rx.spans(4, Duration::from_secs(10)).await);
+    assert!(rx.json_requests() > 0, "not sent as OTLP/JSON");
+    let stats = exporter.shutdown(Duration::from_secs(5)).await;
+    assert_eq!((stats.exported, stats.dropped()), (4, 0));
+}
+
+#[test]
+fn http_json_is_read_from_the_protocol_variable() {
+    let c = ExportConfig::from_lookup(|k| {
+        (k == "OTEL_EXPORTER_OTLP_PROTOCOL").then(|| "http/json".to_owned())
+    })
+    .unwrap();
+    assert_eq!(c.protocol, Protocol::HttpJson);
+    assert_eq!(c.endpoint_or_default(), "http://localhost:4318/v1/traces");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -310,6 +334,7 @@ async fn gzip_compression_over_both_transports() {
     for (protocol, export) in [
         (OtlpProtocol::Grpc, Protocol::Grpc),
         (OtlpProtocol::HttpProtobuf, Protocol::HttpProtobuf),
+        (OtlpProtocol::HttpProtobuf, Protocol::HttpJson),
     ] {
         let mut rx = OtlpReceiver::start(protocol, None).await.unwrap();
         let exporter = TraceExporter::start(ExportConfig {
@@ -319,7 +344,7 @@ async fn gzip_compression_over_both_transports() {
         .unwrap();
         exporter.try_export(spans());
         check_trace(&rx.spans(4, Duration::from_secs(10)).await);
-        assert!(rx.gzip_requests() > 0, "{protocol:?}: not compressed");
+        assert!(rx.gzip_requests() > 0, "{export:?}: not compressed");
         exporter.shutdown(Duration::from_secs(5)).await;
     }
 }
