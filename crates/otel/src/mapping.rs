@@ -33,10 +33,12 @@
 use msgtrail_core::trace_ids::{self, Hop};
 use msgtrail_core::trajectory::{DeliveryMode, HopKind, HopSpan, HopStatus, Trajectory};
 use msgtrail_core::{MessageId, Stage, StageRecord};
+use opentelemetry::propagation::{Extractor, TextMapPropagator as _};
 use opentelemetry::trace::{
     Event, Link, SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState,
 };
 use opentelemetry::{InstrumentationScope, KeyValue};
+use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanLinks};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -167,32 +169,29 @@ pub fn process_span_context(
     )
 }
 
-/// Parses a W3C `traceparent` (`00-<trace>-<span>-<flags>`) into a remote span context.
+/// Parses a W3C `traceparent` (`00-<trace>-<span>-<flags>`) into a remote span context,
+/// with the SDK's [`TraceContextPropagator`] (the W3C grammar, as every OpenTelemetry SDK
+/// reads it: lowercase hex, version `ff` refused, no extra fields in version `00`, flags
+/// other than `sampled` cleared). `None` when it is not a valid traceparent.
 pub fn parse_traceparent(value: &str) -> Option<SpanContext> {
-    let mut parts = value.trim().split('-');
-    let version = parts.next()?;
-    let trace = parts.next()?;
-    let span = parts.next()?;
-    let flags = parts.next()?;
-    if version.len() != 2 || version == "ff" || trace.len() != 32 || span.len() != 16 {
-        return None;
+    use opentelemetry::trace::TraceContextExt as _;
+    let cx = TraceContextPropagator::new().extract(&OneHeader(value));
+    let span = cx.span();
+    let sc = span.span_context();
+    sc.is_valid().then(|| sc.clone())
+}
+
+/// A carrier holding only a `traceparent`.
+struct OneHeader<'a>(&'a str);
+
+impl Extractor for OneHeader<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        key.eq_ignore_ascii_case("traceparent").then_some(self.0)
     }
-    if version == "00" && parts.next().is_some() {
-        return None;
+
+    fn keys(&self) -> Vec<&str> {
+        vec!["traceparent"]
     }
-    let trace_id = TraceId::from_hex(trace).ok()?;
-    let span_id = SpanId::from_hex(span).ok()?;
-    let flags = u8::from_str_radix(flags, 16).ok()?;
-    if trace_id == TraceId::INVALID || span_id == SpanId::INVALID {
-        return None;
-    }
-    Some(SpanContext::new(
-        trace_id,
-        span_id,
-        TraceFlags::new(flags),
-        true,
-        TraceState::NONE,
-    ))
 }
 
 /// What each stage record means, for span event names.

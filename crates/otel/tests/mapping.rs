@@ -403,3 +403,29 @@ fn sampling_policy_reads_its_variables() {
         "{bad}"
     );
 }
+
+/// The producer's `traceparent` goes through the SDK's W3C propagator.
+#[test]
+fn traceparent_follows_the_w3c_grammar() {
+    use msgtrail_otel::parse_traceparent;
+    let sc = parse_traceparent(TRACEPARENT).expect("valid");
+    assert_eq!(
+        sc.trace_id().to_string(),
+        "4bf92f3577b34da6a3ce929d0e0e4736"
+    );
+    assert_eq!(sc.span_id().to_string(), "00f067aa0ba902b7");
+    assert!(sc.is_sampled() && sc.is_remote());
+    // A later version may carry more fields; version 00 may not.
+    assert!(parse_traceparent(&format!("01{}-extra", &TRACEPARENT[2..])).is_some());
+    for bad in [
+        "",
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
+        "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+        "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+    ] {
+        assert!(parse_traceparent(bad).is_none(), "{bad:?} accepted");
+    }
+}
