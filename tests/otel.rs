@@ -135,12 +135,12 @@ async fn export_and_receive(
 
 fn span<'a>(got: &'a [ReceivedSpan], hop: &str) -> &'a ReceivedSpan {
     got.iter()
-        .find(|s| s.attr("msgtrail.hop").as_deref() == Some(hop))
+        .find(|s| s.attr("msgtrail.hop.key").as_deref() == Some(hop))
         .unwrap_or_else(|| {
             panic!(
                 "no span for {hop}: {:?}",
                 got.iter()
-                    .map(|s| s.attr("msgtrail.hop"))
+                    .map(|s| s.attr("msgtrail.hop.key"))
                     .collect::<Vec<_>>()
             )
         })
@@ -306,7 +306,7 @@ async fn the_listener_exports_each_consumed_message_as_one_trace() {
         6,
         "{:#?}",
         got.iter()
-            .map(|s| s.attr("msgtrail.hop"))
+            .map(|s| s.attr("msgtrail.hop.key"))
             .collect::<Vec<_>>()
     );
     let services: std::collections::BTreeSet<&str> =

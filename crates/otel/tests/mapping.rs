@@ -27,7 +27,7 @@ fn attr(s: &ServiceSpan, key: &str) -> Option<String> {
 fn by_hop<'a>(spans: &'a [ServiceSpan], hop: &str) -> &'a ServiceSpan {
     spans
         .iter()
-        .find(|s| attr(s, "msgtrail.hop").as_deref() == Some(hop))
+        .find(|s| attr(s, "msgtrail.hop.key").as_deref() == Some(hop))
         .unwrap_or_else(|| panic!("no span for hop {hop}"))
 }
 
@@ -136,6 +136,18 @@ fn success_maps_to_four_spans_with_the_documented_ids_and_parent_chain() {
     assert_eq!(
         attr(process, "messaging.operation.type").as_deref(),
         Some("process")
+    );
+    // Operation types agree with the kinds as the messaging conventions pair them: the
+    // broker's store is a CONSUMER that processes, its deliver a PRODUCER that sends.
+    assert_eq!(store.span.span_kind, SpanKind::Consumer);
+    assert_eq!(
+        attr(store, "messaging.operation.type").as_deref(),
+        Some("process")
+    );
+    assert_eq!(deliver.span.span_kind, SpanKind::Producer);
+    assert_eq!(
+        attr(deliver, "messaging.operation.type").as_deref(),
+        Some("send")
     );
     assert_eq!(
         attr(deliver, "messaging.consumer.group.name").as_deref(),
@@ -301,7 +313,7 @@ fn open_hops_wait() {
     let spans = trajectory_spans(&t, &MappingOptions::default());
     let hops: Vec<String> = spans
         .iter()
-        .map(|s| attr(s, "msgtrail.hop").unwrap())
+        .map(|s| attr(s, "msgtrail.hop.key").unwrap())
         .collect();
     assert_eq!(hops, ["send", "store"]);
 }
