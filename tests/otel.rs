@@ -1,6 +1,6 @@
 //! End to end: send → consume with the real broker and SDK, the stage records read from the
-//! stage stream, the trajectory assembled, and its spans exported over OTLP (gRPC and HTTP)
-//! to a real receiver — trace ID = message ID, the parent chain, each party's service name,
+//! stage stream, the trajectory assembled, and its spans exported over OTLP (gRPC, HTTP with
+//! protobuf and with JSON) to a real receiver — trace ID = message ID, the parent chain, each party's service name,
 //! every stage record a span event, a failed attempt an ERROR span.
 
 use msgtrail_client::Outgoing;
@@ -135,12 +135,12 @@ async fn export_and_receive(
 
 fn span<'a>(got: &'a [ReceivedSpan], hop: &str) -> &'a ReceivedSpan {
     got.iter()
-        .find(|s| s.attr("msgtrail.hop").as_deref() == Some(hop))
+        .find(|s| s.attr("msgtrail.hop.key").as_deref() == Some(hop))
         .unwrap_or_else(|| {
             panic!(
                 "no span for {hop}: {:?}",
                 got.iter()
-                    .map(|s| s.attr("msgtrail.hop"))
+                    .map(|s| s.attr("msgtrail.hop.key"))
                     .collect::<Vec<_>>()
             )
         })
@@ -246,6 +246,27 @@ async fn a_failed_attempt_is_an_error_span_over_http() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumed_message_is_one_trace_over_http_json() {
+    let sys = TestSystem::start().await;
+    let (id, records, _) = send_and_consume(&sys, true).await;
+    let t = assemble(records);
+    let got = export_and_receive(&t, OtlpProtocol::HttpProtobuf, Protocol::HttpJson).await;
+    // send, store, 2 × (deliver, process), IDs intact through the JSON hex encoding.
+    assert_eq!(got.len(), 6);
+    for s in &got {
+        assert_eq!(s.trace_hex(), id.trace_hex());
+    }
+    assert_eq!(span(&got, "store").parent_hex(), sid(&id, &Hop::Send));
+    let failed = span(&got, "process/billing/billing-1/1");
+    assert_eq!(failed.span.status.as_ref().map(|s| s.code), Some(2));
+    assert_eq!(
+        span(&got, "send").span.start_time_unix_nano,
+        t.hop("send").expect("a send hop").start,
+        "64-bit times survive JSON (as strings)"
+    );
+}
+
 /// The whole chain: broker and SDK write the stage stream, the listener reads it, assembles
 /// the trajectory and exports it through msgtrail-otel's pipeline to the receiver.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -285,7 +306,7 @@ async fn the_listener_exports_each_consumed_message_as_one_trace() {
         6,
         "{:#?}",
         got.iter()
-            .map(|s| s.attr("msgtrail.hop"))
+            .map(|s| s.attr("msgtrail.hop.key"))
             .collect::<Vec<_>>()
     );
     let services: std::collections::BTreeSet<&str> =

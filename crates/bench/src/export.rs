@@ -1,15 +1,18 @@
 //! S6: OTLP export. Trajectories (copies of one recorded in S3, under other IDs) are mapped
-//! to spans by `msgtrail-otel` and pushed through its [`TraceExporter`] — the bounded queue
-//! and OTLP/gRPC exporter the listener uses — to the OTLP receiver of
-//! `msgtrail-test-support` on loopback, which counts what arrives.
+//! to spans by `msgtrail-otel` and pushed through its [`TraceExporter`] — the bounded queue,
+//! batching and requests in flight the listener uses, with its default batch and concurrency
+//! — to the OTLP receiver of `msgtrail-test-support` on loopback, which counts what arrives:
+//! once over OTLP/gRPC, once over OTLP/HTTP (protobuf).
 
 use crate::error::BenchError;
 use crate::ingest::relabel;
 use crate::measure::{Progress, Throughput};
 use msgtrail_core::trajectory::{AssembleOptions, Trajectory};
 use msgtrail_core::StageRecord;
-use msgtrail_otel::{trajectory_spans, ExportConfig, MappingOptions, Protocol, TraceExporter};
-use msgtrail_test_support::OtlpReceiver;
+use msgtrail_otel::{
+    trajectory_spans, ExportConfig, MappingOptions, Protocol, ServiceSpan, TraceExporter,
+};
+use msgtrail_test_support::otlp_receiver::{OtlpProtocol, OtlpReceiver};
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -27,13 +30,30 @@ pub struct ExportResult {
     pub spans_per_trajectory: f64,
     /// Mapping trajectories to spans, spans per second (one thread, no I/O).
     pub mapping: Throughput,
+    /// OTLP/gRPC: spans the receiver accepted, per second, from the first enqueue to the
+    /// last ack.
+    pub export: Throughput,
+    /// OTLP/gRPC: spans the receiver counted.
+    pub received_spans: u64,
+    /// OTLP/gRPC: export requests the receiver got.
+    pub requests: u64,
+    /// OTLP/gRPC: spans dropped by the exporter (queue full, retries, shutdown).
+    pub dropped: u64,
+    /// The same over OTLP/HTTP with protobuf bodies.
+    #[serde(default)]
+    pub http: ProtocolRun,
+}
+
+/// One protocol's run.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProtocolRun {
     /// Spans the receiver accepted, per second, from the first enqueue to the last ack.
     pub export: Throughput,
     /// Spans the receiver counted.
     pub received_spans: u64,
     /// Export requests the receiver got.
     pub requests: u64,
-    /// Spans dropped by the exporter (queue full, retries, shutdown).
+    /// Spans dropped by the exporter.
     pub dropped: u64,
 }
 
@@ -73,16 +93,60 @@ pub async fn run(
         .take(spans as usize)
         .cloned()
         .collect();
+    let grpc = run_protocol(Protocol::Grpc, &all, timeout, progress).await?;
+    let http = run_protocol(Protocol::HttpProtobuf, &all, timeout, progress).await?;
+    Ok(ExportResult {
+        spans_per_trajectory: per,
+        mapping: mapping_tp,
+        export: grpc.export,
+        received_spans: grpc.received_spans,
+        requests: grpc.requests,
+        dropped: grpc.dropped,
+        http,
+    })
+}
 
-    let mut receiver = OtlpReceiver::start_grpc()
-        .await
-        .map_err(|e| BenchError::Otlp(e.to_string()))?;
+/// Counts the spans and requests a receiver gets until `stop`.
+fn count_received(
+    mut receiver: OtlpReceiver,
+    received: Arc<AtomicU64>,
+    requests: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        while !stop.load(Ordering::Relaxed) {
+            if let Some(req) = receiver.next_request(Duration::from_millis(100)).await {
+                let n: usize = req
+                    .resource_spans
+                    .iter()
+                    .flat_map(|r| &r.scope_spans)
+                    .map(|s| s.spans.len())
+                    .sum();
+                received.fetch_add(n as u64, Ordering::Relaxed);
+                requests.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        receiver.stop().await;
+    })
+}
+
+/// Exports `all` over one protocol and measures it.
+async fn run_protocol(
+    protocol: Protocol,
+    all: &[ServiceSpan],
+    timeout: Duration,
+    progress: &Progress,
+) -> Result<ProtocolRun, BenchError> {
+    let spans = all.len() as u64;
+    let receiver = match protocol {
+        Protocol::Grpc => OtlpReceiver::start_grpc().await,
+        _ => OtlpReceiver::start(OtlpProtocol::HttpProtobuf, None).await,
+    }
+    .map_err(|e| BenchError::Otlp(e.to_string()))?;
     let config = ExportConfig {
-        protocol: Protocol::Grpc,
+        protocol,
         endpoint: Some(receiver.endpoint()),
         timeout: Some(Duration::from_secs(10)),
-        queue_capacity: 20_000,
-        max_batch: CHUNK,
         batch_delay: Duration::from_millis(5),
         ..Default::default()
     };
@@ -90,26 +154,10 @@ pub async fn run(
     let received = Arc::new(AtomicU64::new(0));
     let requests = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
-    let counter = tokio::spawn({
-        let (received, requests, stop) = (received.clone(), requests.clone(), stop.clone());
-        async move {
-            while !stop.load(Ordering::Relaxed) {
-                if let Some(req) = receiver.next_request(Duration::from_millis(100)).await {
-                    let n: usize = req
-                        .resource_spans
-                        .iter()
-                        .flat_map(|r| &r.scope_spans)
-                        .map(|s| s.spans.len())
-                        .sum();
-                    received.fetch_add(n as u64, Ordering::Relaxed);
-                    requests.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-            receiver.stop().await;
-        }
-    });
+    let counter = count_received(receiver, received.clone(), requests.clone(), stop.clone());
     let exporter = TraceExporter::start(config).map_err(|e| BenchError::Otlp(e.to_string()))?;
-    let phase = progress.phase("S6 OTLP export (spans)", spans);
+    let name = format!("S6 OTLP export over {} (spans)", protocol.as_str());
+    let phase = progress.phase(&name, spans);
     let deadline = Instant::now() + timeout;
     let start = Instant::now();
     let late = |done: u64| BenchError::Timeout {
@@ -120,7 +168,7 @@ pub async fn run(
     };
     for chunk in all.chunks(CHUNK) {
         // Stay under the queue bound: a benchmark of the exporter, not of its drop counter.
-        while exporter.snapshot().in_flight + CHUNK as u64 > capacity {
+        while exporter.snapshot().queued + CHUNK as u64 > capacity {
             if Instant::now() > deadline {
                 return Err(late(exporter.snapshot().exported));
             }
@@ -152,9 +200,7 @@ pub async fn run(
     }
     stop.store(true, Ordering::Relaxed);
     let _ = counter.await;
-    Ok(ExportResult {
-        spans_per_trajectory: per,
-        mapping: mapping_tp,
+    Ok(ProtocolRun {
         export: Throughput::new(snap.exported, elapsed),
         received_spans: received.load(Ordering::Relaxed),
         requests: requests.load(Ordering::Relaxed),

@@ -240,6 +240,17 @@ impl Report {
             self.s5.latency.p99_ms,
             self.s5.latency.p99_ms <= 5.0 && self.s5.stored_messages >= 10_000_000,
         ));
+        for (name, run) in [
+            ("gRPC", (&self.s6.export, self.s6.dropped)),
+            ("HTTP", (&self.s6.http.export, self.s6.http.dropped)),
+        ] {
+            t.push(check(
+                format!("OTLP/{name} export spans/s (S6, issue 11)"),
+                "≥ 100,000, zero drops",
+                run.0.per_sec,
+                run.0.per_sec >= 100_000.0 && run.1 == 0,
+            ));
+        }
         self.targets = t;
     }
 
@@ -320,6 +331,15 @@ impl Report {
             s6.dropped,
             s6.mapping.per_sec,
             s6.spans_per_trajectory,
+        );
+        let _ = writeln!(
+            s,
+            "S6 OTLP/HTTP (protobuf) export: {:.0} spans/s ({} spans, {} received in {} requests, {} dropped)",
+            s6.http.export.per_sec,
+            s6.http.export.count,
+            s6.http.received_spans,
+            s6.http.requests,
+            s6.http.dropped,
         );
         let _ = writeln!(s, "\nTargets (issue 5)");
         for t in &self.targets {

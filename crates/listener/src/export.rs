@@ -1,15 +1,16 @@
 //! Trace export: trajectories that changed go, through a bounded channel, to one task that
-//! owns the OTLP pipeline of `msgtrail-otel`. Ingest never waits for it: when the channel is
-//! full the trajectory is counted as dropped (the pipeline would see it again on its next
-//! change or watchdog tick).
+//! feeds the OTLP pipeline of `msgtrail-otel` ([`TracePipeline`]). Ingest never waits for
+//! it: when the channel is full the trajectory is counted as dropped (the pipeline would see
+//! it again on its next change or watchdog tick).
 //!
-//! The pipeline exports an ok hop only after a grace for stragglers, so trajectories with a
-//! hop still inside its grace are kept (bounded) and looked at again on every tick.
+//! Everything else is the pipeline's: the grace for stragglers, the trajectories kept until
+//! their hops are due (looked at again by [`TracePipeline::tick`], called here on a timer),
+//! sampling, and the exporter's queue. This task only calls `observe`, `tick` and, at the
+//! end, `shutdown`.
 
 use msgtrail_core::time::now_nanos;
-use msgtrail_core::trajectory::{HopStatus, Trajectory};
+use msgtrail_core::trajectory::Trajectory;
 use msgtrail_otel::{PipelineConfig, TracePipeline};
-use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,9 +18,7 @@ use tokio::sync::{mpsc, watch};
 
 /// Trajectories waiting for the export task.
 const CHANNEL: usize = 4096;
-/// Trajectories kept for a later look (a hop inside its grace).
-const MAX_PENDING: usize = 100_000;
-/// How often pending trajectories are looked at again.
+/// How often the pipeline looks again at the trajectories it keeps for their grace.
 const TICK: Duration = Duration::from_millis(250);
 /// How long the exporter may take to drain at shutdown.
 const DRAIN: Duration = Duration::from_secs(5);
@@ -58,12 +57,6 @@ impl ExportSender {
     }
 }
 
-fn has_future_due(t: &Trajectory, now: u64, grace: u64) -> bool {
-    t.hops
-        .iter()
-        .any(|h| h.status == HopStatus::Ok && h.end.is_some_and(|e| e.saturating_add(grace) > now))
-}
-
 /// Starts the pipeline (within the runtime) and returns the sender and the task.
 pub fn spawn(
     config: PipelineConfig,
@@ -75,7 +68,6 @@ pub fn spawn(
     ),
     msgtrail_otel::ConfigError,
 > {
-    let grace = config.grace.as_nanos() as u64;
     let mut pipeline = TracePipeline::start(config)?;
     let (tx, mut rx) = mpsc::channel::<Trajectory>(CHANNEL);
     let sender = ExportSender {
@@ -84,9 +76,6 @@ pub fn spawn(
         exporter: pipeline.handle().clone(),
     };
     let task = async move {
-        // Keyed by trace ID, oldest first for eviction.
-        let mut pending: BTreeMap<String, Trajectory> = BTreeMap::new();
-        let mut order: VecDeque<String> = VecDeque::new();
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -94,40 +83,14 @@ pub fn spawn(
                 _ = crate::stopped(&mut stop) => break,
                 t = rx.recv() => {
                     let Some(t) = t else { break };
-                    let now = now_nanos();
-                    pipeline.observe(&t, now);
-                    if let Some(id) = t.trace_id.clone() {
-                        if has_future_due(&t, now, grace) {
-                            if !pending.contains_key(&id) {
-                                order.push_back(id.clone());
-                            }
-                            pending.insert(id, t);
-                            while pending.len() > MAX_PENDING {
-                                match order.pop_front() {
-                                    Some(old) => { pending.remove(&old); }
-                                    None => break,
-                                }
-                            }
-                        } else {
-                            pending.remove(&id);
-                        }
-                    }
+                    pipeline.observe(&t, now_nanos());
                 }
                 _ = tick.tick() => {
-                    let now = now_nanos();
-                    pending.retain(|_, t| {
-                        pipeline.observe(t, now);
-                        has_future_due(t, now, grace)
-                    });
-                    order.retain(|k| pending.contains_key(k));
+                    pipeline.tick(now_nanos());
                 }
             }
         }
-        // Whatever is still inside its grace goes now rather than never.
-        let far = now_nanos().saturating_add(grace);
-        for t in pending.values() {
-            pipeline.observe(t, far);
-        }
+        // The pipeline exports what is still inside its grace, then drains.
         let stats = pipeline.shutdown(DRAIN).await;
         tracing::info!(
             exported = stats.exported,

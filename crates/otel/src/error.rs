@@ -1,8 +1,8 @@
 //! Errors of the OpenTelemetry bridge: configuration (refused before anything starts) apart
 //! from export (at run time, counted rather than returned: export never blocks ingest).
 
-/// A configuration that cannot work: a bad variable, an unsupported protocol, an exporter
-/// that cannot be built.
+/// A configuration that cannot work: a bad variable, an unsupported protocol, an endpoint or
+/// header that cannot be used.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConfigError {
@@ -16,9 +16,24 @@ pub enum ConfigError {
         /// What it should be, in words.
         expected: &'static str,
     },
-    /// The OTLP exporter refused its configuration (endpoint, headers, compression…).
-    #[error("cannot build the OTLP exporter: {0}")]
-    Exporter(#[from] opentelemetry_otlp::ExporterBuildError),
+    /// The OTLP endpoint cannot be used.
+    #[error("invalid OTLP endpoint {endpoint:?}")]
+    Endpoint {
+        /// The endpoint as configured.
+        endpoint: String,
+        /// Why not.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// A header of `OTEL_EXPORTER_OTLP_HEADERS` cannot be sent.
+    #[error("invalid OTLP header {name:?}")]
+    Header {
+        /// The header's name.
+        name: String,
+        /// Why not.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
 }
 
 impl ConfigError {
@@ -27,6 +42,26 @@ impl ConfigError {
             name: name.to_owned(),
             value: value.to_owned(),
             expected,
+        }
+    }
+
+    pub(crate) fn endpoint(
+        endpoint: &str,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        ConfigError::Endpoint {
+            endpoint: endpoint.to_owned(),
+            source: source.into(),
+        }
+    }
+
+    pub(crate) fn header(
+        name: &str,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        ConfigError::Header {
+            name: name.to_owned(),
+            source: source.into(),
         }
     }
 }

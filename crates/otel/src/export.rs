@@ -1,37 +1,66 @@
-//! OTLP export that never blocks ingest: a bounded queue in front of one OTLP
-//! `SpanExporter` per `service.name`, with retry and backoff, and every drop counted.
+//! OTLP export that never blocks ingest: a bounded queue in front of one worker that batches
+//! spans, builds OTLP requests itself ([`crate::otlp`]: one request, one `ResourceSpans` per
+//! `service.name`) and keeps several of them in flight ([`crate::transport`]).
 //!
-//! - [`TraceExporter::try_export`] only ever `try_send`s into a bounded channel of
-//!   [`ExportConfig::queue_capacity`] spans: when it is full the span is dropped and counted
-//!   ([`ExportStats::dropped_queue_full`]).
-//! - One worker task takes up to [`ExportConfig::max_batch`] spans, groups them by
-//!   `service.name`, and hands each group to that service's exporter (DESIGN.md §3b: one
-//!   exporter carries one `Resource`). A failed export is retried with exponential backoff
-//!   ([`ExportConfig::initial_backoff`] doubling to [`ExportConfig::max_backoff`]) and is not
-//!   dropped: while the endpoint is down, spans pile up in the queue until the bound, then
-//!   new ones are dropped with a count; when it returns, the backlog goes out.
-//! - [`TraceExporter::shutdown`] drains what is queued with one attempt per batch within a
-//!   grace period; what cannot be sent is counted in [`ExportStats::dropped_shutdown`].
+//! ## The contract
 //!
-//! The transport and the endpoint follow the standard variables (read by
-//! [`ExportConfig::from_env`] and by opentelemetry-otlp itself): `OTEL_EXPORTER_OTLP_PROTOCOL`
-//! / `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL` (`grpc` or `http/protobuf`, the default),
-//! `OTEL_EXPORTER_OTLP_ENDPOINT` / `…_TRACES_ENDPOINT`, `…_HEADERS`, `…_TIMEOUT`,
-//! `…_COMPRESSION` (`gzip`), `OTEL_RESOURCE_ATTRIBUTES`, and `OTEL_SERVICE_NAME` for the
-//! broker's spans.
+//! In the manner of opentelemetry-rust's `SpanExporter`:
+//!
+//! - [`ExportHandle::try_export`] never blocks and never fails: it `try_send`s each span into
+//!   a bounded channel of [`ExportConfig::queue_capacity`] spans. A span that does not fit is
+//!   dropped and counted ([`ExportStats::dropped_queue_full`]); after shutdown began, in
+//!   [`ExportStats::dropped_shutdown`]. It may be called from any thread, concurrently.
+//! - Every accepted span ends in exactly one counter: [`ExportStats::exported`] (the
+//!   receiver acknowledged the request), [`ExportStats::rejected`] (the receiver refused it
+//!   for good: HTTP 4xx other than 429, a gRPC code that is not retryable, or a partial
+//!   success naming rejected spans), [`ExportStats::dropped_retries`] (still failing after
+//!   [`ExportConfig::max_attempts`]) or [`ExportStats::dropped_shutdown`]. Until then it is
+//!   counted in [`ExportStats::in_flight`].
+//! - Delivery is at least once: a request that timed out after the receiver took it is sent
+//!   again. Backends tolerate that (same trace and span IDs). Spans of one trace may arrive
+//!   in any order and in different requests.
+//! - A failed request is retried with exponential backoff ([`ExportConfig::initial_backoff`]
+//!   doubling to [`ExportConfig::max_backoff`]); while the endpoint is down, spans pile up in
+//!   the queue until the bound, then new ones are dropped with a count; when it returns, the
+//!   backlog goes out.
+//! - Memory is bounded: at most `queue_capacity` spans queued, plus
+//!   [`ExportConfig::max_in_flight`] requests of at most [`ExportConfig::max_batch`] spans
+//!   each (bodies of at most [`ExportConfig::max_request_bytes`] before compression), plus
+//!   the one batch the worker fills while it waits for a request to finish.
+//! - [`TraceExporter::shutdown`] stops taking spans, sends what is queued with one attempt
+//!   per request within a grace period, and counts what it could not send in
+//!   [`ExportStats::dropped_shutdown`]. Nothing is exported after it returns.
+//!
+//! ## Why not the SDK's `BatchSpanProcessor` and `opentelemetry-otlp`
+//!
+//! The SDK's pipeline is built for spans a `Tracer` records live: one `Resource` per
+//! provider (so one exporter per `service.name`, one request per service per batch), one
+//! export at a time per processor, drops reported only as internal logs, and no way to
+//! retry. msgtrail maps finished hops of many services after the fact, with IDs and times of
+//! its own; it needs many resources per request, several requests in flight, and counters.
+//! So it uses `opentelemetry-proto` and its own small worker, and keeps the SDK only for the
+//! `SpanData` type, the span-to-protobuf conversion and the resource detection.
+//!
+//! ## Configuration
+//!
+//! The standard variables, read by [`ExportConfig::from_env`]:
+//! `OTEL_EXPORTER_OTLP_PROTOCOL` / `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL` (`grpc`,
+//! `http/protobuf` — the default — or `http/json`), `OTEL_EXPORTER_OTLP_ENDPOINT` (for
+//! HTTP, `/v1/traces` is appended) / `…_TRACES_ENDPOINT` (used as it is), `…_HEADERS`,
+//! `…_TIMEOUT` (milliseconds), `…_COMPRESSION` (`gzip` or `none`), `OTEL_RESOURCE_ATTRIBUTES`,
+//! and `OTEL_SERVICE_NAME` for the broker's spans. Endpoints are `http://` (no TLS built
+//! in: export to a local collector).
 
 use crate::error::ConfigError;
 use crate::mapping::{ServiceSpan, DEFAULT_BROKER_SERVICE};
-use opentelemetry_otlp::{RetryPolicy, WithExportConfig, WithHttpConfig, WithTonicConfig};
-use opentelemetry_sdk::trace::{SpanData, SpanExporter as _};
-use opentelemetry_sdk::Resource;
-use std::collections::HashMap;
+use crate::otlp::{Body, Encoding, Group, Resources};
+use crate::transport::Transport;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{mpsc, watch};
-use tokio::task::JoinHandle;
+use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
+use tokio::task::{JoinHandle, JoinSet};
 
 /// `OTEL_EXPORTER_OTLP_PROTOCOL`.
 pub const ENV_PROTOCOL: &str = "OTEL_EXPORTER_OTLP_PROTOCOL";
@@ -49,6 +78,32 @@ pub enum Protocol {
     Grpc,
     /// OTLP/HTTP with protobuf bodies, default port 4318.
     HttpProtobuf,
+    /// OTLP/HTTP with JSON bodies, default port 4318.
+    HttpJson,
+}
+
+impl Protocol {
+    /// The value of `OTEL_EXPORTER_OTLP_PROTOCOL` that names it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Grpc => "grpc",
+            Protocol::HttpProtobuf => "http/protobuf",
+            Protocol::HttpJson => "http/json",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Self> {
+        [Protocol::Grpc, Protocol::HttpProtobuf, Protocol::HttpJson]
+            .into_iter()
+            .find(|p| p.as_str() == s)
+    }
+}
+
+/// Request compression (`OTEL_EXPORTER_OTLP_COMPRESSION`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Compression {
+    /// gzip (at its fastest level: export CPU matters more than bytes on the wire).
+    Gzip,
 }
 
 /// Everything the exporter needs; [`ExportConfig::default`] holds every default.
@@ -56,33 +111,38 @@ pub enum Protocol {
 pub struct ExportConfig {
     /// The transport (default: HTTP/protobuf, as the OpenTelemetry spec says).
     pub protocol: Protocol,
-    /// The endpoint; `None` leaves it to `OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT` or the
-    /// exporter's default (`http://localhost:4317` or `http://localhost:4318/v1/traces`).
-    /// For HTTP this is the full URL including `/v1/traces`.
+    /// The endpoint; `None` is the protocol's default (`http://localhost:4317`, or
+    /// `http://localhost:4318/v1/traces`). For HTTP this is the full URL with `/v1/traces`.
     pub endpoint: Option<String>,
-    /// Per-export timeout; `None` leaves it to `OTEL_EXPORTER_OTLP_TIMEOUT` (10 s default).
+    /// Per-request timeout; `None` is 10 s.
     pub timeout: Option<Duration>,
-    /// Request compression; `None` leaves it to `OTEL_EXPORTER_OTLP_COMPRESSION` (`gzip`
-    /// is supported; none by default).
-    pub compression: Option<opentelemetry_otlp::Compression>,
+    /// Request compression (none by default).
+    pub compression: Option<Compression>,
+    /// Headers sent with every request (`OTEL_EXPORTER_OTLP_HEADERS`).
+    pub headers: Vec<(String, String)>,
     /// `service.name` of the broker's spans (from `OTEL_SERVICE_NAME`).
     pub broker_service: String,
     /// Bound of the queue, in spans (default 20,000).
     pub queue_capacity: usize,
-    /// Most spans per export call (default 512).
+    /// Most spans per batch (default 2,048); a batch is one request unless its body would
+    /// exceed [`ExportConfig::max_request_bytes`].
     pub max_batch: usize,
+    /// Largest request body before compression (default 3 MiB, under the 4 MiB that
+    /// collectors and tonic servers accept by default).
+    pub max_request_bytes: usize,
+    /// Requests in flight at once (default 4).
+    pub max_in_flight: usize,
     /// How long the worker waits to fill a batch once it has a span (default 200 ms).
     pub batch_delay: Duration,
     /// First retry delay after a failed export (default 100 ms).
     pub initial_backoff: Duration,
     /// Longest retry delay (default 5 s).
     pub max_backoff: Duration,
-    /// Attempts per batch before it is dropped and counted in
+    /// Attempts per request before it is dropped and counted in
     /// [`ExportStats::dropped_retries`] (default 60, about five minutes at the longest
     /// backoff): an endpoint that refuses a batch for good must not stall the queue.
     pub max_attempts: u32,
-    /// Most exporters (distinct `service.name`s) kept open at once (default 64); beyond it
-    /// the least recently used one is closed.
+    /// Most service resources kept built at once (default 64).
     pub max_services: usize,
 }
 
@@ -93,9 +153,12 @@ impl Default for ExportConfig {
             endpoint: None,
             timeout: None,
             compression: None,
+            headers: Vec::new(),
             broker_service: DEFAULT_BROKER_SERVICE.to_owned(),
             queue_capacity: 20_000,
-            max_batch: 512,
+            max_batch: 2_048,
+            max_request_bytes: 3 << 20,
+            max_in_flight: 4,
             batch_delay: Duration::from_millis(200),
             initial_backoff: Duration::from_millis(100),
             max_backoff: Duration::from_secs(5),
@@ -103,6 +166,21 @@ impl Default for ExportConfig {
             max_services: 64,
         }
     }
+}
+
+/// The traces-specific variable `OTEL_EXPORTER_OTLP_TRACES_{suffix}` if set, else
+/// `OTEL_EXPORTER_OTLP_{suffix}`, with the name that was read.
+fn otlp_var(get: &impl Fn(&str) -> Option<String>, suffix: &str) -> Option<(String, String)> {
+    [
+        format!("OTEL_EXPORTER_OTLP_TRACES_{suffix}"),
+        format!("OTEL_EXPORTER_OTLP_{suffix}"),
+    ]
+    .into_iter()
+    .find_map(|name| {
+        get(&name)
+            .filter(|v| !v.trim().is_empty())
+            .map(|v| (name, v))
+    })
 }
 
 impl ExportConfig {
@@ -115,21 +193,30 @@ impl ExportConfig {
     /// Like [`ExportConfig::from_env`], reading variables through `get`.
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
         let mut c = ExportConfig::default();
-        let proto = get(ENV_TRACES_PROTOCOL)
-            .map(|v| (ENV_TRACES_PROTOCOL, v))
-            .or_else(|| get(ENV_PROTOCOL).map(|v| (ENV_PROTOCOL, v)));
-        if let Some((name, v)) = proto {
-            c.protocol = match v.trim() {
-                "grpc" => Protocol::Grpc,
-                "http/protobuf" => Protocol::HttpProtobuf,
-                _ => {
-                    return Err(ConfigError::invalid(
-                        name,
-                        &v,
-                        "grpc or http/protobuf (http/json is not supported)",
-                    ))
-                }
+        if let Some((name, v)) = otlp_var(&get, "PROTOCOL") {
+            c.protocol = Protocol::parse(v.trim()).ok_or_else(|| {
+                ConfigError::invalid(&name, &v, "grpc, http/protobuf or http/json")
+            })?;
+        }
+        c.endpoint = endpoint_from(&get, c.protocol);
+        if let Some((name, v)) = otlp_var(&get, "TIMEOUT") {
+            let ms: u64 = v
+                .trim()
+                .parse()
+                .map_err(|_| ConfigError::invalid(&name, &v, "milliseconds"))?;
+            c.timeout = Some(Duration::from_millis(ms));
+        }
+        if let Some((name, v)) = otlp_var(&get, "COMPRESSION") {
+            c.compression = match v.trim() {
+                "gzip" => Some(Compression::Gzip),
+                "none" => None,
+                _ => return Err(ConfigError::invalid(&name, &v, "gzip or none")),
             };
+        }
+        if let Some((name, v)) = otlp_var(&get, "HEADERS") {
+            c.headers = parse_headers(&v).ok_or_else(|| {
+                ConfigError::invalid(&name, &v, "key=value pairs, comma-separated")
+            })?;
         }
         if let Some(s) = get(ENV_SERVICE_NAME).filter(|s| !s.trim().is_empty()) {
             c.broker_service = s.trim().to_owned();
@@ -143,58 +230,72 @@ impl ExportConfig {
         Ok(c)
     }
 
-    /// Sets the endpoint and timeout, when configured, on either transport's builder.
-    fn endpoint_and_timeout<B: WithExportConfig>(&self, mut b: B) -> B {
-        if let Some(e) = &self.endpoint {
-            b = b.with_endpoint(e.clone());
+    /// The endpoint, or the protocol's default.
+    pub fn endpoint_or_default(&self) -> String {
+        match (&self.endpoint, self.protocol) {
+            (Some(e), _) => e.clone(),
+            (None, Protocol::Grpc) => "http://localhost:4317".to_owned(),
+            (None, _) => "http://localhost:4318/v1/traces".to_owned(),
         }
-        if let Some(t) = self.timeout {
-            b = b.with_timeout(t);
-        }
-        b
     }
 
-    /// Builds the OTLP exporter of one `service.name`.
-    pub fn build_exporter(
-        &self,
-        service_name: &str,
-    ) -> Result<opentelemetry_otlp::SpanExporter, ConfigError> {
-        let mut exporter = match self.protocol {
-            Protocol::Grpc => {
-                // Retries are the worker's (backoff without limit while the endpoint is down,
-                // prompt shutdown), not the exporter's.
-                let mut b = self.endpoint_and_timeout(
-                    opentelemetry_otlp::SpanExporter::builder()
-                        .with_tonic()
-                        .with_retry_policy(RetryPolicy::disabled()),
-                );
-                if let Some(c) = self.compression {
-                    b = b.with_compression(c);
-                }
-                b.build()?
-            }
-            Protocol::HttpProtobuf => {
-                let mut b = self.endpoint_and_timeout(
-                    opentelemetry_otlp::SpanExporter::builder()
-                        .with_http()
-                        .with_retry_policy(RetryPolicy::disabled())
-                        .with_protocol(opentelemetry_otlp::Protocol::HttpBinary),
-                );
-                if let Some(c) = self.compression {
-                    b = b.with_compression(c);
-                }
-                b.build()?
-            }
-        };
-        // Resource::builder() also applies OTEL_RESOURCE_ATTRIBUTES; the service name given
-        // here wins over OTEL_SERVICE_NAME, which names only the broker.
-        exporter.set_resource(
-            &Resource::builder()
-                .with_service_name(service_name.to_owned())
-                .build(),
-        );
-        Ok(exporter)
+    /// The per-request timeout, 10 s unless set.
+    pub fn timeout_or_default(&self) -> Duration {
+        self.timeout.unwrap_or(Duration::from_secs(10))
     }
+
+    fn encoding(&self) -> Encoding {
+        match self.protocol {
+            Protocol::HttpJson => Encoding::Json,
+            Protocol::Grpc | Protocol::HttpProtobuf => Encoding::Protobuf,
+        }
+    }
+}
+
+/// The endpoint the variables give: `…_TRACES_ENDPOINT` as it is, or `…_ENDPOINT` with
+/// `/v1/traces` appended for HTTP.
+fn endpoint_from(get: &impl Fn(&str) -> Option<String>, protocol: Protocol) -> Option<String> {
+    let set = |k: &str| {
+        get(k)
+            .map(|v| v.trim().to_owned())
+            .filter(|v| !v.is_empty())
+    };
+    if let Some(e) = set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") {
+        return Some(e);
+    }
+    let base = set("OTEL_EXPORTER_OTLP_ENDPOINT")?;
+    Some(match protocol {
+        Protocol::Grpc => base,
+        _ => format!("{}/v1/traces", base.trim_end_matches('/')),
+    })
+}
+
+/// `k1=v1,k2=v2` with percent-encoded values (the W3C baggage format the spec names).
+fn parse_headers(s: &str) -> Option<Vec<(String, String)>> {
+    s.split(',')
+        .filter(|p| !p.trim().is_empty())
+        .map(|p| {
+            let (k, v) = p.split_once('=')?;
+            Some((k.trim().to_owned(), percent_decode(v.trim())?))
+        })
+        .collect()
+}
+
+fn percent_decode(s: &str) -> Option<String> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
 }
 
 /// Counters of the exporter, shared with whoever renders statistics.
@@ -210,12 +311,15 @@ pub struct ExportStats {
     pub dropped_shutdown: AtomicU64,
     /// Spans dropped after [`ExportConfig::max_attempts`] failed attempts.
     pub dropped_retries: AtomicU64,
+    /// Spans the receiver refused for good (a request it will never take, or rejected spans
+    /// of a partial success).
+    pub rejected: AtomicU64,
     /// Spans the tail sampler left out (counted by the caller through
     /// [`ExportStats::record_sampled_out`]).
     pub sampled_out: AtomicU64,
-    /// Export calls that failed (each is retried).
+    /// Export requests that failed (each is retried unless the failure is final).
     pub export_failures: AtomicU64,
-    /// Spans accepted and not yet delivered or dropped (queued, or held by the worker).
+    /// Spans accepted and not yet delivered or dropped (queued, or in a request in flight).
     pub in_flight: AtomicU64,
 }
 
@@ -232,6 +336,8 @@ pub struct StatsSnapshot {
     pub dropped_shutdown: u64,
     /// See [`ExportStats::dropped_retries`].
     pub dropped_retries: u64,
+    /// See [`ExportStats::rejected`].
+    pub rejected: u64,
     /// See [`ExportStats::sampled_out`].
     pub sampled_out: u64,
     /// See [`ExportStats::export_failures`].
@@ -245,7 +351,7 @@ pub struct StatsSnapshot {
 impl StatsSnapshot {
     /// Every dropped span, whatever the reason (sampling is not a drop).
     pub fn dropped(&self) -> u64 {
-        self.dropped_queue_full + self.dropped_shutdown + self.dropped_retries
+        self.dropped_queue_full + self.dropped_shutdown + self.dropped_retries + self.rejected
     }
 
     /// The counters in Prometheus text format, under the names the deploy/ dashboard reads:
@@ -274,6 +380,7 @@ impl StatsSnapshot {
                 ("{reason=\"queue_full\"}", self.dropped_queue_full),
                 ("{reason=\"shutdown\"}", self.dropped_shutdown),
                 ("{reason=\"retries\"}", self.dropped_retries),
+                ("{reason=\"rejected\"}", self.rejected),
             ],
         );
         metric(
@@ -353,6 +460,7 @@ impl ExportHandle {
             dropped_queue_full: s.dropped_queue_full.load(Ordering::Relaxed),
             dropped_shutdown: s.dropped_shutdown.load(Ordering::Relaxed),
             dropped_retries: s.dropped_retries.load(Ordering::Relaxed),
+            rejected: s.rejected.load(Ordering::Relaxed),
             sampled_out: s.sampled_out.load(Ordering::Relaxed),
             export_failures: s.export_failures.load(Ordering::Relaxed),
             queued: (self.tx.max_capacity() - self.tx.capacity()) as u64,
@@ -383,16 +491,20 @@ pub struct TraceExporter {
 }
 
 impl TraceExporter {
-    /// Validates the configuration (building the broker's exporter) and starts the worker.
-    /// Must be called within a tokio runtime.
+    /// Validates the configuration (endpoint, headers), builds the client and starts the
+    /// worker. Must be called within a tokio runtime. Connecting is lazy: an endpoint that is
+    /// down is not an error here.
     pub fn start(config: ExportConfig) -> Result<Self, ConfigError> {
-        let first = config.build_exporter(&config.broker_service)?;
+        let transport = Transport::new(&config)?;
         let (tx, rx) = mpsc::channel(config.queue_capacity.max(1));
         let stats = Arc::new(ExportStats::default());
         let (closing, closing_rx) = watch::channel(false);
-        let mut exporters = Exporters::new(config.clone());
-        exporters.insert(config.broker_service.clone(), first);
-        let worker = tokio::spawn(run(rx, config, stats.clone(), exporters, closing_rx));
+        let shared = Arc::new(Shared {
+            config,
+            stats: stats.clone(),
+            transport,
+        });
+        let worker = tokio::spawn(run(rx, shared, closing_rx));
         Ok(TraceExporter {
             handle: ExportHandle { tx, stats },
             closing,
@@ -415,12 +527,13 @@ impl TraceExporter {
         self.handle.snapshot()
     }
 
-    /// Stops taking spans, sends what is queued (one attempt per batch) within `grace`, and
-    /// shuts the exporters down. Returns the final counters.
+    /// Stops taking spans, sends what is queued (one attempt per request) within `grace`,
+    /// and returns the final counters; see the contract in the module docs.
     pub async fn shutdown(self, grace: Duration) -> StatsSnapshot {
         let _ = self.closing.send(true);
         let mut worker = self.worker;
         if tokio::time::timeout(grace, &mut worker).await.is_err() {
+            // Aborting the worker drops its JoinSet, which aborts the requests in flight.
             worker.abort();
             let _ = worker.await;
         }
@@ -432,164 +545,149 @@ impl TraceExporter {
     }
 }
 
-/// One exporter per `service.name`, least recently used closed first beyond the cap.
-struct Exporters {
-    config: ExportConfig,
-    map: HashMap<String, (opentelemetry_otlp::SpanExporter, u64)>,
-    tick: u64,
-}
-
-impl Exporters {
-    fn new(config: ExportConfig) -> Self {
-        Exporters {
-            config,
-            map: HashMap::new(),
-            tick: 0,
-        }
-    }
-
-    fn insert(&mut self, name: String, e: opentelemetry_otlp::SpanExporter) {
-        self.tick += 1;
-        self.map.insert(name, (e, self.tick));
-    }
-
-    fn get(&mut self, name: &str) -> Option<&opentelemetry_otlp::SpanExporter> {
-        self.tick += 1;
-        if !self.map.contains_key(name) {
-            if self.map.len() >= self.config.max_services.max(1) {
-                let oldest = self
-                    .map
-                    .iter()
-                    .min_by_key(|(_, (_, t))| *t)
-                    .map(|(k, _)| k.clone());
-                if let Some((e, _)) = oldest.and_then(|k| self.map.remove(&k)) {
-                    let _ = e.shutdown();
-                }
-            }
-            match self.config.build_exporter(name) {
-                Ok(e) => {
-                    self.map.insert(name.to_owned(), (e, self.tick));
-                }
-                Err(err) => {
-                    tracing::warn!(service = name, error = %err, "cannot build an OTLP exporter");
-                    return None;
-                }
-            }
-        }
-        let tick = self.tick;
-        let entry = self.map.get_mut(name)?;
-        entry.1 = tick;
-        Some(&entry.0)
-    }
-
-    fn shutdown(&mut self) {
-        for (_, (e, _)) in self.map.drain() {
-            let _ = e.shutdown();
-        }
-    }
-}
-
-async fn run(
-    mut rx: mpsc::Receiver<ServiceSpan>,
+/// What the worker and its requests share.
+struct Shared {
     config: ExportConfig,
     stats: Arc<ExportStats>,
-    mut exporters: Exporters,
+    transport: Transport,
+}
+
+impl Shared {
+    /// Moves `n` spans from in flight to `counter`.
+    fn settle(&self, counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+        self.stats.in_flight.fetch_sub(n, Ordering::Relaxed);
+    }
+}
+
+/// The worker: takes batches off the queue and starts a request task for each, at most
+/// [`ExportConfig::max_in_flight`] at once.
+async fn run(
+    mut rx: mpsc::Receiver<ServiceSpan>,
+    shared: Arc<Shared>,
     mut closing: watch::Receiver<bool>,
 ) {
+    let config = &shared.config;
+    let permits = Arc::new(Semaphore::new(config.max_in_flight.max(1)));
+    let mut resources = Resources::new(config.max_services);
+    let mut tasks = JoinSet::new();
     let mut batch: Vec<ServiceSpan> = Vec::with_capacity(config.max_batch);
+    while next_batch(&mut rx, &mut batch, config, &mut closing).await {
+        let Ok(permit) = permits.clone().acquire_owned().await else {
+            break;
+        };
+        let groups = resources.group(batch.drain(..));
+        tasks.spawn(deliver(groups, shared.clone(), closing.clone(), permit));
+        while tasks.try_join_next().is_some() {}
+    }
+    while tasks.join_next().await.is_some() {}
+}
+
+/// Fills `batch` (up to [`ExportConfig::max_batch`]): waits for a first span, then for more
+/// within [`ExportConfig::batch_delay`]; once closing, takes only what is queued. `false`
+/// when there is nothing more to send.
+async fn next_batch(
+    rx: &mut mpsc::Receiver<ServiceSpan>,
+    batch: &mut Vec<ServiceSpan>,
+    config: &ExportConfig,
+    closing: &mut watch::Receiver<bool>,
+) -> bool {
+    let max = config.max_batch.max(1);
     loop {
-        let is_closing = *closing.borrow();
-        if is_closing {
-            // Drain without waiting for more.
-            while batch.len() < config.max_batch {
+        if *closing.borrow() {
+            while batch.len() < max {
                 match rx.try_recv() {
                     Ok(s) => batch.push(s),
                     Err(_) => break,
                 }
             }
-            if batch.is_empty() {
+            return !batch.is_empty();
+        }
+        tokio::select! {
+            n = rx.recv_many(batch, max) => {
+                if n == 0 {
+                    return false;
+                }
                 break;
             }
-        } else {
-            tokio::select! {
-                first = rx.recv() => match first {
-                    Some(s) => batch.push(s),
-                    None => break,
-                },
-                _ = closing.changed() => continue,
-            }
-            // Fill the batch for a moment, so that spans go out in few requests.
-            let deadline = tokio::time::Instant::now() + config.batch_delay;
-            while batch.len() < config.max_batch {
-                match tokio::time::timeout_at(deadline, rx.recv()).await {
-                    Ok(Some(s)) => batch.push(s),
-                    _ => break,
-                }
-            }
+            _ = closing.changed() => {}
         }
-        send_batch(&mut batch, &config, &stats, &mut exporters, &mut closing).await;
     }
-    exporters.shutdown();
+    // Fill the batch for a moment, so that spans go out in few requests.
+    let deadline = tokio::time::Instant::now() + config.batch_delay;
+    while batch.len() < max {
+        let room = max - batch.len();
+        match tokio::time::timeout_at(deadline, rx.recv_many(batch, room)).await {
+            Ok(n) if n > 0 => {}
+            _ => break,
+        }
+    }
+    true
 }
 
-/// Sends one batch, service by service, retrying each group with backoff until it goes
-/// through or shutdown starts (then one last attempt).
-async fn send_batch(
-    batch: &mut Vec<ServiceSpan>,
-    config: &ExportConfig,
-    stats: &ExportStats,
-    exporters: &mut Exporters,
-    closing: &mut watch::Receiver<bool>,
+/// One batch: encodes it (here, on a runtime thread, not in the worker) and sends each body.
+async fn deliver(
+    groups: Vec<Group>,
+    shared: Arc<Shared>,
+    mut closing: watch::Receiver<bool>,
+    _permit: OwnedSemaphorePermit,
 ) {
-    let mut groups: HashMap<String, Vec<SpanData>> = HashMap::new();
-    for s in batch.drain(..) {
-        groups.entry(s.service_name).or_default().push(s.span);
-    }
-    let limit = config
-        .timeout
-        .unwrap_or(Duration::from_secs(10))
-        .saturating_add(Duration::from_secs(1));
-    for (service, spans) in groups {
-        let n = spans.len() as u64;
-        let mut backoff = config.initial_backoff;
-        let mut attempts = 0u32;
-        loop {
-            attempts += 1;
-            let last_try = *closing.borrow();
-            let result = match exporters.get(&service) {
-                Some(e) => tokio::time::timeout(limit, e.export(spans.clone()))
-                    .await
-                    .map_err(|_| "timed out".to_owned())
-                    .and_then(|r| r.map_err(|e| e.to_string())),
-                None => Err("no exporter".to_owned()),
-            };
-            match result {
-                Ok(()) => {
-                    stats.exported.fetch_add(n, Ordering::Relaxed);
-                    stats.in_flight.fetch_sub(n, Ordering::Relaxed);
-                    break;
-                }
-                Err(e) => {
-                    stats.export_failures.fetch_add(1, Ordering::Relaxed);
-                    tracing::debug!(service, spans = n, error = %e, "OTLP export failed");
-                    if last_try {
-                        stats.dropped_shutdown.fetch_add(n, Ordering::Relaxed);
-                        stats.in_flight.fetch_sub(n, Ordering::Relaxed);
-                        break;
-                    }
-                    if attempts >= config.max_attempts.max(1) {
-                        tracing::warn!(service, spans = n, attempts, error = %e, "OTLP export given up");
-                        stats.dropped_retries.fetch_add(n, Ordering::Relaxed);
-                        stats.in_flight.fetch_sub(n, Ordering::Relaxed);
-                        break;
-                    }
-                    tokio::select! {
-                        _ = tokio::time::sleep(backoff) => {}
-                        _ = closing.changed() => {}
-                    }
-                    backoff = (backoff * 2).min(config.max_backoff);
-                }
+    let config = &shared.config;
+    let n: u64 = groups.iter().map(|g| g.spans.len() as u64).sum();
+    let gzip = config.compression == Some(Compression::Gzip) && config.protocol != Protocol::Grpc;
+    let bodies =
+        match crate::otlp::encode(groups, config.encoding(), gzip, config.max_request_bytes) {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::warn!(spans = n, error = %e, "cannot encode an OTLP request");
+                shared.settle(&shared.stats.rejected, n);
+                return;
             }
+        };
+    for body in bodies {
+        send_with_retries(body, &shared, &mut closing).await;
+    }
+}
+
+/// Sends one body, retrying with backoff until it goes through, fails for good, runs out of
+/// attempts, or shutdown starts (then one last attempt).
+async fn send_with_retries(body: Body, shared: &Shared, closing: &mut watch::Receiver<bool>) {
+    let (config, stats) = (&shared.config, &shared.stats);
+    let n = body.spans;
+    let mut backoff = config.initial_backoff;
+    let mut attempts = 0u32;
+    loop {
+        attempts += 1;
+        let last_try = *closing.borrow();
+        let e = match shared.transport.send(body.bytes.clone()).await {
+            Ok(rejected) => {
+                let rejected = rejected.min(n);
+                if rejected > 0 {
+                    tracing::warn!(spans = n, rejected, "the OTLP receiver rejected spans");
+                }
+                shared.settle(&stats.exported, n - rejected);
+                shared.settle(&stats.rejected, rejected);
+                return;
+            }
+            Err(e) => e,
+        };
+        stats.export_failures.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(spans = n, error = %e, "OTLP export failed");
+        if !e.retryable {
+            tracing::warn!(spans = n, error = %e, "the OTLP receiver refused a request");
+            return shared.settle(&stats.rejected, n);
         }
+        if last_try {
+            return shared.settle(&stats.dropped_shutdown, n);
+        }
+        if attempts >= config.max_attempts.max(1) {
+            tracing::warn!(spans = n, attempts, error = %e, "OTLP export given up");
+            return shared.settle(&stats.dropped_retries, n);
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(backoff) => {}
+            _ = closing.changed() => {}
+        }
+        backoff = (backoff * 2).min(config.max_backoff);
     }
 }

@@ -12,9 +12,13 @@
 //!   consumer's handler can nest its own spans under ([`process_span_context`]).
 //! - [`sampling`]: tail sampling — errors, stuck and slow trajectories always, healthy ones
 //!   at a ratio and under a spans-per-second budget ([`TailSampler`]).
-//! - [`export`]: a bounded, never-blocking queue in front of one OTLP exporter per
-//!   `service.name`, over gRPC or HTTP/protobuf, with retry, backoff and drop counters
-//!   ([`TraceExporter`]).
+//! - [`export`]: a bounded, never-blocking queue in front of a worker that batches spans and
+//!   keeps several OTLP requests in flight, over gRPC, HTTP/protobuf or HTTP/JSON, with
+//!   retry, backoff and drop counters ([`TraceExporter`]); its module docs hold the
+//!   exporter's contract and why the SDK's `BatchSpanProcessor` is not used.
+//! - [`otlp`]: spans → OTLP request bodies with `opentelemetry-proto`, one `ResourceSpans`
+//!   per `service.name` in one request.
+//! - [`transport`]: one request on the wire (tonic for gRPC, hyper for HTTP).
 //! - [`pipeline`]: the listener's entry point — observe a trajectory whenever it changes and
 //!   each hop is exported once, after a grace, sampled, with left-out hops brought back when
 //!   the trajectory turns bad ([`TracePipeline`]).
@@ -25,11 +29,15 @@ pub mod error;
 pub mod export;
 pub mod links;
 pub mod mapping;
+pub mod otlp;
 pub mod pipeline;
 pub mod sampling;
+pub mod transport;
 
 pub use error::ConfigError;
-pub use export::{ExportConfig, ExportHandle, ExportStats, Protocol, StatsSnapshot, TraceExporter};
+pub use export::{
+    Compression, ExportConfig, ExportHandle, ExportStats, Protocol, StatsSnapshot, TraceExporter,
+};
 pub use links::TraceUi;
 pub use mapping::{
     hop_span, parse_traceparent, process_span_context, trajectory_spans, MappingOptions,

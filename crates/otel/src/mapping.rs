@@ -5,12 +5,14 @@
 //! | hop | span name | kind | `service.name` | parent | `messaging.operation.type` |
 //! | --- | --- | --- | --- | --- | --- |
 //! | `send` (P1 → P4) | `send {topic}` | PRODUCER | the producer's | none: the root | `send` |
-//! | `store` (P2 → P3) | `store {topic}` | CONSUMER | the broker's | `send` | `receive` |
-//! | `deliver` (C1 → C4, C5 → C8) | `deliver {topic}` | PRODUCER | the broker's | `store` | `send` (push) / `receive` (pull) |
+//! | `store` (P2 → P3) | `store {topic}` | CONSUMER | the broker's | `send` | `process` |
+//! | `deliver` (C1 → C4, C5 → C8) | `deliver {topic}` | PRODUCER | the broker's | `store` | `send` (push and pull) |
 //! | `process` (C2/C6 → C3/C7, X1, X2) | `process {topic}` | CONSUMER | the consumer's | its `deliver` | `process` |
 //!
 //! The kinds pair up as PRODUCER → CONSUMER twice, so Tempo's service graph draws
-//! producer → broker → consumer. IDs:
+//! producer → broker → consumer; the operation types agree with the kinds as the messaging
+//! conventions pair them (`send` with PRODUCER, `process` with CONSUMER; `receive` would be a
+//! CLIENT span). IDs:
 //!
 //! - trace ID = the message ID's 16 bytes ([`msgtrail_core::trace_ids::trace_id`]); for an
 //!   upload that never reached the broker, the orphan hash of (producer, request ID);
@@ -27,19 +29,30 @@
 //! `messaging.operation.name` / `.type`, `messaging.destination.name` (the topic),
 //! `messaging.message.id`, `messaging.message.conversation_id` (the request ID),
 //! `messaging.consumer.group.name`, `messaging.client.id`, `messaging.message.body.size`;
-//! msgtrail's own are under `msgtrail.*` (`msgtrail.hop`, `msgtrail.attempt`,
-//! `msgtrail.delivery.mode`, `msgtrail.hop.status`, `msgtrail.synthesized`, …).
+//! names come from `opentelemetry-semantic-conventions`. msgtrail's own are under
+//! `msgtrail.*` (`msgtrail.hop.key`, `msgtrail.hop.status`, `msgtrail.attempt`,
+//! `msgtrail.delivery.mode`, `msgtrail.synthesized`, …), each defined with a brief, a type
+//! and examples in the project's semantic-convention registry, `semconv/` at the repository
+//! root (checked by OTel Weaver, `scripts/semconv-live-check.sh`).
 
 use msgtrail_core::outcome::{Outcome, ProcessOutcome, RedeliveryOutcome, SettleOutcome};
 use msgtrail_core::trace_ids::{self, Hop};
 use msgtrail_core::trajectory::{DeliveryMode, HopId, HopKind, HopSpan, HopStatus, Trajectory};
 use msgtrail_core::{MessageId, Stage, StageRecord};
+use opentelemetry::propagation::{Extractor, TextMapPropagator as _};
 use opentelemetry::trace::{
     Event, Link, SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState,
 };
 use opentelemetry::{InstrumentationScope, KeyValue};
+use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanLinks};
+use opentelemetry_semantic_conventions::attribute;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// `msgtrail.hop.key`: the hop a span is (`send`, `store`, `deliver/<group>/<consumer>/<n>`,
+/// `process/…`). Not `msgtrail.hop`, which would be both an attribute and the prefix of
+/// `msgtrail.hop.status` (semconv/ defines every `msgtrail.*` attribute).
+pub const HOP_KEY: &str = "msgtrail.hop.key";
 
 /// The instrumentation scope name of every span msgtrail emits.
 pub const SCOPE_NAME: &str = "msgtrail";
@@ -144,32 +157,29 @@ pub fn process_span_context(
     )
 }
 
-/// Parses a W3C `traceparent` (`00-<trace>-<span>-<flags>`) into a remote span context.
+/// Parses a W3C `traceparent` (`00-<trace>-<span>-<flags>`) into a remote span context,
+/// with the SDK's [`TraceContextPropagator`] (the W3C grammar, as every OpenTelemetry SDK
+/// reads it: lowercase hex, version `ff` refused, no extra fields in version `00`, flags
+/// other than `sampled` cleared). `None` when it is not a valid traceparent.
 pub fn parse_traceparent(value: &str) -> Option<SpanContext> {
-    let mut parts = value.trim().split('-');
-    let version = parts.next()?;
-    let trace = parts.next()?;
-    let span = parts.next()?;
-    let flags = parts.next()?;
-    if version.len() != 2 || version == "ff" || trace.len() != 32 || span.len() != 16 {
-        return None;
+    use opentelemetry::trace::TraceContextExt as _;
+    let cx = TraceContextPropagator::new().extract(&OneHeader(value));
+    let span = cx.span();
+    let sc = span.span_context();
+    sc.is_valid().then(|| sc.clone())
+}
+
+/// A carrier holding only a `traceparent`.
+struct OneHeader<'a>(&'a str);
+
+impl Extractor for OneHeader<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        key.eq_ignore_ascii_case("traceparent").then_some(self.0)
     }
-    if version == "00" && parts.next().is_some() {
-        return None;
+
+    fn keys(&self) -> Vec<&str> {
+        vec!["traceparent"]
     }
-    let trace_id = TraceId::from_hex(trace).ok()?;
-    let span_id = SpanId::from_hex(span).ok()?;
-    let flags = u8::from_str_radix(flags, 16).ok()?;
-    if trace_id == TraceId::INVALID || span_id == SpanId::INVALID {
-        return None;
-    }
-    Some(SpanContext::new(
-        trace_id,
-        span_id,
-        TraceFlags::new(flags),
-        true,
-        TraceState::NONE,
-    ))
 }
 
 /// What each stage record means, for span event names.
@@ -208,9 +218,12 @@ pub fn record_event(r: &StageRecord) -> Event {
             attrs.push(KeyValue::new(k, v));
         }
     };
-    put("messaging.message.id", r.message_id.map(|m| m.to_string()));
     put(
-        "messaging.message.conversation_id",
+        attribute::MESSAGING_MESSAGE_ID,
+        r.message_id.map(|m| m.to_string()),
+    );
+    put(
+        attribute::MESSAGING_MESSAGE_CONVERSATION_ID,
         r.request_id.as_ref().map(|x| x.to_string()),
     );
     put(
@@ -222,10 +235,10 @@ pub fn record_event(r: &StageRecord) -> Event {
         r.consumer.as_ref().map(|x| x.to_string()),
     );
     put(
-        "messaging.consumer.group.name",
+        attribute::MESSAGING_CONSUMER_GROUP_NAME,
         r.group.as_ref().map(|x| x.to_string()),
     );
-    put("messaging.destination.name", r.topic.clone());
+    put(attribute::MESSAGING_DESTINATION_NAME, r.topic.clone());
     put("msgtrail.outcome", r.outcome.clone());
     put("msgtrail.detail", r.detail.clone());
     put("msgtrail.service", r.service.clone());
@@ -271,11 +284,11 @@ fn error_type(hop: &HopSpan) -> &'static str {
 fn operation(hop: &HopSpan) -> (&'static str, &'static str, SpanKind) {
     match hop.kind {
         HopKind::Send => ("send", "send", SpanKind::Producer),
-        HopKind::Store => ("store", "receive", SpanKind::Consumer),
-        HopKind::Deliver => match hop.mode {
-            Some(DeliveryMode::Pull) => ("deliver", "receive", SpanKind::Producer),
-            _ => ("deliver", "send", SpanKind::Producer),
-        },
+        // The broker takes the upload in and stores it: CONSUMER, so `process`.
+        HopKind::Store => ("store", "process", SpanKind::Consumer),
+        // The broker sends the message on, pushed or as the answer to a fetch: PRODUCER, so
+        // `send` either way (`receive` is the fetching client's, a CLIENT span).
+        HopKind::Deliver => ("deliver", "send", SpanKind::Producer),
         HopKind::Process => ("process", "process", SpanKind::Consumer),
     }
 }
@@ -338,10 +351,10 @@ pub fn hop_span(t: &Trajectory, hop: &HopSpan, opts: &MappingOptions) -> Option<
     };
 
     let mut attrs = vec![
-        KeyValue::new("messaging.system", MESSAGING_SYSTEM),
-        KeyValue::new("messaging.operation.name", op_name),
-        KeyValue::new("messaging.operation.type", op_type),
-        KeyValue::new("msgtrail.hop", hop.key.clone()),
+        KeyValue::new(attribute::MESSAGING_SYSTEM, MESSAGING_SYSTEM),
+        KeyValue::new(attribute::MESSAGING_OPERATION_NAME, op_name),
+        KeyValue::new(attribute::MESSAGING_OPERATION_TYPE, op_type),
+        KeyValue::new(HOP_KEY, hop.key.clone()),
         KeyValue::new(
             "msgtrail.hop.status",
             match hop.status {
@@ -352,26 +365,35 @@ pub fn hop_span(t: &Trajectory, hop: &HopSpan, opts: &MappingOptions) -> Option<
         ),
     ];
     if let Some(topic) = &t.topic {
-        attrs.push(KeyValue::new("messaging.destination.name", topic.clone()));
+        attrs.push(KeyValue::new(
+            attribute::MESSAGING_DESTINATION_NAME,
+            topic.clone(),
+        ));
     }
     if let Some(m) = &t.message_id {
-        attrs.push(KeyValue::new("messaging.message.id", m.to_string()));
+        attrs.push(KeyValue::new(
+            attribute::MESSAGING_MESSAGE_ID,
+            m.to_string(),
+        ));
     } else {
         attrs.push(KeyValue::new("msgtrail.orphan", true));
     }
     if let Some(r) = &t.request_id {
         attrs.push(KeyValue::new(
-            "messaging.message.conversation_id",
+            attribute::MESSAGING_MESSAGE_CONVERSATION_ID,
             r.to_string(),
         ));
     }
     match hop.kind {
         HopKind::Send | HopKind::Store => {
             if let Some(p) = &t.producer {
-                attrs.push(KeyValue::new("messaging.client.id", p.to_string()));
+                attrs.push(KeyValue::new(attribute::MESSAGING_CLIENT_ID, p.to_string()));
             }
             if let Some(size) = t.payload_size {
-                attrs.push(KeyValue::new("messaging.message.body.size", size as i64));
+                attrs.push(KeyValue::new(
+                    attribute::MESSAGING_MESSAGE_BODY_SIZE,
+                    size as i64,
+                ));
             }
             if hop.kind == HopKind::Send {
                 attrs.push(KeyValue::new(
@@ -392,12 +414,12 @@ pub fn hop_span(t: &Trajectory, hop: &HopSpan, opts: &MappingOptions) -> Option<
         HopKind::Deliver | HopKind::Process => {
             if let Some(g) = &hop.group {
                 attrs.push(KeyValue::new(
-                    "messaging.consumer.group.name",
+                    attribute::MESSAGING_CONSUMER_GROUP_NAME,
                     g.to_string(),
                 ));
             }
             if let Some(c) = &hop.consumer {
-                attrs.push(KeyValue::new("messaging.client.id", c.to_string()));
+                attrs.push(KeyValue::new(attribute::MESSAGING_CLIENT_ID, c.to_string()));
             }
             if let Some(a) = hop.attempt {
                 attrs.push(KeyValue::new("msgtrail.attempt", i64::from(a)));
@@ -419,7 +441,7 @@ pub fn hop_span(t: &Trajectory, hop: &HopSpan, opts: &MappingOptions) -> Option<
     }
     let status = match hop.status {
         HopStatus::Error => {
-            attrs.push(KeyValue::new("error.type", error_type(hop)));
+            attrs.push(KeyValue::new(attribute::ERROR_TYPE, error_type(hop)));
             Status::error(hop.reason.clone().unwrap_or_else(|| "failed".to_owned()))
         }
         HopStatus::Ok | HopStatus::Incomplete => Status::Unset,

@@ -109,13 +109,14 @@ impl PipelineConfig {
 }
 
 /// The hops decided for one trace: (hash of the hop key, exported?). Hashes rather than
-/// keys keep a remembered trace small.
+/// keys keep a remembered trace small. (Not `TraceState`: that is the W3C `tracestate` of
+/// `opentelemetry::trace`.)
 #[derive(Debug, Default)]
-struct TraceState {
+struct TraceDecisions {
     hops: Vec<(u64, bool)>,
 }
 
-impl TraceState {
+impl TraceDecisions {
     fn decided(&self, key: &str) -> bool {
         let h = key_hash(key);
         self.hops.iter().any(|(k, _)| *k == h)
@@ -152,7 +153,7 @@ pub struct TracePipeline {
     grace_nanos: u64,
     max_traces: usize,
     /// Per trace: what was decided, and the generation of its entry in `order`.
-    traces: HashMap<String, (TraceState, u64)>,
+    traces: HashMap<String, (TraceDecisions, u64)>,
     /// Traces in the order they were first seen; entries of forgotten traces stay until
     /// compaction (their generation no longer matches), so forgetting is O(1).
     order: VecDeque<(String, u64)>,
@@ -344,7 +345,7 @@ impl TracePipeline {
         self.generation += 1;
         self.order.push_back((trace.clone(), self.generation));
         self.traces
-            .insert(trace, (TraceState::default(), self.generation));
+            .insert(trace, (TraceDecisions::default(), self.generation));
     }
 
     /// How many traces are remembered now.

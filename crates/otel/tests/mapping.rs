@@ -27,7 +27,7 @@ fn attr(s: &ServiceSpan, key: &str) -> Option<String> {
 fn by_hop<'a>(spans: &'a [ServiceSpan], hop: &str) -> &'a ServiceSpan {
     spans
         .iter()
-        .find(|s| attr(s, "msgtrail.hop").as_deref() == Some(hop))
+        .find(|s| attr(s, "msgtrail.hop.key").as_deref() == Some(hop))
         .unwrap_or_else(|| panic!("no span for hop {hop}"))
 }
 
@@ -136,6 +136,18 @@ fn success_maps_to_four_spans_with_the_documented_ids_and_parent_chain() {
     assert_eq!(
         attr(process, "messaging.operation.type").as_deref(),
         Some("process")
+    );
+    // Operation types agree with the kinds as the messaging conventions pair them: the
+    // broker's store is a CONSUMER that processes, its deliver a PRODUCER that sends.
+    assert_eq!(store.span.span_kind, SpanKind::Consumer);
+    assert_eq!(
+        attr(store, "messaging.operation.type").as_deref(),
+        Some("process")
+    );
+    assert_eq!(deliver.span.span_kind, SpanKind::Producer);
+    assert_eq!(
+        attr(deliver, "messaging.operation.type").as_deref(),
+        Some("send")
     );
     assert_eq!(
         attr(deliver, "messaging.consumer.group.name").as_deref(),
@@ -301,7 +313,7 @@ fn open_hops_wait() {
     let spans = trajectory_spans(&t, &MappingOptions::default());
     let hops: Vec<String> = spans
         .iter()
-        .map(|s| attr(s, "msgtrail.hop").unwrap())
+        .map(|s| attr(s, "msgtrail.hop.key").unwrap())
         .collect();
     assert_eq!(hops, ["send", "store"]);
 }
@@ -402,4 +414,30 @@ fn sampling_policy_reads_its_variables() {
         bad.to_string().contains("MSGTRAIL_OTEL_SAMPLE_RATIO"),
         "{bad}"
     );
+}
+
+/// The producer's `traceparent` goes through the SDK's W3C propagator.
+#[test]
+fn traceparent_follows_the_w3c_grammar() {
+    use msgtrail_otel::parse_traceparent;
+    let sc = parse_traceparent(TRACEPARENT).expect("valid");
+    assert_eq!(
+        sc.trace_id().to_string(),
+        "4bf92f3577b34da6a3ce929d0e0e4736"
+    );
+    assert_eq!(sc.span_id().to_string(), "00f067aa0ba902b7");
+    assert!(sc.is_sampled() && sc.is_remote());
+    // A later version may carry more fields; version 00 may not.
+    assert!(parse_traceparent(&format!("01{}-extra", &TRACEPARENT[2..])).is_some());
+    for bad in [
+        "",
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
+        "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+        "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+    ] {
+        assert!(parse_traceparent(bad).is_none(), "{bad:?} accepted");
+    }
 }

@@ -30,7 +30,7 @@ async fn pipeline(sampling: SamplingPolicy) -> (TracePipeline, OtlpReceiver) {
 fn hops(spans: &[ReceivedSpan]) -> BTreeSet<String> {
     spans
         .iter()
-        .map(|s| s.attr("msgtrail.hop").unwrap())
+        .map(|s| s.attr("msgtrail.hop.key").unwrap())
         .collect()
 }
 

@@ -1,4 +1,5 @@
-//! Export against a real OTLP receiver (msgtrail-test-support) over gRPC and HTTP/protobuf:
+//! Export against a real OTLP receiver (msgtrail-test-support) over gRPC, HTTP/protobuf and
+//! HTTP/JSON:
 //! spans arrive with trace ID = message ID, the parent chain and one resource per service;
 //! a receiver that is down and comes back gets the spans; drops are counted at the bound.
 
@@ -102,6 +103,29 @@ async fn spans_arrive_over_http_protobuf() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_arrive_over_http_json() {
+    let mut rx = OtlpReceiver::start(OtlpProtocol::HttpProtobuf, None)
+        .await
+        .unwrap();
+    let exporter = TraceExporter::start(config(Protocol::HttpJson, rx.endpoint())).unwrap();
+    assert_eq!(exporter.try_export(spans()), 4);
+    check_trace(&rx.spans(4, Duration::from_secs(10)).await);
+    assert!(rx.json_requests() > 0, "not sent as OTLP/JSON");
+    let stats = exporter.shutdown(Duration::from_secs(5)).await;
+    assert_eq!((stats.exported, stats.dropped()), (4, 0));
+}
+
+#[test]
+fn http_json_is_read_from_the_protocol_variable() {
+    let c = ExportConfig::from_lookup(|k| {
+        (k == "OTEL_EXPORTER_OTLP_PROTOCOL").then(|| "http/json".to_owned())
+    })
+    .unwrap();
+    assert_eq!(c.protocol, Protocol::HttpJson);
+    assert_eq!(c.endpoint_or_default(), "http://localhost:4318/v1/traces");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spans_wait_for_a_receiver_that_is_down_and_arrive_when_it_returns() {
     // Learn a free address, then take the receiver away.
     let rx = OtlpReceiver::start_grpc().await.unwrap();
@@ -138,6 +162,7 @@ async fn the_queue_is_bounded_and_drops_are_counted() {
     let exporter = TraceExporter::start(ExportConfig {
         queue_capacity: 8,
         max_batch: 4,
+        max_in_flight: 2,
         ..config(Protocol::HttpProtobuf, endpoint)
     })
     .unwrap();
@@ -152,9 +177,13 @@ async fn the_queue_is_bounded_and_drops_are_counted() {
     let snap = handle.snapshot();
     assert_eq!(snap.enqueued as usize, accepted);
     assert_eq!((snap.enqueued + snap.dropped_queue_full) as usize, offered);
-    // At most the queue plus the one batch the worker holds.
-    assert!(accepted <= 8 + 4, "{accepted} accepted");
-    assert!(snap.dropped_queue_full >= (offered - 12) as u64, "{snap:?}");
+    // At most the queue, the requests in flight and the batch the worker fills.
+    let bound = 8 + (2 + 1) * 4;
+    assert!(accepted <= bound, "{accepted} accepted");
+    assert!(
+        snap.dropped_queue_full >= (offered - bound) as u64,
+        "{snap:?}"
+    );
     let text = snap.render_prometheus();
     assert!(text.contains(&format!(
         "msgtrail_otel_spans_dropped_total{{reason=\"queue_full\"}} {}",
@@ -215,10 +244,47 @@ fn export_config_reads_the_standard_variables() {
         Protocol::HttpProtobuf
     );
     let err = ExportConfig::from_lookup(|k| {
-        (k == "OTEL_EXPORTER_OTLP_PROTOCOL").then(|| "http/json".to_owned())
+        (k == "OTEL_EXPORTER_OTLP_PROTOCOL").then(|| "http/xml".to_owned())
     })
     .unwrap_err();
     assert!(err.to_string().contains("http/json"), "{err}");
+}
+
+#[test]
+fn export_config_reads_endpoint_headers_timeout_and_compression() {
+    let c = ExportConfig::from_lookup(|k| match k {
+        "OTEL_EXPORTER_OTLP_ENDPOINT" => Some("http://collector:4318/".into()),
+        "OTEL_EXPORTER_OTLP_HEADERS" => Some("x-tenant=eu, authorization=Basic%20abc".into()),
+        "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT" => Some("2500".into()),
+        "OTEL_EXPORTER_OTLP_COMPRESSION" => Some("gzip".into()),
+        _ => None,
+    })
+    .unwrap();
+    assert_eq!(
+        c.endpoint.as_deref(),
+        Some("http://collector:4318/v1/traces")
+    );
+    assert_eq!(
+        c.headers,
+        [
+            ("x-tenant".to_owned(), "eu".to_owned()),
+            ("authorization".to_owned(), "Basic abc".to_owned())
+        ]
+    );
+    assert_eq!(c.timeout, Some(Duration::from_millis(2500)));
+    assert_eq!(c.compression, Some(msgtrail_otel::Compression::Gzip));
+    // The traces endpoint is taken as it is; gRPC gets the base endpoint unchanged.
+    let grpc = ExportConfig::from_lookup(|k| match k {
+        "OTEL_EXPORTER_OTLP_PROTOCOL" => Some("grpc".into()),
+        "OTEL_EXPORTER_OTLP_ENDPOINT" => Some("http://collector:4317".into()),
+        _ => None,
+    })
+    .unwrap();
+    assert_eq!(grpc.endpoint.as_deref(), Some("http://collector:4317"));
+    let bad = ExportConfig::from_lookup(|k| {
+        (k == "OTEL_EXPORTER_OTLP_COMPRESSION").then(|| "zstd".to_owned())
+    });
+    assert!(bad.is_err());
 }
 
 /// What examples/consumer_spans.rs does, against the receiver: the application's span made
@@ -268,16 +334,17 @@ async fn gzip_compression_over_both_transports() {
     for (protocol, export) in [
         (OtlpProtocol::Grpc, Protocol::Grpc),
         (OtlpProtocol::HttpProtobuf, Protocol::HttpProtobuf),
+        (OtlpProtocol::HttpProtobuf, Protocol::HttpJson),
     ] {
         let mut rx = OtlpReceiver::start(protocol, None).await.unwrap();
         let exporter = TraceExporter::start(ExportConfig {
-            compression: Some(opentelemetry_otlp::Compression::Gzip),
+            compression: Some(msgtrail_otel::Compression::Gzip),
             ..config(export, rx.endpoint())
         })
         .unwrap();
         exporter.try_export(spans());
         check_trace(&rx.spans(4, Duration::from_secs(10)).await);
-        assert!(rx.gzip_requests() > 0, "{protocol:?}: not compressed");
+        assert!(rx.gzip_requests() > 0, "{export:?}: not compressed");
         exporter.shutdown(Duration::from_secs(5)).await;
     }
 }

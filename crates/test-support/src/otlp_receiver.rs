@@ -1,11 +1,14 @@
-//! A real OTLP trace receiver for tests, over gRPC or HTTP/protobuf.
+//! A real OTLP trace receiver for tests, over gRPC or HTTP (protobuf or JSON bodies).
 //!
 //! It listens on `127.0.0.1` (a free port unless one is given, so a test can stop a receiver
 //! and start another on the same address), and forwards every `ExportTraceServiceRequest` it
 //! is sent into a channel that the test reads, as opentelemetry-otlp's own `tests/smoke.rs`
 //! does. The protobuf is kept as it arrived, so assertions see exactly what Jaeger or Tempo
 //! would get. Both transports accept gzip-compressed requests (`OTEL_EXPORTER_OTLP_COMPRESSION`);
-//! [`OtlpReceiver::gzip_requests`] counts them.
+//! [`OtlpReceiver::gzip_requests`] counts them. The HTTP receiver takes protobuf or OTLP/JSON
+//! bodies by their `Content-Type`, as the OpenTelemetry Collector does (JSON decoded with
+//! opentelemetry-proto's serde mapping: hex IDs, lowerCamelCase keys);
+//! [`OtlpReceiver::json_requests`] counts the JSON ones.
 //!
 //! ```no_run
 //! # async fn demo() -> std::io::Result<()> {
@@ -44,7 +47,7 @@ use tokio::task::JoinHandle;
 pub enum OtlpProtocol {
     /// OTLP/gRPC: the `TraceService/Export` RPC.
     Grpc,
-    /// OTLP/HTTP with protobuf bodies: `POST /v1/traces`.
+    /// OTLP/HTTP: `POST /v1/traces`, protobuf or JSON bodies.
     HttpProtobuf,
 }
 
@@ -134,14 +137,16 @@ pub struct OtlpReceiver {
     addr: SocketAddr,
     requests: mpsc::UnboundedReceiver<ExportTraceServiceRequest>,
     gzip: Arc<AtomicU64>,
+    json: Arc<AtomicU64>,
     shutdown: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<()>>,
 }
 
-/// The channel to the test, and the count of gzip-compressed requests.
+/// The channel to the test, the count of gzip-compressed requests and of JSON ones.
 #[derive(Clone)]
 struct Forward(
     mpsc::UnboundedSender<ExportTraceServiceRequest>,
+    Arc<AtomicU64>,
     Arc<AtomicU64>,
 );
 
@@ -185,21 +190,39 @@ async fn http_export(
     } else {
         body
     };
-    match ExportTraceServiceRequest::decode(body) {
-        Ok(req) => {
-            let _ = tx.0.send(req);
-            let body = ExportTraceServiceResponse {
-                partial_success: None,
-            }
-            .encode_to_vec();
-            (
-                StatusCode::OK,
-                [(header::CONTENT_TYPE, "application/x-protobuf")],
-                body,
-            )
-                .into_response()
-        }
-        Err(e) => (StatusCode::BAD_REQUEST, e.to_string()).into_response(),
+    let json = headers
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    let decoded = if json {
+        tx.2.fetch_add(1, Ordering::Relaxed);
+        serde_json::from_slice::<ExportTraceServiceRequest>(&body).map_err(|e| e.to_string())
+    } else {
+        ExportTraceServiceRequest::decode(body).map_err(|e| e.to_string())
+    };
+    let req = match decoded {
+        Ok(req) => req,
+        Err(e) => return (StatusCode::BAD_REQUEST, e).into_response(),
+    };
+    let _ = tx.0.send(req);
+    let response = ExportTraceServiceResponse {
+        partial_success: None,
+    };
+    if json {
+        let body = serde_json::to_vec(&response).unwrap_or_default();
+        (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "application/json")],
+            body,
+        )
+            .into_response()
+    } else {
+        let body = response.encode_to_vec();
+        (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "application/x-protobuf")],
+            body,
+        )
+            .into_response()
     }
 }
 
@@ -226,11 +249,16 @@ impl OtlpReceiver {
             let _ = signal.await;
         };
         let gzip = Arc::new(AtomicU64::new(0));
-        let forward = Forward(tx, gzip.clone());
+        let json = Arc::new(AtomicU64::new(0));
+        let forward = Forward(tx, gzip.clone(), json.clone());
         let task = match protocol {
             OtlpProtocol::Grpc => tokio::spawn(async move {
                 let incoming = tonic::transport::server::TcpIncoming::from(listener);
+                // Like the receivers of the OpenTelemetry Collector, Jaeger and Tempo
+                // (grpc-go: flow-control windows sized to the bandwidth-delay product), not
+                // hyper's fixed 64 KiB that would throttle large requests.
                 let _ = tonic::transport::Server::builder()
+                    .http2_adaptive_window(Some(true))
                     .add_service(
                         TraceServiceServer::new(forward)
                             .accept_compressed(tonic::codec::CompressionEncoding::Gzip),
@@ -239,8 +267,11 @@ impl OtlpReceiver {
                     .await;
             }),
             OtlpProtocol::HttpProtobuf => tokio::spawn(async move {
+                // The OpenTelemetry Collector's OTLP/HTTP receiver takes bodies up to 20 MiB
+                // (axum's own default is 2 MB).
                 let app = axum::Router::new()
                     .route("/v1/traces", axum::routing::post(http_export))
+                    .layer(axum::extract::DefaultBodyLimit::max(20 << 20))
                     .with_state(forward);
                 let _ = axum::serve(listener, app)
                     .with_graceful_shutdown(signal)
@@ -252,6 +283,7 @@ impl OtlpReceiver {
             addr,
             requests,
             gzip,
+            json,
             shutdown: Some(shutdown),
             task: Some(task),
         })
@@ -260,6 +292,11 @@ impl OtlpReceiver {
     /// How many requests arrived gzip-compressed.
     pub fn gzip_requests(&self) -> u64 {
         self.gzip.load(Ordering::Relaxed)
+    }
+
+    /// How many requests arrived as OTLP/JSON.
+    pub fn json_requests(&self) -> u64 {
+        self.json.load(Ordering::Relaxed)
     }
 
     /// The transport it speaks.

@@ -1,0 +1,341 @@
+//! One OTLP request on the wire: an encoded `ExportTraceServiceRequest` body (from
+//! [`crate::otlp`]) sent over gRPC (tonic, on one HTTP/2 connection that carries every
+//! request in flight) or HTTP (hyper's pooled client, one connection per request in flight),
+//! with the response read for a partial success.
+//!
+//! The body is encoded once by the caller and reused on every retry: gRPC goes through a
+//! pass-through codec ([`BytesCodec`]) rather than tonic's prost codec, which would need the
+//! request as a struct and encode it again on each attempt.
+//!
+//! Errors say whether a retry may help, as the OTLP specification lists: gRPC `UNAVAILABLE`,
+//! `RESOURCE_EXHAUSTED`, … and HTTP 429/502/503/504 (and every connection error) are
+//! retryable; anything else (a 400, `INVALID_ARGUMENT`) is not.
+
+use crate::error::ConfigError;
+use crate::export::{Compression, ExportConfig, Protocol};
+use bytes::{Buf, BufMut, Bytes};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use hyper_util::rt::TokioExecutor;
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceResponse;
+use prost::Message;
+use std::time::Duration;
+use tonic::codec::{Codec, CompressionEncoding, DecodeBuf, Decoder, EncodeBuf, Encoder};
+use tonic::metadata::{AsciiMetadataKey, AsciiMetadataValue, MetadataMap};
+use tonic::transport::{Channel, Endpoint};
+
+/// The gRPC method every OTLP trace export calls.
+const GRPC_PATH: &str = "/opentelemetry.proto.collector.trace.v1.TraceService/Export";
+
+/// Why a request did not go through.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct SendError {
+    /// Whether the same request may succeed later.
+    pub retryable: bool,
+    /// What went wrong, with its cause.
+    pub message: String,
+}
+
+impl SendError {
+    fn retry(message: impl std::fmt::Display) -> Self {
+        SendError {
+            retryable: true,
+            message: message.to_string(),
+        }
+    }
+
+    fn fatal(message: impl std::fmt::Display) -> Self {
+        SendError {
+            retryable: false,
+            message: message.to_string(),
+        }
+    }
+}
+
+/// A configured OTLP client; cheap to clone (the connection or pool is shared).
+#[derive(Debug, Clone)]
+pub enum Transport {
+    /// OTLP/gRPC.
+    Grpc {
+        /// The lazily connected channel.
+        channel: Channel,
+        /// Headers as gRPC metadata.
+        metadata: MetadataMap,
+        /// Per-request timeout.
+        timeout: Duration,
+        /// Whether bodies go gzip-compressed.
+        gzip: bool,
+    },
+    /// OTLP/HTTP, protobuf or JSON bodies.
+    Http {
+        /// The pooled client (boxed: it is large beside the gRPC variant).
+        client: Box<Client<HttpConnector, Full<Bytes>>>,
+        /// The full URL, `…/v1/traces`.
+        uri: hyper::Uri,
+        /// `application/json` bodies (http/json) rather than protobuf.
+        json: bool,
+        /// Extra headers.
+        headers: Vec<(hyper::header::HeaderName, hyper::header::HeaderValue)>,
+        /// Per-request timeout.
+        timeout: Duration,
+        /// Whether bodies are gzip-compressed (done by the caller, see [`crate::otlp`]).
+        gzip: bool,
+    },
+}
+
+impl Transport {
+    /// Builds the client of `config` (within a tokio runtime: the gRPC channel spawns its
+    /// worker). Connecting is lazy: an endpoint that is down shows as retryable errors.
+    pub fn new(config: &ExportConfig) -> Result<Self, ConfigError> {
+        let endpoint = config.endpoint_or_default();
+        let timeout = config.timeout_or_default();
+        let gzip = config.compression == Some(Compression::Gzip);
+        match config.protocol {
+            Protocol::Grpc => {
+                let channel = Endpoint::from_shared(endpoint.clone())
+                    .map_err(|e| ConfigError::endpoint(&endpoint, e))?
+                    .connect_timeout(timeout)
+                    .connect_lazy();
+                let mut metadata = MetadataMap::new();
+                for (k, v) in &config.headers {
+                    let key: AsciiMetadataKey = k.parse().map_err(|e| ConfigError::header(k, e))?;
+                    let value: AsciiMetadataValue =
+                        v.parse().map_err(|e| ConfigError::header(k, e))?;
+                    metadata.insert(key, value);
+                }
+                Ok(Transport::Grpc {
+                    channel,
+                    metadata,
+                    timeout,
+                    gzip,
+                })
+            }
+            Protocol::HttpProtobuf | Protocol::HttpJson => {
+                let uri: hyper::Uri = endpoint
+                    .parse()
+                    .map_err(|e| ConfigError::endpoint(&endpoint, e))?;
+                if uri.scheme_str() != Some("http") {
+                    return Err(ConfigError::endpoint(
+                        &endpoint,
+                        "only http:// is built in (no TLS): export to a local collector",
+                    ));
+                }
+                let mut headers = Vec::new();
+                for (k, v) in &config.headers {
+                    let name = hyper::header::HeaderName::try_from(k.as_str())
+                        .map_err(|e| ConfigError::header(k, e))?;
+                    let value = hyper::header::HeaderValue::try_from(v.as_str())
+                        .map_err(|e| ConfigError::header(k, e))?;
+                    headers.push((name, value));
+                }
+                let mut connector = HttpConnector::new();
+                connector.set_connect_timeout(Some(timeout));
+                connector.set_nodelay(true);
+                let client = Client::builder(TokioExecutor::new()).build(connector);
+                Ok(Transport::Http {
+                    client: Box::new(client),
+                    uri,
+                    json: config.protocol == Protocol::HttpJson,
+                    headers,
+                    timeout,
+                    gzip,
+                })
+            }
+        }
+    }
+
+    /// Sends one encoded request; returns the spans the receiver said it rejected (a partial
+    /// success), 0 when it took them all.
+    pub async fn send(&self, body: Bytes) -> Result<u64, SendError> {
+        match self {
+            Transport::Grpc {
+                channel,
+                metadata,
+                timeout,
+                gzip,
+            } => send_grpc(channel.clone(), metadata, *timeout, *gzip, body).await,
+            Transport::Http {
+                client,
+                uri,
+                json,
+                headers,
+                timeout,
+                gzip,
+            } => {
+                let request = http_request(uri, *json, headers, *gzip, body)?;
+                let response = tokio::time::timeout(*timeout, client.request(request))
+                    .await
+                    .map_err(|_| SendError::retry("timed out"))?
+                    .map_err(|e| SendError::retry(error_chain(&e)))?;
+                read_http_response(response, *json, *timeout).await
+            }
+        }
+    }
+}
+
+async fn send_grpc(
+    channel: Channel,
+    metadata: &MetadataMap,
+    timeout: Duration,
+    gzip: bool,
+    body: Bytes,
+) -> Result<u64, SendError> {
+    let mut grpc = tonic::client::Grpc::new(channel);
+    if gzip {
+        grpc = grpc.send_compressed(CompressionEncoding::Gzip);
+    }
+    let exchange = async {
+        grpc.ready()
+            .await
+            .map_err(|e| tonic::Status::unavailable(error_chain(&e)))?;
+        let mut request = tonic::Request::new(body);
+        *request.metadata_mut() = metadata.clone();
+        request.set_timeout(timeout);
+        let path = hyper::http::uri::PathAndQuery::from_static(GRPC_PATH);
+        grpc.unary(request, path, BytesCodec).await
+    };
+    match tokio::time::timeout(timeout, exchange).await {
+        Err(_) => Err(SendError::retry("timed out")),
+        Ok(Ok(response)) => Ok(rejected(&response.into_inner())),
+        Ok(Err(status)) => {
+            use tonic::Code::*;
+            let retryable = matches!(
+                status.code(),
+                Cancelled
+                    | DeadlineExceeded
+                    | ResourceExhausted
+                    | Aborted
+                    | OutOfRange
+                    | Unavailable
+                    | DataLoss
+            );
+            let message = format!("gRPC {:?}: {}", status.code(), status.message());
+            Err(SendError { retryable, message })
+        }
+    }
+}
+
+fn http_request(
+    uri: &hyper::Uri,
+    json: bool,
+    headers: &[(hyper::header::HeaderName, hyper::header::HeaderValue)],
+    gzip: bool,
+    body: Bytes,
+) -> Result<hyper::Request<Full<Bytes>>, SendError> {
+    use hyper::header::{CONTENT_ENCODING, CONTENT_TYPE};
+    let content_type = if json {
+        "application/json"
+    } else {
+        "application/x-protobuf"
+    };
+    let mut b = hyper::Request::post(uri.clone()).header(CONTENT_TYPE, content_type);
+    if gzip {
+        b = b.header(CONTENT_ENCODING, "gzip");
+    }
+    for (k, v) in headers {
+        b = b.header(k, v);
+    }
+    b.body(Full::new(body)).map_err(SendError::fatal)
+}
+
+async fn read_http_response(
+    response: hyper::Response<hyper::body::Incoming>,
+    json: bool,
+    timeout: Duration,
+) -> Result<u64, SendError> {
+    let status = response.status();
+    let body = tokio::time::timeout(timeout, response.into_body().collect())
+        .await
+        .map_err(|_| SendError::retry("timed out reading the response"))?
+        .map_err(|e| SendError::retry(error_chain(&e)))?
+        .to_bytes();
+    if status.is_success() {
+        // An empty body is a full success; an unreadable one is not worth a retry.
+        let parsed = if body.is_empty() {
+            None
+        } else if json {
+            serde_json::from_slice::<ExportTraceServiceResponse>(&body).ok()
+        } else {
+            ExportTraceServiceResponse::decode(body).ok()
+        };
+        return Ok(parsed.map_or(0, |r| rejected(&r)));
+    }
+    let text = String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned();
+    let message = format!("HTTP {status}: {text}");
+    match status.as_u16() {
+        429 | 502 | 503 | 504 => Err(SendError::retry(message)),
+        _ => Err(SendError::fatal(message)),
+    }
+}
+
+fn rejected(r: &ExportTraceServiceResponse) -> u64 {
+    r.partial_success
+        .as_ref()
+        .map_or(0, |p| p.rejected_spans.max(0) as u64)
+}
+
+/// An error and its causes on one line.
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cause = c.source();
+    }
+    s
+}
+
+/// A gRPC codec that sends an already encoded protobuf body as it is and decodes the
+/// response with prost.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct BytesCodec;
+
+/// The encoding half of [`BytesCodec`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct BytesEncoder;
+
+/// The decoding half of [`BytesCodec`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ResponseDecoder;
+
+impl Codec for BytesCodec {
+    type Encode = Bytes;
+    type Decode = ExportTraceServiceResponse;
+    type Encoder = BytesEncoder;
+    type Decoder = ResponseDecoder;
+
+    fn encoder(&mut self) -> BytesEncoder {
+        BytesEncoder
+    }
+
+    fn decoder(&mut self) -> ResponseDecoder {
+        ResponseDecoder
+    }
+}
+
+impl Encoder for BytesEncoder {
+    type Item = Bytes;
+    type Error = tonic::Status;
+
+    fn encode(&mut self, item: Bytes, dst: &mut EncodeBuf<'_>) -> Result<(), tonic::Status> {
+        dst.put(item);
+        Ok(())
+    }
+}
+
+impl Decoder for ResponseDecoder {
+    type Item = ExportTraceServiceResponse;
+    type Error = tonic::Status;
+
+    fn decode(
+        &mut self,
+        src: &mut DecodeBuf<'_>,
+    ) -> Result<Option<ExportTraceServiceResponse>, tonic::Status> {
+        let n = src.remaining();
+        ExportTraceServiceResponse::decode(src.copy_to_bytes(n))
+            .map(Some)
+            .map_err(|e| tonic::Status::internal(e.to_string()))
+    }
+}
