@@ -33,22 +33,21 @@
 //! before the ingest acks the stage-stream messages it came from.
 
 use crate::cache::{Cache, CacheStats, Cached, DEFAULT_CACHE_MESSAGES};
-use crate::counters::{Counter, CounterKey, FunnelStep, STATE_PREFIX, TOPIC_PREFIX};
+use crate::counters::{Counter, CounterKey, STATE_PREFIX, TOPIC_PREFIX};
 use crate::error::{QueryError, StoreError};
-use crate::summary::{new_latencies, topic_state};
+use crate::summary::topic_state;
 pub use crate::summary::{MessageSummary, StateDelta, TopicState};
 use base64::Engine;
-use msgtrail_core::outcome::{ChannelOutcome, RedeliveryOutcome};
-use msgtrail_core::stage::Stage;
 use msgtrail_core::trajectory::{AssembleOptions, Deadlines, MessageState, Segment, Trajectory};
 use msgtrail_core::{MessageId, RequestId, StageRecord};
 use redb::{Database, ReadableDatabase, ReadableTable, Table, TableDefinition, TableHandle};
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
+mod apply;
 pub mod records;
 
 const RECORDS: TableDefinition<&str, &[u8]> = TableDefinition::new("message_records");
@@ -649,325 +648,17 @@ impl Store {
     }
 
     /// Applies a batch of records in one transaction, committed before it returns. Records
-    /// already stored are skipped, so applying the same batch twice changes nothing.
+    /// already stored are skipped, so applying the same batch twice changes nothing. The
+    /// passes are in [`apply`](mod@apply).
     pub fn apply(&self, records: Vec<StageRecord>, now: u64) -> Result<ApplyOutcome, StoreError> {
-        let mut out = ApplyOutcome::default();
         let mut cache = self.lock_cache();
-        // The messages this batch touched, as they will be once it commits.
-        let mut staged: Vec<(String, Cached)> = Vec::new();
         let tx = self.db.begin_write()?;
-        {
+        let (staged, out) = {
             let mut t = Tables::open(&tx)?;
-            let mut links: Links = HashMap::new();
-            let mut sets: Sets = HashMap::new();
-            // Pass 1: links (producer, request ID) → message ID; orphans to merge; messages
-            // stored under a request ID that already names another one.
-            let mut merges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-            // (request ID, producer) that gained a message next to others: their records
-            // without message ID may belong to another of them now.
-            let mut regroup: BTreeSet<(String, String)> = BTreeSet::new();
-            // The messages counted as stored again after the dedup window: every message of
-            // a request ID but the first (in upload order), each counted once.
-            let mut again: Vec<String> = Vec::new();
-            for r in &records {
-                if let (Some(m), Some(p), Some(q)) = (&r.message_id, &r.producer, &r.request_id) {
-                    let mkey = m.to_string();
-                    // Read before the link may change (a store older than the table has
-                    // only the link).
-                    let set = t.messages_of(&mut sets, &mut links, q.as_str(), p.as_str())?;
-                    let (known, first) = (set.contains(m), set.first().copied());
-                    let cur = t.link(&mut links, q.as_str(), p.as_str())?;
-                    match cur {
-                        Some(c) if c == mkey => {}
-                        // A request ID already linked to another message (uploaded again
-                        // after the dedup window): `request_messages` names both.
-                        Some(c) if !c.starts_with("orphan/") => {}
-                        other => {
-                            if let Some(orphan) = other {
-                                merges.entry(mkey.clone()).or_default().insert(orphan);
-                            }
-                            t.set_link(&mut links, q.as_str(), p.as_str(), mkey.clone())?;
-                        }
-                    }
-                    if !known {
-                        if let Some(first) = first {
-                            // The one that is not first in upload order is the re-upload,
-                            // whichever arrived first.
-                            again.push(if *m > first { mkey } else { first.to_string() });
-                            regroup.insert((q.as_str().to_owned(), p.as_str().to_owned()));
-                        }
-                        t.add_message(&mut sets, q.as_str(), p.as_str(), *m)?;
-                    }
-                }
-            }
-            // Pass 2: group the records by message key.
-            let mut by_key: BTreeMap<String, Vec<StageRecord>> = BTreeMap::new();
-            for mut r in records {
-                let key = match (&r.message_id, &r.producer, &r.request_id) {
-                    (Some(m), _, _) => m.to_string(),
-                    (None, Some(p), Some(q)) => {
-                        let set = t.messages_of(&mut sets, &mut links, q.as_str(), p.as_str())?;
-                        match nearest(set, r.at) {
-                            Some(m) => m.to_string(),
-                            None => match t.link(&mut links, q.as_str(), p.as_str())? {
-                                Some(k) => k,
-                                None => {
-                                    let k = orphan_key(p.as_str(), q.as_str());
-                                    t.set_link(&mut links, q.as_str(), p.as_str(), k.clone())?;
-                                    k
-                                }
-                            },
-                        }
-                    }
-                    _ => {
-                        // Channel and no-match records name no message: they are counted,
-                        // not stored (a redelivered batch may count them twice).
-                        t.bump(Counter::Stage(r.stage).into(), 1, &mut out.counters)?;
-                        if r.channel_outcome() == Some(ChannelOutcome::Refused) {
-                            t.bump(Counter::ChannelsRefused.into(), 1, &mut out.counters)?;
-                        }
-                        t.bump(Counter::Unkeyed.into(), 1, &mut out.counters)?;
-                        out.unkeyed_records += 1;
-                        continue;
-                    }
-                };
-                self.trim_payload(&mut r);
-                by_key.entry(key).or_default().push(r);
-            }
-            // Pass 2b: records already stored that move to another message key. A merged
-            // orphan's records go to the message of the record that linked it — or, when
-            // the request ID names several messages, to the nearest one (`nearest`) — and
-            // the orphan is deleted; the records without message ID of a request ID that
-            // gained a message move to it when it is nearer. The statistics count moved
-            // records as they were (not as new).
-            let mut moves: BTreeMap<String, Vec<StageRecord>> = BTreeMap::new();
-            // Messages whose summary is rebuilt although nothing new was inserted: merge
-            // targets, and the messages that gave records away.
-            let mut rebuild: BTreeSet<String> = merges.keys().cloned().collect();
-            let mut shrunk: BTreeSet<String> = BTreeSet::new();
-            // Messages taken out of the cache (or read) before pass 3.
-            let mut taken: HashMap<String, Cached> = HashMap::new();
-            for (target, orphans) in &merges {
-                for orphan in orphans {
-                    let o = match cache.remove(orphan) {
-                        Some(c) => c,
-                        None => t.load_cached(orphan)?,
-                    };
-                    let orecs = o.records.clone();
-                    let osum = if o.records.is_empty() && o.summary.is_none() {
-                        None
-                    } else {
-                        t.delete_known(orphan, o)?.1
-                    };
-                    if let Some(s) = osum {
-                        // The orphan's contribution is taken back, so that a message counts
-                        // once in the funnel whatever the order of P1 and P2.
-                        let topic = s.topic.clone().unwrap_or_default();
-                        for (flag, step) in s.funnel.iter().zip(FunnelStep::ALL) {
-                            if *flag {
-                                let c = Counter::Funnel(step);
-                                t.bump_both(&topic, c, -1, &mut out.counters)?;
-                            }
-                        }
-                        out.state_changes.push((Some(topic_state(&s)), None));
-                    }
-                    for r in orecs {
-                        let home = match (&r.producer, &r.request_id) {
-                            (Some(p), Some(q)) => nearest(
-                                t.messages_of(&mut sets, &mut links, q.as_str(), p.as_str())?,
-                                r.at,
-                            ),
-                            _ => None,
-                        };
-                        let home = home.map(|m| m.to_string()).unwrap_or(target.clone());
-                        moves.entry(home).or_default().push(r);
-                    }
-                }
-            }
-            for (q, p) in &regroup {
-                let set = t.messages_of(&mut sets, &mut links, q, p)?.clone();
-                for m in &set {
-                    let key = m.to_string();
-                    let mut c = match taken.remove(&key) {
-                        Some(c) => c,
-                        None => match cache.take(&key) {
-                            Some(c) => c,
-                            None => t.load_cached(&key)?,
-                        },
-                    };
-                    let mut kept = Vec::with_capacity(c.records.len());
-                    for r in std::mem::take(&mut c.records) {
-                        let ours = r.message_id.is_none()
-                            && r.producer.as_ref().is_some_and(|x| x.as_str() == p)
-                            && r.request_id.as_ref().is_some_and(|x| x.as_str() == q);
-                        let home = nearest(&set, r.at).filter(|h| ours && h != m);
-                        let Some(home) = home else {
-                            kept.push(r);
-                            continue;
-                        };
-                        c.dedup_keys.remove(&records::dedup_hash(&r));
-                        moves.entry(home.to_string()).or_default().push(r);
-                        shrunk.insert(key.clone());
-                    }
-                    c.records = kept;
-                    c.encoded = None;
-                    taken.insert(key, c);
-                }
-            }
-            rebuild.extend(moves.keys().cloned());
-            rebuild.extend(shrunk.iter().cloned());
-            for k in rebuild.iter().chain(taken.keys()) {
-                by_key.entry(k.clone()).or_default();
-            }
-            // Pass 3: per message, insert what is new and rebuild the shadow message.
-            for (key, fresh) in by_key {
-                // The message's own records before this batch (from the cache, else read
-                // once): the base of the statistics diff.
-                let mut own = match taken.remove(&key) {
-                    Some(c) => c,
-                    None => match cache.take(&key) {
-                        Some(c) => c,
-                        None => t.load_cached(&key)?,
-                    },
-                };
-                let old_summary = own.summary.take();
-                let moved = moves.remove(&key).unwrap_or_default();
-                let moved_keys: HashSet<u64> = moved.iter().map(records::dedup_hash).collect();
-                let rebuilt = rebuild.contains(&key);
-                // The records to assemble from: the message's own, the moved ones (repeats
-                // are harmless: assembly drops them), and the inserted ones.
-                let incoming = moved.len() + fresh.len();
-                let mut all: Vec<StageRecord> = Vec::with_capacity(own.records.len() + incoming);
-                all.extend_from_slice(&own.records);
-                all.extend_from_slice(&moved);
-                own.records.reserve(incoming);
-                let mut inserted = 0usize;
-                // (stage, outcome) of the inserted records that are new to the store.
-                // (stage, recovered, dead letter) of the inserted records new to the store.
-                let mut fresh_inserted: Vec<(Stage, bool, bool)> = Vec::new();
-                let mut seen: HashSet<u64> = HashSet::new();
-                for r in moved.into_iter().chain(fresh) {
-                    let dk = records::dedup_hash(&r);
-                    if own.dedup_keys.contains(&dk) || !seen.insert(dk) {
-                        out.repeated_records += 1;
-                        continue;
-                    }
-                    inserted += 1;
-                    // Moved records are not new; count only the fresh ones.
-                    if !moved_keys.contains(&dk) {
-                        let dead = r.redelivery_outcome() == Some(RedeliveryOutcome::DeadLetter);
-                        fresh_inserted.push((r.stage, r.is_recovered(), dead));
-                    }
-                    all.push(r.clone());
-                    own.records.push(r);
-                }
-                own.dedup_keys.extend(seen);
-                if inserted > 0 || shrunk.contains(&key) {
-                    let delta = t.put_records(&key, &mut own)?;
-                    t.bump(Counter::Bytes.into(), delta, &mut out.counters)?;
-                }
-                // Events also count per topic, once the message's topic is known (below).
-                let mut topic_events: Vec<Counter> = Vec::new();
-                for (stage, recovered, dead_letter) in &fresh_inserted {
-                    // Recovered P2/P3 (store evidence) count apart: most stand beside the
-                    // broker's own record of the same stage.
-                    let stage_counter = if *recovered {
-                        Counter::StageRecovered(*stage)
-                    } else {
-                        Counter::Stage(*stage)
-                    };
-                    t.bump(stage_counter.into(), 1, &mut out.counters)?;
-                    match (*stage, dead_letter) {
-                        (Stage::Redelivery, true) => topic_events.push(Counter::DeadLetters),
-                        (Stage::Redelivery, _) => topic_events.push(Counter::Redeliveries),
-                        (Stage::Duplicate, _) => topic_events.push(Counter::Duplicates),
-                        _ => {}
-                    }
-                }
-                for e in &topic_events {
-                    // Globally, duplicates are the D1 stage counter.
-                    if *e != Counter::Duplicates {
-                        t.bump((*e).into(), 1, &mut out.counters)?;
-                    }
-                }
-                out.new_records += fresh_inserted.len() as u64;
-                if inserted == 0 && !rebuilt {
-                    own.summary = old_summary;
-                    staged.push((key, own));
-                    continue;
-                }
-                let opts = self.options(now);
-                let Some(new_traj) = self.assemble(all, &opts) else {
-                    own.summary = old_summary;
-                    staged.push((key, own));
-                    continue;
-                };
-                let summary = MessageSummary::of(&key, &new_traj);
-                let prev = old_summary;
-                t.put_summary(prev.as_ref(), &summary)?;
-                let (old_ts, new_ts) = (prev.as_ref().map(topic_state), topic_state(&summary));
-                if old_ts.as_ref() != Some(&new_ts) {
-                    out.state_changes.push((old_ts, Some(new_ts)));
-                }
-                let topic = summary.topic.clone().unwrap_or_default();
-                for e in topic_events {
-                    t.bump(CounterKey::Topic(topic.clone(), e), 1, &mut out.counters)?;
-                }
-                // The summary remembers what the statistics counted for the message so far;
-                // a message whose topic became known moves its funnel to that topic, and one
-                // that gave records away may lose a step.
-                let old_flags = prev.as_ref().map(|s| s.funnel).unwrap_or_default();
-                let old_topic = prev.as_ref().map(|s| s.topic.clone().unwrap_or_default());
-                let gave_away = shrunk.contains(&key);
-                for (i, step) in FunnelStep::ALL.into_iter().enumerate() {
-                    let c = Counter::Funnel(step);
-                    let (was, is) = (old_flags[i], summary.funnel[i]);
-                    let lost = gave_away && was && !is;
-                    let by = i64::from(is && !was) - i64::from(lost);
-                    t.bump(c.into(), by, &mut out.counters)?;
-                    match &old_topic {
-                        Some(ot) if *ot != topic && was => {
-                            t.bump(CounterKey::Topic(ot.clone(), c), -1, &mut out.counters)?;
-                            t.bump(
-                                CounterKey::Topic(topic.clone(), c),
-                                i64::from(is),
-                                &mut out.counters,
-                            )?;
-                        }
-                        _ => t.bump(CounterKey::Topic(topic.clone(), c), by, &mut out.counters)?,
-                    }
-                }
-                let old_l = prev
-                    .as_ref()
-                    .map(|s| s.segments.as_slice())
-                    .unwrap_or_default();
-                let topic = new_traj.topic.clone().unwrap_or_default();
-                for (s, v) in new_latencies(old_l, &summary.segments) {
-                    out.latencies.push((topic.clone(), s, v));
-                }
-                own.summary = Some(summary);
-                staged.push((key, own));
-                if self.emit_trajectories {
-                    out.trajectories.push(new_traj);
-                }
-            }
-            // The re-uploads count globally and under the topic of the message stored again
-            // (every one of them was staged: it is in its request ID's regrouped set).
-            for key in &again {
-                let staged_topic = staged
-                    .iter()
-                    .find(|(k, _)| k == key)
-                    .map(|(_, c)| c.summary.as_ref().and_then(|s| s.topic.clone()));
-                let topic = match staged_topic {
-                    Some(tp) => tp,
-                    None => t.summary(key)?.and_then(|s| s.topic),
-                }
-                .unwrap_or_default();
-                t.bump_both(&topic, Counter::DuplicatesAfterWindow, 1, &mut out.counters)?;
-            }
-            t.count_states(&out.state_changes, &mut out.counters)?;
-            t.flush(&out.counters)?;
-        }
+            let mut pass = apply::Pass::new(self, &mut t, &mut cache, now);
+            let staged = pass.run(records)?;
+            (staged, std::mem::take(&mut pass.out))
+        };
         tx.commit()?;
         cache.put_all(staged);
         Ok(out)
@@ -1386,7 +1077,7 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use msgtrail_core::{ClientId, RequestId};
+    use msgtrail_core::{ClientId, RequestId, Stage};
 
     fn records_of_one_message() -> Vec<StageRecord> {
         let m = MessageId::new();
