@@ -131,10 +131,16 @@ impl<'a, 't> Pass<'a, 't> {
     /// Pass 1.
     fn link_requests(&mut self, records: &[StageRecord]) -> Result<Linking, StoreError> {
         let mut l = Linking::default();
+        // A message's later records in the batch find it linked and in its request's set
+        // already: only the first record of each (message, producer, request) does the work.
+        let mut done: HashSet<(MessageId, &str, &str)> = HashSet::new();
         for r in records {
             let (Some(m), Some(p), Some(q)) = (&r.message_id, &r.producer, &r.request_id) else {
                 continue;
             };
+            if !done.insert((*m, p.as_str(), q.as_str())) {
+                continue;
+            }
             let (q, p) = (q.as_str(), p.as_str());
             // Read before the link may change (a store older than the table has only the
             // link).
