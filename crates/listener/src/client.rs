@@ -1,18 +1,20 @@
-//! A small client of the listener's HTTP API, for the CLI and tests.
-//!
-//! It speaks plain HTTP/1.0 GET over a tokio TCP stream (the server then answers with a
-//! content-length or closes the connection, so no chunked decoding is needed): the API is
-//! local or behind a proxy that terminates TLS, and a full HTTP client crate would double
-//! the CLI's dependency tree for four GET routes.
+//! A small client of the listener's HTTP API, for the CLI and tests: hyper-util's pooled
+//! HTTP/1 client (already in the tree for OTLP/HTTP export), `url` to parse the base URL and
+//! `percent-encoding` for path segments and query values. Plain HTTP: the API is local or
+//! behind a proxy that terminates TLS.
 
 use crate::http::ApiError;
 use crate::stats::StatsSnapshot;
 use crate::summary::MessageSummary;
+use http_body_util::{BodyExt, Empty};
+use hyper::body::Bytes;
+use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use hyper_util::rt::TokioExecutor;
 use msgtrail_core::trajectory::Trajectory;
+use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use serde::de::DeserializeOwned;
 use std::fmt;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// The default base URL of the listener.
 pub const DEFAULT_URL: &str = "http://127.0.0.1:7380";
@@ -57,10 +59,14 @@ impl ClientError {
 /// A client of one listener.
 #[derive(Clone)]
 pub struct ListenerClient {
+    /// `host:port`, for messages.
     host_port: String,
+    /// `http://host:port` and the path prefix, without a trailing `/`.
+    base: String,
     prefix: String,
     token: Option<String>,
     timeout: Duration,
+    http: Client<HttpConnector, Empty<Bytes>>,
 }
 
 impl fmt::Debug for ListenerClient {
@@ -73,68 +79,76 @@ impl fmt::Debug for ListenerClient {
     }
 }
 
+/// What [`encode`] escapes: everything but unreserved characters (RFC 3986) and `:`.
+const COMPONENT: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'.')
+    .remove(b'~')
+    .remove(b':');
+
 /// Percent-encodes a path segment or query value.
 pub fn encode(s: &str) -> String {
-    let mut out = String::new();
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~' | b':') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
+    utf8_percent_encode(s, COMPONENT).to_string()
 }
 
 impl ListenerClient {
     /// A client of the listener at `url` (`http://host:port`, optionally with a path prefix).
     pub fn new(url: &str, token: Option<String>) -> Result<Self, ClientError> {
-        let rest = url
-            .trim()
-            .strip_prefix("http://")
-            .ok_or_else(|| ClientError::Url(url.to_owned()))?;
-        let (host_port, prefix) = match rest.find('/') {
-            Some(i) => (&rest[..i], rest[i..].trim_end_matches('/')),
-            None => (rest, ""),
-        };
-        if host_port.is_empty() {
-            return Err(ClientError::Url(url.to_owned()));
+        let bad = || ClientError::Url(url.to_owned());
+        let parsed = url::Url::parse(url.trim()).map_err(|_| bad())?;
+        if parsed.scheme() != "http" || parsed.query().is_some() {
+            return Err(bad());
         }
-        let host_port = if host_port.contains(':') && !host_port.ends_with(']') {
-            host_port.to_owned()
-        } else {
-            format!("{host_port}:80")
+        let host = match parsed.host().ok_or_else(bad)? {
+            url::Host::Ipv6(a) => format!("[{a}]"),
+            h => h.to_string(),
         };
+        let host_port = format!("{host}:{}", parsed.port_or_known_default().unwrap_or(80));
+        let prefix = parsed.path().trim_end_matches('/').to_owned();
         Ok(ListenerClient {
+            base: format!("http://{host_port}{prefix}"),
             host_port,
-            prefix: prefix.to_owned(),
+            prefix,
             token,
             timeout: Duration::from_secs(10),
+            // No idle connections kept: the CLI asks once, and a kept-alive connection
+            // would hold the listener's HTTP task (and its store) past a shutdown.
+            http: Client::builder(TokioExecutor::new())
+                .pool_max_idle_per_host(0)
+                .build_http(),
         })
     }
 
     /// GETs `path` (starting with `/`) and returns the status and body.
     pub async fn get_raw(&self, path: &str) -> Result<(u16, Vec<u8>), ClientError> {
+        let uri: hyper::Uri = format!("{}{path}", self.base)
+            .parse()
+            .map_err(|e| ClientError::Protocol(format!("bad request path {path:?}: {e}")))?;
+        let mut req = hyper::Request::get(uri).header(hyper::header::ACCEPT, "application/json");
+        if let Some(t) = &self.token {
+            req = req.header(hyper::header::AUTHORIZATION, format!("Bearer {t}"));
+        }
+        let req = req
+            .body(Empty::new())
+            .map_err(|e| ClientError::Protocol(e.to_string()))?;
         let fut = async {
-            let conn_err = |e: std::io::Error| ClientError::Connect {
-                addr: self.host_port.clone(),
-                reason: e.to_string(),
-            };
-            let mut s = tokio::net::TcpStream::connect(&self.host_port)
+            let resp = self
+                .http
+                .request(req)
                 .await
-                .map_err(conn_err)?;
-            let mut req = format!(
-                "GET {}{path} HTTP/1.0\r\nHost: {}\r\nAccept: application/json\r\n",
-                self.prefix, self.host_port
-            );
-            if let Some(t) = &self.token {
-                req.push_str(&format!("Authorization: Bearer {t}\r\n"));
-            }
-            req.push_str("\r\n");
-            s.write_all(req.as_bytes()).await.map_err(conn_err)?;
-            let mut buf = Vec::new();
-            s.read_to_end(&mut buf).await.map_err(conn_err)?;
-            parse_response(&buf)
+                .map_err(|e| ClientError::Connect {
+                    addr: self.host_port.clone(),
+                    reason: error_chain(&e),
+                })?;
+            let status = resp.status().as_u16();
+            let body = resp
+                .into_body()
+                .collect()
+                .await
+                .map_err(|e| ClientError::Protocol(format!("reading the answer: {e}")))?
+                .to_bytes();
+            Ok((status, body.to_vec()))
         };
         tokio::time::timeout(self.timeout, fut)
             .await
@@ -193,30 +207,17 @@ impl ListenerClient {
     }
 }
 
-fn parse_response(buf: &[u8]) -> Result<(u16, Vec<u8>), ClientError> {
-    let end = buf
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .ok_or_else(|| ClientError::Protocol("no http header end".into()))?;
-    let head = String::from_utf8_lossy(&buf[..end]);
-    let status_line = head.lines().next().unwrap_or_default();
-    let status = status_line
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse::<u16>().ok())
-        .ok_or_else(|| ClientError::Protocol(format!("bad status line {status_line:?}")))?;
-    let mut body = buf[end + 4..].to_vec();
-    let length = head.lines().find_map(|l| {
-        let (k, v) = l.split_once(':')?;
-        k.trim()
-            .eq_ignore_ascii_case("content-length")
-            .then(|| v.trim().parse::<usize>().ok())
-            .flatten()
-    });
-    if let Some(n) = length {
-        body.truncate(n);
+/// An error and its causes, joined (hyper-util's errors say "client error (Connect)" and
+/// keep the useful part, e.g. "connection refused", in their sources).
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        out.push_str(": ");
+        out.push_str(&c.to_string());
+        cur = c.source();
     }
-    Ok((status, body))
+    out
 }
 
 #[cfg(test)]
@@ -224,16 +225,39 @@ mod tests {
     use super::*;
 
     #[test]
-    fn urls_and_responses() {
+    fn urls_and_encoding() {
         let c = ListenerClient::new("http://127.0.0.1:7380/", None).unwrap();
         assert_eq!(c.host_port, "127.0.0.1:7380");
         assert_eq!(c.prefix, "");
-        let c = ListenerClient::new("http://example:8080/trail", None).unwrap();
-        assert_eq!(c.prefix, "/trail");
+        let c = ListenerClient::new("http://example:8080/trail/", None).unwrap();
+        assert_eq!(
+            (c.host_port.as_str(), c.prefix.as_str()),
+            ("example:8080", "/trail")
+        );
+        assert_eq!(c.base, "http://example:8080/trail");
+        let c = ListenerClient::new("http://[::1]/", None).unwrap();
+        assert_eq!(c.host_port, "[::1]:80");
         assert!(ListenerClient::new("https://x", None).is_err());
-        let (s, b) =
-            parse_response(b"HTTP/1.1 404 Not Found\r\ncontent-length: 2\r\n\r\n{}extra").unwrap();
-        assert_eq!((s, b.as_slice()), (404, b"{}".as_slice()));
+        assert!(ListenerClient::new("http://", None).is_err());
+        assert!(ListenerClient::new("not a url", None).is_err());
         assert_eq!(encode("a b/c"), "a%20b%2Fc");
+        assert_eq!(encode("order-1_x.y~z:1"), "order-1_x.y~z:1");
+        assert_eq!(encode("ä?&="), "%C3%A4%3F%26%3D");
+    }
+
+    /// A listener that is not there is a connection error naming the address and why.
+    #[tokio::test]
+    async fn unreachable_listener_names_the_cause() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let c = ListenerClient::new(&format!("http://127.0.0.1:{port}"), None).unwrap();
+        let err = c.get_raw("/api/stats").await.unwrap_err();
+        let text = err.to_string();
+        assert!(matches!(err, ClientError::Connect { .. }), "{text}");
+        assert!(text.contains(&format!("127.0.0.1:{port}")), "{text}");
+        assert!(text.to_lowercase().contains("refused"), "{text}");
     }
 }
