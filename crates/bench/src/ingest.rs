@@ -17,7 +17,7 @@
 //! stream; S4 isolates the listener's own cost.
 
 use crate::error::BenchError;
-use crate::measure::{Progress, Throughput};
+use crate::measure::{Latency, Progress, Recorder, Throughput};
 use crate::synth::{stage_messages, Mix};
 use bytes::Bytes;
 use msgtrail_core::record::{decode_batch, encode_batch};
@@ -54,6 +54,12 @@ pub struct IngestResult {
     /// Bytes the store's in-memory state holds per in-flight message, counted.
     #[serde(default)]
     pub counted_bytes_per_inflight_message: f64,
+    /// Time per store transaction of the synthetic workload (decode, apply, commit), at full
+    /// speed. A record is queryable once its transaction commits; at any load below the
+    /// maximum, it waits at most one transaction for its batch to be taken and one for it
+    /// to commit, so twice the p99 bounds the time from arrival to queryable.
+    #[serde(default)]
+    pub transaction_ms: Latency,
     /// Store file size per message after the synthetic workload, bytes (disk, not memory;
     /// payload heads off).
     pub store_bytes_per_message: f64,
@@ -121,6 +127,8 @@ struct Ingested {
     drops: u64,
     transactions: u64,
     seconds: f64,
+    /// Time per transaction (decode, apply, commit).
+    per_transaction: Latency,
 }
 
 /// Ingests encoded stage messages into `store`, `batch` per transaction, as the listener
@@ -133,8 +141,10 @@ fn ingest(
 ) -> Ingested {
     let stats = new_stats();
     let mut out = Ingested::default();
+    let mut per_tx = Recorder::default();
     let start = Instant::now();
     for chunk in set.chunks(batch) {
+        let tx_start = Instant::now();
         let mut records = Vec::new();
         for m in chunk {
             match decode_batch(m) {
@@ -155,11 +165,13 @@ fn ingest(
                 out.drops += n;
             }
         }
+        per_tx.record(tx_start.elapsed());
         out.transactions += 1;
         out.records += n;
         progress.add(n);
     }
     out.seconds = start.elapsed().as_secs_f64();
+    out.per_transaction = per_tx.summary();
     out
 }
 
@@ -250,6 +262,7 @@ pub fn run(
         drops: got.drops,
         messages,
         store_bytes_per_message: file as f64 / messages.max(1) as f64,
+        transaction_ms: got.per_transaction,
         ..Default::default()
     };
     drop(set);
