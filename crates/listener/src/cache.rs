@@ -5,7 +5,7 @@
 //!
 //! It holds messages compactly — their records in the store's own stored form
 //! ([`crate::store::records`]), the summary encoded ([`MessageSummary::encode`]) — and
-//! hands out the working form ([`Cached`]) a transaction needs: a few hundred bytes per
+//! hands out the working form (`Cached`) a transaction needs: a few hundred bytes per
 //! in-flight message instead of several kilobytes of decoded records. The encodings are
 //! the ones the transaction wrote to the store anyway, so keeping them costs no extra
 //! encoding. [`CacheStats::bytes`] counts exactly what the entries hold.

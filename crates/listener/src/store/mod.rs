@@ -4,8 +4,8 @@
 //! ## Tables
 //! | table | key | value |
 //! | --- | --- | --- |
-//! | `message_records` | message key | every record of the message, compact ([`codec`]) |
-//! | `summaries` | message key | [`MessageSummary`] JSON |
+//! | `message_records` | message key | every record of the message, compact ([`records`]) |
+//! | `message_summaries` | message key | [`MessageSummary`], compact ([`MessageSummary::encode`]) |
 //! | `requests` | (request ID, producer) | message key |
 //! | `request_messages` | (request ID, producer, message ID) | () |
 //! | `by_topic` | (topic, first time, message key) | () |
@@ -30,7 +30,14 @@
 //! and its indexes). The store skips a record whose [`StageRecord::dedup_key`] it already
 //! holds (by a 64-bit fingerprint, [`records::dedup_hash`]), so a redelivered batch writes
 //! nothing new and counts nothing twice. A batch is one write transaction, committed (fsynced)
-//! before the ingest acks the stage-stream messages it came from.
+//! before the ingest acks the stage-stream messages it came from; its passes are in
+//! `store/apply.rs`.
+//!
+//! ## Upgrading a first-version store
+//! The first version kept one JSON row per record (`records`) and JSON summaries
+//! (`summaries`). [`Store::open`] moves both into the compact tables in one transaction and
+//! drops the old ones; indexes and counters keep their form. A row that does not parse
+//! fails the open naming it ([`StoreError::Corrupt`]) and leaves the old tables as they were.
 
 use crate::cache::{Cache, CacheStats, Cached, DEFAULT_CACHE_MESSAGES};
 use crate::counters::{Counter, CounterKey, STATE_PREFIX, TOPIC_PREFIX};
@@ -649,7 +656,7 @@ impl Store {
 
     /// Applies a batch of records in one transaction, committed before it returns. Records
     /// already stored are skipped, so applying the same batch twice changes nothing. The
-    /// passes are in [`apply`](mod@apply).
+    /// passes are in `store/apply.rs`.
     pub fn apply(&self, records: Vec<StageRecord>, now: u64) -> Result<ApplyOutcome, StoreError> {
         let mut cache = self.lock_cache();
         let tx = self.db.begin_write()?;
