@@ -1,4 +1,4 @@
-//! The fault-injection suite (issue 14): msgtrail under one fault at a time, Jepsen-style.
+//! The fault-injection suite: msgtrail under one fault at a time, Jepsen-style.
 //!
 //! Each scenario starts its own nats-server(s) on free loopback ports, brokers and a
 //! listener as **real child processes** of the built `msgtrail` binary (the suite runs
@@ -48,7 +48,7 @@ message ID, and no trajectory says so";
 
 /// How long the oracle waits for every trajectory to be complete. After a listener restart
 /// too: what the killed listener had fetched and not acked comes back after its ack wait (5 s
-/// since issue 14 bug 5's fix; 30 s before, which made the catch-up take 30 s).
+/// since the listener's restart stall was fixed; 30 s before, which made the catch-up take 30 s).
 const TRAJECTORY_WAIT: Duration = Duration::from_secs(30);
 
 /// Drains the message stream and reads the trajectories of `finished`'s acked uploads; adds

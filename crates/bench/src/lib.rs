@@ -2,7 +2,7 @@
 //!
 //! The benchmark harness behind `msgtrail bench`: it measures msgtrail against raw JetStream
 //! and against itself with stage recording off, side by side in one run, and reports the
-//! ratios the project's targets are stated in (issue 5, BENCHMARKS.md). Benchmarks are not
+//! ratios the project's targets are stated in (BENCHMARKS.md). Benchmarks are not
 //! tests: nothing here asserts a speed.
 //!
 //! ```no_run

@@ -1,5 +1,5 @@
 //! The report: every scenario's figures, the ratios side by side, the checks against the
-//! project's targets (issue 5), as a table for people and as JSON for machines.
+//! project's targets (BENCHMARKS.md), as a table for people and as JSON for machines.
 
 use crate::export::ExportResult;
 use crate::ingest::IngestResult;
@@ -135,7 +135,7 @@ impl PayloadRun {
     }
 }
 
-/// One target of issue 5 and whether this run met it.
+/// One of the project's targets and whether this run met it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TargetCheck {
     /// What is measured.
@@ -167,7 +167,7 @@ pub struct Report {
     pub s5: LookupResult,
     /// S6.
     pub s6: ExportResult,
-    /// The targets of issue 5.
+    /// The project's targets (BENCHMARKS.md).
     pub targets: Vec<TargetCheck>,
     /// Wall-clock seconds of the whole run.
     pub total_seconds: f64,
@@ -245,7 +245,7 @@ impl Report {
             ("HTTP", (&self.s6.http.export, self.s6.http.dropped)),
         ] {
             t.push(check(
-                format!("OTLP/{name} export spans/s (S6, issue 11)"),
+                format!("OTLP/{name} export spans/s (S6)"),
                 "≥ 100,000, zero drops",
                 run.0.per_sec,
                 run.0.per_sec >= 100_000.0 && run.1 == 0,
@@ -343,7 +343,7 @@ impl Report {
             s6.http.requests,
             s6.http.dropped,
         );
-        let _ = writeln!(s, "\nTargets (issue 5)");
+        let _ = writeln!(s, "\nTargets");
         for t in &self.targets {
             let _ = writeln!(
                 s,

@@ -1,4 +1,4 @@
-//! Hooks (seed 001): functions registered for events of a message's life. The SDK's own
+//! Hooks: functions registered for events of a message's life. The SDK's own
 //! stage reporting is one such hook.
 //!
 //! **A slow hook never stalls the message path.** Every hook has its own bounded queue and

@@ -197,7 +197,7 @@ macro_rules! string_id {
 
 string_id!(
     /// A request ID chosen by the producer for one upload. Retries of the same upload reuse
-    /// it, which is how the broker stores a retried message once (see DESIGN.md §3.3).
+    /// it, which is how the broker stores a retried message once (docs/ARCHITECTURE.md §3, decision 2).
     RequestId,
     "request id",
     128,

@@ -1,4 +1,5 @@
-//! A stage record — one stage log of seed 000 — and its wire encoding.
+//! A stage record — one step of a message's life (docs/ARCHITECTURE.md §2) — and its wire
+//! encoding.
 //!
 //! In JSON a record is one object; a batch is newline-delimited JSON (one record per line):
 //! what hand-written clients send on the stage-report subject, and version 1 of the stage

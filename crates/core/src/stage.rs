@@ -1,4 +1,4 @@
-//! The stage model (DESIGN.md §4): every step of a message's life has a code, and each code
+//! The stage model (docs/ARCHITECTURE.md §2): every step of a message's life has a code, and each code
 //! has exactly one kind of emitter.
 
 use serde::{Deserialize, Serialize};
@@ -42,7 +42,7 @@ macro_rules! stages {
         }
 
         impl Stage {
-            /// Every stage, in the order of the table in DESIGN.md §4.
+            /// Every stage, in the order of the table in docs/ARCHITECTURE.md §2.
             pub const ALL: &'static [Stage] = &[$(Stage::$variant,)*];
 
             /// The short code (`P1`, `C5`, …).

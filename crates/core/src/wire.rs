@@ -264,7 +264,7 @@ fn default_wait_ms() -> u64 {
     1000
 }
 
-/// The no-matching-message notice text of seed 000.
+/// The text of the no-matching-message notice (N1).
 pub const NO_MATCHING_MESSAGE: &str = "no_matching_message";
 
 /// `fetch` reply.

@@ -1,6 +1,6 @@
 //! Store evidence: P2 (upload received, ID assigned) and P3 (stored) recovered from the
 //! stored message itself, so that they survive a broker crash or a stage-stream outage
-//! (DESIGN.md §3.13).
+//! (docs/ARCHITECTURE.md §3, decision 6).
 //!
 //! When stage recording is on, the broker stamps every message it stores in
 //! `MSGTRAIL_MESSAGES` with headers (`msgtrail_core::headers`): `Msgtrail-Received-At` (when

@@ -1,6 +1,6 @@
 //! # msgtrail-listener
 //!
-//! The listener of seed 001: it reads every stage record from the stage stream, keeps a
+//! The listener: it reads every stage record from the stage stream, keeps a
 //! shadow message per message, assembles trajectories on demand, keeps statistics, and
 //! serves all of it over HTTP. It never talks to the broker: the stage stream and the
 //! message stream (durable, JetStream) are the only links, so a slow or stopped listener

@@ -12,7 +12,7 @@ use msgtrail_core::{ClientId, MessageId, RequestId};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
-/// The shadow message of seed 001, as indexed for search: one per message key.
+/// The shadow message (docs/ARCHITECTURE.md §2), as indexed for search: one per message key.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MessageSummary {
     /// The message key: the message ID, or `orphan/<producer>/<request-id>`.

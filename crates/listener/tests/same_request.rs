@@ -1,4 +1,4 @@
-//! A request ID stored twice (issue 14, bug 3): a producer that uploads `order-1`, waits past
+//! A request ID stored twice: a producer that uploads `order-1`, waits past
 //! the broker's dedup window and uploads `order-1` again gets two stored messages. Both
 //! trajectories must name each other (`same_request`, and a clause of the diagnosis), the
 //! statistics must count the re-upload once (`duplicates_after_window`), and the request-ID
