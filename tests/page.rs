@@ -525,29 +525,51 @@ async fn search_and_the_api_errors() {
     assert_eq!(found.len(), 1, "{body}");
     assert_eq!(found[0]["message_id"], refund.as_str());
 
+    // A third message that billing fails on every attempt: dead-lettered.
+    let producer = sys.producer("shop").await;
+    let billing = sys.consumer("billing-1").await;
+    let dead = producer
+        .send_message(Outgoing::new("orders.us", "x").attr("category", "sale"))
+        .await
+        .unwrap()
+        .message_id
+        .to_string();
+    for _ in 0..msgtrail_e2e::MAX_DELIVER {
+        pull(&billing, "billing", "orders.*", Some("no stock")).await;
+    }
+    l.trajectory_when(&dead, |t| t.state == MessageState::DeadLettered)
+        .await;
+    let set = |of: &[&String]| {
+        let mut v: Vec<&str> = of.iter().map(|s| s.as_str()).collect();
+        v.sort();
+        v.join(",")
+    };
+
     let b = Browser::start(1280).await;
     b.open(&l.url()).await;
     let ids =
         "[...document.querySelectorAll('#list tr.msg')].map(r => r.dataset.id).sort().join(',')";
     b.until(
-        "both messages listed",
-        &format!("{ids}.split(',').length === 2"),
+        "the three messages listed",
+        &format!("{ids}.split(',').length === 3"),
         ids,
     )
     .await;
     // The stuck one lists as stuck, marked; "had a failure" below also finds the recovered one.
     let row = b.text(&format!("#list tr[data-id=\"{food}\"]")).await;
     assert!(row.contains("stuck"), "{row}");
-    let mut both = [refund.clone(), food.clone()];
-    both.sort();
-    let both = both.join(",");
+    let (all, eu, orders) = (
+        set(&[&refund, &food, &dead]),
+        set(&[&refund, &food]),
+        set(&[&refund, &dead]),
+    );
     for (field, value, want) in [
-        ("#f-topic", "orders.*", refund.as_str()),
-        ("#f-topic", "*.eu", both.as_str()),
+        ("#f-topic", "orders.*", orders.as_str()),
+        ("#f-topic", "*.eu", eu.as_str()),
         ("#f-attr", "category=refund", refund.as_str()),
-        ("#f-producer", "shop", both.as_str()),
+        ("#f-producer", "shop", all.as_str()),
         ("#f-producer", "shop-2", ""),
-        ("#f-group", "billing", refund.as_str()),
+        ("#f-group", "billing", orders.as_str()),
         ("#f-min", "600000", ""),
     ] {
         b.click("#search button[type=reset]").await;
@@ -561,9 +583,9 @@ async fn search_and_the_api_errors() {
         .await;
     }
     for (check, want) in [
-        ("#f-failed", both.as_str()),
-        ("#f-redelivered", refund.as_str()),
-        ("#f-dead", ""),
+        ("#f-failed", all.as_str()),
+        ("#f-redelivered", orders.as_str()),
+        ("#f-dead", dead.as_str()),
     ] {
         b.click("#search button[type=reset]").await;
         b.click(check).await;
@@ -575,12 +597,12 @@ async fn search_and_the_api_errors() {
         )
         .await;
     }
-    // Time ranges (read in UTC, the page's default zone): the last hour finds both, one
+    // Time ranges (read in UTC, the page's default zone): the last hour finds all, one
     // that ends in 2020 none.
     for (range, want) in [
         (
             "f.from.value = new Date(Date.now() - 3600e3).toISOString().slice(0, 19)",
-            both.as_str(),
+            all.as_str(),
         ),
         ("f.to.value = '2020-01-01T00:00:00'", ""),
     ] {
