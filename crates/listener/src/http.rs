@@ -3,7 +3,7 @@
 //! | route | answer |
 //! | --- | --- |
 //! | `GET /api/messages/{message-id or request-id}[?producer=P]` | the [`Trajectory`] as JSON (a request ID stored as several messages, uploaded again after the dedup window: the latest, its `same_request` naming the others); 404 not found; 409 a request ID several producers used |
-//! | `GET /api/messages?topic=&state=&from=&to=&since_secs=&limit=` | matching [`MessageSummary`]s, newest first |
+//! | `GET /api/messages?topic=&state=&from=&to=&since_secs=&limit=&producer=&group=&min_ms=&failed=true&redelivered=true&dead_letter=true&attr=k=v` | matching [`MessageSummary`]s, newest first (`topic` may hold `*` and `>` wildcards; `min_ms` is the slowest group's end to end; `failed`, `redelivered`, `dead_letter`: at any hop) |
 //! | `GET /api/stats[?topic=T]` | [`StatsSnapshot`] |
 //! | `GET /metrics` | Prometheus text |
 //! | `GET /healthz` | `ok` (never needs the token) |
@@ -22,8 +22,9 @@ use crate::error::QueryError;
 use crate::export::ExportSender;
 use crate::stats::{prometheus, Stats};
 use crate::store::{SearchQuery, Store};
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
@@ -151,6 +152,7 @@ pub fn router(
         .route("/api/stats", get(stats_handler))
         .route("/api/messages", get(search))
         .route("/api/messages/{id}", get(message))
+        .fallback(not_found)
         .with_state(state)
 }
 
@@ -184,11 +186,15 @@ async fn message(
     State(st): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
-    Query(p): Query<MessageParams>,
+    p: Result<Query<MessageParams>, QueryRejection>,
 ) -> Response {
     if let Some(r) = unauthorized(&st, &headers) {
         return r;
     }
+    let p = match params(p) {
+        Ok(p) => p,
+        Err(e) => return e.into_response(),
+    };
     let store = st.store.clone();
     match blocking(move || store.lookup(&id, p.producer.as_deref(), now_nanos())).await {
         Ok(t) => Json(t).into_response(),
@@ -204,41 +210,145 @@ struct SearchParams {
     to: Option<u64>,
     since_secs: Option<u64>,
     limit: Option<usize>,
+    producer: Option<String>,
+    group: Option<String>,
+    min_ms: Option<f64>,
+    #[serde(default)]
+    failed: bool,
+    #[serde(default)]
+    redelivered: bool,
+    #[serde(default)]
+    dead_letter: bool,
+    attr: Option<String>,
+}
+
+/// Most trajectories a search assembles for the filters that need one (failure,
+/// redelivery, attribute): a bound on its time, about a millisecond each.
+const SEARCH_LOOKUP_MAX: usize = 2_000;
+
+/// The query string's parameters, or the JSON error a bad one answers (never axum's plain
+/// text).
+fn params<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, QueryError> {
+    q.map(|Query(p)| p)
+        .map_err(|e| QueryError::BadRequest(e.body_text()))
 }
 
 async fn search(
     State(st): State<AppState>,
     headers: HeaderMap,
-    Query(p): Query<SearchParams>,
+    p: Result<Query<SearchParams>, QueryRejection>,
 ) -> Response {
     if let Some(r) = unauthorized(&st, &headers) {
         return r;
     }
+    let p = match params(p) {
+        Ok(p) => p,
+        Err(e) => return e.into_response(),
+    };
     let state = match p
         .state
         .as_deref()
+        .filter(|s| !s.is_empty())
         .map(str::parse::<MessageState>)
         .transpose()
     {
         Ok(s) => s,
         Err(e) => return QueryError::BadRequest(e).into_response(),
     };
+    let attr = match p.attr.as_deref().filter(|a| !a.is_empty()).map(|a| {
+        a.split_once('=')
+            .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
+    }) {
+        None => None,
+        Some(Some(kv)) => Some(kv),
+        Some(None) => {
+            return QueryError::BadRequest(format!("attr must be key=value, not {:?}", p.attr))
+                .into_response()
+        }
+    };
+    if p.min_ms.is_some_and(|m| !m.is_finite() || m < 0.0) {
+        return QueryError::BadRequest("min_ms must be a duration in milliseconds".into())
+            .into_response();
+    }
     let from = match (p.from, p.since_secs) {
         (Some(f), _) => Some(f),
         (None, Some(s)) => Some(now_nanos().saturating_sub(s.saturating_mul(1_000_000_000))),
         (None, None) => None,
     };
+    let nonempty = |s: Option<String>| s.filter(|s| !s.is_empty());
+    let topic = nonempty(p.topic);
+    let (topic, topic_pattern) = match topic {
+        Some(t) if crate::search::is_pattern(&t) => (None, Some(t)),
+        t => (t, None),
+    };
+    let by_trajectory = p.redelivered || p.failed || attr.is_some();
+    let limit = p.limit.unwrap_or(100).clamp(1, 10_000);
     let q = SearchQuery {
-        topic: p.topic,
+        topic,
+        topic_pattern,
+        producer: nonempty(p.producer),
+        group: nonempty(p.group),
+        min_end_to_end: p.min_ms.map(|m| (m * 1e6) as u64),
+        dead_lettered: p.dead_letter,
         state,
         from,
         to: p.to,
-        limit: p.limit,
+        limit: Some(if by_trajectory {
+            SEARCH_LOOKUP_MAX
+        } else {
+            limit
+        }),
     };
     let store = st.store.clone();
-    match blocking(move || Ok(store.search(&q)?)).await {
+    let (redelivered, failed) = (p.redelivered, p.failed);
+    let found = blocking(move || {
+        let found = store.search(&q)?;
+        if !by_trajectory {
+            return Ok(found);
+        }
+        // Failures recovered from, redeliveries and attributes are in the trajectory, not
+        // in the summary.
+        let now = now_nanos();
+        let mut out = Vec::new();
+        for s in found {
+            let t = match (&s.message_id, &s.request_id) {
+                (Some(m), _) => store.lookup(&m.to_string(), None, now),
+                (None, Some(r)) => {
+                    store.lookup(r.as_str(), s.producer.as_ref().map(|c| c.as_str()), now)
+                }
+                _ => continue,
+            };
+            let Ok(t) = t else { continue };
+            let wanted = (!redelivered || crate::search::redelivered(&t))
+                && (!failed || crate::search::had_failure(&t))
+                && attr.as_ref().is_none_or(|(k, v)| t.attrs.get(k) == Some(v));
+            if wanted {
+                out.push(s);
+                if out.len() >= limit {
+                    break;
+                }
+            }
+        }
+        Ok(out)
+    })
+    .await;
+    match found {
         Ok(v) => Json(v).into_response(),
         Err(e) => e.into_response(),
+    }
+}
+
+/// Any other `/api/…` path: the JSON 404 every API error is (other paths: a plain 404).
+async fn not_found(uri: Uri) -> Response {
+    if uri.path().starts_with("/api/") || uri.path() == "/api" {
+        error(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("no such API path: {}", uri.path()),
+            vec![],
+        )
+    } else {
+        (StatusCode::NOT_FOUND, "not found\n").into_response()
     }
 }
 
@@ -250,11 +360,15 @@ struct StatsParams {
 async fn stats_handler(
     State(st): State<AppState>,
     headers: HeaderMap,
-    Query(p): Query<StatsParams>,
+    p: Result<Query<StatsParams>, QueryRejection>,
 ) -> Response {
     if let Some(r) = unauthorized(&st, &headers) {
         return r;
     }
+    let p = match params(p) {
+        Ok(p) => p,
+        Err(e) => return e.into_response(),
+    };
     Json(st.stats.snapshot(p.topic.as_deref(), now_nanos())).into_response()
 }
 

@@ -77,6 +77,7 @@ pub mod evidence;
 pub mod export;
 pub mod http;
 pub mod ingest;
+pub mod search;
 pub mod stats;
 pub mod store;
 pub mod summary;

@@ -90,6 +90,17 @@ pub struct SearchQuery {
     pub to: Option<u64>,
     /// At most this many results (default 100, at most 10 000).
     pub limit: Option<usize>,
+    /// Only topics matching this NATS-style pattern (`*` one token, `>` the rest).
+    pub topic_pattern: Option<String>,
+    /// Only this producer.
+    pub producer: Option<String>,
+    /// Only messages this consumer group got.
+    pub group: Option<String>,
+    /// Only messages whose end to end took at least this long (nanoseconds).
+    pub min_end_to_end: Option<u64>,
+    /// Only messages some group dead-lettered.
+    #[serde(default)]
+    pub dead_lettered: bool,
 }
 
 /// What applying one batch changed, for the statistics.
@@ -964,7 +975,8 @@ impl Store {
                         .as_deref()
                         .is_none_or(|t| s.topic.as_deref() == Some(t))
                     && s.first_at >= from
-                    && s.first_at < to;
+                    && s.first_at < to
+                    && q.wants(&s);
                 if wanted {
                     out.push(s);
                 }
