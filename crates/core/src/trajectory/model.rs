@@ -137,6 +137,17 @@ pub struct HopSpan {
     /// statistic uses them.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub inferred: bool,
+    /// Why the hop's raw timestamps are impossible (it would end before it starts: clocks
+    /// that disagree), when they are. Such a hop shows no latency (`latency_nanos` is
+    /// `None`) and ends where it starts; its events keep the raw times.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub impossible: Option<String>,
+    /// The `store` hop only: when JetStream stored the message (its stored time, from the
+    /// store evidence the listener recovered), Unix nanoseconds, when known. The store hop
+    /// ends there rather than at the broker's P3 (the PubAck, which stays an event) when a
+    /// delivery started before the PubAck.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stored_at: Option<u64>,
     /// The stage records of the hop, sorted by time: its span events.
     pub events: Vec<StageRecord>,
 }
@@ -235,6 +246,9 @@ pub struct StateChange {
     /// subscriptions.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub by_id: bool,
+    /// For per-group states: the delivery attempt the change belongs to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<u32>,
 }
 
 /// The consumption of the message by one consumer group.
@@ -346,7 +360,12 @@ pub struct Trajectory {
     pub last_at: u64,
     /// The overall shadow-message state.
     pub state: MessageState,
-    /// Every state change with its time, in order.
+    /// Every state change with its time, in causal order: `sent`, `enqueued`, then each
+    /// consumption's changes (per group, attempt by attempt, only forward: delivered →
+    /// consuming → consumed | failed | dead-lettered), consumptions interleaved by time, and
+    /// `stuck`/`lost` last. Times come from different clocks, so they need not increase
+    /// along the list: overlap is shown as it was recorded, never reordered into a
+    /// regression.
     pub states: Vec<StateChange>,
     /// The hops in causal order: send, store, then per (group, consumer, attempt) deliver and
     /// its process.

@@ -570,3 +570,111 @@ fn a_fetch_by_id_and_a_subscription_delivery_are_different_hops() {
     let d = t.hop("deliver/billing/b-1/1/by-id").unwrap();
     assert!(d.by_id && d.events.iter().all(|r| r.by_id));
 }
+
+/// A message delivered before the broker heard the PubAck (P3 at 8 ms, delivery at 5 ms),
+/// with a consumer clock 2 ms behind the broker's (its C6 and X1 read earlier than C5).
+fn delivered_before_the_puback() -> Vec<StageRecord> {
+    vec![
+        up(Stage::UploadSent, 1, false),
+        up(Stage::UploadReceived, 2, true),
+        up(Stage::Stored, 8, true),
+        up(Stage::StoreConfirmed, 9, true),
+        dl(Stage::PullSent, 5, "billing", "b-1", 1),
+        dl(Stage::PullReceived, 4, "billing", "b-1", 1),
+        dl(Stage::ProcessStarted, 4, "billing", "b-1", 1),
+        dl(Stage::ProcessFinished, 6, "billing", "b-1", 1),
+        dl(Stage::PullAckSent, 6, "billing", "b-1", 1),
+        with_outcome(
+            dl(Stage::PullAckReceived, 10, "billing", "b-1", 1),
+            "ack",
+            None,
+        ),
+    ]
+}
+
+#[test]
+fn the_store_hop_ends_when_the_message_was_stored_and_states_only_move_forward() {
+    // JetStream's stored time known (recovered P3 at 3 ms): the store hop ends there, the
+    // PubAck stays an event, the recovered record does not.
+    let mut recs = delivered_before_the_puback();
+    let mut recovered = up(Stage::Stored, 3, true);
+    recovered.outcome = Some(RECOVERED.into());
+    recs.push(recovered);
+    let t = Trajectory::assemble(recs, &AssembleOptions::default()).unwrap();
+    let store = t.hop("store").unwrap();
+    assert_eq!((store.start, store.end), (T0 + 2 * MS, Some(T0 + 3 * MS)));
+    assert_eq!(store.stored_at, Some(T0 + 3 * MS));
+    let p3s: Vec<u64> = store
+        .events
+        .iter()
+        .filter(|r| r.stage == Stage::Stored)
+        .map(|r| r.at)
+        .collect();
+    assert_eq!(p3s, [T0 + 8 * MS], "the PubAck is the event");
+    let states: Vec<MessageState> = t.states.iter().map(|s| s.state).collect();
+    assert_eq!(
+        states,
+        [
+            MessageState::Sent,
+            MessageState::Enqueued,
+            MessageState::Delivered,
+            MessageState::Consuming,
+            MessageState::Consumed
+        ]
+    );
+    assert_eq!(t.states[1].at, T0 + 3 * MS, "enqueued when stored");
+    // The consumer's X1 reads earlier than the delivery: shown as recorded, not reordered.
+    assert!(t.states[3].at < t.states[2].at);
+    assert!(super::proptests::causal_violations(&t).is_empty());
+
+    // Stored time unknown: the delivery proves it was deliverable by then.
+    let t =
+        Trajectory::assemble(delivered_before_the_puback(), &AssembleOptions::default()).unwrap();
+    let store = t.hop("store").unwrap();
+    assert_eq!(store.end, Some(T0 + 5 * MS));
+    assert_eq!(store.stored_at, None);
+    assert!(super::proptests::causal_violations(&t).is_empty());
+}
+
+#[test]
+fn a_hop_with_impossible_times_is_flagged_instead_of_shown() {
+    let mut recs = delivered_and_acked_without(&[]);
+    // The ack reaches the broker "before" the delivery was sent: a broken clock.
+    recs.retain(|r| r.stage != Stage::PullAckReceived);
+    recs.push(with_outcome(
+        dl(Stage::PullAckReceived, 7, "billing", "b-1", 1),
+        "ack",
+        None,
+    ));
+    let t = Trajectory::assemble(recs, &AssembleOptions::default()).unwrap();
+    let deliver = t.hop("deliver/billing/b-1/1").unwrap();
+    assert!(deliver
+        .impossible
+        .as_deref()
+        .unwrap()
+        .contains("3.000 ms before"));
+    assert_eq!(deliver.latency_nanos, None);
+    assert_eq!(deliver.end, Some(deliver.start));
+    assert!(super::proptests::causal_violations(&t).is_empty());
+}
+
+#[test]
+fn the_invariant_check_finds_regressions() {
+    let change = |state, at, group: Option<&str>, attempt| StateChange {
+        state,
+        at,
+        group: group.map(|g| ClientId::new(g).unwrap()),
+        consumer: None,
+        by_id: false,
+        attempt,
+    };
+    let states = [
+        change(MessageState::Sent, 1, None, None),
+        change(MessageState::Delivered, 2, Some("g"), Some(1)),
+        change(MessageState::Enqueued, 3, None, None),
+        change(MessageState::Consumed, 4, Some("g"), Some(1)),
+        change(MessageState::Delivered, 5, Some("g"), Some(1)),
+    ];
+    let v = super::proptests::state_regressions(&states);
+    assert_eq!(v.len(), 2, "{v:?}");
+}
