@@ -5,7 +5,9 @@
 //! messages: the listener answers with the latest, and both the note above the timeline and
 //! the timeline's header name every one of them.
 
-use crate::present::{format_clock as clock, format_latency as ms};
+use crate::present::{
+    format_bounded as bounded, format_clock as clock, format_latency as ms, format_signed as signed,
+};
 use anyhow::Context;
 use clap::Args as ClapArgs;
 use msgtrail_core::outcome::RedeliveryOutcome;
@@ -282,6 +284,63 @@ fn bar(h: &HopSpan, t0: u64, span: u64) -> String {
     s
 }
 
+/// The lines under a hop about clocks: impossible raw times, the arrival across two clocks
+/// with its bound, the hop's own clock estimate and where a client-clock hop lies on the
+/// broker's clock.
+fn clock_notes(h: &HopSpan) -> Vec<String> {
+    let mut notes = Vec::new();
+    if let Some(why) = &h.impossible {
+        notes.push(format!("! {why}: latency not shown"));
+    }
+    if let (Some(a), Some(b)) = (h.arrival_nanos, h.arrival_bound_nanos) {
+        let after = match h.kind {
+            HopKind::Store => "after the producer sent it (P1)",
+            _ => "after the broker sent it (C1/C5)",
+        };
+        notes.push(format!("arrived {} {after}, across clocks", bounded(a, b)));
+    }
+    if let Some(c) = &h.clock {
+        notes.push(format!(
+            "clock of {}: {} ± {} against the broker's (this exchange, round trip {})",
+            c.client,
+            signed(c.offset_nanos),
+            ms(c.bound_nanos),
+            ms(c.round_trip_nanos)
+        ));
+    }
+    if let Some(c) = &h.on_broker_clock {
+        let lat = c.end.map(|e| e.saturating_sub(c.start));
+        notes.push(format!(
+            "on the broker's clock: {} ± {}{}",
+            clock(c.start),
+            ms(c.bound_nanos),
+            lat.map(|l| format!(", {}", ms(l))).unwrap_or_default()
+        ));
+    }
+    notes
+}
+
+/// The best clock estimate per client, after the hops.
+fn clocks_section(t: &Trajectory, st: &Style, o: &mut String) {
+    if t.clocks.is_empty() {
+        return;
+    }
+    o.push('\n');
+    o.push_str(&st.bold("clocks"));
+    o.push_str(&st.dim(" (client minus broker, best of the trajectory's exchanges)"));
+    o.push('\n');
+    for c in &t.clocks {
+        o.push_str(&format!(
+            "  {:<16} {} ± {}  round trip {}, {} exchange(s)\n",
+            c.client.as_str(),
+            signed(c.offset_nanos),
+            ms(c.bound_nanos),
+            ms(c.round_trip_nanos),
+            c.samples
+        ));
+    }
+}
+
 /// The timeline of a trajectory, as printed by `msgtrail trace`.
 pub fn render(t: &Trajectory, color: bool) -> String {
     let st = Style { on: color };
@@ -348,7 +407,11 @@ pub fn render(t: &Trajectory, color: bool) -> String {
         "time", "offset", "hop", "latency", "timeline"
     )));
     for h in &t.hops {
-        let latency = h.latency_nanos.map(ms).unwrap_or_else(|| "…".to_owned());
+        let latency = match (&h.impossible, h.latency_nanos) {
+            (Some(_), _) => "?".to_owned(),
+            (None, Some(l)) => ms(l),
+            (None, None) => "…".to_owned(),
+        };
         let status = match h.status {
             HopStatus::Ok => "ok".to_owned(),
             HopStatus::Error => "error".to_owned(),
@@ -369,6 +432,9 @@ pub fn render(t: &Trajectory, color: bool) -> String {
             st.status(h.status, &status),
             st.status(h.status, &reason),
         ));
+        for note in clock_notes(h) {
+            o.push_str(&st.dim(&format!("{:<12}  {:>10}      {note}\n", "", "")));
+        }
         for r in &h.events {
             o.push_str(&st.dim(&format!(
                 "{:<12}  {:>10}      {}\n",
@@ -378,6 +444,7 @@ pub fn render(t: &Trajectory, color: bool) -> String {
             )));
         }
     }
+    clocks_section(t, &st, &mut o);
     if !t.groups.is_empty() {
         o.push('\n');
         o.push_str(&st.bold("consumer groups"));
@@ -498,6 +565,36 @@ mod tests {
         );
         // Asked by message ID: the header says it, no note.
         assert_eq!(request_note(&t, &own.to_string()), None);
+    }
+
+    #[test]
+    fn clock_offsets_show_with_their_bounds() {
+        let t0 = 1_796_126_401_000_000_000u64;
+        let mk = |stage, us: u64| {
+            let mut r = StageRecord::at(stage, t0 + us * 1_000);
+            r.message_id = Some(MessageId::new());
+            r.request_id = Some(RequestId::new("req-9").unwrap());
+            r.producer = Some(ClientId::new("shop").unwrap());
+            r
+        };
+        // The producer's clock 250 ms ahead; round trip 0.6 ms.
+        let recs = vec![
+            mk(Stage::UploadSent, 250_000),
+            mk(Stage::UploadReceived, 300),
+            mk(Stage::Stored, 1_000),
+            mk(Stage::StoreConfirmed, 251_300),
+        ];
+        let mut recs = recs;
+        let id = recs[0].message_id;
+        recs.iter_mut().for_each(|r| r.message_id = id);
+        let t = Trajectory::assemble(recs, &AssembleOptions::default()).unwrap();
+        let out = render(&t, false);
+        assert!(out.contains("clock of shop: +250 ms ± 0.3 ms"), "{out}");
+        assert!(
+            out.contains("arrived 0.3 ms ± 0.3 ms after the producer sent it"),
+            "{out}"
+        );
+        assert!(out.contains("shop             +250 ms ± 0.3 ms"), "{out}");
     }
 
     #[test]

@@ -7,7 +7,7 @@
 use super::model::{
     AssembleOptions, DeliveryId, DeliveryMode, HopId, HopKind, HopSpan, HopStatus, Trajectory,
 };
-use super::{diagnosis, state};
+use super::{clock, diagnosis, state};
 use crate::ids::{ClientId, MessageId};
 use crate::outcome::{ProcessOutcome, RedeliveryOutcome, SettleOutcome, StoreOutcome};
 use crate::record::StageRecord;
@@ -167,6 +167,7 @@ pub(super) fn assemble(
         flag_impossible(hop);
     }
     order_hops(&mut hops);
+    t.clocks = clock::estimate(&mut hops);
     t.hops = hops;
     state::derive(&ctx, &mut t, &times, failures);
     if !lite {
@@ -257,6 +258,7 @@ fn header(recs: &[StageRecord]) -> Trajectory {
         failure: None,
         diagnosis: String::new(),
         other_records: Vec::new(),
+        clocks: Vec::new(),
         record_count: recs.len(),
     }
 }
@@ -399,6 +401,10 @@ fn upload_hop(ctx: &Ctx<'_>, id: HopId, start: u64, end: Option<u64>) -> HopSpan
         inferred: false,
         impossible: None,
         stored_at: None,
+        clock: None,
+        on_broker_clock: None,
+        arrival_nanos: None,
+        arrival_bound_nanos: None,
         events: Vec::new(),
     }
 }
@@ -665,6 +671,10 @@ fn attempt_hop(ctx: &Ctx<'_>, id: HopId, parent: HopId, mode: Option<DeliveryMod
         inferred: false,
         impossible: None,
         stored_at: None,
+        clock: None,
+        on_broker_clock: None,
+        arrival_nanos: None,
+        arrival_bound_nanos: None,
         events: Vec::new(),
     }
 }

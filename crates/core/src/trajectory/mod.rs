@@ -51,6 +51,7 @@
 //! own clauses.
 
 mod assembly;
+mod clock;
 mod diagnosis;
 mod latency;
 pub mod model;
@@ -62,8 +63,9 @@ mod tests;
 
 pub use crate::record::RECOVERED;
 pub use model::{
-    AssembleOptions, Deadlines, DeliveryId, DeliveryMode, GroupSummary, HopId, HopKind, HopSpan,
-    HopStatus, MessageState, Segment, StateChange, Trajectory,
+    AssembleOptions, ClockEstimate, CorrectedSpan, Deadlines, DeliveryId, DeliveryMode,
+    GroupSummary, HopId, HopKind, HopSpan, HopStatus, MessageState, Segment, StateChange,
+    Trajectory,
 };
 
 use crate::ids::MessageId;

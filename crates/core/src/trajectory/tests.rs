@@ -678,3 +678,59 @@ fn the_invariant_check_finds_regressions() {
     let v = super::proptests::state_regressions(&states);
     assert_eq!(v.len(), 2, "{v:?}");
 }
+
+#[test]
+fn clock_offsets_come_from_the_records_with_their_bounds() {
+    // True times: P1 0, P2 1, P3 3, P4 4.2; C5 10, C6 10.4, C7 12, C8 12.6 (ms). The producer's
+    // clock is 250 ms ahead, the consumer's 40 ms behind.
+    let shift = |mut r: StageRecord, ms: f64, skew_ms: i64| {
+        r.at = (T0 + (ms * 1e6).round() as u64).wrapping_add_signed(skew_ms * 1_000_000);
+        r
+    };
+    let recs = vec![
+        shift(up(Stage::UploadSent, 0, false), 0.0, 250),
+        shift(up(Stage::UploadReceived, 0, true), 1.0, 0),
+        shift(up(Stage::Stored, 0, true), 3.0, 0),
+        shift(up(Stage::StoreConfirmed, 0, true), 4.2, 250),
+        shift(dl(Stage::PullSent, 0, "billing", "b-1", 1), 10.0, 0),
+        shift(dl(Stage::PullReceived, 0, "billing", "b-1", 1), 10.4, -40),
+        shift(dl(Stage::PullAckSent, 0, "billing", "b-1", 1), 12.0, -40),
+        with_outcome(
+            shift(dl(Stage::PullAckReceived, 0, "billing", "b-1", 1), 12.6, 0),
+            "ack",
+            None,
+        ),
+    ];
+    let t = Trajectory::assemble(recs, &AssembleOptions::default()).unwrap();
+    let shop = t
+        .clocks
+        .iter()
+        .find(|c| c.client.as_str() == "shop")
+        .unwrap();
+    // Round trip 4.2 − 2 = 2.2 ms, bound 1.1 ms; the estimate is right within it.
+    assert_eq!(shop.round_trip_nanos, 2_200_000);
+    assert_eq!(shop.bound_nanos, 1_100_000);
+    assert!((shop.offset_nanos - 250_000_000).unsigned_abs() <= shop.bound_nanos);
+    let b1 = t
+        .clocks
+        .iter()
+        .find(|c| c.client.as_str() == "b-1")
+        .unwrap();
+    assert_eq!(b1.round_trip_nanos, 1_000_000);
+    assert!((b1.offset_nanos + 40_000_000).unsigned_abs() <= b1.bound_nanos);
+    assert_eq!(t.hop("send").unwrap().clock.as_ref(), Some(shop));
+    assert_eq!(
+        t.hop("deliver/billing/b-1/1").unwrap().clock.as_ref(),
+        Some(b1)
+    );
+    // On the broker's clock the send starts before the store, within the bound.
+    let send = t.hop("send").unwrap().on_broker_clock.unwrap();
+    assert!(send.start <= t.hop("store").unwrap().start + send.bound_nanos);
+    let store = t.hop("store").unwrap();
+    assert_eq!(store.arrival_bound_nanos, Some(1_100_000));
+    assert!((store.arrival_nanos.unwrap() - 1_000_000).unsigned_abs() <= 1_100_000);
+    let process = t.hop("process/billing/b-1/1").unwrap();
+    assert!((process.arrival_nanos.unwrap() - 400_000).unsigned_abs() <= 500_000);
+    let json = serde_json::to_string(&t).unwrap();
+    assert!(json.contains("\"offset_nanos\""), "{json}");
+}
