@@ -77,7 +77,15 @@ pub const NOT_FOUND_EXIT: i32 = 2;
 #[derive(Debug, ClapArgs)]
 pub struct Args {
     /// A message ID (UUIDv7) or a request ID.
-    pub id: String,
+    #[arg(required_unless_present = "client")]
+    pub id: Option<String>,
+    /// Instead of a message: the client events (no-match notices N1, channel events A1) of
+    /// this producer or consumer, newest first.
+    #[arg(long, conflicts_with = "id")]
+    pub client: Option<String>,
+    /// With `--client`: at most this many events.
+    #[arg(long, default_value_t = 50)]
+    pub limit: usize,
     /// With a request ID several producers used: whose.
     #[arg(long)]
     pub producer: Option<String>,
@@ -95,13 +103,26 @@ pub struct Args {
 /// Fetches and prints the trajectory.
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let client = args.listener.client()?;
-    let t = match client.trajectory(&args.id, args.producer.as_deref()).await {
+    if let Some(who) = &args.client {
+        let events = client
+            .client_events(who, args.limit)
+            .await
+            .context("query failed")?;
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&events)?);
+        } else {
+            print!("{}", render_client_events(who, &events.events));
+        }
+        return Ok(());
+    }
+    let id = args.id.clone().unwrap_or_default();
+    let t = match client.trajectory(&id, args.producer.as_deref()).await {
         Ok(t) => t,
         Err(e) if e.is_not_found() => {
             // Exit status 2 tells scripts "not found" apart from a failed query (1).
             eprintln!(
                 "msgtrail: not found: no stage record carries {:?} (the listener has seen nothing of it)",
-                args.id
+                id
             );
             std::process::exit(NOT_FOUND_EXIT);
         }
@@ -110,7 +131,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     if args.json {
         println!("{}", serde_json::to_string_pretty(&t)?);
     } else {
-        if let Some(note) = request_note(&t, &args.id) {
+        if let Some(note) = request_note(&t, &id) {
             println!("{note}\n");
         }
         print!("{}", render(&t, args.color.enabled()));
@@ -119,6 +140,28 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// A client's events (N1, A1), newest first, as `msgtrail trace --client` prints them.
+pub fn render_client_events(client: &str, events: &[StageRecord]) -> String {
+    let mut o = format!("client {client}: {} event(s), newest first\n", events.len());
+    if events.is_empty() {
+        o.push_str("  no no-match notice or channel event recorded\n");
+    }
+    for r in events {
+        let mut what = describe(r);
+        if let Some(g) = &r.group {
+            what.push_str(&format!(", group {g}"));
+        }
+        if let Some(t) = &r.topic {
+            what.push_str(&format!(", topic {t}"));
+        }
+        o.push_str(&format!(
+            "  {}  {what}\n",
+            msgtrail_core::time::format_rfc3339_millis(r.at)
+        ));
+    }
+    o
 }
 
 /// When `asked` was a request ID that names several messages (uploaded again after the
@@ -595,6 +638,20 @@ mod tests {
             "{out}"
         );
         assert!(out.contains("shop             +250 ms ± 0.3 ms"), "{out}");
+    }
+
+    #[test]
+    fn client_events_read_newest_first() {
+        let mut n1 = StageRecord::at(Stage::NoMatch, 1_796_126_401_000_000_000);
+        n1.group = Some(ClientId::new("billing").unwrap());
+        n1.topic = Some("orders.*".into());
+        let out = render_client_events("billing-1", &[n1]);
+        assert!(out.contains("client billing-1: 1 event(s)"), "{out}");
+        assert!(
+            out.contains("N1 no matching message, group billing, topic orders.*"),
+            "{out}"
+        );
+        assert!(render_client_events("x", &[]).contains("no no-match notice"));
     }
 
     #[test]

@@ -139,9 +139,11 @@ pub(super) fn assemble(
     let mut failures = Vec::new();
     let mut delivery_failures = Vec::new();
     let deliveries = delivery_hops(&ctx, part.attempts, &mut delivery_failures);
+    // Deliveries the broker recorded (on its clock; a synthesized one starts on the
+    // consumer's).
     let first_deliver_start = deliveries
         .iter()
-        .filter(|h| h.kind == HopKind::Deliver)
+        .filter(|h| h.kind == HopKind::Deliver && !h.synthesized)
         .map(|h| h.start)
         .min();
     let store = store_hop(&ctx, &part.store, &times, first_deliver_start);
@@ -441,7 +443,13 @@ fn store_hop(
     let start = p2_at.or(p3_at).or(refusal.map(|r| r.at)).unwrap_or(0);
     let inferred = p3_at.is_none() && times.first_delivery_at.is_some();
     let (status, reason) = store_status(ctx, times, refusal, start, inferred);
+    // Only a recovered P3: JetStream's stored time itself ends the hop (on the server's
+    // clock, which a delivery on the broker's may precede: shown as recorded).
+    let puback = store
+        .iter()
+        .any(|r| r.stage == Stage::Stored && !r.is_recovered());
     let end = match p3_at {
+        Some(p3) if !puback => Some(p3),
         Some(p3) => Some(stored_end(
             p3,
             start,
@@ -456,7 +464,10 @@ fn store_hop(
     hop.status = status;
     hop.reason = reason;
     hop.inferred = inferred;
-    hop.stored_at = times.js_stored_at.filter(|s| *s >= start);
+    // Named when it ends the hop.
+    hop.stored_at = times
+        .js_stored_at
+        .filter(|s| Some(*s) == end && p3_at != Some(*s));
     hop.events = store.to_vec();
     Some(hop)
 }

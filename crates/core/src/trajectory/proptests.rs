@@ -120,8 +120,9 @@ proptest! {
 }
 
 /// What a shown trajectory must never contain, in words (empty when it has none): a hop
-/// ending before it starts; a delivery starting before the message was deliverable (the
-/// store hop's end; unless the store hop is flagged impossible, which says so instead); a
+/// ending before it starts; a delivery the broker recorded starting before the message was
+/// deliverable (the store hop's end; unless the store hop is flagged impossible, which says
+/// so instead); a
 /// state regression (a message-level state after a consumption's, `sent` after `enqueued`,
 /// a consumption moving back within an attempt or to an earlier attempt, `stuck`/`lost`
 /// anywhere but last).
@@ -133,8 +134,23 @@ pub(super) fn causal_violations(t: &Trajectory) -> Vec<String> {
         }
     }
     let store = t.hop("store");
-    let deliverable = store.filter(|s| s.impossible.is_none()).and_then(|s| s.end);
-    for h in t.hops.iter().filter(|h| h.kind == HopKind::Deliver) {
+    // A store hop ended by a recovered P3 alone is on the nats-server's clock: exempt.
+    let on_broker_clock = |s: &&HopSpan| {
+        s.events
+            .iter()
+            .all(|r| r.stage != Stage::Stored || !r.is_recovered())
+    };
+    let deliverable = store
+        .filter(|s| s.impossible.is_none())
+        .filter(on_broker_clock)
+        .and_then(|s| s.end);
+    // A synthesized deliver hop (only the consumer's records) starts on the consumer's
+    // clock: no broker time to compare.
+    for h in t
+        .hops
+        .iter()
+        .filter(|h| h.kind == HopKind::Deliver && !h.synthesized)
+    {
         if deliverable.is_some_and(|d| h.start < d) {
             out.push(format!(
                 "{} starts before the message was deliverable",

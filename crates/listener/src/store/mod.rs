@@ -49,6 +49,7 @@ use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
+pub mod client_events;
 pub mod records;
 
 const RECORDS: TableDefinition<&str, &[u8]> = TableDefinition::new("message_records");
@@ -720,14 +721,15 @@ impl Store {
                         }
                     }
                     _ => {
-                        // Channel and no-match records name no message: they are counted,
-                        // not stored (a redelivered batch may count them twice).
+                        // Channel and no-match records name no message: they are counted
+                        // (a redelivered batch may count them twice) and kept per client.
                         t.bump(Counter::Stage(r.stage).into(), 1, &mut out.counters)?;
                         if r.channel_outcome() == Some(ChannelOutcome::Refused) {
                             t.bump(Counter::ChannelsRefused.into(), 1, &mut out.counters)?;
                         }
                         t.bump(Counter::Unkeyed.into(), 1, &mut out.counters)?;
                         out.unkeyed_records += 1;
+                        client_events::record(&tx, &r)?;
                         continue;
                     }
                 };
@@ -1119,6 +1121,9 @@ impl Store {
                 if let Some(s) = summary {
                     out.state_changes.push((Some(topic_state(&s)), None));
                 }
+            }
+            if let Some(c) = cutoff {
+                client_events::prune(&tx, c)?;
             }
             let mut ignored = BTreeMap::new();
             t.count_states(&out.state_changes, &mut ignored)?;

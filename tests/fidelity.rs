@@ -4,11 +4,14 @@
 //! records alone, must hold the true offsets within their bounds; the corrected timeline
 //! must be causal within the bound; and the trajectory must show no state regression, no
 //! hop ending before it starts and no delivery before the message was deliverable.
+//!
+//! And the records that name no message — no-match notices (N1) and channel events (A1) —
+//! are queryable per client (`GET /api/clients/{id}/events`).
 
 use msgtrail_client::{Consumer, ConsumerOptions, Outgoing, Producer, ProducerOptions};
 use msgtrail_core::trajectory::{ClockEstimate, HopKind, MessageState, Trajectory};
 use msgtrail_core::wire::Subscription;
-use msgtrail_core::ClientId;
+use msgtrail_core::{ClientId, Stage};
 use msgtrail_e2e::{settled, TestSystem};
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -163,4 +166,61 @@ async fn skewed_sdk_clocks_are_estimated_within_their_bounds() {
     let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
     assert!(json["clocks"][0]["bound_nanos"].is_u64(), "{json}");
     assert!(json["hops"][0]["clock"]["offset_nanos"].is_i64(), "{json}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_match_notices_and_channel_events_are_queryable_per_client() {
+    let sys = TestSystem::start().await;
+    let l = sys.start_listener(|_| {}).await;
+    let consumer = sys.consumer("billing-1").await;
+    let sub = Subscription {
+        group: ClientId::new("billing").unwrap(),
+        topic: "orders.*".into(),
+        filter: BTreeMap::new(),
+        message_id: None,
+    };
+    for _ in 0..2 {
+        let got = consumer
+            .fetch(&sub, 1, Duration::from_millis(100))
+            .await
+            .unwrap();
+        assert!(got.is_empty());
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let events = loop {
+        let e = l.client.client_events("billing-1", 50).await.unwrap();
+        let n1s = e
+            .events
+            .iter()
+            .filter(|r| r.stage == Stage::NoMatch)
+            .count();
+        if n1s >= 2 && e.events.iter().any(|r| r.stage == Stage::Channel) {
+            break e;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never: {e:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(events.client, "billing-1");
+    let n1 = events
+        .events
+        .iter()
+        .find(|r| r.stage == Stage::NoMatch)
+        .unwrap();
+    assert_eq!(n1.group.as_ref().map(|g| g.as_str()), Some("billing"));
+    assert_eq!(n1.topic.as_deref(), Some("orders.*"));
+    let opened = events
+        .events
+        .iter()
+        .find(|r| r.stage == Stage::Channel)
+        .unwrap();
+    assert_eq!(opened.outcome.as_deref(), Some("opened"));
+    assert!(
+        events.events.windows(2).all(|w| w[0].at >= w[1].at),
+        "newest first"
+    );
+    // Another client's events stay apart; a limit holds.
+    let other = l.client.client_events("shop", 50).await.unwrap();
+    assert!(other.events.iter().all(|r| r.consumer.is_none()));
+    let one = l.client.client_events("billing-1", 1).await.unwrap();
+    assert_eq!(one.events.len(), 1);
 }
