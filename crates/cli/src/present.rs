@@ -16,6 +16,22 @@ pub fn format_latency(nanos: u64) -> String {
     }
 }
 
+/// A signed duration in words: `+250 ms`, `-40 ms`, `0.3 ms`.
+pub fn format_signed(nanos: i64) -> String {
+    let sign = if nanos < 0 { "-" } else { "+" };
+    format!("{sign}{}", format_latency(nanos.unsigned_abs()))
+}
+
+/// A measurement with its error bound: `4.1 ms ± 0.3 ms` (negative values keep their sign).
+pub fn format_bounded(nanos: i64, bound_nanos: u64) -> String {
+    let value = if nanos < 0 {
+        format_signed(nanos)
+    } else {
+        format_latency(nanos.unsigned_abs())
+    };
+    format!("{value} ± {}", format_latency(bound_nanos))
+}
+
 /// The UTC time of day with milliseconds: `12:00:01.003`.
 pub fn format_clock(nanos: u64) -> String {
     // `2026-12-01T12:00:01.003Z` → `12:00:01.003`
@@ -33,5 +49,13 @@ mod tests {
         assert_eq!(format_latency(41_000_000), "41 ms");
         assert_eq!(format_latency(2_970_000_000), "2.97 s");
         assert_eq!(format_clock(1_796_126_401_003_000_000), "12:00:01.003");
+    }
+
+    #[test]
+    fn bounded_and_signed_durations() {
+        assert_eq!(format_bounded(4_100_000, 300_000), "4.1 ms ± 0.3 ms");
+        assert_eq!(format_bounded(-1_200_000, 300_000), "-1.2 ms ± 0.3 ms");
+        assert_eq!(format_signed(250_000_000), "+250 ms");
+        assert_eq!(format_signed(-40_000_000), "-40 ms");
     }
 }

@@ -168,6 +168,11 @@ pub struct ConsumerOptions {
     /// How long a settle batch that is not full waits for more before it is sent. Default
     /// zero: an idle consumer settles at once.
     pub linger: Duration,
+    /// **Test only.** Shifts every time this SDK reports in its stage records by this many nanoseconds, as if its clock were that far
+    /// ahead (negative: behind). Lets tests check the listener's clock-offset estimates
+    /// against a known skew. Default 0; never set it in production.
+    #[doc(hidden)]
+    pub clock_offset_nanos: i64,
 }
 
 impl Default for ConsumerOptions {
@@ -178,6 +183,7 @@ impl Default for ConsumerOptions {
             max_batch_messages: 256,
             max_inflight_batches: 4,
             linger: Duration::ZERO,
+            clock_offset_nanos: 0,
         }
     }
 }
@@ -321,7 +327,12 @@ impl Consumer {
         let max_bytes = frame_budget(&client, None);
         let channel = Channel::open(client, identity, Role::Consumer, options.timeout).await?;
         let hooks = Hooks::default();
-        let reporting = Reporting::start(options.report_stages, &hooks, &channel, max_bytes);
+        let reporting = Reporting::start(
+            (options.report_stages, options.clock_offset_nanos),
+            &hooks,
+            &channel,
+            max_bytes,
+        );
         let limits = Limits {
             max_messages: options.max_batch_messages,
             max_bytes: max_bytes.saturating_sub(SETTLE_FRAME_OVERHEAD),

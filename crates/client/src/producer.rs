@@ -120,6 +120,12 @@ pub struct ProducerOptions {
     /// How long a batch that is not full waits for more messages before it is sent. Default
     /// zero: an idle producer sends each message at once.
     pub linger: Duration,
+    /// **Test only.** Shifts every time this SDK reports in its stage records (and the P1
+    /// send time of its uploads) by this many nanoseconds, as if its clock were that far
+    /// ahead (negative: behind). Lets tests check the listener's clock-offset estimates
+    /// against a known skew. Default 0; never set it in production.
+    #[doc(hidden)]
+    pub clock_offset_nanos: i64,
 }
 
 impl Default for ProducerOptions {
@@ -133,6 +139,7 @@ impl Default for ProducerOptions {
             max_batch_bytes: None,
             max_inflight_batches: 4,
             linger: Duration::ZERO,
+            clock_offset_nanos: 0,
         }
     }
 }
@@ -231,6 +238,8 @@ struct Uploads {
     hooks: Hooks,
     outbox: Option<Arc<Outbox>>,
     timeout: Duration,
+    /// The test-only clock offset of the options.
+    clock_offset_nanos: i64,
 }
 
 impl Flight for Uploads {
@@ -273,7 +282,11 @@ impl Uploads {
                 at: sent_at,
             };
             // P1 rides as the entry's send time; without reporting there is none.
-            entry.sent_at = if self.outbox.is_some() { sent_at } else { 0 };
+            entry.sent_at = if self.outbox.is_some() {
+                crate::reporter::shifted(sent_at, self.clock_offset_nanos)
+            } else {
+                0
+            };
             entries.push(entry);
             self.hooks.emit(before.clone());
             pending.push((request_id, before, job.reply));
@@ -373,7 +386,7 @@ impl Producer {
         let channel = Channel::open(client, identity, Role::Producer, options.timeout).await?;
         let hooks = Hooks::default();
         let reporting = Reporting::start(
-            options.report_stages,
+            (options.report_stages, options.clock_offset_nanos),
             &hooks,
             &channel,
             frame_budget(&channel.client, None),
@@ -391,6 +404,7 @@ impl Producer {
                 hooks: hooks.clone(),
                 outbox: reporting.outbox.clone(),
                 timeout: options.timeout,
+                clock_offset_nanos: options.clock_offset_nanos,
             }),
             limits,
         );

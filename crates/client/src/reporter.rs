@@ -36,6 +36,11 @@ use tokio::sync::{mpsc, Notify};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 
+/// A time shifted by a (test-only) clock offset, saturating.
+pub(crate) fn shifted(at: u64, offset_nanos: i64) -> u64 {
+    at.saturating_add_signed(offset_nanos)
+}
+
 /// Most records one request carries, riding along or alone: the broker accepts at most 1000
 /// per report (docs/PROTOCOL.md §11) and refuses a larger lot whole, although a frame could
 /// hold [`frame::MAX_REPORTED_RECORDS`].
@@ -540,8 +545,10 @@ impl Reporting {
     /// `max_bytes`. The task keeps the channel open until every record is sent: it ends when
     /// the hooks are closed ([`Hooks::close`]) or dropped with the last producer or consumer
     /// clone, after sending what it still holds.
+    /// `clock_offset_nanos` shifts the time of every record (the test-only
+    /// `clock_offset_nanos` of the options).
     pub(crate) fn start(
-        enabled: bool,
+        (enabled, clock_offset_nanos): (bool, i64),
         hooks: &Hooks,
         channel: &Arc<Channel>,
         max_bytes: usize,
@@ -554,7 +561,8 @@ impl Reporting {
         // Records go into the outbox inline, as the events happen: no queue, no task hop.
         let observed = outbox.clone();
         hooks.observe(Arc::new(move |ev: &HookEvent| {
-            if let Some(r) = reported(ev) {
+            if let Some(mut r) = reported(ev) {
+                r.record.at = shifted(r.record.at, clock_offset_nanos);
                 observed.push(r);
             }
         }));

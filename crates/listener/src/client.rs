@@ -186,6 +186,19 @@ impl ListenerClient {
         self.get_json(&path).await
     }
 
+    /// The client events (N1, A1) of a client, newest first, at most `limit`.
+    pub async fn client_events(
+        &self,
+        client: &str,
+        limit: usize,
+    ) -> Result<crate::http::ClientEvents, ClientError> {
+        self.get_json(&format!(
+            "/api/clients/{}/events?limit={limit}",
+            encode(client)
+        ))
+        .await
+    }
+
     /// The statistics, optionally of one topic.
     pub async fn stats(&self, topic: Option<&str>) -> Result<StatsSnapshot, ClientError> {
         match topic {

@@ -4,6 +4,7 @@
 //! | --- | --- |
 //! | `GET /api/messages/{message-id or request-id}[?producer=P]` | the [`Trajectory`] as JSON (a request ID stored as several messages, uploaded again after the dedup window: the latest, its `same_request` naming the others); 404 not found; 409 a request ID several producers used |
 //! | `GET /api/messages?topic=&state=&from=&to=&since_secs=&limit=&producer=&group=&min_ms=&failed=true&redelivered=true&dead_letter=true&attr=k=v` | matching [`MessageSummary`]s, newest first (`topic` may hold `*` and `>` wildcards; `min_ms` is the slowest group's end to end; `failed`, `redelivered`, `dead_letter`: at any hop) |
+//! | `GET /api/clients/{client-id}/events[?limit=N]` | [`ClientEvents`]: the client's N1 (no-match) and A1 (channel) records, newest first (default 100, at most 512; the newest 512 per client are kept, subject to the age retention) |
 //! | `GET /api/stats[?topic=T]` | [`StatsSnapshot`] |
 //! | `GET /metrics` | Prometheus text |
 //! | `GET /healthz` | `ok` (never needs the token) |
@@ -152,6 +153,7 @@ pub fn router(
         .route("/api/stats", get(stats_handler))
         .route("/api/messages", get(search))
         .route("/api/messages/{id}", get(message))
+        .route("/api/clients/{id}/events", get(client_events))
         .fallback(not_found)
         .with_state(state)
 }
@@ -198,6 +200,38 @@ async fn message(
     let store = st.store.clone();
     match blocking(move || store.lookup(&id, p.producer.as_deref(), now_nanos())).await {
         Ok(t) => Json(t).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// The body of `GET /api/clients/{id}/events`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClientEvents {
+    /// The client asked about.
+    pub client: String,
+    /// Its N1 and A1 records, newest first.
+    pub events: Vec<msgtrail_core::StageRecord>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ClientEventParams {
+    limit: Option<usize>,
+}
+
+async fn client_events(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path(client): Path<String>,
+    Query(p): Query<ClientEventParams>,
+) -> Response {
+    if let Some(r) = unauthorized(&st, &headers) {
+        return r;
+    }
+    let store = st.store.clone();
+    let limit = p.limit.unwrap_or(100);
+    let who = client.clone();
+    match blocking(move || Ok(store.client_events(&who, limit)?)).await {
+        Ok(events) => Json(ClientEvents { client, events }).into_response(),
         Err(e) => e.into_response(),
     }
 }

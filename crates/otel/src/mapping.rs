@@ -436,6 +436,16 @@ pub fn hop_span(t: &Trajectory, hop: &HopSpan, opts: &MappingOptions) -> Option<
     if hop.synthesized {
         attrs.push(KeyValue::new("msgtrail.synthesized", true));
     }
+    if let Some(c) = &hop.clock {
+        attrs.push(KeyValue::new("msgtrail.clock.offset", c.offset_nanos));
+        attrs.push(KeyValue::new(
+            "msgtrail.clock.bound",
+            i64::try_from(c.bound_nanos).unwrap_or(i64::MAX),
+        ));
+    }
+    if let Some(why) = &hop.impossible {
+        attrs.push(KeyValue::new("msgtrail.timestamps.impossible", why.clone()));
+    }
     if let Some(reason) = &hop.reason {
         attrs.push(KeyValue::new("msgtrail.reason", reason.clone()));
     }

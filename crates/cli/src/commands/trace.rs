@@ -5,7 +5,9 @@
 //! messages: the listener answers with the latest, and both the note above the timeline and
 //! the timeline's header name every one of them.
 
-use crate::present::{format_clock as clock, format_latency as ms};
+use crate::present::{
+    format_bounded as bounded, format_clock as clock, format_latency as ms, format_signed as signed,
+};
 use anyhow::Context;
 use clap::Args as ClapArgs;
 use msgtrail_core::outcome::RedeliveryOutcome;
@@ -75,7 +77,15 @@ pub const NOT_FOUND_EXIT: i32 = 2;
 #[derive(Debug, ClapArgs)]
 pub struct Args {
     /// A message ID (UUIDv7) or a request ID.
-    pub id: String,
+    #[arg(required_unless_present = "client")]
+    pub id: Option<String>,
+    /// Instead of a message: the client events (no-match notices N1, channel events A1) of
+    /// this producer or consumer, newest first.
+    #[arg(long, conflicts_with = "id")]
+    pub client: Option<String>,
+    /// With `--client`: at most this many events.
+    #[arg(long, default_value_t = 50)]
+    pub limit: usize,
     /// With a request ID several producers used: whose.
     #[arg(long)]
     pub producer: Option<String>,
@@ -93,13 +103,26 @@ pub struct Args {
 /// Fetches and prints the trajectory.
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let client = args.listener.client()?;
-    let t = match client.trajectory(&args.id, args.producer.as_deref()).await {
+    if let Some(who) = &args.client {
+        let events = client
+            .client_events(who, args.limit)
+            .await
+            .context("query failed")?;
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&events)?);
+        } else {
+            print!("{}", render_client_events(who, &events.events));
+        }
+        return Ok(());
+    }
+    let id = args.id.clone().unwrap_or_default();
+    let t = match client.trajectory(&id, args.producer.as_deref()).await {
         Ok(t) => t,
         Err(e) if e.is_not_found() => {
             // Exit status 2 tells scripts "not found" apart from a failed query (1).
             eprintln!(
                 "msgtrail: not found: no stage record carries {:?} (the listener has seen nothing of it)",
-                args.id
+                id
             );
             std::process::exit(NOT_FOUND_EXIT);
         }
@@ -108,7 +131,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     if args.json {
         println!("{}", serde_json::to_string_pretty(&t)?);
     } else {
-        if let Some(note) = request_note(&t, &args.id) {
+        if let Some(note) = request_note(&t, &id) {
             println!("{note}\n");
         }
         print!("{}", render(&t, args.color.enabled()));
@@ -117,6 +140,28 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// A client's events (N1, A1), newest first, as `msgtrail trace --client` prints them.
+pub fn render_client_events(client: &str, events: &[StageRecord]) -> String {
+    let mut o = format!("client {client}: {} event(s), newest first\n", events.len());
+    if events.is_empty() {
+        o.push_str("  no no-match notice or channel event recorded\n");
+    }
+    for r in events {
+        let mut what = describe(r);
+        if let Some(g) = &r.group {
+            what.push_str(&format!(", group {g}"));
+        }
+        if let Some(t) = &r.topic {
+            what.push_str(&format!(", topic {t}"));
+        }
+        o.push_str(&format!(
+            "  {}  {what}\n",
+            msgtrail_core::time::format_rfc3339_millis(r.at)
+        ));
+    }
+    o
 }
 
 /// When `asked` was a request ID that names several messages (uploaded again after the
@@ -282,6 +327,63 @@ fn bar(h: &HopSpan, t0: u64, span: u64) -> String {
     s
 }
 
+/// The lines under a hop about clocks: impossible raw times, the arrival across two clocks
+/// with its bound, the hop's own clock estimate and where a client-clock hop lies on the
+/// broker's clock.
+fn clock_notes(h: &HopSpan) -> Vec<String> {
+    let mut notes = Vec::new();
+    if let Some(why) = &h.impossible {
+        notes.push(format!("! {why}: latency not shown"));
+    }
+    if let (Some(a), Some(b)) = (h.arrival_nanos, h.arrival_bound_nanos) {
+        let after = match h.kind {
+            HopKind::Store => "after the producer sent it (P1)",
+            _ => "after the broker sent it (C1/C5)",
+        };
+        notes.push(format!("arrived {} {after}, across clocks", bounded(a, b)));
+    }
+    if let Some(c) = &h.clock {
+        notes.push(format!(
+            "clock of {}: {} ± {} against the broker's (this exchange, round trip {})",
+            c.client,
+            signed(c.offset_nanos),
+            ms(c.bound_nanos),
+            ms(c.round_trip_nanos)
+        ));
+    }
+    if let Some(c) = &h.on_broker_clock {
+        let lat = c.end.map(|e| e.saturating_sub(c.start));
+        notes.push(format!(
+            "on the broker's clock: {} ± {}{}",
+            clock(c.start),
+            ms(c.bound_nanos),
+            lat.map(|l| format!(", {}", ms(l))).unwrap_or_default()
+        ));
+    }
+    notes
+}
+
+/// The best clock estimate per client, after the hops.
+fn clocks_section(t: &Trajectory, st: &Style, o: &mut String) {
+    if t.clocks.is_empty() {
+        return;
+    }
+    o.push('\n');
+    o.push_str(&st.bold("clocks"));
+    o.push_str(&st.dim(" (client minus broker, best of the trajectory's exchanges)"));
+    o.push('\n');
+    for c in &t.clocks {
+        o.push_str(&format!(
+            "  {:<16} {} ± {}  round trip {}, {} exchange(s)\n",
+            c.client.as_str(),
+            signed(c.offset_nanos),
+            ms(c.bound_nanos),
+            ms(c.round_trip_nanos),
+            c.samples
+        ));
+    }
+}
+
 /// The timeline of a trajectory, as printed by `msgtrail trace`.
 pub fn render(t: &Trajectory, color: bool) -> String {
     let st = Style { on: color };
@@ -348,7 +450,11 @@ pub fn render(t: &Trajectory, color: bool) -> String {
         "time", "offset", "hop", "latency", "timeline"
     )));
     for h in &t.hops {
-        let latency = h.latency_nanos.map(ms).unwrap_or_else(|| "…".to_owned());
+        let latency = match (&h.impossible, h.latency_nanos) {
+            (Some(_), _) => "?".to_owned(),
+            (None, Some(l)) => ms(l),
+            (None, None) => "…".to_owned(),
+        };
         let status = match h.status {
             HopStatus::Ok => "ok".to_owned(),
             HopStatus::Error => "error".to_owned(),
@@ -369,6 +475,9 @@ pub fn render(t: &Trajectory, color: bool) -> String {
             st.status(h.status, &status),
             st.status(h.status, &reason),
         ));
+        for note in clock_notes(h) {
+            o.push_str(&st.dim(&format!("{:<12}  {:>10}      {note}\n", "", "")));
+        }
         for r in &h.events {
             o.push_str(&st.dim(&format!(
                 "{:<12}  {:>10}      {}\n",
@@ -378,6 +487,7 @@ pub fn render(t: &Trajectory, color: bool) -> String {
             )));
         }
     }
+    clocks_section(t, &st, &mut o);
     if !t.groups.is_empty() {
         o.push('\n');
         o.push_str(&st.bold("consumer groups"));
@@ -498,6 +608,50 @@ mod tests {
         );
         // Asked by message ID: the header says it, no note.
         assert_eq!(request_note(&t, &own.to_string()), None);
+    }
+
+    #[test]
+    fn clock_offsets_show_with_their_bounds() {
+        let t0 = 1_796_126_401_000_000_000u64;
+        let mk = |stage, us: u64| {
+            let mut r = StageRecord::at(stage, t0 + us * 1_000);
+            r.message_id = Some(MessageId::new());
+            r.request_id = Some(RequestId::new("req-9").unwrap());
+            r.producer = Some(ClientId::new("shop").unwrap());
+            r
+        };
+        // The producer's clock 250 ms ahead; round trip 0.6 ms.
+        let recs = vec![
+            mk(Stage::UploadSent, 250_000),
+            mk(Stage::UploadReceived, 300),
+            mk(Stage::Stored, 1_000),
+            mk(Stage::StoreConfirmed, 251_300),
+        ];
+        let mut recs = recs;
+        let id = recs[0].message_id;
+        recs.iter_mut().for_each(|r| r.message_id = id);
+        let t = Trajectory::assemble(recs, &AssembleOptions::default()).unwrap();
+        let out = render(&t, false);
+        assert!(out.contains("clock of shop: +250 ms ± 0.3 ms"), "{out}");
+        assert!(
+            out.contains("arrived 0.3 ms ± 0.3 ms after the producer sent it"),
+            "{out}"
+        );
+        assert!(out.contains("shop             +250 ms ± 0.3 ms"), "{out}");
+    }
+
+    #[test]
+    fn client_events_read_newest_first() {
+        let mut n1 = StageRecord::at(Stage::NoMatch, 1_796_126_401_000_000_000);
+        n1.group = Some(ClientId::new("billing").unwrap());
+        n1.topic = Some("orders.*".into());
+        let out = render_client_events("billing-1", &[n1]);
+        assert!(out.contains("client billing-1: 1 event(s)"), "{out}");
+        assert!(
+            out.contains("N1 no matching message, group billing, topic orders.*"),
+            "{out}"
+        );
+        assert!(render_client_events("x", &[]).contains("no no-match notice"));
     }
 
     #[test]

@@ -7,7 +7,7 @@
 use super::model::{
     AssembleOptions, DeliveryId, DeliveryMode, HopId, HopKind, HopSpan, HopStatus, Trajectory,
 };
-use super::{diagnosis, state};
+use super::{clock, diagnosis, state};
 use crate::ids::{ClientId, MessageId};
 use crate::outcome::{ProcessOutcome, RedeliveryOutcome, SettleOutcome, StoreOutcome};
 use crate::record::StageRecord;
@@ -76,6 +76,9 @@ pub(super) struct UploadTimes {
     pub p3_at: Option<u64>,
     /// The first record of any delivery (not an R1): proof the message was stored by then.
     pub first_delivery_at: Option<u64>,
+    /// JetStream's stored time, from a recovered P3 (kept even when the broker's own P3
+    /// replaces the record).
+    pub js_stored_at: Option<u64>,
 }
 
 fn is_deliver_stage(s: Stage) -> bool {
@@ -121,7 +124,7 @@ pub(super) fn assemble(
     opts: &AssembleOptions,
     lite: bool,
 ) -> Option<Trajectory> {
-    let recs = normalize(records.into_iter().collect())?;
+    let (recs, js_stored_at) = normalize(records.into_iter().collect())?;
     let mut t = header(&recs);
     let ctx = Ctx {
         opts,
@@ -129,10 +132,22 @@ pub(super) fn assemble(
         message_id: t.message_id,
     };
     let part = partition(recs);
-    let times = upload_times(&part);
+    let times = UploadTimes {
+        js_stored_at,
+        ..upload_times(&part)
+    };
     let mut failures = Vec::new();
-    let store = store_hop(&ctx, &part, &times);
-    let send = send_hop(&ctx, &part, &times, store.as_ref());
+    let mut delivery_failures = Vec::new();
+    let deliveries = delivery_hops(&ctx, part.attempts, &mut delivery_failures);
+    // Deliveries the broker recorded (on its clock; a synthesized one starts on the
+    // consumer's).
+    let first_deliver_start = deliveries
+        .iter()
+        .filter(|h| h.kind == HopKind::Deliver && !h.synthesized)
+        .map(|h| h.start)
+        .min();
+    let store = store_hop(&ctx, &part.store, &times, first_deliver_start);
+    let send = send_hop(&ctx, (&part.send, &part.store), &times, store.as_ref());
     let (upload_attempts, duplicates) = upload_counts(&part.send, &times);
     t.upload_attempts = upload_attempts;
     t.duplicates = duplicates;
@@ -148,8 +163,13 @@ pub(super) fn assemble(
         // Only D1 records: keep them visible.
         t.other_records.extend(part.send);
     }
-    hops.extend(delivery_hops(&ctx, part.attempts, &mut failures));
+    failures.extend(delivery_failures);
+    hops.extend(deliveries);
+    for hop in &mut hops {
+        flag_impossible(hop);
+    }
     order_hops(&mut hops);
+    t.clocks = clock::estimate(&mut hops);
     t.hops = hops;
     state::derive(&ctx, &mut t, &times, failures);
     if !lite {
@@ -160,7 +180,9 @@ pub(super) fn assemble(
 
 /// A total order on the records, so that every permutation gives the same result, without
 /// repeats; a recovered P2/P3 stands in for the broker's own only when that one is missing.
-fn normalize(mut recs: Vec<StageRecord>) -> Option<Vec<StageRecord>> {
+/// Also returns JetStream's stored time (the earliest recovered P3), which outlives the
+/// recovered record.
+fn normalize(mut recs: Vec<StageRecord>) -> Option<(Vec<StageRecord>, Option<u64>)> {
     if recs.is_empty() {
         return None;
     }
@@ -186,6 +208,11 @@ fn normalize(mut recs: Vec<StageRecord>) -> Option<Vec<StageRecord>> {
         broker_wrote(Stage::UploadReceived, &recs),
         broker_wrote(Stage::Stored, &recs),
     );
+    let js_stored_at = recs
+        .iter()
+        .filter(|r| r.stage == Stage::Stored && r.is_recovered())
+        .map(|r| r.at)
+        .min();
     recs.retain(|r| {
         !r.is_recovered()
             || !match r.stage {
@@ -194,7 +221,7 @@ fn normalize(mut recs: Vec<StageRecord>) -> Option<Vec<StageRecord>> {
                 _ => false,
             }
     });
-    Some(recs)
+    Some((recs, js_stored_at))
 }
 
 /// The trajectory's message-level fields, from all records; hops, states and groups empty.
@@ -233,6 +260,7 @@ fn header(recs: &[StageRecord]) -> Trajectory {
         failure: None,
         diagnosis: String::new(),
         other_records: Vec::new(),
+        clocks: Vec::new(),
         record_count: recs.len(),
     }
 }
@@ -349,6 +377,7 @@ fn upload_times(part: &Partition) -> UploadTimes {
             .filter(|r| r.stage != Stage::Redelivery)
             .map(|r| r.at)
             .min(),
+        js_stored_at: None,
     }
 }
 
@@ -372,15 +401,34 @@ fn upload_hop(ctx: &Ctx<'_>, id: HopId, start: u64, end: Option<u64>) -> HopSpan
         reason: None,
         synthesized: false,
         inferred: false,
+        impossible: None,
+        stored_at: None,
+        clock: None,
+        on_broker_clock: None,
+        arrival_nanos: None,
+        arrival_bound_nanos: None,
         events: Vec::new(),
     }
 }
 
 /// The `store` hop: P2 → P3, or inferred from a delivery when the broker's records are
-/// missing; none when there is neither.
-fn store_hop(ctx: &Ctx<'_>, part: &Partition, times: &UploadTimes) -> Option<HopSpan> {
-    if part.store.is_empty() {
-        let at = times.first_delivery_at?;
+/// missing; none when there is neither. It ends when the message was stored: at the
+/// broker's P3 (the PubAck) — or, when a delivery started before that, when the message was
+/// deliverable: JetStream's stored time if known, else the first delivery's start.
+fn store_hop(
+    ctx: &Ctx<'_>,
+    store: &[StageRecord],
+    times: &UploadTimes,
+    first_deliver_start: Option<u64>,
+) -> Option<HopSpan> {
+    // The earliest sign of a delivery: proof the message was stored by then.
+    let delivered_by = times
+        .first_delivery_at
+        .into_iter()
+        .chain(first_deliver_start)
+        .min();
+    if store.is_empty() {
+        let at = delivered_by?;
         let mut hop = upload_hop(ctx, HopId::Store, at, Some(at));
         hop.reason = Some(
             "stored (inferred: the message was delivered, but the broker's store records are missing)"
@@ -390,29 +438,63 @@ fn store_hop(ctx: &Ctx<'_>, part: &Partition, times: &UploadTimes) -> Option<Hop
         hop.inferred = true;
         return Some(hop);
     }
-    let refusal = part
-        .store
-        .iter()
-        .filter(|r| is_refusal(r))
-        .max_by_key(|r| r.at);
+    let refusal = store.iter().filter(|r| is_refusal(r)).max_by_key(|r| r.at);
     let UploadTimes { p2_at, p3_at, .. } = *times;
     let start = p2_at.or(p3_at).or(refusal.map(|r| r.at)).unwrap_or(0);
     let inferred = p3_at.is_none() && times.first_delivery_at.is_some();
     let (status, reason) = store_status(ctx, times, refusal, start, inferred);
-    let end = p3_at
-        .or(if inferred {
-            times.first_delivery_at
-        } else {
-            None
-        })
-        .or_else(|| refusal.filter(|_| p2_at.is_none()).map(|r| r.at));
+    // Only a recovered P3: JetStream's stored time itself ends the hop (on the server's
+    // clock, which a delivery on the broker's may precede: shown as recorded).
+    let puback = store
+        .iter()
+        .any(|r| r.stage == Stage::Stored && !r.is_recovered());
+    let end = match p3_at {
+        Some(p3) if !puback => Some(p3),
+        Some(p3) => Some(stored_end(
+            p3,
+            start,
+            times.js_stored_at,
+            first_deliver_start,
+        )),
+        None if inferred => delivered_by,
+        None => refusal.filter(|_| p2_at.is_none()).map(|r| r.at),
+    };
     let mut hop = upload_hop(ctx, HopId::Store, start, end);
-    hop.service = first_service(&part.store);
+    hop.service = first_service(store);
     hop.status = status;
     hop.reason = reason;
     hop.inferred = inferred;
-    hop.events = part.store.clone();
+    // Named when it ends the hop.
+    hop.stored_at = times
+        .js_stored_at
+        .filter(|s| Some(*s) == end && p3_at != Some(*s));
+    hop.events = store.to_vec();
     Some(hop)
+}
+
+/// When a stored message's store hop ends: at the PubAck (`p3`), unless a delivery started
+/// before it — then when the message was deliverable: JetStream's stored time when it lies
+/// between the store's start and that delivery, else the delivery's start.
+fn stored_end(p3: u64, start: u64, js_stored: Option<u64>, first_deliver: Option<u64>) -> u64 {
+    match first_deliver {
+        Some(d) if d < p3 => js_stored.filter(|s| *s >= start && *s <= d).unwrap_or(d),
+        _ => p3,
+    }
+}
+
+/// Flags a hop that would end before it starts (its raw times come from clocks that
+/// disagree, or are wrong): no latency, and it ends where it starts.
+fn flag_impossible(hop: &mut HopSpan) {
+    let Some(end) = hop.end.filter(|e| *e < hop.start) else {
+        return;
+    };
+    let by = hop.start - end;
+    hop.impossible = Some(format!(
+        "impossible timestamps: the hop would end {:.3} ms before it starts (clocks that disagree)",
+        by as f64 / 1e6
+    ));
+    hop.end = Some(hop.start);
+    hop.latency_nanos = None;
 }
 
 fn store_status(
@@ -472,11 +554,11 @@ fn upload_counts(send: &[StageRecord], times: &UploadTimes) -> (u32, u32) {
 /// exists; none when there is neither.
 fn send_hop(
     ctx: &Ctx<'_>,
-    part: &Partition,
+    (send, store_recs): (&[StageRecord], &[StageRecord]),
     times: &UploadTimes,
     store: Option<&HopSpan>,
 ) -> Option<HopSpan> {
-    let p4_at = last_at(&part.send, &[Stage::StoreConfirmed]);
+    let p4_at = last_at(send, &[Stage::StoreConfirmed]);
     let has_producer_records = times.p1_at.is_some() || p4_at.is_some();
     if !has_producer_records && store.is_none() {
         return None;
@@ -487,7 +569,7 @@ fn send_hop(
         .or(times.p2_at)
         .or(p4_at)
         .or(times.p3_at)
-        .or_else(|| part.send.iter().map(|r| r.at).min())
+        .or_else(|| send.iter().map(|r| r.at).min())
         // An inferred store hop starts at the first delivery: so does its send.
         .or(store.map(|h| h.start))
         .unwrap_or(0);
@@ -503,13 +585,12 @@ fn send_hop(
         }
     };
     let mut hop = upload_hop(ctx, HopId::Send, start, end);
-    hop.events = part.send.clone();
+    hop.events = send.to_vec();
     if synthesized {
-        hop.events.extend(part.store.iter().cloned());
+        hop.events.extend(store_recs.iter().cloned());
         hop.events.sort_by_key(|r| (r.at, r.stage));
     } else {
-        hop.service = part
-            .send
+        hop.service = send
             .iter()
             .filter(|r| r.stage != Stage::Duplicate)
             .find_map(|r| r.service.clone());
@@ -599,6 +680,12 @@ fn attempt_hop(ctx: &Ctx<'_>, id: HopId, parent: HopId, mode: Option<DeliveryMod
         reason: None,
         synthesized: false,
         inferred: false,
+        impossible: None,
+        stored_at: None,
+        clock: None,
+        on_broker_clock: None,
+        arrival_nanos: None,
+        arrival_bound_nanos: None,
         events: Vec::new(),
     }
 }

@@ -15,13 +15,24 @@
 //! | kind | from → to | events | parent |
 //! | --- | --- | --- | --- |
 //! | `send` | P1 → P4 (producer) | P1 (every attempt), P4, D1 | none: the root |
-//! | `store` | P2 → P3 (broker) | P2, P3 | `send` |
+//! | `store` | P2 → P3, or → stored time (broker; see *Causal order*) | P2, P3 | `send` |
 //! | `deliver` | C1 → C4 (push) or C5 → C8 (pull), per (group, consumer, attempt) | C1/C4 or C5/C8, R1 | `store` |
 //! | `process` | C2 → C3 or C6 → C7 (consumer), per (group, consumer, attempt) | C2/C3 or C6/C7, X1, X2 | its `deliver` |
 //!
 //! When no producer record exists (a raw NATS client uploaded), the `send` hop is
 //! synthesized from the broker's P2/P3 and marked `synthesized`, so no span has a dangling
 //! parent.
+//!
+//! ## Causal order
+//! A message is deliverable once JetStream stored it, which can be before the broker hears
+//! the PubAck (its P3). The `store` hop ends at the PubAck unless a delivery started before
+//! it; then it ends when the message was deliverable: JetStream's stored time
+//! ([`HopSpan::stored_at`], from a recovered P3) when known, else the first delivery's start.
+//! The PubAck stays an event. So no delivery starts before the message was deliverable in
+//! what is shown. A hop that would still end before it starts (clocks that disagree) is
+//! flagged ([`HopSpan::impossible`]) and shows no latency. The state history only moves
+//! forward ([`Trajectory::states`]), whatever the timestamps: times from different clocks
+//! may overlap, and are shown as recorded rather than reordered.
 //!
 //! A hop is `ok`, `error` (a nack, a failed processing, a dead letter, or a deadline missed:
 //! the failure point) or `incomplete` (still open, no deadline passed yet); `reason` says why
@@ -40,6 +51,7 @@
 //! own clauses.
 
 mod assembly;
+mod clock;
 mod diagnosis;
 mod latency;
 pub mod model;
@@ -51,8 +63,9 @@ mod tests;
 
 pub use crate::record::RECOVERED;
 pub use model::{
-    AssembleOptions, Deadlines, DeliveryId, DeliveryMode, GroupSummary, HopId, HopKind, HopSpan,
-    HopStatus, MessageState, Segment, StateChange, Trajectory,
+    AssembleOptions, ClockEstimate, CorrectedSpan, Deadlines, DeliveryId, DeliveryMode,
+    GroupSummary, HopId, HopKind, HopSpan, HopStatus, MessageState, Segment, StateChange,
+    Trajectory,
 };
 
 use crate::ids::MessageId;

@@ -137,6 +137,35 @@ pub struct HopSpan {
     /// statistic uses them.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub inferred: bool,
+    /// Why the hop's raw timestamps are impossible (it would end before it starts: clocks
+    /// that disagree), when they are. Such a hop shows no latency (`latency_nanos` is
+    /// `None`) and ends where it starts; its events keep the raw times.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub impossible: Option<String>,
+    /// The `store` hop only: when JetStream stored the message (its stored time, from the
+    /// store evidence the listener recovered), Unix nanoseconds, when known. The store hop
+    /// ends there rather than at the broker's P3 (the PubAck, which stays an event) when a
+    /// delivery started before the PubAck.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stored_at: Option<u64>,
+    /// The clock offset of the hop's client (the producer for `send` and `store`, the
+    /// consumer for `deliver` and `process`) against the broker, from this hop's own
+    /// exchange (P1–P4 or C1–C4/C5–C8), when both sides reported all four times.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clock: Option<ClockEstimate>,
+    /// `send` and `process` hops (timed by a client's clock): the hop's start and end moved
+    /// onto the broker's clock with the client's best estimate ([`Trajectory::clocks`]),
+    /// right within that estimate's bound.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_broker_clock: Option<CorrectedSpan>,
+    /// `store` and `process` hops: how long after the other party's send (P1 for `store`,
+    /// C1/C5 for `process`) this hop started, across the two clocks, corrected with the
+    /// client's best estimate; right within `arrival_bound_nanos`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arrival_nanos: Option<i64>,
+    /// The error bound of `arrival_nanos` (the best estimate's bound), nanoseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arrival_bound_nanos: Option<u64>,
     /// The stage records of the hop, sorted by time: its span events.
     pub events: Vec<StageRecord>,
 }
@@ -235,6 +264,9 @@ pub struct StateChange {
     /// subscriptions.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub by_id: bool,
+    /// For per-group states: the delivery attempt the change belongs to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<u32>,
 }
 
 /// The consumption of the message by one consumer group.
@@ -346,7 +378,12 @@ pub struct Trajectory {
     pub last_at: u64,
     /// The overall shadow-message state.
     pub state: MessageState,
-    /// Every state change with its time, in order.
+    /// Every state change with its time, in causal order: `sent`, `enqueued`, then each
+    /// consumption's changes (per group, attempt by attempt, only forward: delivered →
+    /// consuming → consumed | failed | dead-lettered), consumptions interleaved by time, and
+    /// `stuck`/`lost` last. Times come from different clocks, so they need not increase
+    /// along the list: overlap is shown as it was recorded, never reordered into a
+    /// regression.
     pub states: Vec<StateChange>,
     /// The hops in causal order: send, store, then per (group, consumer, attempt) deliver and
     /// its process.
@@ -359,8 +396,45 @@ pub struct Trajectory {
     pub diagnosis: String,
     /// Records that belong to no hop (channel and no-match records, for instance).
     pub other_records: Vec<StageRecord>,
+    /// Per client (producer and consumers) whose exchanges with the broker the trajectory
+    /// holds, its best clock estimate (smallest round trip), sorted by client.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub clocks: Vec<ClockEstimate>,
     /// How many distinct records the trajectory was built from.
     pub record_count: usize,
+}
+
+/// A client's clock offset against the broker's, from one NTP-style exchange: the client
+/// sends at t0 (P1, or C2's sender C1 with roles swapped), the broker receives at t1 and
+/// answers at t2, the client receives at t3. For an upload (P1–P4), the broker's offset
+/// against the client is ((P2 − P1) + (P3 − P4)) / 2; for a delivery (C1–C4, C5–C8) the
+/// consumer's against the broker is ((C2 − C1) + (C3 − C4)) / 2. Here both are given the
+/// same way round: **the client's clock minus the broker's**.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClockEstimate {
+    /// The client (producer or consumer) whose clock this is.
+    pub client: ClientId,
+    /// How far the client's clock is ahead of the broker's (negative: behind), nanoseconds.
+    pub offset_nanos: i64,
+    /// The error bound: the true offset is within `offset_nanos ± bound_nanos` (half of the
+    /// round trip without the other side's own time), nanoseconds.
+    pub bound_nanos: u64,
+    /// The round trip without the other side's own time, nanoseconds.
+    pub round_trip_nanos: u64,
+    /// How many exchanges of the client the trajectory holds (1 for a hop's own estimate);
+    /// the best one (smallest round trip) is kept.
+    pub samples: u32,
+}
+
+/// A client-clock hop placed on the broker's clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CorrectedSpan {
+    /// The start on the broker's clock, Unix nanoseconds.
+    pub start: u64,
+    /// The end on the broker's clock, Unix nanoseconds.
+    pub end: Option<u64>,
+    /// Both are right within ± this, nanoseconds.
+    pub bound_nanos: u64,
 }
 
 /// One delivery attempt of the message to one consumer of a group: what a `deliver` hop and

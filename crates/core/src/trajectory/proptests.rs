@@ -118,3 +118,103 @@ proptest! {
         prop_assert_eq!(Trajectory::assemble_for_summary(variant, &o).unwrap(), lite);
     }
 }
+
+/// What a shown trajectory must never contain, in words (empty when it has none): a hop
+/// ending before it starts; a delivery the broker recorded starting before the message was
+/// deliverable (the store hop's end; unless the store hop is flagged impossible, which says
+/// so instead); a
+/// state regression (a message-level state after a consumption's, `sent` after `enqueued`,
+/// a consumption moving back within an attempt or to an earlier attempt, `stuck`/`lost`
+/// anywhere but last).
+pub(super) fn causal_violations(t: &Trajectory) -> Vec<String> {
+    let mut out = Vec::new();
+    for h in &t.hops {
+        if h.end.is_some_and(|e| e < h.start) {
+            out.push(format!("hop {} ends before it starts", h.key));
+        }
+    }
+    let store = t.hop("store");
+    // A store hop ended by a recovered P3 alone is on the nats-server's clock: exempt.
+    let on_broker_clock = |s: &&HopSpan| {
+        s.events
+            .iter()
+            .all(|r| r.stage != Stage::Stored || !r.is_recovered())
+    };
+    let deliverable = store
+        .filter(|s| s.impossible.is_none())
+        .filter(on_broker_clock)
+        .and_then(|s| s.end);
+    // A synthesized deliver hop (only the consumer's records) starts on the consumer's
+    // clock: no broker time to compare.
+    for h in t
+        .hops
+        .iter()
+        .filter(|h| h.kind == HopKind::Deliver && !h.synthesized)
+    {
+        if deliverable.is_some_and(|d| h.start < d) {
+            out.push(format!(
+                "{} starts before the message was deliverable",
+                h.key
+            ));
+        }
+    }
+    out.extend(state_regressions(&t.states));
+    out
+}
+
+/// The state regressions of a state history (see [`causal_violations`]).
+pub(super) fn state_regressions(states: &[StateChange]) -> Vec<String> {
+    let mut out = Vec::new();
+    let rank = |s: MessageState| match s {
+        MessageState::Delivered => 0,
+        MessageState::Consuming => 1,
+        _ => 2,
+    };
+    let mut seen_group = false;
+    let mut seen_enqueued = false;
+    let mut last: std::collections::BTreeMap<(String, bool), (Option<u32>, u8)> =
+        Default::default();
+    for (i, c) in states.iter().enumerate() {
+        match (c.state, &c.group) {
+            (MessageState::Stuck | MessageState::Lost, None) if i + 1 != states.len() => {
+                out.push(format!("{} is not the last state", c.state))
+            }
+            (MessageState::Stuck | MessageState::Lost, None) => {}
+            (s, None) if seen_group => out.push(format!("{s} after a consumption's state")),
+            (MessageState::Sent, None) if seen_enqueued => out.push("sent after enqueued".into()),
+            (s, None) => seen_enqueued |= s == MessageState::Enqueued,
+            (s, Some(g)) => {
+                seen_group = true;
+                let now = (c.attempt, rank(s));
+                let key = (g.as_str().to_owned(), c.by_id);
+                if last.get(&key).is_some_and(|prev| *prev > now) {
+                    out.push(format!("group {g} moved back to {s}"));
+                }
+                last.insert(key, now);
+            }
+        }
+    }
+    out
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    #[test]
+    fn no_trajectory_regresses_or_delivers_before_deliverable(
+        recs in prop::collection::vec(arb_record(), 1..24),
+        recovered_ms in prop::option::of(0u64..40),
+        now_ms in prop::option::of(0u64..200),
+    ) {
+        let mut recs = recs;
+        if let Some(ms) = recovered_ms {
+            let mut r = StageRecord::at(Stage::Stored, T0 + ms * MS);
+            r.message_id = Some("0193a5f2-7c1e-7b2a-9f10-3c4d5e6f7a8b".parse().unwrap());
+            r.outcome = Some(RECOVERED.into());
+            recs.push(r);
+        }
+        let t = Trajectory::assemble(recs, &options(now_ms)).unwrap();
+        let v = causal_violations(&t);
+        prop_assert!(v.is_empty(), "{v:?} in {t:#?}");
+    }
+}

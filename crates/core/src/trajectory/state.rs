@@ -10,7 +10,7 @@ use crate::ids::ClientId;
 use crate::outcome::{Outcome, ProcessOutcome, RedeliveryOutcome, SettleOutcome};
 use crate::record::StageRecord;
 use crate::stage::Stage;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// Whether a settle record (C4/C8) acked: an ack, or no outcome at all.
 fn is_ack(r: &StageRecord) -> bool {
@@ -217,41 +217,101 @@ fn record_state(r: &StageRecord) -> Option<MessageState> {
     }
 }
 
-/// Every state change with its time, in order.
+/// How far along one delivery attempt a state is: a consumption only moves forward.
+fn attempt_rank(s: MessageState) -> u8 {
+    match s {
+        MessageState::Delivered => 0,
+        MessageState::Consuming => 1,
+        _ => 2,
+    }
+}
+
+/// When the message was enqueued: when the store hop says it was stored (or inferred it),
+/// else when the broker received it, else the first delivery.
+fn enqueued_at(t: &Trajectory, times: &UploadTimes) -> Option<u64> {
+    let stored = t
+        .hop("store")
+        .filter(|h| h.inferred || times.p3_at.is_some())
+        .and_then(|h| h.end);
+    stored.or(times.p2_at).or(times.first_delivery_at)
+}
+
+/// Every state change with its time, in causal order (see [`Trajectory::states`]): the
+/// message's own changes first, then each consumption's changes sorted by (attempt, how far
+/// along, time), the consumptions merged by time, and a `stuck` or `lost` last.
 fn state_history(ctx: &Ctx<'_>, t: &Trajectory, times: &UploadTimes) -> Vec<StateChange> {
-    let mut states = Vec::new();
-    let mut push = |state: MessageState, at: Option<u64>, hop: Option<&HopSpan>| {
-        if let Some(at) = at {
-            states.push(StateChange {
-                state,
-                at,
-                group: hop.and_then(|h| h.group.clone()),
-                consumer: hop.and_then(|h| h.consumer.clone()),
-                by_id: hop.is_some_and(|h| h.by_id),
-            });
-        }
+    let message = |state: MessageState, at: u64| StateChange {
+        state,
+        at,
+        group: None,
+        consumer: None,
+        by_id: false,
+        attempt: None,
     };
-    push(MessageState::Sent, times.p1_at, None);
-    let enqueued = times.p3_at.or(times.p2_at).or(times.first_delivery_at);
-    push(MessageState::Enqueued, enqueued, None);
+    let mut states: Vec<StateChange> = times
+        .p1_at
+        .map(|at| message(MessageState::Sent, at))
+        .into_iter()
+        .chain(enqueued_at(t, times).map(|at| message(MessageState::Enqueued, at)))
+        .collect();
+    // One forward-only sequence per consumption (group, by ID or not).
+    let mut per_consumption: BTreeMap<(ClientId, bool), Vec<StateChange>> = BTreeMap::new();
     for h in &t.hops {
+        let Some(group) = h.group.clone() else {
+            continue;
+        };
         for r in &h.events {
-            if let Some(s) = record_state(r) {
-                push(s, Some(r.at), Some(h));
+            if let Some(state) = record_state(r) {
+                let change = StateChange {
+                    state,
+                    at: r.at,
+                    group: Some(group.clone()),
+                    consumer: h.consumer.clone(),
+                    by_id: h.by_id,
+                    attempt: h.attempt,
+                };
+                per_consumption
+                    .entry((group.clone(), h.by_id))
+                    .or_default()
+                    .push(change);
             }
         }
     }
-    if matches!(t.state, MessageState::Stuck | MessageState::Lost) {
-        push(t.state, ctx.opts.now, None);
+    let mut sequences: Vec<Vec<StateChange>> = per_consumption.into_values().collect();
+    for seq in &mut sequences {
+        seq.sort_by(|a, b| {
+            let key = |c: &StateChange| (c.attempt, attempt_rank(c.state), c.at, c.state);
+            key(a)
+                .cmp(&key(b))
+                .then_with(|| a.consumer.cmp(&b.consumer))
+        });
     }
-    states.sort_by(|a, b| {
-        (a.at, a.state, &a.group, &a.consumer, a.by_id).cmp(&(
-            b.at,
-            b.state,
-            &b.group,
-            &b.consumer,
-            b.by_id,
-        ))
-    });
+    states.extend(merge_by_time(sequences));
+    if matches!(t.state, MessageState::Stuck | MessageState::Lost) {
+        if let Some(now) = ctx.opts.now {
+            states.push(message(t.state, now));
+        }
+    }
     states
+}
+
+/// Merges ordered sequences into one, taking at each step the sequence whose next change is
+/// earliest (ties to the first sequence): each sequence keeps its own order.
+fn merge_by_time(sequences: Vec<Vec<StateChange>>) -> Vec<StateChange> {
+    let mut iters: Vec<_> = sequences
+        .into_iter()
+        .map(|s| s.into_iter().peekable())
+        .collect();
+    let mut out = Vec::new();
+    loop {
+        let next = iters
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(i, it)| Some((it.peek()?.at, i)))
+            .min();
+        let Some((_, i)) = next else {
+            return out;
+        };
+        out.extend(iters[i].next());
+    }
 }

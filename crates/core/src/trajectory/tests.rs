@@ -570,3 +570,167 @@ fn a_fetch_by_id_and_a_subscription_delivery_are_different_hops() {
     let d = t.hop("deliver/billing/b-1/1/by-id").unwrap();
     assert!(d.by_id && d.events.iter().all(|r| r.by_id));
 }
+
+/// A message delivered before the broker heard the PubAck (P3 at 8 ms, delivery at 5 ms),
+/// with a consumer clock 2 ms behind the broker's (its C6 and X1 read earlier than C5).
+fn delivered_before_the_puback() -> Vec<StageRecord> {
+    vec![
+        up(Stage::UploadSent, 1, false),
+        up(Stage::UploadReceived, 2, true),
+        up(Stage::Stored, 8, true),
+        up(Stage::StoreConfirmed, 9, true),
+        dl(Stage::PullSent, 5, "billing", "b-1", 1),
+        dl(Stage::PullReceived, 4, "billing", "b-1", 1),
+        dl(Stage::ProcessStarted, 4, "billing", "b-1", 1),
+        dl(Stage::ProcessFinished, 6, "billing", "b-1", 1),
+        dl(Stage::PullAckSent, 6, "billing", "b-1", 1),
+        with_outcome(
+            dl(Stage::PullAckReceived, 10, "billing", "b-1", 1),
+            "ack",
+            None,
+        ),
+    ]
+}
+
+#[test]
+fn the_store_hop_ends_when_the_message_was_stored_and_states_only_move_forward() {
+    // JetStream's stored time known (recovered P3 at 3 ms): the store hop ends there, the
+    // PubAck stays an event, the recovered record does not.
+    let mut recs = delivered_before_the_puback();
+    let mut recovered = up(Stage::Stored, 3, true);
+    recovered.outcome = Some(RECOVERED.into());
+    recs.push(recovered);
+    let t = Trajectory::assemble(recs, &AssembleOptions::default()).unwrap();
+    let store = t.hop("store").unwrap();
+    assert_eq!((store.start, store.end), (T0 + 2 * MS, Some(T0 + 3 * MS)));
+    assert_eq!(store.stored_at, Some(T0 + 3 * MS));
+    let p3s: Vec<u64> = store
+        .events
+        .iter()
+        .filter(|r| r.stage == Stage::Stored)
+        .map(|r| r.at)
+        .collect();
+    assert_eq!(p3s, [T0 + 8 * MS], "the PubAck is the event");
+    let states: Vec<MessageState> = t.states.iter().map(|s| s.state).collect();
+    assert_eq!(
+        states,
+        [
+            MessageState::Sent,
+            MessageState::Enqueued,
+            MessageState::Delivered,
+            MessageState::Consuming,
+            MessageState::Consumed
+        ]
+    );
+    assert_eq!(t.states[1].at, T0 + 3 * MS, "enqueued when stored");
+    // The consumer's X1 reads earlier than the delivery: shown as recorded, not reordered.
+    assert!(t.states[3].at < t.states[2].at);
+    assert!(super::proptests::causal_violations(&t).is_empty());
+
+    // Stored time unknown: the delivery proves it was deliverable by then.
+    let t =
+        Trajectory::assemble(delivered_before_the_puback(), &AssembleOptions::default()).unwrap();
+    let store = t.hop("store").unwrap();
+    assert_eq!(store.end, Some(T0 + 5 * MS));
+    assert_eq!(store.stored_at, None);
+    assert!(super::proptests::causal_violations(&t).is_empty());
+}
+
+#[test]
+fn a_hop_with_impossible_times_is_flagged_instead_of_shown() {
+    let mut recs = delivered_and_acked_without(&[]);
+    // The ack reaches the broker "before" the delivery was sent: a broken clock.
+    recs.retain(|r| r.stage != Stage::PullAckReceived);
+    recs.push(with_outcome(
+        dl(Stage::PullAckReceived, 7, "billing", "b-1", 1),
+        "ack",
+        None,
+    ));
+    let t = Trajectory::assemble(recs, &AssembleOptions::default()).unwrap();
+    let deliver = t.hop("deliver/billing/b-1/1").unwrap();
+    assert!(deliver
+        .impossible
+        .as_deref()
+        .unwrap()
+        .contains("3.000 ms before"));
+    assert_eq!(deliver.latency_nanos, None);
+    assert_eq!(deliver.end, Some(deliver.start));
+    assert!(super::proptests::causal_violations(&t).is_empty());
+}
+
+#[test]
+fn the_invariant_check_finds_regressions() {
+    let change = |state, at, group: Option<&str>, attempt| StateChange {
+        state,
+        at,
+        group: group.map(|g| ClientId::new(g).unwrap()),
+        consumer: None,
+        by_id: false,
+        attempt,
+    };
+    let states = [
+        change(MessageState::Sent, 1, None, None),
+        change(MessageState::Delivered, 2, Some("g"), Some(1)),
+        change(MessageState::Enqueued, 3, None, None),
+        change(MessageState::Consumed, 4, Some("g"), Some(1)),
+        change(MessageState::Delivered, 5, Some("g"), Some(1)),
+    ];
+    let v = super::proptests::state_regressions(&states);
+    assert_eq!(v.len(), 2, "{v:?}");
+}
+
+#[test]
+fn clock_offsets_come_from_the_records_with_their_bounds() {
+    // True times: P1 0, P2 1, P3 3, P4 4.2; C5 10, C6 10.4, C7 12, C8 12.6 (ms). The producer's
+    // clock is 250 ms ahead, the consumer's 40 ms behind.
+    let shift = |mut r: StageRecord, ms: f64, skew_ms: i64| {
+        r.at = (T0 + (ms * 1e6).round() as u64).wrapping_add_signed(skew_ms * 1_000_000);
+        r
+    };
+    let recs = vec![
+        shift(up(Stage::UploadSent, 0, false), 0.0, 250),
+        shift(up(Stage::UploadReceived, 0, true), 1.0, 0),
+        shift(up(Stage::Stored, 0, true), 3.0, 0),
+        shift(up(Stage::StoreConfirmed, 0, true), 4.2, 250),
+        shift(dl(Stage::PullSent, 0, "billing", "b-1", 1), 10.0, 0),
+        shift(dl(Stage::PullReceived, 0, "billing", "b-1", 1), 10.4, -40),
+        shift(dl(Stage::PullAckSent, 0, "billing", "b-1", 1), 12.0, -40),
+        with_outcome(
+            shift(dl(Stage::PullAckReceived, 0, "billing", "b-1", 1), 12.6, 0),
+            "ack",
+            None,
+        ),
+    ];
+    let t = Trajectory::assemble(recs, &AssembleOptions::default()).unwrap();
+    let shop = t
+        .clocks
+        .iter()
+        .find(|c| c.client.as_str() == "shop")
+        .unwrap();
+    // Round trip 4.2 − 2 = 2.2 ms, bound 1.1 ms; the estimate is right within it.
+    assert_eq!(shop.round_trip_nanos, 2_200_000);
+    assert_eq!(shop.bound_nanos, 1_100_000);
+    assert!((shop.offset_nanos - 250_000_000).unsigned_abs() <= shop.bound_nanos);
+    let b1 = t
+        .clocks
+        .iter()
+        .find(|c| c.client.as_str() == "b-1")
+        .unwrap();
+    assert_eq!(b1.round_trip_nanos, 1_000_000);
+    assert!((b1.offset_nanos + 40_000_000).unsigned_abs() <= b1.bound_nanos);
+    assert_eq!(t.hop("send").unwrap().clock.as_ref(), Some(shop));
+    assert_eq!(
+        t.hop("deliver/billing/b-1/1").unwrap().clock.as_ref(),
+        Some(b1)
+    );
+    // On the broker's clock the send starts before the store, within the bound.
+    let send = t.hop("send").unwrap().on_broker_clock.unwrap();
+    assert!(send.start <= t.hop("store").unwrap().start + send.bound_nanos);
+    let store = t.hop("store").unwrap();
+    assert_eq!(store.arrival_bound_nanos, Some(1_100_000));
+    assert!((store.arrival_nanos.unwrap() - 1_000_000).unsigned_abs() <= 1_100_000);
+    let process = t.hop("process/billing/b-1/1").unwrap();
+    assert!((process.arrival_nanos.unwrap() - 400_000).unsigned_abs() <= 500_000);
+    let json = serde_json::to_string(&t).unwrap();
+    assert!(json.contains("\"offset_nanos\""), "{json}");
+}

@@ -13,7 +13,7 @@
 //! The transaction commits after the passes; the cache gets the touched messages back only
 //! then (see [`crate::cache`]).
 
-use super::{nearest, orphan_key, records, Links, Sets, Store, Tables};
+use super::{client_events, nearest, orphan_key, records, Links, Sets, Store, Tables};
 use crate::cache::{Cache, Cached};
 use crate::counters::{Counter, CounterKey, FunnelStep};
 use crate::error::StoreError;
@@ -62,6 +62,7 @@ struct Inserted {
 /// One batch being applied.
 pub(super) struct Pass<'a, 't> {
     store: &'a Store,
+    tx: &'t redb::WriteTransaction,
     t: &'a mut Tables<'t>,
     cache: &'a mut Cache,
     links: Links,
@@ -75,12 +76,14 @@ pub(super) struct Pass<'a, 't> {
 impl<'a, 't> Pass<'a, 't> {
     pub(super) fn new(
         store: &'a Store,
+        tx: &'t redb::WriteTransaction,
         t: &'a mut Tables<'t>,
         cache: &'a mut Cache,
         now: u64,
     ) -> Self {
         Pass {
             store,
+            tx,
             t,
             cache,
             links: Links::new(),
@@ -215,8 +218,8 @@ impl<'a, 't> Pass<'a, 't> {
         }
     }
 
-    /// Channel and no-match records name no message: they are counted, not stored (a
-    /// redelivered batch may count them twice).
+    /// Channel and no-match records name no message: they are counted (a redelivered batch
+    /// may count them twice) and kept per client ([`client_events`]).
     fn count_unkeyed(&mut self, r: &StageRecord) -> Result<(), StoreError> {
         self.bump(Counter::Stage(r.stage).into(), 1)?;
         if r.channel_outcome() == Some(ChannelOutcome::Refused) {
@@ -224,6 +227,7 @@ impl<'a, 't> Pass<'a, 't> {
         }
         self.bump(Counter::Unkeyed.into(), 1)?;
         self.out.unkeyed_records += 1;
+        client_events::record(self.tx, r)?;
         Ok(())
     }
 

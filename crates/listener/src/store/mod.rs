@@ -55,6 +55,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 mod apply;
+pub mod client_events;
 pub mod records;
 
 const RECORDS: TableDefinition<&str, &[u8]> = TableDefinition::new("message_records");
@@ -673,7 +674,7 @@ impl Store {
         let tx = self.db.begin_write()?;
         let (staged, out) = {
             let mut t = Tables::open(&tx)?;
-            let mut pass = apply::Pass::new(self, &mut t, &mut cache, now);
+            let mut pass = apply::Pass::new(self, &tx, &mut t, &mut cache, now);
             let staged = pass.run(records)?;
             (staged, std::mem::take(&mut pass.out))
         };
@@ -828,6 +829,9 @@ impl Store {
                 if let Some(s) = summary {
                     out.state_changes.push((Some(topic_state(&s)), None));
                 }
+            }
+            if let Some(c) = cutoff {
+                client_events::prune(&tx, c)?;
             }
             let mut ignored = BTreeMap::new();
             t.count_states(&out.state_changes, &mut ignored)?;
