@@ -1,4 +1,4 @@
-//! Trajectory fidelity end to end (issue 10): a producer and a consumer whose SDK clocks are
+//! Trajectory fidelity end to end: a producer and a consumer whose SDK clocks are
 //! deliberately off (the SDK's test-only `clock_offset_nanos`: +250 ms and −40 ms) against a
 //! real nats-server, broker and listener. The listener's clock estimates, from the stage
 //! records alone, must hold the true offsets within their bounds; the corrected timeline

@@ -1,5 +1,5 @@
 //! From a [`Trajectory`]'s hops to OpenTelemetry [`SpanData`], built after the fact with
-//! explicit IDs and times (DESIGN.md §3.10: opentelemetry 0.32 removed
+//! explicit IDs and times (docs/ARCHITECTURE.md §3, decision 10; opentelemetry 0.32 removed
 //! `SpanBuilder::with_trace_id`, so `SpanData` is filled directly).
 //!
 //! | hop | span name | kind | `service.name` | parent | `messaging.operation.type` |
@@ -123,7 +123,7 @@ pub fn parse_hop_key(key: &str) -> Option<Hop<'_>> {
 }
 
 /// The span context of a message's process span for one delivery: what a consumer's
-/// handler uses as the parent of its own spans, with no propagation (DESIGN.md §3.8). It is
+/// handler uses as the parent of its own spans, with no propagation (docs/ARCHITECTURE.md §3, decision 9). It is
 /// marked remote and sampled.
 ///
 /// ```

@@ -8,7 +8,7 @@
 //! the same set gives the same trajectory.
 //!
 //! ## Hops
-//! Each hop becomes one OpenTelemetry span (DESIGN.md §3.10). Its `key` is the
+//! Each hop becomes one OpenTelemetry span (docs/ARCHITECTURE.md §3, decision 10). Its `key` is the
 //! text of its [`HopId`] (the grammar of docs/PROTOCOL.md §13), hashed into its span
 //! ID, and `parent` is the key of its parent:
 //!

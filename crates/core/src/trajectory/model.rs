@@ -170,7 +170,7 @@ pub struct HopSpan {
     pub events: Vec<StageRecord>,
 }
 
-/// The shadow-message state of seed 001.
+/// The shadow-message state (docs/ARCHITECTURE.md §2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum MessageState {
