@@ -84,6 +84,8 @@ struct ExportCounters {
     dropped_queue_full: u64,
     dropped_retries: u64,
     queued: u64,
+    /// Spans accepted and not yet exported or dropped (queued, batching, in requests).
+    in_flight: u64,
     /// Trajectories not handed to the export task (its channel full).
     trajectories_dropped: u64,
 }
@@ -103,6 +105,7 @@ impl ExportCounters {
             dropped_queue_full: get("msgtrail_otel_spans_dropped_total{reason=\"queue_full\"}")?,
             dropped_retries: get("msgtrail_otel_spans_dropped_total{reason=\"retries\"}")?,
             queued: get("msgtrail_otel_queue_spans")?,
+            in_flight: get("msgtrail_otel_in_flight_spans")?,
             trajectories_dropped: get("msgtrail_listener_export_dropped_total").unwrap_or(0),
         })
     }
@@ -111,6 +114,7 @@ impl ExportCounters {
         json!({"exported": self.exported, "export_failures": self.failures,
                "dropped_queue_full": self.dropped_queue_full,
                "dropped_retries": self.dropped_retries, "queued": self.queued,
+               "in_flight": self.in_flight,
                "trajectories_dropped": self.trajectories_dropped})
     }
 }
@@ -269,6 +273,14 @@ pub async fn otlp_endpoint_down(scenario: &str, endpoint: Endpoint) {
         assert!(
             max_queued <= QUEUE_SPANS,
             "the export queue grew past its bound: {:?}",
+            r.json
+        );
+        // Everything held (queued, being batched, in requests) stays under twice the queue's
+        // bound: the exporter caps its batches at queue / (requests in flight + 1).
+        let max_held = counters.iter().map(|c| c.in_flight).max().unwrap_or(0);
+        assert!(
+            max_held <= 2 * QUEUE_SPANS,
+            "the exporter held {max_held} spans, past twice its queue's bound: {:?}",
             r.json
         );
         if let Some(h) = &hole {

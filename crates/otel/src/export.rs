@@ -24,9 +24,12 @@
 //!   the queue until the bound, then new ones are dropped with a count; when it returns, the
 //!   backlog goes out.
 //! - Memory is bounded: at most `queue_capacity` spans queued, plus
-//!   [`ExportConfig::max_in_flight`] requests of at most [`ExportConfig::max_batch`] spans
+//!   [`ExportConfig::max_in_flight`] requests of at most [`ExportConfig::batch_limit`] spans
 //!   each (bodies of at most [`ExportConfig::max_request_bytes`] before compression), plus
-//!   the one batch the worker fills while it waits for a request to finish.
+//!   the one batch the worker fills while it waits for a request to finish. A batch never
+//!   holds more than `queue_capacity / (max_in_flight + 1)` spans, so a small queue bound
+//!   keeps everything held under twice that bound (a user who sets 500 holds at most
+//!   1,000 spans, not 500 plus four requests of 2,048).
 //! - [`TraceExporter::shutdown`] stops taking spans, sends what is queued with one attempt
 //!   per request within a grace period, and counts what it could not send in
 //!   [`ExportStats::dropped_shutdown`]. Nothing is exported after it returns.
@@ -144,6 +147,16 @@ pub struct ExportConfig {
     pub max_attempts: u32,
     /// Most service resources kept built at once (default 64).
     pub max_services: usize,
+}
+
+impl ExportConfig {
+    /// Most spans per batch: [`ExportConfig::max_batch`], and never more than
+    /// `queue_capacity / (max_in_flight + 1)`, so that the spans held in requests stay
+    /// within the queue's bound (see the module doc).
+    pub fn batch_limit(&self) -> usize {
+        let share = self.queue_capacity / (self.max_in_flight.max(1) + 1);
+        self.max_batch.min(share).max(1)
+    }
 }
 
 impl Default for ExportConfig {
@@ -357,7 +370,7 @@ impl StatsSnapshot {
     /// The counters in Prometheus text format, under the names the deploy/ dashboard reads:
     /// `msgtrail_otel_spans_exported_total`, `msgtrail_otel_spans_dropped_total{reason}`,
     /// `msgtrail_otel_spans_sampled_out_total`, `msgtrail_otel_export_failures_total`,
-    /// `msgtrail_otel_queue_spans`.
+    /// `msgtrail_otel_queue_spans` and `msgtrail_otel_in_flight_spans`.
     pub fn render_prometheus(&self) -> String {
         let mut s = String::new();
         let mut metric = |name: &str, kind: &str, help: &str, lines: &[(&str, u64)]| {
@@ -400,6 +413,12 @@ impl StatsSnapshot {
             "gauge",
             "Spans waiting in the export queue.",
             &[("", self.queued)],
+        );
+        metric(
+            "msgtrail_otel_in_flight_spans",
+            "gauge",
+            "Spans accepted and not yet exported or dropped: queued, being batched or in requests.",
+            &[("", self.in_flight)],
         );
         s
     }
@@ -571,7 +590,7 @@ async fn run(
     let permits = Arc::new(Semaphore::new(config.max_in_flight.max(1)));
     let mut resources = Resources::new(config.max_services);
     let mut tasks = JoinSet::new();
-    let mut batch: Vec<ServiceSpan> = Vec::with_capacity(config.max_batch);
+    let mut batch: Vec<ServiceSpan> = Vec::with_capacity(config.batch_limit());
     while next_batch(&mut rx, &mut batch, config, &mut closing).await {
         let Ok(permit) = permits.clone().acquire_owned().await else {
             break;
@@ -592,7 +611,7 @@ async fn next_batch(
     config: &ExportConfig,
     closing: &mut watch::Receiver<bool>,
 ) -> bool {
-    let max = config.max_batch.max(1);
+    let max = config.batch_limit();
     loop {
         if *closing.borrow() {
             while batch.len() < max {
