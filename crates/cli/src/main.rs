@@ -40,6 +40,8 @@ enum Command {
     Trace(commands::trace::Args),
     /// Show latency percentiles, counts by state, the funnel and ingest lag.
     Stats(commands::stats::Args),
+    /// Check the listener's recent trajectories for what a trajectory must never show.
+    Audit(commands::audit::Args),
     /// Benchmark msgtrail against raw JetStream, recording off vs on, listener, lookup, export.
     Bench(commands::bench::Args),
 }
@@ -62,6 +64,7 @@ async fn main() {
         Command::Listener(a) => commands::listener::run(&cli.nats, a).await,
         Command::Trace(a) => commands::trace::run(a).await,
         Command::Stats(a) => commands::stats::run(a).await,
+        Command::Audit(a) => commands::audit::run(a).await,
         Command::Bench(a) => commands::bench::run(&cli.nats, a).await,
     };
     if let Err(e) = result {

@@ -1,5 +1,5 @@
-//! The API and the CLI agree: the built `msgtrail` binary's `trace --json` and `stats --json`
-//! against the listener's HTTP API, on trajectories made by the real broker and SDK; `trace`
+//! The API and the CLI agree: the built `msgtrail` binary's `trace --json`, `stats --json`
+//! and `audit --json` against the listener's HTTP API, on trajectories made by the real broker and SDK; `trace`
 //! tells "not found" (exit 2) from "the query failed" (exit 1).
 
 use msgtrail_client::Outgoing;
@@ -195,4 +195,19 @@ async fn the_api_and_the_cli_agree() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+
+    // `audit` reads both trajectories and finds nothing a trajectory must not show; the
+    // consumed one's send and delivery exchanges are complete, so its hops carry bounds.
+    let out = msgtrail(&["audit", "--json", "--listener-url", &l.url()]).await;
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["checked"], 2, "{report:#}");
+    assert_eq!(report["violations"], serde_json::json!({}), "{report:#}");
+    assert!(
+        report["hops_with_clock_bound"].as_u64().unwrap() >= 4,
+        "{report:#}"
+    );
+    // A listener that is not there fails the audit.
+    let out = msgtrail(&["audit", "--listener-url", &format!("http://{closed}")]).await;
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
 }

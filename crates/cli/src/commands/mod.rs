@@ -1,5 +1,6 @@
 //! One module per subcommand, each with its `Args` and `run`.
 
+pub mod audit;
 pub mod bench;
 pub mod broker;
 pub mod consume;

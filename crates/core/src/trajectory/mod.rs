@@ -53,6 +53,7 @@
 mod assembly;
 mod clock;
 mod diagnosis;
+pub mod invariants;
 mod latency;
 pub mod model;
 #[cfg(test)]

@@ -625,7 +625,7 @@ fn the_store_hop_ends_when_the_message_was_stored_and_states_only_move_forward()
     assert_eq!(t.states[1].at, T0 + 3 * MS, "enqueued when stored");
     // The consumer's X1 reads earlier than the delivery: shown as recorded, not reordered.
     assert!(t.states[3].at < t.states[2].at);
-    assert!(super::proptests::causal_violations(&t).is_empty());
+    assert!(super::invariants::causal_violations(&t).is_empty());
 
     // Stored time unknown: the delivery proves it was deliverable by then.
     let t =
@@ -633,7 +633,7 @@ fn the_store_hop_ends_when_the_message_was_stored_and_states_only_move_forward()
     let store = t.hop("store").unwrap();
     assert_eq!(store.end, Some(T0 + 5 * MS));
     assert_eq!(store.stored_at, None);
-    assert!(super::proptests::causal_violations(&t).is_empty());
+    assert!(super::invariants::causal_violations(&t).is_empty());
 }
 
 #[test]
@@ -655,7 +655,7 @@ fn a_hop_with_impossible_times_is_flagged_instead_of_shown() {
         .contains("3.000 ms before"));
     assert_eq!(deliver.latency_nanos, None);
     assert_eq!(deliver.end, Some(deliver.start));
-    assert!(super::proptests::causal_violations(&t).is_empty());
+    assert!(super::invariants::causal_violations(&t).is_empty());
 }
 
 #[test]
@@ -675,7 +675,7 @@ fn the_invariant_check_finds_regressions() {
         change(MessageState::Consumed, 4, Some("g"), Some(1)),
         change(MessageState::Delivered, 5, Some("g"), Some(1)),
     ];
-    let v = super::proptests::state_regressions(&states);
+    let v = super::invariants::state_regressions(&states);
     assert_eq!(v.len(), 2, "{v:?}");
 }
 
@@ -733,4 +733,46 @@ fn clock_offsets_come_from_the_records_with_their_bounds() {
     assert!((process.arrival_nanos.unwrap() - 400_000).unsigned_abs() <= 500_000);
     let json = serde_json::to_string(&t).unwrap();
     assert!(json.contains("\"offset_nanos\""), "{json}");
+}
+
+/// A complete trajectory passes the audit, with a clock bound on each hop whose four
+/// timestamps were reported; taking a bound away, or giving two hops one span ID, is found.
+#[test]
+fn the_audit_finds_what_a_trajectory_must_not_show() {
+    let recs = vec![
+        up(Stage::UploadSent, 0, false),
+        up(Stage::UploadReceived, 1, true),
+        up(Stage::Stored, 2, true),
+        up(Stage::StoreConfirmed, 3, true),
+        dl(Stage::PullSent, 4, "g", "c", 1),
+        dl(Stage::PullReceived, 5, "g", "c", 1),
+        dl(Stage::ProcessStarted, 5, "g", "c", 1),
+        with_outcome(dl(Stage::ProcessFinished, 6, "g", "c", 1), "ok", None),
+        with_outcome(dl(Stage::PullAckSent, 7, "g", "c", 1), "ack", None),
+        with_outcome(dl(Stage::PullAckReceived, 8, "g", "c", 1), "ack", None),
+    ];
+    let t = Trajectory::assemble(recs, &AssembleOptions::default()).unwrap();
+    assert_eq!(t.audit(), Vec::<String>::new());
+    let bounded = t.hops.iter().filter(|h| h.clock.is_some()).count();
+    assert!(
+        bounded >= 2,
+        "send and deliver hops carry bounds: {bounded}"
+    );
+    let mut broken = t.clone();
+    for h in &mut broken.hops {
+        h.clock = None;
+    }
+    let found = super::invariants::missing_clock_bounds(&broken);
+    assert!(found.len() >= 2, "{found:?}");
+    let mut broken = t.clone();
+    let first = broken.hops[0].span_id.clone();
+    broken.hops[1].span_id = first;
+    assert_eq!(super::invariants::span_id_collisions(&broken).len(), 1);
+    let mut broken = t;
+    let end = broken.hops[0].start - 1;
+    broken.hops[0].end = Some(end);
+    assert!(broken
+        .audit()
+        .iter()
+        .any(|v| v.contains("ends before it starts")));
 }
