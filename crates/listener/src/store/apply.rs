@@ -13,7 +13,7 @@
 //! The transaction commits after the passes; the cache gets the touched messages back only
 //! then (see [`crate::cache`]).
 
-use super::{client_events, nearest, orphan_key, records, Links, Sets, Store, Tables};
+use super::{client_events, nearest, orphan_key, records, Links, MessageKey, Sets, Store, Tables};
 use crate::cache::{Cache, Cached};
 use crate::counters::{Counter, CounterKey, FunnelStep};
 use crate::error::StoreError;
@@ -155,7 +155,7 @@ impl<'a, 't> Pass<'a, 't> {
                 Some(c) if c == mkey => {}
                 // A request ID already linked to another message (uploaded again after the
                 // dedup window): `request_messages` names both.
-                Some(c) if !c.starts_with("orphan/") => {}
+                Some(c) if !MessageKey::is_orphan(&c) => {}
                 other => {
                     if let Some(orphan) = other {
                         l.merges.entry(mkey.clone()).or_default().insert(orphan);

@@ -13,7 +13,7 @@
 //! | `by_time` | (first time, message key) | () |
 //! | `counters` | name | u64 |
 //!
-//! A *message key* is the message ID, or `orphan/<producer>/<request-id>` for records of an
+//! A *message key* ([`MessageKey`]) is the message ID, or `orphan/<producer>/<request-id>` for records of an
 //! upload the broker has not (yet) answered. When a record linking both arrives (P2), the
 //! orphan's records move under the message ID, so P1-before-P2 and P2-before-P1 end alike.
 //!
@@ -45,6 +45,7 @@ use crate::error::{QueryError, StoreError};
 use crate::summary::topic_state;
 pub use crate::summary::{MessageSummary, StateDelta, TopicState};
 use base64::Engine;
+pub use key::MessageKey;
 use msgtrail_core::trajectory::{AssembleOptions, Deadlines, MessageState, Segment, Trajectory};
 use msgtrail_core::{MessageId, RequestId, StageRecord};
 use redb::{Database, ReadableDatabase, ReadableTable, Table, TableDefinition, TableHandle};
@@ -56,6 +57,7 @@ use std::time::Duration;
 
 mod apply;
 pub mod client_events;
+pub mod key;
 pub mod records;
 
 const RECORDS: TableDefinition<&str, &[u8]> = TableDefinition::new("message_records");
@@ -170,7 +172,7 @@ impl std::fmt::Debug for Store {
 }
 
 fn orphan_key(producer: &str, request_id: &str) -> String {
-    format!("orphan/{producer}/{request_id}")
+    MessageKey::orphan(producer, request_id).to_string()
 }
 
 fn corrupt(e: impl std::fmt::Display) -> StoreError {
