@@ -1312,3 +1312,59 @@ async fn a_client_cannot_aim_the_brokers_replies_at_the_streams() {
         b.shutdown().await;
     }
 }
+
+/// The latency panels ask Prometheus for exemplars, Prometheus keeps them, and the Prometheus
+/// datasource turns an exemplar's `trace_id` (the message ID in hex) into a Tempo link.
+#[test]
+fn latency_exemplars_link_to_tempo() {
+    let compose = yaml("docker-compose.yml");
+    let flags = strs(&compose["services"]["prometheus"]["command"]);
+    assert!(
+        flags
+            .iter()
+            .any(|f| f == "--enable-feature=exemplar-storage"),
+        "{flags:?}"
+    );
+
+    let ds = yaml("grafana/provisioning/datasources/datasources.yaml");
+    let prom = ds["datasources"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|d| d["uid"].as_str() == Some("prometheus"))
+        .expect("the Prometheus datasource");
+    let dest = &prom["jsonData"]["exemplarTraceIdDestinations"][0];
+    assert_eq!(dest["name"].as_str(), Some("trace_id"));
+    assert_eq!(dest["datasourceUid"].as_str(), Some("tempo"));
+
+    let dash: serde_json::Value =
+        serde_json::from_str(&read("grafana/dashboards/msgtrail-listener.json")).unwrap();
+    let latency_targets: Vec<&serde_json::Value> = dash["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| p["targets"].as_array().unwrap())
+        .filter(|t| {
+            t["expr"]
+                .as_str()
+                .unwrap()
+                .contains("msgtrail_hop_latency_seconds")
+        })
+        .collect();
+    assert!(latency_targets.len() >= 4, "{latency_targets:?}");
+    for t in latency_targets {
+        let expr = t["expr"].as_str().unwrap();
+        // A histogram now: its buckets, never the summary's quantile label.
+        assert!(
+            expr.contains("msgtrail_hop_latency_seconds_bucket"),
+            "{expr}"
+        );
+        assert!(!expr.contains("quantile=\""), "{expr}");
+        assert_eq!(t["exemplar"], true, "{expr}");
+    }
+    assert!(dash["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|p| p["type"] == "heatmap"));
+}

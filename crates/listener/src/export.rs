@@ -46,14 +46,17 @@ impl ExportSender {
         self.dropped.load(Ordering::Relaxed)
     }
 
-    /// The exporter's counters in Prometheus text.
-    pub fn prometheus(&self) -> String {
-        let mut s = self.exporter.snapshot().render_prometheus();
-        s.push_str(&format!(
-            "# HELP msgtrail_listener_export_dropped_total Trajectories not handed to the exporter because its queue was full.\n# TYPE msgtrail_listener_export_dropped_total counter\nmsgtrail_listener_export_dropped_total {}\n",
-            self.dropped()
-        ));
-        s
+    /// Adds the exporter's counters and `msgtrail_listener_export_dropped_total` to a
+    /// metrics registry (one scrape of `GET /metrics`).
+    pub fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
+        self.exporter.snapshot().register(registry);
+        let dropped = prometheus_client::metrics::counter::Counter::<u64>::default();
+        dropped.inc_by(self.dropped());
+        registry.register(
+            "msgtrail_listener_export_dropped",
+            "Trajectories not handed to the exporter because its queue was full",
+            dropped,
+        );
     }
 }
 

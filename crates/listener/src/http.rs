@@ -6,7 +6,7 @@
 //! | `GET /api/messages?topic=&state=&from=&to=&since_secs=&limit=&producer=&group=&min_ms=&failed=true&redelivered=true&dead_letter=true&attr=k=v` | matching [`MessageSummary`]s, newest first (`topic` may hold `*` and `>` wildcards; `min_ms` is the slowest group's end to end; `failed`, `redelivered`, `dead_letter`: at any hop) |
 //! | `GET /api/clients/{client-id}/events[?limit=N]` | [`ClientEvents`]: the client's N1 (no-match) and A1 (channel) records, newest first (default 100, at most 512; the newest 512 per client are kept, subject to the age retention) |
 //! | `GET /api/stats[?topic=T]` | [`StatsSnapshot`] |
-//! | `GET /metrics` | Prometheus text |
+//! | `GET /metrics` | Prometheus text 0.0.4, or OpenMetrics 1.0 with the latency histograms' exemplars (trace IDs) when `Accept` asks for `application/openmetrics-text` ([`Exposition`]) |
 //! | `GET /healthz` | `ok` (never needs the token) |
 //! | `GET /` | the page: statistics, recent messages, a trajectory's timeline (static; its data calls carry the token) |
 //! | `GET /api/config` | `{"trace_ui_template": "http://…/trace/{trace_id}" or null}` |
@@ -18,10 +18,11 @@
 //! [`Trajectory`]: msgtrail_core::trajectory::Trajectory
 //! [`MessageSummary`]: crate::store::MessageSummary
 //! [`StatsSnapshot`]: crate::stats::StatsSnapshot
+//! [`Exposition`]: crate::stats::Exposition
 
 use crate::error::QueryError;
 use crate::export::ExportSender;
-use crate::stats::{prometheus, Stats};
+use crate::stats::{Exposition, Stats};
 use crate::store::{SearchQuery, Store};
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
@@ -410,16 +411,18 @@ async fn metrics(State(st): State<AppState>, headers: HeaderMap) -> Response {
     if let Some(r) = unauthorized(&st, &headers) {
         return r;
     }
-    let mut body = prometheus(&st.stats.snapshot(None, now_nanos()));
+    let mut registry = prometheus_client::registry::Registry::default();
+    st.stats.register_metrics(&mut registry, now_nanos());
     if let Some(x) = &st.exporter {
-        body.push_str(&x.prometheus());
+        x.register_metrics(&mut registry);
     }
-    (
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        body,
-    )
-        .into_response()
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+    let format = Exposition::negotiate(accept);
+    match format.encode(&registry) {
+        Ok(body) => ([(header::CONTENT_TYPE, format.content_type())], body).into_response(),
+        Err(e) => {
+            let msg = format!("encoding the metrics as {format:?}: {e}");
+            (StatusCode::INTERNAL_SERVER_ERROR, msg).into_response()
+        }
+    }
 }

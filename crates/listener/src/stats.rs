@@ -1,22 +1,46 @@
 //! Statistics: latency histograms per topic and segment (HDR, over a sliding window and
 //! since start), counts by state, the completeness funnel, event counters, ingest lag, and
-//! their Prometheus text form.
+//! their metrics for `GET /metrics`.
 //!
 //! Counters and state counts are persistent (they come from the store at start); latency
 //! histograms live in memory and are refilled at start from the stored messages of the last
 //! window (each message's summary keeps its completed segments), so a restart keeps the
 //! window's percentiles; "since start" then also covers that window.
+//!
+//! ## How the metrics are made
+//!
+//! [`Stats::record_batch`] gets each completed latency with its message ID from the store
+//! ([`ApplyOutcome::latencies`]) and also observes it in a Prometheus histogram per (topic,
+//! segment), `msgtrail_hop_latency_seconds` ([`prometheus_client`]'s histogram with
+//! exemplars): each bucket keeps the last sample that fell in it as an OpenMetrics exemplar
+//! labelled `trace_id` = the message ID in hex, which is the trace ID of the message's
+//! OpenTelemetry trace, so a dashboard can open the trace of a slow bucket. That histogram
+//! counts since the process started (a restart resets it, as Prometheus expects of
+//! counters; [`Stats::seed`] refills only the HDR windows).
+//!
+//! For each scrape, [`Stats::register_metrics`] adds a snapshot's counters and gauges and
+//! the live histograms to a fresh [`Registry`] (the HTTP layer adds the exporter's), and
+//! [`Exposition`] encodes it: OpenMetrics 1.0 (with exemplars) when the scraper's `Accept`
+//! asks for `application/openmetrics-text`, otherwise the Prometheus text format 0.0.4
+//! (no exemplars).
 
 use crate::counters::{topic_counter, Counter, CounterKey, FunnelStep, STAGE_PREFIX};
 use crate::store::{ApplyOutcome, TopicState};
 use hdrhistogram::Histogram;
 use msgtrail_core::trajectory::{MessageState, Segment};
+use msgtrail_core::MessageId;
 use msgtrail_core::Stage;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
+use prometheus_client::metrics::counter::Counter as PromCounter;
+use prometheus_client::metrics::exemplar::HistogramWithExemplars;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::{Registry, Unit};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, VecDeque};
-use std::fmt::Write as _;
+use std::sync::atomic::AtomicU64;
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, UNIX_EPOCH};
 
 /// How many slots the sliding window is cut into.
 const SLOTS: u64 = 5;
@@ -271,6 +295,8 @@ pub struct Stats {
     window: Duration,
     started_at: u64,
     inner: Mutex<Inner>,
+    /// `msgtrail_hop_latency_seconds`: since start, with exemplars (locks of its own).
+    hop_latency: HopLatency,
 }
 
 impl std::fmt::Debug for Stats {
@@ -299,6 +325,7 @@ impl Stats {
                 ingest: IngestCounts::default(),
                 lag: IngestLag::default(),
             }),
+            hop_latency: Family::new_with_constructor(hop_histogram),
         }
     }
 
@@ -358,12 +385,46 @@ impl Stats {
             *e = e.saturating_add_signed(*v);
         }
         let window = self.window;
-        for (topic, seg, nanos) in &outcome.latencies {
+        for (topic, seg, nanos, _) in &outcome.latencies {
             g.hists
                 .entry((topic.clone(), *seg))
                 .or_insert_with(|| Windowed::new(window))
                 .record(now, nanos / 1000);
         }
+        drop(g);
+        self.observe_latencies(&outcome.latencies, now);
+    }
+
+    /// Observes latency samples in the Prometheus histograms, each with its message's trace
+    /// ID as the exemplar of the bucket it falls in.
+    fn observe_latencies(&self, latencies: &[(String, Segment, u64, Option<MessageId>)], now: u64) {
+        let at = UNIX_EPOCH + Duration::from_nanos(now);
+        for (topic, seg, nanos, id) in latencies {
+            let labels = HopLabels {
+                topic: topic.clone(),
+                segment: seg.as_str(),
+            };
+            let exemplar = id.map(|id| TraceLabel {
+                trace_id: TraceHex(id),
+            });
+            self.hop_latency.get_or_create(&labels).observe(
+                *nanos as f64 / 1e9,
+                exemplar,
+                Some(at),
+            );
+        }
+    }
+
+    /// Adds the metrics of a snapshot taken now (counters and gauges) and the live latency
+    /// histograms (`msgtrail_hop_latency_seconds`, with exemplars) to `registry`.
+    pub fn register_metrics(&self, registry: &mut Registry, now: u64) {
+        register_snapshot(&self.snapshot(None, now), registry);
+        registry.register_with_unit(
+            "msgtrail_hop_latency",
+            "Latency per topic and segment since the listener started; exemplars carry the trace ID (the message ID in hex) of the last sample in each bucket",
+            Unit::Seconds,
+            self.hop_latency.clone(),
+        );
     }
 
     /// Refills the latency histograms from stored summaries (oldest first), each sample at
@@ -516,185 +577,376 @@ impl Stats {
     }
 }
 
-fn escape(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
+/// The labels of `msgtrail_hop_latency_seconds`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct HopLabels {
+    topic: String,
+    segment: &'static str,
 }
 
-/// Renders a snapshot in the Prometheus text exposition format (version 0.0.4).
-pub fn prometheus(s: &StatsSnapshot) -> String {
-    let mut o = String::new();
-    let mut metric = |name: &str, kind: &str, help: &str, rows: Vec<(String, f64)>| {
-        let _ = writeln!(o, "# HELP {name} {help}");
-        let _ = writeln!(o, "# TYPE {name} {kind}");
-        for (labels, v) in rows {
-            let _ = writeln!(o, "{name}{labels} {v}");
+/// The exemplar label: `trace_id`, the message ID as the 32 hex digits of its trace ID.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct TraceLabel {
+    trace_id: TraceHex,
+}
+
+/// A message ID written as its trace ID (32 lowercase hex digits, no dashes) when encoded,
+/// so that recording a sample allocates nothing for its exemplar.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct TraceHex(MessageId);
+
+impl EncodeLabelValue for TraceHex {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        use std::fmt::Write as _;
+        write!(encoder, "{:032x}", self.0.as_u128())
+    }
+}
+
+/// The latency histograms per (topic, segment).
+type HopLatency = Family<
+    HopLabels,
+    HistogramWithExemplars<TraceLabel>,
+    fn() -> HistogramWithExemplars<TraceLabel>,
+>;
+
+/// Upper bounds of the latency buckets, seconds: 0.5 ms to 5 min, about 2.5× apart (a
+/// message's hops range from sub-millisecond stores to consumers that hold it for minutes).
+const LATENCY_BUCKETS: [f64; 17] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    60.0, 300.0,
+];
+
+/// A new latency histogram with [`LATENCY_BUCKETS`].
+fn hop_histogram() -> HistogramWithExemplars<TraceLabel> {
+    HistogramWithExemplars::new(LATENCY_BUCKETS.into_iter())
+}
+
+/// Label pairs of a sample.
+type Labels = Vec<(&'static str, String)>;
+
+/// A counter holding `v`.
+fn counter(v: u64) -> PromCounter {
+    let c = PromCounter::default();
+    c.inc_by(v);
+    c
+}
+
+/// A gauge holding `v` (saturating at `i64::MAX`).
+fn gauge(v: u64) -> Gauge {
+    let g = Gauge::default();
+    g.set(i64::try_from(v).unwrap_or(i64::MAX));
+    g
+}
+
+/// A gauge holding the float `v`.
+fn gauge_f64(v: f64) -> Gauge<f64, AtomicU64> {
+    let g = Gauge::<f64, AtomicU64>::default();
+    g.set(v);
+    g
+}
+
+/// A counter family with one `key` label, from (value, count) pairs.
+fn counters<'a>(
+    key: &'static str,
+    rows: impl IntoIterator<Item = (&'a str, u64)>,
+) -> Family<Labels, PromCounter> {
+    let f = Family::<Labels, PromCounter>::default();
+    for (k, v) in rows {
+        f.get_or_create(&vec![(key, k.to_owned())]).inc_by(v);
+    }
+    f
+}
+
+/// `msgtrail_messages`: by state, and by topic too when the snapshot has topics.
+fn messages_by_state(s: &StatsSnapshot) -> Family<Labels, Gauge> {
+    let f = Family::<Labels, Gauge>::default();
+    if s.topics.is_empty() {
+        for st in MessageState::ALL {
+            let n = s.states.get(st).copied().unwrap_or(0);
+            f.get_or_create(&vec![("state", st.to_string())])
+                .set(gauge(n).get());
         }
-    };
-    metric(
+    } else {
+        for (t, states) in &s.topics {
+            for st in MessageState::ALL {
+                let n = states.get(st).copied().unwrap_or(0);
+                f.get_or_create(&vec![("topic", t.clone()), ("state", st.to_string())])
+                    .set(gauge(n).get());
+            }
+        }
+    }
+    f
+}
+
+/// Adds a snapshot's counters and gauges to `r`, under the names the deploy/ dashboard and
+/// docs/API.md name (a counter's `_total` is added by the encoder).
+pub fn register_snapshot(s: &StatsSnapshot, r: &mut Registry) {
+    r.register(
         "msgtrail_messages",
-        "gauge",
-        "Shadow messages by topic and state.",
-        if s.topics.is_empty() {
-            MessageState::ALL
-                .iter()
-                .map(|st| {
-                    (
-                        format!("{{state=\"{st}\"}}"),
-                        s.states.get(st).copied().unwrap_or(0) as f64,
-                    )
-                })
-                .collect()
+        "Shadow messages by topic and state",
+        messages_by_state(s),
+    );
+    r.register(
+        "msgtrail_funnel_messages",
+        "Messages that reached each step: sent, stored, delivered, acked",
+        counters(
+            "step",
+            [
+                ("sent", s.funnel.sent),
+                ("stored", s.funnel.stored),
+                ("delivered", s.funnel.delivered),
+                ("acked", s.funnel.acked),
+            ],
+        ),
+    );
+    r.register(
+        "msgtrail_events",
+        "Notable events: duplicates, request IDs stored again after the dedup window, redeliveries, dead letters, no-match notices, refused channels, retention deletions",
+        counters(
+            "event",
+            [
+                ("duplicate", s.events.duplicates),
+                ("duplicate_after_window", s.events.duplicates_after_window),
+                ("redelivery", s.events.redeliveries),
+                ("dead_letter", s.events.dead_letters),
+                ("no_match", s.events.no_match),
+                ("channel_refused", s.events.channels_refused),
+                ("retention_deleted", s.events.retention_deleted),
+            ],
+        ),
+    );
+    r.register(
+        "msgtrail_stage_records",
+        "Stage records ingested, by stage code",
+        counters("stage", s.stages.iter().map(|(k, v)| (k.as_str(), *v))),
+    );
+    let plain_counters = [
+        (
+            "msgtrail_listener_decode_errors",
+            "Stage-stream messages dropped because they could not be decoded",
+            s.ingest.decode_errors,
+        ),
+        (
+            "msgtrail_listener_repeated_records",
+            "Redelivered stage records skipped because they were already applied",
+            s.ingest.repeated_records,
+        ),
+        (
+            "msgtrail_listener_stored_messages",
+            "Stored messages of the message stream applied as store evidence (P2/P3), since start",
+            s.ingest.stored_messages,
+        ),
+        (
+            "msgtrail_listener_stored_without_evidence",
+            "Stored messages that carried no store evidence (no Msgtrail-Received-At), since start",
+            s.ingest.stored_without_evidence,
+        ),
+    ];
+    for (name, help, v) in plain_counters {
+        r.register(name, help, counter(v));
+    }
+    let plain_gauges = [
+        (
+            "msgtrail_listener_stored_pending_messages",
+            "Stored messages not yet delivered to the listener's store-evidence consumer",
+            s.lag.stored_pending,
+        ),
+        (
+            "msgtrail_listener_stored_ack_pending_messages",
+            "Stored messages delivered to the store-evidence consumer and not yet applied",
+            s.lag.stored_ack_pending,
+        ),
+        (
+            "msgtrail_listener_pending_messages",
+            "Stage-stream messages not yet delivered to the listener",
+            s.lag.pending,
+        ),
+        (
+            "msgtrail_listener_ack_pending_messages",
+            "Stage-stream messages delivered to the listener and not yet applied",
+            s.lag.ack_pending,
+        ),
+    ];
+    for (name, help, v) in plain_gauges {
+        r.register(name, help, gauge(v));
+    }
+    r.register_with_unit(
+        "msgtrail_listener_lag",
+        "Age of the last applied stage-stream message when it was applied",
+        Unit::Seconds,
+        gauge_f64(s.lag.last_lag_ms.unwrap_or(0.0) / 1000.0),
+    );
+    r.register_with_unit(
+        "msgtrail_listener_stored_lag",
+        "Age of the last applied stored message (since JetStream stored it) when it was applied",
+        Unit::Seconds,
+        gauge_f64(s.lag.stored_last_lag_ms.unwrap_or(0.0) / 1000.0),
+    );
+}
+
+/// The two text formats `/metrics` serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exposition {
+    /// The Prometheus text format, version 0.0.4: what a scraper gets unless it asks for
+    /// OpenMetrics. No exemplars.
+    Prometheus,
+    /// OpenMetrics 1.0 text, with the latency histograms' exemplars.
+    OpenMetrics,
+}
+
+impl Exposition {
+    /// The format an `Accept` header asks for: OpenMetrics when it names
+    /// `application/openmetrics-text` with a quality above 0 and at least that of
+    /// `text/plain` (Prometheus asks for OpenMetrics first), otherwise Prometheus text.
+    pub fn negotiate(accept: Option<&str>) -> Exposition {
+        let (mut openmetrics, mut plain) = (0.0_f64, 0.0_f64);
+        for range in accept.unwrap_or("").split(',') {
+            let mut parts = range.split(';');
+            let media = parts.next().unwrap_or("").trim().to_ascii_lowercase();
+            let q = parts
+                .filter_map(|p| p.trim().strip_prefix("q="))
+                .find_map(|q| q.trim().parse::<f64>().ok())
+                .unwrap_or(1.0);
+            match media.as_str() {
+                "application/openmetrics-text" => openmetrics = openmetrics.max(q),
+                "text/plain" => plain = plain.max(q),
+                _ => {}
+            }
+        }
+        if openmetrics > 0.0 && openmetrics >= plain {
+            Exposition::OpenMetrics
         } else {
-            s.topics
-                .iter()
-                .flat_map(|(t, states)| {
-                    MessageState::ALL.iter().map(move |st| {
-                        (
-                            format!("{{topic=\"{}\",state=\"{st}\"}}", escape(t)),
-                            states.get(st).copied().unwrap_or(0) as f64,
-                        )
-                    })
-                })
-                .collect()
-        },
-    );
-    metric(
-        "msgtrail_funnel_messages_total",
-        "counter",
-        "Messages that reached each step: sent, stored, delivered, acked.",
-        [
-            ("sent", s.funnel.sent),
-            ("stored", s.funnel.stored),
-            ("delivered", s.funnel.delivered),
-            ("acked", s.funnel.acked),
-        ]
-        .iter()
-        .map(|(k, v)| (format!("{{step=\"{k}\"}}"), *v as f64))
-        .collect(),
-    );
-    metric(
-        "msgtrail_events_total",
-        "counter",
-        "Notable events: duplicates, request IDs stored again after the dedup window, redeliveries, dead letters, no-match notices, refused channels, retention deletions.",
-        [
-            ("duplicate", s.events.duplicates),
-            ("duplicate_after_window", s.events.duplicates_after_window),
-            ("redelivery", s.events.redeliveries),
-            ("dead_letter", s.events.dead_letters),
-            ("no_match", s.events.no_match),
-            ("channel_refused", s.events.channels_refused),
-            ("retention_deleted", s.events.retention_deleted),
-        ]
-        .iter()
-        .map(|(k, v)| (format!("{{event=\"{k}\"}}"), *v as f64))
-        .collect(),
-    );
-    metric(
-        "msgtrail_stage_records_total",
-        "counter",
-        "Stage records ingested, by stage code.",
-        s.stages
-            .iter()
-            .map(|(k, v)| (format!("{{stage=\"{}\"}}", escape(k)), *v as f64))
-            .collect(),
-    );
-    metric(
-        "msgtrail_listener_decode_errors_total",
-        "counter",
-        "Stage-stream messages dropped because they could not be decoded.",
-        vec![(String::new(), s.ingest.decode_errors as f64)],
-    );
-    metric(
-        "msgtrail_listener_repeated_records_total",
-        "counter",
-        "Redelivered stage records skipped because they were already applied.",
-        vec![(String::new(), s.ingest.repeated_records as f64)],
-    );
-    metric(
-        "msgtrail_listener_stored_messages_total",
-        "counter",
-        "Stored messages of the message stream applied as store evidence (P2/P3), since start.",
-        vec![(String::new(), s.ingest.stored_messages as f64)],
-    );
-    metric(
-        "msgtrail_listener_stored_without_evidence_total",
-        "counter",
-        "Stored messages that carried no store evidence (no Msgtrail-Received-At), since start.",
-        vec![(String::new(), s.ingest.stored_without_evidence as f64)],
-    );
-    metric(
-        "msgtrail_listener_stored_pending_messages",
-        "gauge",
-        "Stored messages not yet delivered to the listener's store-evidence consumer.",
-        vec![(String::new(), s.lag.stored_pending as f64)],
-    );
-    metric(
-        "msgtrail_listener_stored_ack_pending_messages",
-        "gauge",
-        "Stored messages delivered to the store-evidence consumer and not yet applied.",
-        vec![(String::new(), s.lag.stored_ack_pending as f64)],
-    );
-    metric(
-        "msgtrail_listener_pending_messages",
-        "gauge",
-        "Stage-stream messages not yet delivered to the listener.",
-        vec![(String::new(), s.lag.pending as f64)],
-    );
-    metric(
-        "msgtrail_listener_ack_pending_messages",
-        "gauge",
-        "Stage-stream messages delivered to the listener and not yet applied.",
-        vec![(String::new(), s.lag.ack_pending as f64)],
-    );
-    metric(
-        "msgtrail_listener_lag_seconds",
-        "gauge",
-        "Age of the last applied stage-stream message when it was applied.",
-        vec![(String::new(), s.lag.last_lag_ms.unwrap_or(0.0) / 1000.0)],
-    );
-    metric(
-        "msgtrail_listener_stored_lag_seconds",
-        "gauge",
-        "Age of the last applied stored message (since JetStream stored it) when it was applied.",
-        vec![(
-            String::new(),
-            s.lag.stored_last_lag_ms.unwrap_or(0.0) / 1000.0,
-        )],
-    );
-    let mut rows = Vec::new();
-    for r in &s.latency {
-        let l = format!("topic=\"{}\",segment=\"{}\"", escape(&r.topic), r.segment);
-        for (q, v) in [
-            ("0.5", r.window.p50_ms),
-            ("0.9", r.window.p90_ms),
-            ("0.99", r.window.p99_ms),
-            ("1", r.window.max_ms),
-        ] {
-            rows.push((format!("{{{l},quantile=\"{q}\"}}"), v / 1000.0));
+            Exposition::Prometheus
         }
     }
-    metric(
-        "msgtrail_hop_latency_seconds",
-        "summary",
-        "Latency per topic and segment over the sliding window.",
-        rows,
-    );
-    // _count and _sum belong to the summary family: they follow its samples, which the
-    // summary above wrote last.
-    for r in &s.latency {
-        let l = format!("topic=\"{}\",segment=\"{}\"", escape(&r.topic), r.segment);
-        let _ = writeln!(
-            o,
-            "msgtrail_hop_latency_seconds_count{{{l}}} {}",
-            r.window.count
+
+    /// The `Content-Type` of the format.
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Exposition::Prometheus => prometheus_client::encoding::prometheus_text::CONTENT_TYPE,
+            Exposition::OpenMetrics => "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        }
+    }
+
+    /// Encodes a registry in the format (OpenMetrics ends with `# EOF`).
+    pub fn encode(self, registry: &Registry) -> Result<String, std::fmt::Error> {
+        let mut out = String::new();
+        match self {
+            Exposition::Prometheus => {
+                prometheus_client::encoding::prometheus_text::encode(&mut out, registry)?
+            }
+            Exposition::OpenMetrics => {
+                prometheus_client::encoding::text::encode(&mut out, registry)?
+            }
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stats_with(latencies: Vec<(String, Segment, u64, Option<MessageId>)>) -> Stats {
+        let s = Stats::new(Duration::from_secs(60), 1, BTreeMap::new(), BTreeMap::new());
+        let outcome = ApplyOutcome {
+            latencies,
+            ..Default::default()
+        };
+        s.record_batch(1, &outcome, 2_000_000_000);
+        s
+    }
+
+    fn render(s: &Stats, format: Exposition) -> String {
+        let mut r = Registry::default();
+        s.register_metrics(&mut r, 3_000_000_000);
+        format.encode(&r).unwrap()
+    }
+
+    #[test]
+    fn openmetrics_buckets_carry_the_last_sample_s_trace_id() {
+        let (a, b) = (MessageId::new(), MessageId::new());
+        let s = stats_with(vec![
+            ("orders".into(), Segment::EndToEnd, 3_000_000, Some(a)),
+            ("orders".into(), Segment::EndToEnd, 4_000_000, Some(b)),
+            ("orders".into(), Segment::EndToEnd, 40_000_000_000, None),
+        ]);
+        let text = render(&s, Exposition::OpenMetrics);
+        let bucket = |le: &str| {
+            let head =
+                format!("msgtrail_hop_latency_seconds_bucket{{le=\"{le}\",topic=\"orders\",segment=\"end_to_end\"}}");
+            text.lines()
+                .find(|l| l.starts_with(&head))
+                .unwrap_or_else(|| panic!("no {head} in {text}"))
+                .to_owned()
+        };
+        // 3 ms and 4 ms fall in (2.5 ms, 5 ms]: the later one is the exemplar.
+        assert_eq!(
+            bucket("0.005"),
+            format!(
+                "msgtrail_hop_latency_seconds_bucket{{le=\"0.005\",topic=\"orders\",segment=\"end_to_end\"}} 2 # {{trace_id=\"{}\"}} 0.004 2.0",
+                b.trace_hex()
+            )
         );
-        let _ = writeln!(
-            o,
-            "msgtrail_hop_latency_seconds_sum{{{l}}} {}",
-            r.window.mean_ms * r.window.count as f64 / 1000.0
+        // A sample without a message ID counts and leaves no exemplar.
+        assert_eq!(
+            bucket("60.0"),
+            "msgtrail_hop_latency_seconds_bucket{le=\"60.0\",topic=\"orders\",segment=\"end_to_end\"} 3"
+        );
+        assert!(
+            text.contains("# TYPE msgtrail_hop_latency_seconds histogram\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("# UNIT msgtrail_hop_latency_seconds seconds\n"),
+            "{text}"
+        );
+        assert!(text.ends_with("# EOF\n"), "{text}");
+    }
+
+    #[test]
+    fn prometheus_text_keeps_the_names_and_has_no_exemplars() {
+        let s = stats_with(vec![(
+            "orders".into(),
+            Segment::EndToEnd,
+            3_000_000,
+            Some(MessageId::new()),
+        )]);
+        let text = render(&s, Exposition::Prometheus);
+        for line in [
+            "# TYPE msgtrail_hop_latency_seconds histogram\n",
+            "msgtrail_hop_latency_seconds_count{topic=\"orders\",segment=\"end_to_end\"} 1\n",
+            "msgtrail_funnel_messages_total{step=\"acked\"} 0\n",
+            "# TYPE msgtrail_listener_decode_errors_total counter\n",
+            "msgtrail_listener_decode_errors_total 0\n",
+            "msgtrail_listener_pending_messages 0\n",
+            "msgtrail_messages{state=\"consumed\"} 0\n",
+        ] {
+            assert!(text.contains(line), "{line:?} missing from {text}");
+        }
+        assert!(!text.contains("trace_id"), "{text}");
+        assert!(!text.contains("# EOF"), "{text}");
+    }
+
+    #[test]
+    fn openmetrics_only_when_asked_for() {
+        use Exposition::*;
+        let prometheus_2 = "application/openmetrics-text;version=1.0.0;q=0.5,application/openmetrics-text;version=0.0.1;q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2";
+        assert_eq!(Exposition::negotiate(Some(prometheus_2)), OpenMetrics);
+        assert_eq!(
+            Exposition::negotiate(Some("application/openmetrics-text")),
+            OpenMetrics
+        );
+        assert_eq!(Exposition::negotiate(None), Prometheus);
+        assert_eq!(Exposition::negotiate(Some("*/*")), Prometheus);
+        assert_eq!(Exposition::negotiate(Some("application/json")), Prometheus);
+        assert_eq!(
+            Exposition::negotiate(Some("text/plain, application/openmetrics-text;q=0.5")),
+            Prometheus
+        );
+        assert_eq!(
+            Exposition::negotiate(Some("application/openmetrics-text;q=0")),
+            Prometheus
         );
     }
-    o
 }

@@ -746,7 +746,7 @@ fn statistics_do_not_depend_on_arrival_order() {
             // Every batch twice, as a redelivery after a crash would.
             for _ in 0..2 {
                 let out = store.apply(all[i..end].to_vec(), now()).unwrap();
-                for (_, seg, _) in &out.latencies {
+                for (_, seg, _, _) in &out.latencies {
                     *samples.entry(seg.as_str()).or_default() += 1;
                 }
             }
@@ -1114,5 +1114,144 @@ async fn a_restart_after_a_crash_resumes_within_the_default_ack_wait() {
         consumer.info().await.unwrap().config.ack_wait,
         Duration::from_secs(5)
     );
+    handle.shutdown().await.unwrap();
+}
+
+/// `GET /metrics` asking for OpenMetrics, as Prometheus does: (content type, body).
+async fn openmetrics(handle: &msgtrail_listener::ListenerHandle) -> (String, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut conn = tokio::net::TcpStream::connect(handle.http_addr())
+        .await
+        .unwrap();
+    let accept =
+        "application/openmetrics-text;version=1.0.0;q=0.5,text/plain;version=0.0.4;q=0.3,*/*;q=0.2";
+    let req = format!(
+        "GET /metrics HTTP/1.1\r\nHost: listener\r\nAccept: {accept}\r\nConnection: close\r\n\r\n"
+    );
+    conn.write_all(req.as_bytes()).await.unwrap();
+    let mut raw = String::new();
+    conn.read_to_string(&mut raw).await.unwrap();
+    let (head, body) = raw.split_once("\r\n\r\n").expect("an HTTP answer");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let content_type = head
+        .lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("content-type:")
+                .map(|v| v.trim().to_owned())
+        })
+        .expect("a content type");
+    (content_type, body.to_owned())
+}
+
+/// One exemplar of a `msgtrail_hop_latency_seconds` bucket, as parsed from OpenMetrics text.
+#[derive(Debug)]
+struct Exemplar {
+    topic: String,
+    segment: String,
+    le: f64,
+    trace_id: String,
+    value: f64,
+}
+
+/// `k="v",…` (no commas or quotes inside values here) as a map.
+fn labels(s: &str) -> BTreeMap<String, String> {
+    s.split(',')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let (k, v) = p.split_once('=').expect("label=value");
+            (k.to_owned(), v.trim_matches('"').to_owned())
+        })
+        .collect()
+}
+
+/// The exemplars of the latency buckets: `name{labels} count # {trace_id="…"} value [ts]`.
+fn hop_exemplars(text: &str) -> Vec<Exemplar> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("msgtrail_hop_latency_seconds_bucket{") else {
+            continue;
+        };
+        let Some((sample, exemplar)) = rest.split_once(" # {") else {
+            continue;
+        };
+        let sample_labels = labels(sample.split_once('}').unwrap().0);
+        let (ex_labels, ex_rest) = exemplar.split_once('}').unwrap();
+        let value: f64 = ex_rest.split_whitespace().next().unwrap().parse().unwrap();
+        let le = match sample_labels["le"].as_str() {
+            "+Inf" => f64::INFINITY,
+            le => le.parse().unwrap(),
+        };
+        out.push(Exemplar {
+            topic: sample_labels["topic"].clone(),
+            segment: sample_labels["segment"].clone(),
+            le,
+            trace_id: labels(ex_labels)["trace_id"].clone(),
+            value,
+        });
+    }
+    out
+}
+
+#[tokio::test]
+async fn openmetrics_exemplars_name_traces_the_api_resolves() {
+    let (server, dir, js) = setup().await;
+    let handle = msgtrail_listener::start(config(&server, dir.path()))
+        .await
+        .unwrap();
+    let c = client(&handle);
+    let mut rng = Rng(7);
+    let all = successes(12, "ex", &mut rng);
+    publish(&js, &all, &mut rng).await;
+    wait_for_records(&c, all.len() as u64).await;
+
+    let (content_type, text) = openmetrics(&handle).await;
+    assert!(
+        content_type.starts_with("application/openmetrics-text; version=1.0.0"),
+        "{content_type}"
+    );
+    assert!(text.ends_with("# EOF\n"), "{text}");
+    assert!(
+        text.contains("# TYPE msgtrail_hop_latency_seconds histogram\n"),
+        "{text}"
+    );
+    let exemplars = hop_exemplars(&text);
+    assert!(
+        exemplars.iter().any(|e| e.segment == "end_to_end"),
+        "no end-to-end exemplar in {text}"
+    );
+    let summaries = c.search("topic=orders.eu&limit=100").await.unwrap();
+    for e in &exemplars {
+        // The trace ID is a message ID the listener API resolves to its trajectory.
+        let t = c.trajectory(&e.trace_id, None).await.unwrap();
+        let id = t.message_id.expect("a message ID");
+        assert_eq!(id.trace_hex(), e.trace_id, "{e:?}");
+        assert_eq!(t.topic.as_deref(), Some(e.topic.as_str()), "{e:?}");
+        // The message completed that segment, and the sample lies in its bucket. (The value
+        // is the segment as first counted: with shuffled batches a late P1 may move its start
+        // afterwards, which the summary shows and the statistics do not count again.)
+        let s = summaries
+            .iter()
+            .find(|s| s.message_id == Some(id))
+            .expect("the message among the topic's summaries");
+        assert!(
+            s.segments.iter().any(|(seg, _)| seg.as_str() == e.segment),
+            "{e:?}: no such segment in {:?}",
+            s.segments
+        );
+        assert!(e.value <= e.le, "{e:?}");
+    }
+
+    // Without asking for OpenMetrics: Prometheus text, the same histogram, no exemplars.
+    let (status, body) = c.get_raw("/metrics").await.unwrap();
+    let body = String::from_utf8(body).unwrap();
+    assert_eq!(status, 200);
+    assert!(
+        body.contains(
+            "msgtrail_hop_latency_seconds_count{topic=\"orders.eu\",segment=\"end_to_end\"} 12\n"
+        ),
+        "{body}"
+    );
+    assert!(!body.contains("trace_id"), "{body}");
     handle.shutdown().await.unwrap();
 }

@@ -58,7 +58,10 @@ use crate::error::ConfigError;
 use crate::mapping::{ServiceSpan, DEFAULT_BROKER_SERVICE};
 use crate::otlp::{Body, Encoding, Group, Resources};
 use crate::transport::Transport;
-use std::fmt::Write as _;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -367,61 +370,77 @@ impl StatsSnapshot {
         self.dropped_queue_full + self.dropped_shutdown + self.dropped_retries + self.rejected
     }
 
-    /// The counters in Prometheus text format, under the names the deploy/ dashboard reads:
+    /// Adds the counters to a metrics registry, under the names the deploy/ dashboard reads:
     /// `msgtrail_otel_spans_exported_total`, `msgtrail_otel_spans_dropped_total{reason}`,
     /// `msgtrail_otel_spans_sampled_out_total`, `msgtrail_otel_export_failures_total`,
-    /// `msgtrail_otel_queue_spans` and `msgtrail_otel_in_flight_spans`.
-    pub fn render_prometheus(&self) -> String {
-        let mut s = String::new();
-        let mut metric = |name: &str, kind: &str, help: &str, lines: &[(&str, u64)]| {
-            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} {kind}");
-            for (labels, v) in lines {
-                let _ = writeln!(s, "{name}{labels} {v}");
-            }
-        };
-        metric(
-            "msgtrail_otel_spans_exported_total",
-            "counter",
-            "Spans the OTLP endpoint accepted.",
-            &[("", self.exported)],
+    /// `msgtrail_otel_queue_spans` and `msgtrail_otel_in_flight_spans`. The values are this
+    /// snapshot's: register a fresh snapshot into a fresh registry for each scrape.
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "msgtrail_otel_spans_exported",
+            "Spans the OTLP endpoint accepted",
+            counter(self.exported),
         );
-        metric(
-            "msgtrail_otel_spans_dropped_total",
-            "counter",
-            "Spans dropped before export.",
-            &[
-                ("{reason=\"queue_full\"}", self.dropped_queue_full),
-                ("{reason=\"shutdown\"}", self.dropped_shutdown),
-                ("{reason=\"retries\"}", self.dropped_retries),
-                ("{reason=\"rejected\"}", self.rejected),
-            ],
+        let dropped = Family::<[(&'static str, &'static str); 1], Counter>::default();
+        for (reason, v) in [
+            ("queue_full", self.dropped_queue_full),
+            ("shutdown", self.dropped_shutdown),
+            ("retries", self.dropped_retries),
+            ("rejected", self.rejected),
+        ] {
+            dropped.get_or_create(&[("reason", reason)]).inc_by(v);
+        }
+        registry.register(
+            "msgtrail_otel_spans_dropped",
+            "Spans dropped before export",
+            dropped,
         );
-        metric(
-            "msgtrail_otel_spans_sampled_out_total",
-            "counter",
-            "Healthy spans the tail sampler left out.",
-            &[("", self.sampled_out)],
+        registry.register(
+            "msgtrail_otel_spans_sampled_out",
+            "Healthy spans the tail sampler left out",
+            counter(self.sampled_out),
         );
-        metric(
-            "msgtrail_otel_export_failures_total",
-            "counter",
-            "OTLP export calls that failed and were retried.",
-            &[("", self.export_failures)],
+        registry.register(
+            "msgtrail_otel_export_failures",
+            "OTLP export calls that failed and were retried",
+            counter(self.export_failures),
         );
-        metric(
+        registry.register(
             "msgtrail_otel_queue_spans",
-            "gauge",
-            "Spans waiting in the export queue.",
-            &[("", self.queued)],
+            "Spans waiting in the export queue",
+            gauge(self.queued),
         );
-        metric(
+        registry.register(
             "msgtrail_otel_in_flight_spans",
-            "gauge",
-            "Spans accepted and not yet exported or dropped: queued, being batched or in requests.",
-            &[("", self.in_flight)],
+            "Spans accepted and not yet exported or dropped: queued, being batched or in requests",
+            gauge(self.in_flight),
         );
+    }
+
+    /// The counters of [`StatsSnapshot::register`] alone, in the Prometheus text format
+    /// (version 0.0.4).
+    pub fn render_prometheus(&self) -> String {
+        let mut registry = Registry::default();
+        self.register(&mut registry);
+        let mut s = String::new();
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::prometheus_text::encode(&mut s, &registry);
         s
     }
+}
+
+/// A counter holding `v`.
+fn counter(v: u64) -> Counter {
+    let c = Counter::default();
+    c.inc_by(v);
+    c
+}
+
+/// A gauge holding `v` (saturating at `i64::MAX`).
+fn gauge(v: u64) -> Gauge {
+    let g = Gauge::default();
+    g.set(i64::try_from(v).unwrap_or(i64::MAX));
+    g
 }
 
 impl ExportStats {

@@ -383,7 +383,8 @@ impl<'a, 't> Pass<'a, 't> {
             .unwrap_or_default();
         let topic = traj.topic.clone().unwrap_or_default();
         for (s, v) in new_latencies(old_l, &summary.segments) {
-            self.out.latencies.push((topic.clone(), s, v));
+            let id = summary.message_id;
+            self.out.latencies.push((topic.clone(), s, v, id));
         }
         own.summary = Some(summary);
         if self.store.emit_trajectories {

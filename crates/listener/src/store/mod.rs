@@ -117,8 +117,9 @@ pub struct ApplyOutcome {
     pub unkeyed_records: u64,
     /// Shadow-message state changes: (old state, new state); `None` for created/deleted.
     pub state_changes: Vec<StateDelta>,
-    /// Latencies completed by this batch: (topic, segment, nanoseconds).
-    pub latencies: Vec<(String, Segment, u64)>,
+    /// Latencies completed by this batch: (topic, segment, nanoseconds, the message's ID
+    /// for the metrics' exemplars).
+    pub latencies: Vec<(String, Segment, u64, Option<MessageId>)>,
     /// Counter increments (also persisted).
     pub counters: Deltas,
     /// The trajectories this batch changed, when the store was opened to emit them (for
