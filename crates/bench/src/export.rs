@@ -2,11 +2,14 @@
 //! to spans by `msgtrail-otel` and pushed through its [`TraceExporter`] — the bounded queue,
 //! batching and requests in flight the listener uses, with its default batch and concurrency
 //! — to the OTLP receiver of `msgtrail-test-support` on loopback, which counts what arrives:
-//! once over OTLP/gRPC, once over OTLP/HTTP (protobuf).
+//! once over OTLP/gRPC, once over OTLP/HTTP (protobuf). Then, over gRPC, spans are offered
+//! at 80 % of the rate just measured, in small chunks, and each chunk's time from being
+//! handed to the exporter to being acknowledged by the receiver is recorded: the exporter's
+//! share of the time from a trajectory's last stage to its spans in the backend.
 
 use crate::error::BenchError;
 use crate::ingest::relabel;
-use crate::measure::{Progress, Throughput};
+use crate::measure::{Latency, Progress, Recorder, Throughput};
 use msgtrail_core::trajectory::{AssembleOptions, Trajectory};
 use msgtrail_core::StageRecord;
 use msgtrail_otel::{
@@ -42,6 +45,10 @@ pub struct ExportResult {
     /// The same over OTLP/HTTP with protobuf bodies.
     #[serde(default)]
     pub http: ProtocolRun,
+    /// OTLP/gRPC at 80 % of the measured rate: per chunk of spans, the time from being
+    /// handed to the exporter to the receiver's acknowledgement.
+    #[serde(default)]
+    pub latency_at_80pct: Latency,
 }
 
 /// One protocol's run.
@@ -95,6 +102,8 @@ pub async fn run(
         .collect();
     let grpc = run_protocol(Protocol::Grpc, &all, timeout, progress).await?;
     let http = run_protocol(Protocol::HttpProtobuf, &all, timeout, progress).await?;
+    let rate = grpc.export.per_sec * 0.8;
+    let latency_at_80pct = paced_latency(&all, rate, timeout).await?;
     Ok(ExportResult {
         spans_per_trajectory: per,
         mapping: mapping_tp,
@@ -103,7 +112,79 @@ pub async fn run(
         requests: grpc.requests,
         dropped: grpc.dropped,
         http,
+        latency_at_80pct,
     })
+}
+
+/// Spans per chunk offered in the paced run.
+const PACED_CHUNK: usize = 64;
+
+/// Offers `all` over gRPC at `rate` spans per second (at most 5 s of them), in chunks of
+/// [`PACED_CHUNK`], and records each chunk's time from offer to acknowledgement: a chunk is
+/// acknowledged when the exporter's exported count covers it (requests may complete out of
+/// order, so this is an upper bound per chunk).
+async fn paced_latency(
+    all: &[ServiceSpan],
+    rate: f64,
+    timeout: Duration,
+) -> Result<Latency, BenchError> {
+    let receiver = OtlpReceiver::start_grpc()
+        .await
+        .map_err(|e| BenchError::Otlp(e.to_string()))?;
+    let config = ExportConfig {
+        protocol: Protocol::Grpc,
+        endpoint: Some(receiver.endpoint()),
+        timeout: Some(Duration::from_secs(10)),
+        ..Default::default()
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let counter = count_received(
+        receiver,
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+        stop.clone(),
+    );
+    let exporter = TraceExporter::start(config).map_err(|e| BenchError::Otlp(e.to_string()))?;
+    let spans = ((rate.max(1.0) * 5.0) as usize).min(all.len());
+    let interval = Duration::from_secs_f64(PACED_CHUNK as f64 / rate.max(1.0));
+    let mut offered: Vec<(u64, Instant)> = Vec::new();
+    let mut recorder = Recorder::default();
+    let (mut next, mut cumulative) = (0usize, 0u64);
+    let start = Instant::now();
+    let deadline = start + timeout;
+    let mut record = |offered: &[(u64, Instant)], next: &mut usize, exported: u64| {
+        while *next < offered.len() && offered[*next].0 <= exported {
+            recorder.record(offered[*next].1.elapsed());
+            *next += 1;
+        }
+    };
+    for (i, chunk) in all[..spans].chunks(PACED_CHUNK).enumerate() {
+        let due = start + interval * i as u32;
+        while Instant::now() < due {
+            record(&offered, &mut next, exporter.snapshot().exported);
+            tokio::time::sleep(Duration::from_micros(500)).await;
+        }
+        exporter.try_export(chunk.iter().cloned());
+        cumulative += chunk.len() as u64;
+        offered.push((cumulative, Instant::now()));
+    }
+    while next < offered.len() {
+        let s = exporter.snapshot();
+        record(&offered, &mut next, s.exported);
+        if s.dropped() > 0 || Instant::now() > deadline {
+            return Err(BenchError::Timeout {
+                scenario: "S6 paced export".into(),
+                secs: timeout.as_secs(),
+                done: s.exported,
+                total: cumulative,
+            });
+        }
+        tokio::time::sleep(Duration::from_micros(500)).await;
+    }
+    exporter.shutdown(Duration::from_secs(5)).await;
+    stop.store(true, Ordering::Relaxed);
+    let _ = counter.await;
+    Ok(recorder.summary())
 }
 
 /// Counts the spans and requests a receiver gets until `stop`.

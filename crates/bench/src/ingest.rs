@@ -176,7 +176,7 @@ fn ingest(
 }
 
 /// The synthetic workload as the stage stream holds it: encoded stage messages, one in a
-/// hundred delivered a second time a few batches later (a redelivery after a lost ack).
+/// hundred delivered a second time a hundred stage messages later (a redelivery after a lost ack).
 pub fn synthetic_set(messages: u64) -> Vec<Vec<u8>> {
     let decoded = stage_messages(&Mix::realistic(messages), msgtrail_core::time::now_nanos());
     let encoded: Vec<Vec<u8>> = decoded
@@ -186,8 +186,8 @@ pub fn synthetic_set(messages: u64) -> Vec<Vec<u8>> {
     let mut out = Vec::with_capacity(encoded.len() + encoded.len() / 100);
     for (i, m) in encoded.iter().enumerate() {
         out.push(m.clone());
-        if i >= 300 && i % 100 == 0 {
-            out.push(encoded[i - 300].clone());
+        if i >= 100 && i % 100 == 0 {
+            out.push(encoded[i - 100].clone());
         }
     }
     out

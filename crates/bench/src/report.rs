@@ -343,6 +343,12 @@ impl Report {
             s6.http.requests,
             s6.http.dropped,
         );
+        let l = &s6.latency_at_80pct;
+        let _ = writeln!(
+            s,
+            "S6 OTLP/gRPC at 80 % of that rate, offer to acknowledgement: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms ({} chunks)",
+            l.p50_ms, l.p99_ms, l.max_ms, l.count,
+        );
         let _ = writeln!(s, "\nTargets");
         for t in &self.targets {
             let _ = writeln!(
