@@ -469,7 +469,11 @@ impl Consumer {
         rx.await.unwrap_or_else(|_| Err(batch::stopped()))
     }
 
-    /// Acks a delivery.
+    /// Acks a delivery. `Ok` means JetStream took the ack: the message is not delivered to
+    /// this group again. An ack that comes after the delivery's ack wait is refused with
+    /// [`ClientError::is_delivery_expired`]: it was not applied, and the message is delivered
+    /// again or was dead-lettered. A transient error ([`ClientError::is_transient`]) may be
+    /// retried with the same delivery.
     pub async fn ack(&self, msg: &Received) -> Result<(), ClientError> {
         self.settle(msg, AckKind::Ack, None, None).await
     }
