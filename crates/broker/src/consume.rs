@@ -907,6 +907,21 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_settle_deadline_is_the_ack_wait_less_a_small_margin() {
+        let now = 1_764_000_000_000;
+        // A tenth of a short ack wait, at most 50 ms of a long one.
+        assert_eq!(
+            settle_deadline_ms(now, Duration::from_millis(200)),
+            now + 180
+        );
+        assert_eq!(settle_deadline_ms(now, Duration::from_secs(1)), now + 950);
+        assert_eq!(
+            settle_deadline_ms(now, Duration::from_secs(30)),
+            now + 29_950
+        );
+    }
+
+    #[test]
     fn durable_names_depend_on_the_whole_subscription() {
         let mut sub = Subscription {
             group: ClientId::new("billing-eu").unwrap(),
