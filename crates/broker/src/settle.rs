@@ -5,7 +5,7 @@
 //!
 //! The request is a binary [`SettleBatch`] frame or JSON ([`SettleRequest`]); the reply has
 //! the same form. Each settle is answered ok only once JetStream has confirmed it (a double
-//! ack, [`Deliverer::settle`]); the whole batch's settles are in flight at once, so a batch
+//! ack, `Deliverer::settle`); the whole batch's settles are in flight at once, so a batch
 //! costs one round trip to the server, not one per delivery. A settle after its delivery's
 //! ack wait is refused (`delivery_expired`). The reply waits until the batch's stage records
 //! are stored in the stage stream ([`STORED_WAIT`] at most): a broker killed right after
