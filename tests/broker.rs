@@ -1262,3 +1262,137 @@ async fn shutdown_finishes_even_when_nats_is_already_gone() {
         tokio::time::timeout(Duration::from_secs(20), broker.take().unwrap().shutdown()).await;
     assert!(stopped.is_ok(), "the broker must stop without NATS");
 }
+
+/// Issue 14, finding 7: a consumer slower than the ack wait. Its late ack is refused with
+/// `delivery_expired` (not transient), counted, records no C8, and the message comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settle_after_the_ack_wait_is_refused_as_delivery_expired() {
+    let sys = TestSystem::start().await;
+    let producer = sys.producer("shop").await;
+    let consumer = sys.consumer("billing-1").await;
+    let reply = producer.send("orders.eu", "slow").await.unwrap();
+    let first = consumer
+        .fetch(&sub("billing", "orders.*"), 1, WAIT)
+        .await
+        .unwrap();
+    assert_eq!(first[0].delivery_attempt, 1);
+    tokio::time::sleep(ACK_WAIT + Duration::from_millis(200)).await;
+    let late = consumer.ack(&first[0]).await.unwrap_err();
+    assert!(late.is_delivery_expired(), "{late}");
+    assert!(!late.is_transient(), "{late}");
+    assert!(
+        late.to_string()
+            .contains("after the delivery's ack wait ran out"),
+        "{late}"
+    );
+    // The refused ack was not applied: the message comes back, and this ack is taken.
+    let again = consumer
+        .fetch(&sub("billing", "orders.*"), 1, ACK_WAIT * 3)
+        .await
+        .unwrap();
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].message_id, reply.message_id);
+    assert_eq!(again[0].delivery_attempt, 2);
+    consumer.ack(&again[0]).await.unwrap();
+    let metrics = &sys.broker.as_ref().unwrap().metrics;
+    assert_eq!(
+        metrics
+            .settles_expired
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+    assert_eq!(metrics.errors().get("delivery_expired"), Some(&1));
+    // One C8, the second delivery's: the refused ack left no record saying it was taken.
+    let recs = sys
+        .records_for(reply.message_id, |r| count(r, Stage::PullAckReceived) == 1)
+        .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let recs = {
+        let later = sys.records_for(reply.message_id, |_| true).await;
+        assert!(later.len() >= recs.len());
+        later
+    };
+    let acks: Vec<_> = recs
+        .iter()
+        .filter(|r| r.stage == Stage::PullAckReceived)
+        .collect();
+    assert_eq!(acks.len(), 1, "{recs:?}");
+    assert_eq!(acks[0].attempt, Some(2));
+}
+
+/// Issue 14, finding 7: an ack that arrives after the broker dead-lettered the message (the
+/// last delivery's ack wait ran out) is refused, and the trajectory keeps no C8 for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ack_after_the_dead_letter_is_refused_and_not_recorded() {
+    let sys = TestSystem::start().await;
+    let producer = sys.producer("shop").await;
+    let consumer = sys.consumer("billing-1").await;
+    let reply = producer.send("orders.eu", "hung").await.unwrap();
+    let mut deliveries = vec![];
+    for attempt in 1..=MAX_DELIVER {
+        let got = consumer
+            .fetch(&sub("billing", "orders.*"), 1, ACK_WAIT * 3)
+            .await
+            .unwrap();
+        assert_eq!(got.len(), 1, "attempt {attempt}");
+        assert_eq!(got[0].delivery_attempt, attempt);
+        deliveries.push(got[0].clone());
+    }
+    // JetStream notices the exhausted message when the group asks for more.
+    assert!(consumer
+        .fetch(&sub("billing", "orders.*"), 1, ACK_WAIT * 3)
+        .await
+        .unwrap()
+        .is_empty());
+    let (dead, _) = dead_letter_record(&sys, reply.message_id).await;
+    assert_eq!(dead.attempt, Some(MAX_DELIVER));
+    // The hung handler finishes now and acks every delivery it got: all refused.
+    for d in &deliveries {
+        let e = consumer.ack(d).await.unwrap_err();
+        assert!(
+            e.is_delivery_expired(),
+            "attempt {}: {e}",
+            d.delivery_attempt
+        );
+    }
+    let last = deliveries.last().unwrap();
+    let e = consumer.ack(last).await.unwrap_err();
+    assert!(
+        e.to_string().contains("last allowed attempt"),
+        "the error says the message was dead-lettered: {e}"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let recs = sys.records_for(reply.message_id, |_| true).await;
+    assert_eq!(count(&recs, Stage::PullAckReceived), 0, "{recs:?}");
+    assert_eq!(sys.stream_messages(DEAD_LETTER_STREAM).await.len(), 1);
+}
+
+/// Issue 14, finding 4: a settle is answered ok only when JetStream confirms it. With the
+/// group's consumer gone (as while its leader is lost) nothing answers the ack: the consumer is
+/// told `unavailable` (transient: settle again), not ok, and no C8 claims it was taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ack_jetstream_does_not_confirm_is_not_answered_ok() {
+    let sys = TestSystem::start().await;
+    let producer = sys.producer("shop").await;
+    let consumer = sys.consumer("billing-1").await;
+    let reply = producer.send("orders.eu", "x").await.unwrap();
+    let subscription = sub("billing", "orders.*");
+    let got = consumer.fetch(&subscription, 1, WAIT).await.unwrap();
+    assert_eq!(got.len(), 1);
+    let js = async_nats::jetstream::new(sys.nats.clone());
+    let stream = js.get_stream(MESSAGE_STREAM).await.unwrap();
+    assert!(
+        stream
+            .delete_consumer(&msgtrail_broker::consume::durable_name(&subscription))
+            .await
+            .unwrap()
+            .success
+    );
+    let e = consumer.ack(&got[0]).await.unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::Unavailable), "{e}");
+    assert!(e.is_transient(), "{e}");
+    assert!(e.to_string().contains("settle again"), "{e}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let recs = sys.records_for(reply.message_id, |_| true).await;
+    assert_eq!(count(&recs, Stage::PullAckReceived), 0, "{recs:?}");
+}

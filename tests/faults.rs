@@ -707,6 +707,9 @@ enum Role {
     StageStream,
     /// The JetStream meta group's leader (it places streams and consumers).
     Meta,
+    /// The leader of the consumer group's durable JetStream consumer (`g-faults-billing-…`),
+    /// the one that takes the group's acks (issue 14, finding 4).
+    GroupConsumer,
 }
 
 impl Role {
@@ -715,6 +718,7 @@ impl Role {
             Role::MessageStream => "the MSGTRAIL_MESSAGES stream leader",
             Role::StageStream => "the MSGTRAIL_STAGES stream leader",
             Role::Meta => "the JetStream meta leader",
+            Role::GroupConsumer => "the leader of the group's JetStream consumer",
         }
     }
 }
@@ -725,6 +729,7 @@ struct Leaders {
     meta: Option<String>,
     messages: Option<String>,
     stages: Option<String>,
+    group_consumer: Option<String>,
 }
 
 impl Leaders {
@@ -737,6 +742,7 @@ impl Leaders {
             meta,
             messages: stream_leader(&js, MESSAGE_STREAM).await,
             stages: stream_leader(&js, STAGE_STREAM).await,
+            group_consumer: group_consumer_leader(&js).await,
         }
     }
 
@@ -745,6 +751,7 @@ impl Leaders {
             Role::MessageStream => self.messages.as_ref(),
             Role::StageStream => self.stages.as_ref(),
             Role::Meta => self.meta.as_ref(),
+            Role::GroupConsumer => self.group_consumer.as_ref(),
         }
     }
 
@@ -757,7 +764,8 @@ impl Leaders {
     }
 
     fn json(&self) -> serde_json::Value {
-        json!({"meta": self.meta, "messages": self.messages, "stages": self.stages})
+        json!({"meta": self.meta, "messages": self.messages, "stages": self.stages,
+               "group_consumer": self.group_consumer})
     }
 }
 
@@ -773,6 +781,21 @@ async fn stream_leader(js: &async_nats::jetstream::Context, stream: &str) -> Opt
     let mut s = js.get_stream(stream).await.ok()?;
     let info = s.info().await.ok()?;
     info.cluster.clone().and_then(|c| c.leader)
+}
+
+/// The leader of the group's durable consumer on the message stream (`g-<group>-<hash>`;
+/// `None` before the first fetch created it).
+async fn group_consumer_leader(js: &async_nats::jetstream::Context) -> Option<String> {
+    let stream = js.get_stream(MESSAGE_STREAM).await.ok()?;
+    let mut consumers = stream.consumers();
+    let prefix = format!("g-{GROUP}-");
+    while let Ok(Some(Ok(c))) = tokio::time::timeout(Duration::from_secs(5), consumers.next()).await
+    {
+        if c.name.starts_with(&prefix) {
+            return c.cluster.and_then(|c| c.leader);
+        }
+    }
+    None
 }
 
 /// Asks `stream`'s leader to step down in favour of `to` (`$JS.API.STREAM.LEADER.STEPDOWN`
@@ -922,8 +945,14 @@ async fn cluster_leader_kill_9(scenario: &str, role: Role) {
         run.progress
             .wait_acked(scale.messages / 3, Duration::from_secs(60))
             .await;
-        // Read again right before the kill: the node that leads `role` now.
-        let at_kill = Leaders::read(&sys).await;
+        // Read again right before the kill: the node that leads `role` now (the group's
+        // consumer is created by the first fetch and may be between leaders for a moment).
+        let mut at_kill = Leaders::read(&sys).await;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while at_kill.of(role).is_none() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            at_kill = Leaders::read(&sys).await;
+        }
         let victim = at_kill
             .of(role)
             .cloned()
@@ -962,7 +991,26 @@ async fn cluster_leader_kill_9(scenario: &str, role: Role) {
         }
         r.print();
         r.assert_sound(true, &sys);
+        if role == Role::GroupConsumer {
+            // Finding 4: an ack is answered ok once the consumer's leader confirmed it, which
+            // in a cluster is once it is replicated; so no acked delivery comes back when
+            // that leader dies. (Before, acks published to the dead leader were dropped and
+            // answered ok: 60–63 of 300 came back.)
+            let again = finished
+                .progress
+                .redelivered_after_ack
+                .load(std::sync::atomic::Ordering::SeqCst);
+            assert_eq!(again, 0, "acked deliveries delivered again");
+        }
     }
+}
+
+/// The leader of the group's JetStream consumer, which takes the acks: settles stall until
+/// a new one is elected, and none answered ok may be undone (issue 14, finding 4).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s7_cluster_loses_the_group_consumer_leader_mid_load() {
+    let _serial = SERIAL.lock().await;
+    cluster_leader_kill_9("cluster_group_consumer_leader_kill_9", Role::GroupConsumer).await;
 }
 
 /// The message stream's leader: uploads stall until a new leader is elected.

@@ -7,11 +7,14 @@
 //! - `i % 5 == 0`, **always slow**: every delivery takes 1.5 × the ack wait, then acks;
 //! - `i % 5 in {1, 2}`, **slow once**: the first delivery takes 1.5 × the ack wait, later
 //!   ones are fast;
-//! - `i % 20 == 9`, **hung**: every delivery takes (max deliver + 1) × the ack wait, so
-//!   that no ack comes before the last delivery's ack wait runs out when the deliveries come
-//!   at once (dead-lettered); when the busy consumers take a redelivery late, the first
-//!   late ack can come first (consumed);
+//! - `i % 20 == 9`, **hung**: every delivery takes (max deliver + 1) × the ack wait;
 //! - the others are fast.
+//!
+//! An ack after its delivery's ack wait is refused (`delivery_expired`, issue 14 finding 7):
+//! so a slow-once message is consumed through a later, fast delivery, and an always-slow or
+//! hung one is dead-lettered after its last delivery, every ack of it refused. The scenario
+//! asserts that no ack answered ok is late (its message delivered again afterwards) and that
+//! no dead-lettered message had an ack answered ok.
 
 use crate::harness::*;
 use crate::TRAJECTORY_WAIT;
@@ -85,6 +88,10 @@ struct Seen {
     attempts: Vec<u32>,
     /// Attempts whose ack the broker answered ok.
     acked: Vec<u32>,
+    /// Attempts whose ack the broker refused as `delivery_expired`.
+    expired: Vec<u32>,
+    /// Acks that failed otherwise (code or error text).
+    other_failures: Vec<String>,
     /// When the first ack was answered ok, or when the last delivery was received.
     last_event: Option<Instant>,
 }
@@ -130,14 +137,19 @@ async fn handle(
         .await;
     let outcome = match &result {
         Ok(_) => Outcome::Ok,
+        Err(e) if e.is_delivery_expired() => Outcome::Fail(e.to_string()),
         Err(e) => Outcome::Unknown(e.to_string()),
     };
     history_push(&history, mid, start, outcome.clone());
-    if outcome == Outcome::Ok {
-        let mut by_id = seen.by_id.lock().unwrap();
-        let s = by_id.entry(mid).or_default();
-        s.acked.push(attempt);
-        s.last_event = Some(Instant::now());
+    let mut by_id = seen.by_id.lock().unwrap();
+    let s = by_id.entry(mid).or_default();
+    match outcome {
+        Outcome::Ok => {
+            s.acked.push(attempt);
+            s.last_event = Some(Instant::now());
+        }
+        Outcome::Fail(_) => s.expired.push(attempt),
+        Outcome::Unknown(e) => s.other_failures.push(e),
     }
 }
 
@@ -234,16 +246,13 @@ fn judge(t: &Trajectory, seen: &Seen) -> Vec<String> {
         out.push(format!("delivered {max_seen} times, no R1 record"));
     }
     match seen.class {
-        // Dead-lettered once its last delivery's ack wait ran out; or consumed, when a late
-        // ack of an earlier attempt arrived before that (the consumers were busy and took the
-        // last delivery late). Either, never both.
-        Some(Class::Hung) => {
-            let dead_lettered = dead > 0 && g.state == MessageState::DeadLettered;
-            let consumed = dead == 0 && g.state == MessageState::Consumed && g.acked_at.is_some();
-            if !dead_lettered && !consumed {
+        // Every delivery outlasts the ack wait, so every ack is refused: dead-lettered once
+        // the last delivery's ack wait ran out, never consumed.
+        Some(Class::Hung | Class::AlwaysSlow) => {
+            if dead == 0 || g.state != MessageState::DeadLettered {
                 out.push(format!(
-                    "hung message neither dead-lettered nor consumed: {} ({dead} dead-letter \
-                     records)",
+                    "a message whose every ack came too late is {}, not dead-lettered ({dead} \
+                     dead-letter records)",
                     g.state
                 ));
             }
@@ -340,6 +349,7 @@ pub async fn slower_than_ack_wait(scenario: &str) {
         let mut per_class: BTreeMap<&str, serde_json::Value> = BTreeMap::new();
         let mut class_counts: BTreeMap<Class, (usize, usize, usize, usize, u32)> = BTreeMap::new();
         let (mut hung_acked_ok, mut hung_diagnosis) = (0, None);
+        let mut dead_lettered_acks_not_refused = 0;
         for a in uploads.values() {
             let s = by_id.get(&a.message_id).cloned().unwrap_or_default();
             let (verdict, traj) = loop {
@@ -378,6 +388,9 @@ pub async fn slower_than_ack_wait(scenario: &str) {
                     hung_diagnosis = traj.as_ref().map(|t| t.diagnosis.clone());
                 }
             }
+            if dead_lettered && s.expired.len() < s.attempts.len() {
+                dead_lettered_acks_not_refused += 1;
+            }
             if !verdict.is_empty() {
                 incomplete.insert(a.message_id.to_string(), verdict);
             }
@@ -402,7 +415,12 @@ pub async fn slower_than_ack_wait(scenario: &str) {
             .filter(|m| by_id.get(m).is_none_or(|s| s.acked.is_empty()))
             .count();
         let redelivered = by_id.values().filter(|s| s.attempts.len() > 1).count();
-        let (a_ok, _, a_unknown) = history.counts("ack");
+        let acks_refused_expired: usize = by_id.values().map(|s| s.expired.len()).sum();
+        let other_ack_failures: Vec<String> = by_id
+            .values()
+            .flat_map(|s| s.other_failures.iter().cloned())
+            .collect();
+        let (a_ok, a_fail, a_unknown) = history.counts("ack");
         let mut r = Report::bare(scenario, &scale, rep);
         r.set("messages", json!(scale.messages))
             .set(
@@ -426,9 +444,18 @@ pub async fn slower_than_ack_wait(scenario: &str) {
             .set("redelivered_messages", json!(redelivered))
             .set("late_acks_answered_ok", json!(late_acks))
             .set("never_acked", json!(never_acked))
-            .set("ack_calls", json!({"ok": a_ok, "unknown": a_unknown}))
+            .set(
+                "ack_calls",
+                json!({"ok": a_ok, "fail": a_fail, "unknown": a_unknown}),
+            )
+            .set("acks_refused_delivery_expired", json!(acks_refused_expired))
+            .set("other_ack_failures", json!(other_ack_failures))
             .set("group_states", json!(states))
             .set("dead_lettered_yet_ack_answered_ok", json!(hung_acked_ok))
+            .set(
+                "dead_lettered_with_an_ack_not_refused",
+                json!(dead_lettered_acks_not_refused),
+            )
             .set("dead_lettered_diagnosis", json!(hung_diagnosis))
             .set("by_class", json!(per_class))
             .set("settled_after_ms", json!(consumed_in_ms));
@@ -447,6 +474,27 @@ pub async fn slower_than_ack_wait(scenario: &str) {
         assert!(
             redelivered > 0,
             "no delivery came back: the handlers were not slower than the ack wait"
+        );
+        // Finding 7: a late ack is refused, never answered ok.
+        assert_eq!(
+            late_acks, 0,
+            "acks answered ok although their message was delivered again"
+        );
+        assert_eq!(
+            hung_acked_ok, 0,
+            "dead-lettered messages whose ack was answered ok"
+        );
+        assert_eq!(
+            dead_lettered_acks_not_refused, 0,
+            "dead-lettered messages with an ack not refused as delivery_expired"
+        );
+        assert!(
+            acks_refused_expired > 0,
+            "no ack was refused as delivery_expired"
+        );
+        assert!(
+            other_ack_failures.is_empty(),
+            "acks failed otherwise: {other_ack_failures:?}"
         );
     }
 }

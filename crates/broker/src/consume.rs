@@ -8,9 +8,17 @@
 //! consumer (it is not for this subscription) and never delivered.
 //!
 //! Records: C5 (pull sent) / C1 (push sent) per delivery, R1 `redeliver` when a delivery is a
-//! redelivery, C8 / C4 when the broker gets the settle (outcome ack | nack | term), R1
-//! `dead_letter` on term, on a nack of the last allowed attempt, and when JetStream reports
+//! redelivery, C8 / C4 when JetStream has confirmed the settle (outcome ack | nack | term),
+//! R1 `dead_letter` on term, on a nack of the last allowed attempt, and when JetStream reports
 //! the maximum deliveries reached after ack timeouts; N1 for a fetch that matched nothing.
+//!
+//! Settles are confirmed, not just sent: the broker sends each one as a request to its
+//! JetStream ack subject (a "double ack") and answers ok only when the consumer's leader has
+//! answered. A settle after the delivery's ack wait ran out (the deadline in its token) is
+//! not sent at all and is refused as `delivery_expired`, with no C4/C8: JetStream no longer
+//! holds the delivery (it redelivers the message, or dead-letters it after the last attempt),
+//! and JetStream itself would answer an ack of a message it already dead-lettered as if it
+//! had taken it.
 
 use crate::channels::Channel;
 use crate::clients::may_subscribe;
@@ -45,6 +53,14 @@ pub const MAX_FETCH: u32 = 1000;
 const FIND_BY_ID_WINDOW_MS: u64 = 10_000;
 /// How long an idle group consumer is kept by JetStream.
 const GROUP_INACTIVE: Duration = Duration::from_secs(7 * 24 * 3600);
+/// Longest a settle waits for JetStream's confirmation. Below the SDK's request timeouts
+/// (2 s in the fault suite, 5 s by default), so that a lost confirmation is answered
+/// `unavailable` (settle again) rather than left to the client's timeout.
+pub const SETTLE_CONFIRM_WAIT: Duration = Duration::from_millis(1500);
+/// The most a delivery's settle deadline is set before JetStream's ack wait runs out: room
+/// for the broker's receipt of the delivery and the settle's trip to the NATS server, so that
+/// a settle the broker lets through reaches JetStream while the delivery is still its own.
+const SETTLE_MARGIN_MAX: Duration = Duration::from_millis(50);
 
 /// Delivers messages to consumers and settles them.
 #[derive(Clone)]
@@ -74,6 +90,23 @@ pub(crate) struct Taken {
     pub attempt: u32,
     pub stream_seq: u64,
     pub ack_subject: String,
+    /// When a settle of this delivery is too late (Unix ms, this broker's clock).
+    pub settle_by_ms: u64,
+}
+
+/// Milliseconds since the Unix epoch, by this broker's clock.
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The settle deadline of a delivery received now from a consumer with this ack wait: the ack
+/// wait less a tenth of it, at most [`SETTLE_MARGIN_MAX`]. JetStream started the ack wait
+/// when it sent the delivery, a little before the broker received it.
+pub(crate) fn settle_deadline_ms(now_ms: u64, ack_wait: Duration) -> u64 {
+    let margin = (ack_wait / 10).min(SETTLE_MARGIN_MAX);
+    now_ms + ack_wait.saturating_sub(margin).as_millis() as u64
 }
 
 /// Deliveries and their ack tokens as one binary frame (an empty one is the
@@ -248,6 +281,8 @@ impl Deliverer {
             WireError::new(ErrorCode::Unavailable, format!("fetch failed: {e}"))
         };
         let deadline = tokio::time::Instant::now() + wait;
+        // The consumer's own ack wait: it may have been created by a broker configured otherwise.
+        let ack_wait = consumer.cached_info().config.ack_wait;
         let mut out = Vec::new();
         // A consumer JetStream has just created (or moved, on a cluster) can answer 503 for a
         // moment: until the deadline that is a reason to pull again, not to fail the fetch.
@@ -267,7 +302,7 @@ impl Deliverer {
                 while let Some(m) = batch.next().await {
                     let m = m?;
                     got += 1;
-                    if let Some(t) = self.accept(m, filter, only).await {
+                    if let Some(t) = self.accept(m, filter, only, ack_wait).await {
                         out.push(t);
                     }
                 }
@@ -307,7 +342,7 @@ impl Deliverer {
             while let Some(m) = one.next().await {
                 let m = m.map_err(|e| unavailable(&e))?;
                 woke = true;
-                if let Some(t) = self.accept(m, filter, only).await {
+                if let Some(t) = self.accept(m, filter, only, ack_wait).await {
                     out.push(t);
                 }
             }
@@ -323,7 +358,9 @@ impl Deliverer {
         m: jetstream::Message,
         filter: &BTreeMap<String, String>,
         only: Option<(MessageId, u64)>,
+        ack_wait: Duration,
     ) -> Option<Taken> {
+        let settle_by_ms = settle_deadline_ms(unix_ms(), ack_wait);
         let info = m.info().ok()?;
         let (seq, attempt) = (info.stream_sequence, info.delivered.max(1) as u32);
         let ack_subject = m.reply.as_ref()?.to_string();
@@ -364,6 +401,7 @@ impl Deliverer {
             attempt,
             stream_seq: seq,
             ack_subject,
+            settle_by_ms,
         })
     }
 
@@ -386,6 +424,7 @@ impl Deliverer {
             p: push.is_some(),
             s: push.map(str::to_owned),
             a: t.ack_subject.clone(),
+            e: Some(t.settle_by_ms),
         };
         if t.attempt > 1 {
             Metrics::inc(&self.shared.metrics.redeliveries);
@@ -604,15 +643,15 @@ impl Deliverer {
         let freed = self
             .settle(&token, req.kind, req.delay_ms, req.reason.as_deref())
             .await?;
-        self.flush_settles().await?;
         // As for settle batches: the reply waits for the settle's records to be stored.
         let _ = self.shared.sink.stored(crate::settle::STORED_WAIT).await;
         Ok(freed)
     }
 
-    /// Settles one delivery whose token was verified for the settling consumer: tells
-    /// JetStream, records C4/C8 (and R1 for a dead letter). The JetStream ack is published,
-    /// not awaited: call [`Self::flush_settles`] once after a batch of settles.
+    /// Settles one delivery whose token was verified for the settling consumer: refuses it
+    /// when its ack wait has run out, tells JetStream and waits for its confirmation, then
+    /// records C4/C8 (and R1 for a dead letter). Settles of a batch run concurrently: each
+    /// waits for its own confirmation, all of them in flight at once.
     pub(crate) async fn settle(
         &self,
         token: &AckToken,
@@ -620,8 +659,49 @@ impl Deliverer {
         delay_ms: Option<u64>,
         reason: Option<&str>,
     ) -> Result<Option<(String, u64)>, WireError> {
+        self.check_in_time(token, kind)?;
+        let (effective, payload) = self.jetstream_settle(token, kind, delay_ms);
+        self.confirm(token, effective, payload).await?;
+        self.settled(token, kind, effective, reason).await;
+        Ok(token.s.clone().map(|s| (s, token.q)))
+    }
+
+    /// Refuses a settle that comes after the delivery's ack wait ran out (counted in
+    /// `settles_expired`). Nothing goes to JetStream: the delivery is no longer this
+    /// consumer's, and an ack JetStream might still take would be one that it answers the same
+    /// way whether it took it or not (after a dead letter).
+    fn check_in_time(&self, token: &AckToken, kind: AckKind) -> Result<(), WireError> {
+        let Some(late_ms) = token.expired_by(unix_ms()) else {
+            return Ok(());
+        };
+        Metrics::inc(&self.shared.metrics.settles_expired);
+        let next = if token.n >= self.shared.config.max_deliver {
+            "it was the last allowed attempt, so the message is dead-lettered"
+        } else {
+            "the message is delivered again"
+        };
+        Err(WireError::new(
+            ErrorCode::DeliveryExpired,
+            format!(
+                "{} of delivery attempt {} came {late_ms} ms after the delivery's ack wait ran out: \
+                 JetStream no longer holds this delivery ({next}); the {} was not applied",
+                kind.as_str(),
+                token.n,
+                kind.as_str(),
+            ),
+        ))
+    }
+
+    /// What to send JetStream: a nack of the last allowed attempt is a dead letter, so it is
+    /// sent as a term.
+    fn jetstream_settle(
+        &self,
+        token: &AckToken,
+        kind: AckKind,
+        delay_ms: Option<u64>,
+    ) -> (AckKind, Bytes) {
         let last_attempt = token.n >= self.shared.config.max_deliver;
-        let (effective, payload): (AckKind, Bytes) = match kind {
+        match kind {
             AckKind::Ack => (AckKind::Ack, Bytes::from_static(b"+ACK")),
             AckKind::Nack if !last_attempt => match delay_ms {
                 Some(ms) => (
@@ -630,19 +710,58 @@ impl Deliverer {
                 ),
                 None => (AckKind::Nack, Bytes::from_static(b"-NAK")),
             },
-            // A nack of the last allowed attempt is a dead letter: term it explicitly.
             AckKind::Nack | AckKind::Term => (AckKind::Term, Bytes::from_static(b"+TERM")),
-        };
-        self.shared
+        }
+    }
+
+    /// Sends the settle to the delivery's ack subject as a request and waits for the
+    /// consumer's leader to answer (a double ack): an ok then means JetStream took it, not
+    /// only that it left this broker. In a cluster the leader answers once the ack is
+    /// replicated.
+    async fn confirm(
+        &self,
+        token: &AckToken,
+        effective: AckKind,
+        payload: Bytes,
+    ) -> Result<(), WireError> {
+        let request = async_nats::Request::new()
+            .payload(payload)
+            .timeout(Some(SETTLE_CONFIRM_WAIT));
+        let answered = self
+            .shared
             .client
-            .publish(token.a.clone(), payload)
-            .await
-            .map_err(|e| {
-                WireError::new(
-                    ErrorCode::Unavailable,
-                    format!("JetStream did not take the {}: {e}", effective.as_str()),
-                )
-            })?;
+            .send_request(token.a.clone(), request)
+            .await;
+        answered.map(|_| ()).map_err(|e| {
+            use async_nats::RequestErrorKind as K;
+            let why = match e.kind() {
+                K::TimedOut => format!(
+                    "JetStream did not confirm the {} within {} ms",
+                    effective.as_str(),
+                    SETTLE_CONFIRM_WAIT.as_millis()
+                ),
+                K::NoResponders => format!(
+                    "no JetStream consumer answered the {} (its leader is being elected, or the \
+                     consumer is gone)",
+                    effective.as_str()
+                ),
+                _ => format!("JetStream did not take the {}: {e}", effective.as_str()),
+            };
+            WireError::new(
+                ErrorCode::Unavailable,
+                format!("{why}; settle again with the same token"),
+            )
+        })
+    }
+
+    /// Counts a confirmed settle and records C4/C8 (and R1 `dead_letter` for a term).
+    async fn settled(
+        &self,
+        token: &AckToken,
+        kind: AckKind,
+        effective: AckKind,
+        reason: Option<&str>,
+    ) {
         match effective {
             AckKind::Ack => Metrics::inc(&self.shared.metrics.acks),
             AckKind::Nack => Metrics::inc(&self.shared.metrics.nacks),
@@ -676,17 +795,6 @@ impl Deliverer {
             )
             .await;
         }
-        Ok(token.s.clone().map(|s| (s, token.q)))
-    }
-
-    /// Makes sure the server has every settle published so far (one round trip).
-    pub(crate) async fn flush_settles(&self) -> Result<(), WireError> {
-        self.shared.client.flush().await.map_err(|e| {
-            WireError::new(
-                ErrorCode::Unavailable,
-                format!("JetStream did not take the settles: {e}"),
-            )
-        })
     }
 
     /// Copies a message to the dead-letter stream and records R1 `dead_letter`.
@@ -797,6 +905,21 @@ impl Deliverer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_settle_deadline_is_the_ack_wait_less_a_small_margin() {
+        let now = 1_764_000_000_000;
+        // A tenth of a short ack wait, at most 50 ms of a long one.
+        assert_eq!(
+            settle_deadline_ms(now, Duration::from_millis(200)),
+            now + 180
+        );
+        assert_eq!(settle_deadline_ms(now, Duration::from_secs(1)), now + 950);
+        assert_eq!(
+            settle_deadline_ms(now, Duration::from_secs(30)),
+            now + 29_950
+        );
+    }
 
     #[test]
     fn durable_names_depend_on_the_whole_subscription() {

@@ -26,6 +26,8 @@ pub struct Metrics {
     pub nacks: AtomicU64,
     /// Terms.
     pub terms: AtomicU64,
+    /// Settles refused because they came after their delivery's ack wait (`delivery_expired`).
+    pub settles_expired: AtomicU64,
     /// Messages dead-lettered.
     pub dead_letters: AtomicU64,
     /// No-matching-message notices.
@@ -86,6 +88,7 @@ impl Metrics {
             "acks": g(&self.acks),
             "nacks": g(&self.nacks),
             "terms": g(&self.terms),
+            "settles_expired": g(&self.settles_expired),
             "dead_letters": g(&self.dead_letters),
             "no_match": g(&self.no_match),
             "channels_opened": g(&self.channels_opened),

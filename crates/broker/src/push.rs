@@ -472,6 +472,7 @@ mod tests {
                 attempt: 1,
                 stream_seq: 1,
                 ack_subject: "a".into(),
+                settle_by_ms: 0,
             },
             "token".into(),
         )

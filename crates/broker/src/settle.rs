@@ -4,10 +4,12 @@
 //! C6/C7, X1/X2) may ride along and are relayed with the same checks as a stage report.
 //!
 //! The request is a binary [`SettleBatch`] frame or JSON ([`SettleRequest`]); the reply has
-//! the same form. JetStream acks of the whole batch are published and then flushed once, so a
-//! batch costs one round trip to the server, not one per delivery. The reply waits until the
-//! batch's stage records are stored in the stage stream ([`STORED_WAIT`] at most): a broker
-//! killed right after answering loses no record of what it answered.
+//! the same form. Each settle is answered ok only once JetStream has confirmed it (a double
+//! ack, `Deliverer::settle`); the whole batch's settles are in flight at once, so a batch
+//! costs one round trip to the server, not one per delivery. A settle after its delivery's
+//! ack wait is refused (`delivery_expired`). The reply waits until the batch's stage records
+//! are stored in the stage stream ([`STORED_WAIT`] at most): a broker killed right after
+//! answering loses no record of what it answered.
 
 use crate::channels::Channel;
 use crate::consume::Deliverer;
@@ -108,29 +110,35 @@ impl Settler {
             .await
     }
 
-    /// Settles every entry, then flushes the JetStream acks once. An entry's error is its own.
+    /// Settles every entry; an entry's error is its own. The tokens are checked one after
+    /// another (the cache needs it), then every settle is sent to JetStream at once and their
+    /// confirmations are awaited together: a batch costs one round trip to the server, not
+    /// one per delivery.
     async fn settle_all(
         &self,
         channel: &Channel,
         entries: &[SettleEntry],
         tokens: &mut TokenCache,
     ) -> Vec<Result<(), WireError>> {
-        let mut results = Vec::with_capacity(entries.len());
-        let mut freed = Vec::new();
-        for e in entries {
+        let decoded: Vec<_> = entries
+            .iter()
+            .map(|e| tokens.decode(&e.token, &channel.client_id, &self.deliverer.shared.key))
+            .collect();
+        let settles = entries.iter().zip(decoded).map(|(e, token)| async move {
+            let token = token?;
             let reason = Some(e.reason.as_str()).filter(|r| !r.is_empty());
-            let settled =
-                match tokens.decode(&e.token, &channel.client_id, &self.deliverer.shared.key) {
-                    Ok(token) => {
-                        self.deliverer
-                            .settle(&token, e.kind, e.delay_ms, reason)
-                            .await
-                    }
-                    Err(err) => Err(err),
-                };
-            match settled {
+            self.deliverer
+                .settle(&token, e.kind, e.delay_ms, reason)
+                .await
+        });
+        let settled = futures::future::join_all(settles).await;
+        let mut results = Vec::with_capacity(settled.len());
+        for s in settled {
+            match s {
                 Ok(slot) => {
-                    freed.extend(slot);
+                    if let Some((sub, seq)) = slot {
+                        self.push.notify_settled(&sub, seq).await;
+                    }
                     results.push(Ok(()));
                 }
                 Err(err) => {
@@ -138,18 +146,6 @@ impl Settler {
                     results.push(Err(err));
                 }
             }
-        }
-        if results.iter().any(Result::is_ok) {
-            if let Err(e) = self.deliverer.flush_settles().await {
-                // Nothing is known to have reached JetStream: every settle of the batch failed.
-                for r in results.iter_mut().filter(|r| r.is_ok()) {
-                    *r = Err(e.clone());
-                }
-                return results;
-            }
-        }
-        for (sub, seq) in freed {
-            self.push.notify_settled(&sub, seq).await;
         }
         results
     }

@@ -2,15 +2,21 @@
 //! ack can land on a broker other than the one that delivered.
 //!
 //! A token is `<base64url body>.<base64url HMAC-SHA256 tag>` (no padding). The body is a
-//! compact binary form of the delivery (version byte 2: message ID, attempt, sequence, a
-//! flags byte, then group, consumer, topic, push subscription and the JetStream ack subject
-//! without its fixed `$JS.ACK.MSGTRAIL_MESSAGES.` prefix, each a length-prefixed string),
+//! compact binary form of the delivery (version byte 3: message ID, attempt, sequence, the
+//! settle deadline as a varint, a flags byte, then group, consumer, topic, push subscription and the JetStream ack subject
+//! without its fixed `$JS.ACK.MSGTRAIL_MESSAGES.` prefix and, for a group's durable consumer,
+//! without the `g-<group>-` its name starts with, each a length-prefixed string),
 //! signed with the key all brokers share ([`crate::signing`]). Tokens travel with every
 //! delivery, settle and consumer stage report, so they are kept small (about 200 characters;
 //! the earlier JSON body, still accepted, made them about 310) and cheap to check (no JSON). Clients cannot alter it: the broker
 //! only accepts a token whose tag verifies, from the consumer it was issued to, for a
 //! consumer of the message stream. The same token proves a consumer's own stage reports about
 //! that delivery ([`crate::relay`]).
+//!
+//! The settle deadline is when JetStream's ack wait for the delivery runs out, by the clock
+//! of the broker that delivered it (less a margin for the trip to the NATS server): a settle
+//! after it is refused as `delivery_expired` ([`crate::consume`]). Version-2 tokens, issued
+//! before it existed, have none and are settled as before.
 
 use crate::signing::SigningKey;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -19,7 +25,9 @@ use msgtrail_core::{ClientId, ErrorCode, MessageId, WireError};
 use serde::{Deserialize, Serialize};
 
 /// The first byte of a binary token body.
-const BINARY_VERSION: u8 = 2;
+const BINARY_VERSION: u8 = 3;
+/// The first byte of the binary token bodies issued before the settle deadline.
+const BINARY_VERSION_2: u8 = 2;
 /// The fixed start of every ack subject of the message stream (left out of the body).
 const ACK_PREFIX: &str = "$JS.ACK.MSGTRAIL_MESSAGES.";
 
@@ -45,6 +53,10 @@ pub struct AckToken {
     pub s: Option<String>,
     /// The JetStream ack subject.
     pub a: String,
+    /// Settle deadline, Unix milliseconds: JetStream's ack wait for this delivery runs out
+    /// then. `None` in tokens issued before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub e: Option<u64>,
 }
 
 impl AckToken {
@@ -66,20 +78,43 @@ impl AckToken {
         out
     }
 
-    /// The binary body (version 2).
+    /// How many milliseconds past its settle deadline `now_ms` is, if it is past it.
+    pub fn expired_by(&self, now_ms: u64) -> Option<u64> {
+        self.e
+            .filter(|&deadline| now_ms >= deadline)
+            .map(|deadline| now_ms - deadline)
+    }
+
+    /// The settle deadline as it travels: milliseconds after the message ID's time, plus one
+    /// (0 for none), so that a fresh delivery's takes 3 bytes as a varint, not 8.
+    fn deadline_delta(&self) -> u64 {
+        self.e.map_or(0, |e| {
+            e.saturating_sub(self.m.unix_millis()).saturating_add(1)
+        })
+    }
+
+    /// The binary body (version 3; the deadline is a LEB128 varint, [`Self::deadline_delta`]).
     fn to_bytes(&self) -> Vec<u8> {
-        let ack = self.a.strip_prefix(ACK_PREFIX).unwrap_or(&self.a);
+        let full = self.a.strip_prefix(ACK_PREFIX).unwrap_or(&self.a);
+        // The group's durable consumer names the group again (`g-<group>-…`): leave it out.
+        let ack = full
+            .strip_prefix("g-")
+            .and_then(|rest| rest.strip_prefix(self.g.as_str()))
+            .and_then(|rest| rest.strip_prefix('-'))
+            .unwrap_or(full);
         let mut b = Vec::with_capacity(
-            40 + self.g.as_str().len() + self.c.as_str().len() + self.t.len() + ack.len(),
+            48 + self.g.as_str().len() + self.c.as_str().len() + self.t.len() + ack.len(),
         );
         b.push(BINARY_VERSION);
         b.extend_from_slice(self.m.as_bytes());
         b.extend_from_slice(&self.n.to_be_bytes());
         b.extend_from_slice(&self.q.to_be_bytes());
+        put_varint(&mut b, self.deadline_delta());
         b.push(
             u8::from(self.p)
                 | (u8::from(self.s.is_some()) << 1)
-                | (u8::from(ack.len() != self.a.len()) << 2),
+                | (u8::from(full.len() != self.a.len()) << 2)
+                | (u8::from(ack.len() != full.len()) << 3),
         );
         for text in [
             self.g.as_str(),
@@ -95,17 +130,24 @@ impl AckToken {
         b
     }
 
-    /// Reads a binary body; `None` when it is not one.
+    /// Reads a binary body (version 3, or 2 without the deadline); `None` when it is not one.
     fn from_bytes(b: &[u8]) -> Option<AckToken> {
         let (&version, rest) = b.split_first()?;
-        if version != BINARY_VERSION || rest.len() < 29 {
+        if !matches!(version, BINARY_VERSION | BINARY_VERSION_2) || rest.len() < 29 {
             return None;
         }
         let m = MessageId::from_u128(u128::from_be_bytes(rest[..16].try_into().ok()?)).ok()?;
         let n = u32::from_be_bytes(rest[16..20].try_into().ok()?);
         let q = u64::from_be_bytes(rest[20..28].try_into().ok()?);
-        let flags = rest[28];
-        let mut pos = 29;
+        let (delta, deadline_len) = match version {
+            BINARY_VERSION => get_varint(&rest[28..])?,
+            _ => (0, 0),
+        };
+        let e = delta
+            .checked_sub(1)
+            .map(|d| m.unix_millis().saturating_add(d));
+        let flags = *rest.get(28 + deadline_len)?;
+        let mut pos = 29 + deadline_len;
         let mut text = || -> Option<String> {
             let len = *rest.get(pos)? as usize;
             let s = std::str::from_utf8(rest.get(pos + 1..pos + 1 + len)?).ok()?;
@@ -116,6 +158,12 @@ impl AckToken {
         if pos != rest.len() {
             return None;
         }
+        let a = match (flags & 4 != 0, flags & 8 != 0) {
+            (true, true) => format!("{ACK_PREFIX}g-{g}-{ack}"),
+            (true, false) => format!("{ACK_PREFIX}{ack}"),
+            (false, true) => format!("g-{g}-{ack}"),
+            (false, false) => ack,
+        };
         Some(AckToken {
             m,
             g: ClientId::new(g).ok()?,
@@ -125,11 +173,8 @@ impl AckToken {
             t,
             p: flags & 1 != 0,
             s: (flags & 2 != 0).then_some(s),
-            a: if flags & 4 != 0 {
-                format!("{ACK_PREFIX}{ack}")
-            } else {
-                ack
-            },
+            a,
+            e,
         })
     }
 
@@ -151,7 +196,7 @@ impl AckToken {
         let bytes = URL_SAFE_NO_PAD
             .decode(body)
             .map_err(|_| bad("ack token is not base64url"))?;
-        // Binary (version 2), or the JSON body of tokens issued before it.
+        // Binary (version 3 or 2), or the JSON body of tokens issued before them.
         let token = match AckToken::from_bytes(&bytes) {
             Some(t) => t,
             None => serde_json::from_slice::<AckToken>(&bytes)
@@ -169,6 +214,27 @@ impl AckToken {
     }
 }
 
+/// Appends `v` as an LEB128 varint.
+fn put_varint(b: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        b.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    b.push(v as u8);
+}
+
+/// Reads an LEB128 varint: the value and its length; `None` when truncated or too long.
+fn get_varint(b: &[u8]) -> Option<(u64, usize)> {
+    let mut v = 0u64;
+    for (i, &byte) in b.iter().enumerate().take(10) {
+        v |= u64::from(byte & 0x7f) << (7 * i);
+        if byte & 0x80 == 0 {
+            return Some((v, i + 1));
+        }
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -184,7 +250,44 @@ mod tests {
             p: false,
             s: None,
             a: "$JS.ACK.MSGTRAIL_MESSAGES.g-billing-1.1.7.7.1.0".into(),
+            e: None,
         }
+    }
+
+    #[test]
+    fn the_settle_deadline_travels_and_tells_a_late_settle() {
+        let key = SigningKey::random();
+        let mut t = token();
+        let deadline = t.m.unix_millis() + 30_000;
+        t.e = Some(deadline);
+        assert_eq!(
+            t.to_bytes().len(),
+            token().to_bytes().len() + 2,
+            "3 bytes, not 8"
+        );
+        let back = AckToken::decode_for(&t.encode(&key), &t.c, &key).unwrap();
+        assert_eq!(back.e, Some(deadline));
+        assert_eq!(back.expired_by(deadline - 1), None);
+        assert_eq!(back.expired_by(deadline), Some(0));
+        assert_eq!(back.expired_by(deadline + 1500), Some(1500));
+        // A redelivery long after the upload, and a deadline of the message's own time.
+        for e in [t.m.unix_millis() + 90 * 24 * 3600 * 1000, t.m.unix_millis()] {
+            t.e = Some(e);
+            assert_eq!(AckToken::from_bytes(&t.to_bytes()).unwrap().e, Some(e));
+        }
+        t.e = Some(deadline);
+        // Truncated varints are malformed, not misread.
+        let bytes = t.to_bytes();
+        assert!(AckToken::from_bytes(&bytes[..30]).is_none());
+        // A version-2 body (no deadline), as brokers issued them before: never expired here.
+        let mut v2 = t.to_bytes();
+        v2[0] = BINARY_VERSION_2;
+        v2.drain(29..32);
+        let body = URL_SAFE_NO_PAD.encode(&v2);
+        let old = format!("{body}.{}", key.tag(body.as_bytes()));
+        let back = AckToken::decode_for(&old, &t.c, &key).unwrap();
+        assert_eq!(back, AckToken { e: None, ..t });
+        assert_eq!(back.expired_by(u64::MAX), None);
     }
 
     #[test]
@@ -236,9 +339,21 @@ mod tests {
         t.s = Some("0123456789abcdef0123456789abcdef".into());
         t.p = true;
         t.a = "$JS.ACK.MSGTRAIL_MESSAGES.g-billing-0123456789abcdef.1.1234.1234.1764000000000000000.0".into();
+        t.e = Some(t.m.unix_millis() + 30_000);
         let text = t.encode(&key);
-        assert!(text.len() < 240, "{} characters", text.len());
+        assert!(text.len() < 230, "{} characters", text.len());
         assert_eq!(AckToken::decode_for(&text, &t.c, &key).unwrap(), t);
+        // Ack subjects of another shape (a consumer not named after the group, a subject
+        // without the stream's prefix) travel whole.
+        for a in [
+            "$JS.ACK.MSGTRAIL_MESSAGES.other-7.1.7.7.1.0",
+            "$JS.ACK.MSGTRAIL_MESSAGES.g-billingx-1.1.7.7.1.0",
+            "g-billing-1.1.7.7.1.0",
+        ] {
+            let mut odd = t.clone();
+            odd.a = a.into();
+            assert_eq!(AckToken::from_bytes(&odd.to_bytes()).unwrap(), odd);
+        }
         // A token with a JSON body, as brokers issued them before.
         let body = URL_SAFE_NO_PAD.encode(serde_json::to_vec(&t).unwrap());
         let old = format!("{body}.{}", key.tag(body.as_bytes()));

@@ -16,6 +16,16 @@
 //! The consumer's stage records (C2/C3, C6/C7, X1/X2) ride along the settle batches
 //! ([`crate::reporter`]).
 //!
+//! ## What a settle's result means
+//! `Ok` means JetStream confirmed the settle (the broker waits for it). A settle made after
+//! the delivery's ack wait ran out is refused with
+//! [`ClientError::is_delivery_expired`]: it was **not** applied — the message is delivered
+//! again (maybe to another consumer of the group) or, after the last attempt, was
+//! dead-lettered — so a handler slower than the ack wait must expect the message again.
+//! Settling again cannot help. A transient error ([`ClientError::is_transient`]) can be
+//! retried with the same delivery; if that retry comes after the deadline and is refused,
+//! the earlier attempt may still have been applied.
+//!
 //! ```no_run
 //! # async fn demo(nats: async_nats::Client, me: msgtrail_client::Identity) -> Result<(), Box<dyn std::error::Error>> {
 //! use futures::StreamExt;
@@ -480,7 +490,11 @@ impl Consumer {
         rx.await.unwrap_or_else(|_| Err(batch::stopped()))
     }
 
-    /// Acks a delivery.
+    /// Acks a delivery. `Ok` means JetStream took the ack: the message is not delivered to
+    /// this group again. An ack that comes after the delivery's ack wait is refused with
+    /// [`ClientError::is_delivery_expired`]: it was not applied, and the message is delivered
+    /// again or was dead-lettered. A transient error ([`ClientError::is_transient`]) may be
+    /// retried with the same delivery.
     pub async fn ack(&self, msg: &Received) -> Result<(), ClientError> {
         self.settle(msg, AckKind::Ack, None, None).await
     }

@@ -45,6 +45,15 @@ impl ClientError {
         }
     }
 
+    /// Whether a settle was refused because it came after the delivery's ack wait
+    /// (`delivery_expired`): it was **not** applied. JetStream delivers the message again
+    /// (to this consumer or another of the group), or has dead-lettered it after the last
+    /// attempt; either way the work done on this delivery was not acknowledged, and settling
+    /// it again cannot succeed. Not transient.
+    pub fn is_delivery_expired(&self) -> bool {
+        self.code() == Some(ErrorCode::DeliveryExpired)
+    }
+
     /// Whether retrying the same request may succeed (timeouts, unavailable JetStream).
     pub fn is_transient(&self) -> bool {
         matches!(

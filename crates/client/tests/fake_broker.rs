@@ -217,9 +217,14 @@ async fn serve(client: async_nats::Client, script: Arc<Script>) {
                     let results = batch
                         .entries
                         .iter()
-                        .map(|e| {
-                            (e.token == "forged")
-                                .then(|| WireError::new(ErrorCode::BadAckToken, "forged"))
+                        .map(|e| match e.token.as_str() {
+                            "forged" => Some(WireError::new(ErrorCode::BadAckToken, "forged")),
+                            "expired" => Some(WireError::new(
+                                ErrorCode::DeliveryExpired,
+                                "ack of delivery attempt 1 came 500 ms after the delivery's \
+                                 ack wait ran out",
+                            )),
+                            _ => None,
                         })
                         .collect();
                     let reports = take_reports(&script, batch.reports);
@@ -532,14 +537,22 @@ async fn binary_deliveries_batched_settles_and_refused_reports() {
     let (a, b, x) = tokio::join!(c.ack(&got[0]), c.ack(&forged), c.nack(&pushed[0], None));
     assert!(a.is_ok() && x.is_ok());
     assert_eq!(b.unwrap_err().code(), Some(ErrorCode::BadAckToken));
+    // An ack too late for its delivery: refused for good, and said so.
+    let mut late = got[0].clone();
+    late.ack_token = "expired".into();
+    let e = c.ack(&late).await.unwrap_err();
+    assert!(e.is_delivery_expired(), "{e}");
+    assert!(!e.is_transient(), "{e}");
+    assert!(e.to_string().contains("delivery_expired"), "{e}");
     let results = futures::future::join_all(
         (0..50).map(|i| c.term(&pushed[2], if i % 2 == 0 { "poison" } else { "bad" })),
     )
     .await;
     assert!(results.iter().all(Result::is_ok));
     let batches = f.seen(|s| s.settle_batches.clone());
-    assert_eq!(batches.iter().sum::<usize>(), 53);
-    assert!(batches.len() < 53, "{batches:?}");
+    // 3 + the late ack (sent once: not retried) + 50.
+    assert_eq!(batches.iter().sum::<usize>(), 54);
+    assert!(batches.len() < 54, "{batches:?}");
 
     // Records of the "bad-report" delivery are refused with whatever rode with them: counted
     // as failed, and the settle that carried them still succeeded.
@@ -560,8 +573,9 @@ async fn binary_deliveries_batched_settles_and_refused_reports() {
     }
     assert_eq!(
         c.reporter().unwrap().sent() as usize + reporter_failed as usize,
-        // C6 ×2, C2 ×3, C7 ×2 + C3 ×51, X1 + X2 + C3 for the processed one.
-        2 + 3 + 2 + 51 + 3
+        // C6 ×2, C2 ×3, C7 ×3 (the late ack's too: it was sent) + C3 ×51, X1 + X2 + C3 for
+        // the processed one.
+        2 + 3 + 3 + 51 + 3
     );
 }
 

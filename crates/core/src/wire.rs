@@ -49,6 +49,10 @@ pub enum ErrorCode {
     UnknownSubscription,
     /// JetStream or another dependency is unavailable; retry later.
     Unavailable,
+    /// The delivery's ack wait ran out before its settle arrived: JetStream no longer holds it
+    /// for this delivery (it redelivers the message, or dead-letters it after the last
+    /// attempt), so the settle was not applied. Retrying the same settle cannot succeed.
+    DeliveryExpired,
     /// A bug or an unexpected failure.
     Internal,
 }
@@ -74,6 +78,7 @@ impl ErrorCode {
             ErrorCode::UnknownMessage => "unknown_message",
             ErrorCode::UnknownSubscription => "unknown_subscription",
             ErrorCode::Unavailable => "unavailable",
+            ErrorCode::DeliveryExpired => "delivery_expired",
             ErrorCode::Internal => "internal",
         }
     }
@@ -99,6 +104,7 @@ impl ErrorCode {
             | ErrorCode::UnknownMessage
             | ErrorCode::UnknownSubscription => 404,
             ErrorCode::PayloadTooLarge | ErrorCode::HeadersTooLarge => 413,
+            ErrorCode::DeliveryExpired => 410,
             ErrorCode::Unavailable => 503,
             ErrorCode::Internal => 500,
         }
@@ -465,11 +471,14 @@ mod tests {
             ErrorCode::PayloadTooLarge,
             ErrorCode::BadSignature,
             ErrorCode::UnknownChannel,
+            ErrorCode::DeliveryExpired,
         ] {
             assert_eq!(ErrorCode::parse(code.as_str()), code);
         }
         assert_eq!(ErrorCode::parse("nonsense"), ErrorCode::Internal);
         assert_eq!(ErrorCode::PayloadTooLarge.status(), 413);
+        assert_eq!(ErrorCode::DeliveryExpired.as_str(), "delivery_expired");
+        assert_eq!(ErrorCode::DeliveryExpired.status(), 410);
     }
 
     #[test]
