@@ -708,7 +708,7 @@ enum Role {
     /// The JetStream meta group's leader (it places streams and consumers).
     Meta,
     /// The leader of the consumer group's durable JetStream consumer (`g-faults-billing-…`),
-    /// the one that takes the group's acks (issue 14, finding 4).
+    /// the one that takes the group's acks (RELIABILITY.md, finding 4).
     GroupConsumer,
 }
 
@@ -1006,7 +1006,7 @@ async fn cluster_leader_kill_9(scenario: &str, role: Role) {
 }
 
 /// The leader of the group's JetStream consumer, which takes the acks: settles stall until
-/// a new one is elected, and none answered ok may be undone (issue 14, finding 4).
+/// a new one is elected, and none answered ok may be undone (RELIABILITY.md, finding 4).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s7_cluster_loses_the_group_consumer_leader_mid_load() {
     let _serial = SERIAL.lock().await;

@@ -10,7 +10,7 @@
 //! - `i % 20 == 9`, **hung**: every delivery takes (max deliver + 1) × the ack wait;
 //! - the others are fast.
 //!
-//! An ack after its delivery's ack wait is refused (`delivery_expired`, issue 14 finding 7):
+//! An ack after its delivery's ack wait is refused (`delivery_expired`, RELIABILITY.md finding 7):
 //! so a slow-once message is consumed through a later, fast delivery, and an always-slow or
 //! hung one is dead-lettered after its last delivery, every ack of it refused. The scenario
 //! asserts that no ack answered ok is late (its message delivered again afterwards) and that

@@ -1,4 +1,4 @@
-//! Channels (seed 000): a producer or consumer proves who it is and gets a channel ID that
+//! Channels: a producer or consumer proves who it is and gets a channel ID that
 //! every later request carries.
 //!
 //! Authentication is an nkey challenge–response, NATS' own scheme: the client asks for a

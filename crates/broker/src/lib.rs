@@ -1,6 +1,6 @@
 //! # msgtrail-broker
 //!
-//! The broker of seed 000, over NATS JetStream: producers and consumers open authenticated
+//! The broker, over NATS JetStream: producers and consumers open authenticated
 //! channels, producers upload messages that are stored once per request ID and get a UUIDv7
 //! message ID, consumer groups pull or are pushed matching messages and settle them, and every
 //! step is written as a stage record to the durable stage stream, which only the broker

@@ -1,5 +1,5 @@
 //! Relaying the clients' own stage records (P1, P4, C2/C3, C6/C7, X1/X2) into the stage
-//! stream, after checking that each record belongs to the sender's channel (DESIGN.md §3.4).
+//! stream, after checking that each record belongs to the sender's channel (docs/ARCHITECTURE.md §3, decision 3).
 //!
 //! A report is newline-delimited JSON: each line a stage record, plus a `token` field where
 //! the record speaks of something the broker handed out:

@@ -1,4 +1,4 @@
-//! The stage sink: the only writer of the stage stream (DESIGN.md §3.4, §3.5).
+//! The stage sink: the only writer of the stage stream (docs/ARCHITECTURE.md §3, decisions 3 and 4).
 //!
 //! Handlers call [`StageSink::record`], which never waits: the record goes into a bounded
 //! buffer, or is dropped and counted when the buffer is full. One writer task drains the

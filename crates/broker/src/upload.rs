@@ -1,4 +1,4 @@
-//! Upload (seed 000's production path): validate, assign a UUIDv7 message ID, store in the
+//! Upload (the production path): validate, assign a UUIDv7 message ID, store in the
 //! message stream, answer with the ID — or, for a repeated request ID, with the original's.
 //! Two forms share one path: the single upload (headers + raw payload on `msgtrail.v1.upload`)
 //! and the batch ([`msgtrail_core::frame::UploadBatch`] on `msgtrail.v1.upload.batch`), whose
