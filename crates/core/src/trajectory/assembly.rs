@@ -169,7 +169,11 @@ pub(super) fn assemble(
         flag_impossible(hop);
     }
     order_hops(&mut hops);
-    t.clocks = clock::estimate(&mut hops);
+    // Clock estimates serve the timeline, the API and the spans, not a summary (nothing in
+    // the states, segments or funnel reads them): the store's summaries skip them.
+    if !lite {
+        t.clocks = clock::estimate(&mut hops);
+    }
     t.hops = hops;
     state::derive(&ctx, &mut t, &times, failures);
     if !lite {

@@ -4,7 +4,7 @@
 //! NTP timestamps were all reported. The property tests assert them on random record sets;
 //! [`Trajectory::audit`] lets an operator (`msgtrail audit`) check live trajectories.
 
-use super::{HopKind, HopSpan, MessageState, StateChange, Trajectory};
+use super::{HopKind, HopSpan, HopStatus, MessageState, StateChange, Trajectory};
 use crate::stage::Stage;
 
 impl Trajectory {
@@ -114,8 +114,11 @@ pub fn causal_violations(t: &Trajectory) -> Vec<String> {
             .iter()
             .all(|r| r.stage != Stage::Stored || !r.is_recovered())
     };
+    // A store hop that failed (the broker refused the upload) gives no time the message
+    // became deliverable: a delivery record beside it contradicts the refusal, which the
+    // trajectory shows as such, not as a causality error.
     let deliverable = store
-        .filter(|s| s.impossible.is_none())
+        .filter(|s| s.impossible.is_none() && s.status != HopStatus::Error)
         .filter(on_broker_clock)
         .and_then(|s| s.end);
     // A synthesized deliver hop (only the consumer's records) starts on the consumer's

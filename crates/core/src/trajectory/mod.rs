@@ -84,7 +84,7 @@ impl Trajectory {
     }
 
     /// Like [`Trajectory::assemble`], without what only a reader of the trajectory needs:
-    /// the diagnosis is empty and the hops have no span ID. Everything else (states,
+    /// the diagnosis is empty, the hops have no span ID and no clock estimates. Everything else (states,
     /// hops, groups, failure, latencies) is the same; the listener uses it for shadow-message
     /// summaries and statistics, where assembly runs once per touched message per batch.
     pub fn assemble_for_summary(

@@ -196,7 +196,7 @@ fn failure_then_success_on_redelivery() {
 }
 
 #[test]
-fn the_summary_assembly_differs_only_by_diagnosis_and_span_ids() {
+fn the_summary_assembly_differs_only_by_diagnosis_span_ids_and_clocks() {
     let opts = AssembleOptions {
         now: Some(u64::MAX / 2),
         deadlines: Deadlines::default(),
@@ -210,9 +210,15 @@ fn the_summary_assembly_differs_only_by_diagnosis_and_span_ids() {
             let mut lite = Trajectory::assemble_for_summary(recs.clone(), &o).unwrap();
             assert!(lite.diagnosis.is_empty());
             assert!(lite.hops.iter().all(|h| h.span_id.is_none()));
+            assert!(lite.clocks.is_empty() && lite.hops.iter().all(|h| h.clock.is_none()));
             lite.diagnosis = full.diagnosis.clone();
+            lite.clocks = full.clocks.clone();
             for (l, f) in lite.hops.iter_mut().zip(&full.hops) {
                 l.span_id = f.span_id.clone();
+                l.clock = f.clock.clone();
+                l.on_broker_clock = f.on_broker_clock;
+                l.arrival_nanos = f.arrival_nanos;
+                l.arrival_bound_nanos = f.arrival_bound_nanos;
             }
             assert_eq!(lite, full);
             assert_eq!(lite.segment_latencies(), full.segment_latencies());

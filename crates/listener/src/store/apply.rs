@@ -376,7 +376,7 @@ impl<'a, 't> Pass<'a, 't> {
         for e in topic_events {
             self.bump(CounterKey::Topic(topic.clone(), e), 1)?;
         }
-        self.count_funnel(prev.as_ref(), &summary, shrunk)?;
+        self.count_funnel(prev.as_ref(), &summary)?;
         let old_l = prev
             .as_ref()
             .map(|s| s.segments.as_slice())
@@ -452,30 +452,29 @@ impl<'a, 't> Pass<'a, 't> {
         Ok(topic_events)
     }
 
-    /// The summary remembers what the statistics counted for the message so far: a message
-    /// whose topic became known moves its funnel to that topic, and one that gave records
-    /// away may lose a step.
+    /// The summary remembers what the statistics counted for the message so far, and the
+    /// funnel counts the messages whose summary has each step now: a step reached counts,
+    /// a step lost (a message that gave records away, or whose trajectory no longer shows
+    /// the step once later records arrived) is taken back, and a message whose topic became
+    /// known moves its steps to that topic.
     fn count_funnel(
         &mut self,
         prev: Option<&MessageSummary>,
         summary: &MessageSummary,
-        gave_away: bool,
     ) -> Result<(), StoreError> {
         let topic = summary.topic.clone().unwrap_or_default();
         let old_flags = prev.map(|s| s.funnel).unwrap_or_default();
         let old_topic = prev.map(|s| s.topic.clone().unwrap_or_default());
         for (i, step) in FunnelStep::ALL.into_iter().enumerate() {
             let c = Counter::Funnel(step);
-            let (was, is) = (old_flags[i], summary.funnel[i]);
-            let lost = gave_away && was && !is;
-            let by = i64::from(is && !was) - i64::from(lost);
-            self.bump(c.into(), by)?;
+            let (was, is) = (i64::from(old_flags[i]), i64::from(summary.funnel[i]));
+            self.bump(c.into(), is - was)?;
             match &old_topic {
-                Some(ot) if *ot != topic && was => {
-                    self.bump(CounterKey::Topic(ot.clone(), c), -1)?;
-                    self.bump(CounterKey::Topic(topic.clone(), c), i64::from(is))?;
+                Some(ot) if *ot != topic => {
+                    self.bump(CounterKey::Topic(ot.clone(), c), -was)?;
+                    self.bump(CounterKey::Topic(topic.clone(), c), is)?;
                 }
-                _ => self.bump(CounterKey::Topic(topic.clone(), c), by)?,
+                _ => self.bump(CounterKey::Topic(topic.clone(), c), is - was)?,
             }
         }
         Ok(())
