@@ -2,19 +2,8 @@
 //! (`msgtrail trace`, `msgtrail stats`). The trajectory model carries nanoseconds; how they
 //! read is the reader's business.
 
-use msgtrail_core::time::format_rfc3339_millis;
-
-/// A latency in words for humans: `0.8 ms`, `41 ms`, `2.97 s`.
-pub fn format_latency(nanos: u64) -> String {
-    let ms = nanos as f64 / 1e6;
-    if ms >= 1000.0 {
-        format!("{:.2} s", ms / 1000.0)
-    } else if ms >= 10.0 {
-        format!("{ms:.0} ms")
-    } else {
-        format!("{ms:.1} ms")
-    }
-}
+/// A latency in words for humans: `0.8 ms`, `41 ms`, `2.97 s` (the diagnosis's wording).
+pub use msgtrail_core::time::format_duration as format_latency;
 
 /// A signed duration in words: `+250 ms`, `-40 ms`, `0.3 ms`.
 pub fn format_signed(nanos: i64) -> String {
@@ -33,11 +22,7 @@ pub fn format_bounded(nanos: i64, bound_nanos: u64) -> String {
 }
 
 /// The UTC time of day with milliseconds: `12:00:01.003`.
-pub fn format_clock(nanos: u64) -> String {
-    // `2026-12-01T12:00:01.003Z` → `12:00:01.003`
-    let s = format_rfc3339_millis(nanos);
-    s.get(11..23).unwrap_or(&s).to_owned()
-}
+pub use msgtrail_core::time::format_time_of_day as format_clock;
 
 #[cfg(test)]
 mod tests {

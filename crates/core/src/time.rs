@@ -37,6 +37,26 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
     (if m <= 2 { y + 1 } else { y }, m, d)
 }
 
+/// A duration in words, as the diagnosis and the CLI write it: `0.8 ms`, `41 ms`, `2.97 s`.
+pub fn format_duration(nanos: u64) -> String {
+    let ms = nanos as f64 / 1e6;
+    if ms >= 1000.0 {
+        format!("{:.2} s", ms / 1000.0)
+    } else if ms >= 10.0 {
+        format!("{ms:.0} ms")
+    } else {
+        format!("{ms:.1} ms")
+    }
+}
+
+/// The UTC time of day with milliseconds (`12:00:01.003`), as the diagnosis and the CLI
+/// write it.
+pub fn format_time_of_day(nanos: u64) -> String {
+    // `2026-12-01T12:00:01.003Z` → `12:00:01.003`
+    let s = format_rfc3339_millis(nanos);
+    s.get(11..23).unwrap_or(&s).to_owned()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

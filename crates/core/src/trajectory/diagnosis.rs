@@ -4,26 +4,7 @@
 
 use super::model::{HopKind, HopSpan, HopStatus, MessageState, Trajectory};
 use crate::ids::MessageId;
-use crate::time::format_rfc3339_millis;
-
-/// A latency in words: `0.8 ms`, `41 ms`, `2.97 s`.
-fn latency_words(nanos: u64) -> String {
-    let ms = nanos as f64 / 1e6;
-    if ms >= 1000.0 {
-        format!("{:.2} s", ms / 1000.0)
-    } else if ms >= 10.0 {
-        format!("{ms:.0} ms")
-    } else {
-        format!("{ms:.1} ms")
-    }
-}
-
-/// The UTC time of day with milliseconds: `12:00:01.003`.
-fn clock_words(nanos: u64) -> String {
-    // `2026-12-01T12:00:01.003Z` → `12:00:01.003`
-    let s = format_rfc3339_millis(nanos);
-    s.get(11..23).unwrap_or(&s).to_owned()
-}
+use crate::time::{format_duration as latency_words, format_time_of_day as clock_words};
 
 /// The clause saying that the request ID was stored as several messages (uploaded again
 /// after the dedup window, a duplicate the broker no longer recognised), naming the others
