@@ -95,8 +95,8 @@ impl BenchConfig {
         }
     }
 
-    /// `--large`: S5 with 10 M stored messages: about 100 M records written (~25 minutes at
-    /// 70 k records/s on 2 cores) and 80–110 GB of store on disk.
+    /// `--large`: S5 with 10 M stored messages: about 100 M records written (~5 minutes at
+    /// ~330 k records/s on 2 cores) and ~20 GB of store on disk (BENCHMARKS.md).
     pub fn large(mut self) -> Self {
         self.lookup_messages = 10_000_000;
         self.scenario_timeout = Duration::from_secs(6 * 3600);
