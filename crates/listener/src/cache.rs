@@ -155,6 +155,11 @@ impl Cache {
         self.map.remove(key).and_then(|e| e.open(key))
     }
 
+    /// Drops a message without reading it back (retention deleted it).
+    pub fn forget(&mut self, key: &str) {
+        self.map.remove(key);
+    }
+
     /// A held message's working form, left in the cache.
     pub fn peek(&self, key: &str) -> Option<Cached> {
         self.map.get(key).and_then(|e| e.open(key))

@@ -820,7 +820,7 @@ impl Store {
                 }
                 // Out of the cache first: should the transaction fail, the message is read
                 // back from the store next time.
-                cache.remove(&key);
+                cache.forget(&key);
                 let (freed, summary) = t.delete_message(&key)?;
                 if summary.is_none() {
                     // An index entry without a summary: drop it so the loop advances.
