@@ -1,4 +1,7 @@
-//! The harness's error type.
+//! The harness's error type. Failures of the parts it drives keep their cause as `source()`.
+
+/// Any error of a part the harness drives.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Why a benchmark run could not complete.
 #[derive(Debug, thiserror::Error)]
@@ -7,24 +10,27 @@ pub enum BenchError {
     /// The configuration makes no sense (zero messages, no payload size, …).
     #[error("invalid benchmark configuration: {0}")]
     Config(String),
+    /// A generated ID is outside its grammar (a bug in the harness).
+    #[error("invalid benchmark configuration: {0}")]
+    Id(#[from] msgtrail_core::IdError),
     /// nats-server could not be started.
     #[error("nats-server: {0}")]
     Server(#[from] msgtrail_test_support::NatsServerError),
     /// NATS or JetStream refused or failed.
     #[error("nats: {0}")]
-    Nats(String),
+    Nats(#[source] BoxError),
     /// The broker could not start.
     #[error("broker: {0}")]
-    Broker(String),
+    Broker(#[source] BoxError),
     /// A producer or consumer failed.
     #[error("client: {0}")]
     Client(#[from] msgtrail_client::ClientError),
     /// The listener or its store failed.
     #[error("listener: {0}")]
-    Listener(String),
+    Listener(#[source] BoxError),
     /// The OTLP exporter or receiver failed.
     #[error("otlp: {0}")]
-    Otlp(String),
+    Otlp(#[source] BoxError),
     /// A scenario did not finish within its time bound.
     #[error("{scenario} did not finish in {secs} s ({done} of {total} done)")]
     Timeout {
@@ -43,8 +49,8 @@ pub enum BenchError {
 }
 
 impl BenchError {
-    /// A NATS error from anything displayable.
-    pub fn nats(e: impl std::fmt::Display) -> Self {
-        BenchError::Nats(e.to_string())
+    /// A NATS error, kept as the cause.
+    pub fn nats(e: impl Into<BoxError>) -> Self {
+        BenchError::Nats(e.into())
     }
 }

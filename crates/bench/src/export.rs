@@ -130,7 +130,7 @@ async fn paced_latency(
 ) -> Result<Latency, BenchError> {
     let receiver = OtlpReceiver::start_grpc()
         .await
-        .map_err(|e| BenchError::Otlp(e.to_string()))?;
+        .map_err(|e| BenchError::Otlp(e.into()))?;
     let config = ExportConfig {
         protocol: Protocol::Grpc,
         endpoint: Some(receiver.endpoint()),
@@ -144,7 +144,7 @@ async fn paced_latency(
         Arc::new(AtomicU64::new(0)),
         stop.clone(),
     );
-    let exporter = TraceExporter::start(config).map_err(|e| BenchError::Otlp(e.to_string()))?;
+    let exporter = TraceExporter::start(config).map_err(|e| BenchError::Otlp(e.into()))?;
     let spans = ((rate.max(1.0) * 5.0) as usize).min(all.len());
     let interval = Duration::from_secs_f64(PACED_CHUNK as f64 / rate.max(1.0));
     let mut offered: Vec<(u64, Instant)> = Vec::new();
@@ -223,7 +223,7 @@ async fn run_protocol(
         Protocol::Grpc => OtlpReceiver::start_grpc().await,
         _ => OtlpReceiver::start(OtlpProtocol::HttpProtobuf, None).await,
     }
-    .map_err(|e| BenchError::Otlp(e.to_string()))?;
+    .map_err(|e| BenchError::Otlp(e.into()))?;
     let config = ExportConfig {
         protocol,
         endpoint: Some(receiver.endpoint()),
@@ -236,7 +236,7 @@ async fn run_protocol(
     let requests = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let counter = count_received(receiver, received.clone(), requests.clone(), stop.clone());
-    let exporter = TraceExporter::start(config).map_err(|e| BenchError::Otlp(e.to_string()))?;
+    let exporter = TraceExporter::start(config).map_err(|e| BenchError::Otlp(e.into()))?;
     let name = format!("S6 OTLP export over {} (spans)", protocol.as_str());
     let phase = progress.phase(&name, spans);
     let deadline = Instant::now() + timeout;

@@ -105,8 +105,7 @@ pub fn replay_set(recorded: &[Vec<StageRecord>], copies: u64) -> Vec<Vec<u8>> {
 }
 
 fn open_store(dir: &std::path::Path, payload_head: usize) -> Result<Store, BenchError> {
-    Store::open(dir, payload_head, Default::default())
-        .map_err(|e| BenchError::Listener(e.to_string()))
+    Store::open(dir, payload_head, Default::default()).map_err(|e| BenchError::Listener(e.into()))
 }
 
 fn new_stats() -> Stats {
@@ -219,7 +218,7 @@ fn counted_inflight(n: u64, batch: usize) -> Result<(u64, f64), BenchError> {
         let records: Vec<StageRecord> = chunk.iter().flatten().cloned().collect();
         store
             .apply(records, msgtrail_core::time::now_nanos())
-            .map_err(|e| BenchError::Listener(e.to_string()))?;
+            .map_err(|e| BenchError::Listener(e.into()))?;
     }
     let cache = store.cache_stats();
     let per = cache.bytes as f64 / cache.messages.max(1) as f64;

@@ -82,7 +82,7 @@ pub fn run(
         .prefix("msgtrail-bench-lookup-")
         .tempdir()?;
     let store = Store::open(dir.path(), 256, Default::default())
-        .map_err(|e| BenchError::Listener(e.to_string()))?;
+        .map_err(|e| BenchError::Listener(e.into()))?;
     let per = template.len() as u64;
     let phase = progress.phase("S5 fill store (records)", messages * per);
     let start = Instant::now();
@@ -100,7 +100,7 @@ pub fn run(
         let n = records.len() as u64;
         store
             .apply(records, msgtrail_core::time::now_nanos())
-            .map_err(|e| BenchError::Listener(e.to_string()))?;
+            .map_err(|e| BenchError::Listener(e.into()))?;
         phase.add(n);
         k = end;
     }
@@ -118,7 +118,7 @@ pub fn run(
     for _ in 0..queries {
         let i = 1 + next(&mut rng) % messages;
         let id = MessageId::from_u128(base.as_u128() ^ u128::from(i))
-            .map_err(|e| BenchError::Config(e.to_string()))?
+            .map_err(BenchError::Id)?
             .to_string();
         let t = Instant::now();
         let r = store.lookup(&id, None, msgtrail_core::time::now_nanos());

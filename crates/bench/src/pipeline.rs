@@ -138,7 +138,7 @@ pub struct PipelineResult {
 }
 
 fn id(s: &str) -> Result<ClientId, BenchError> {
-    ClientId::new(s).map_err(|e| BenchError::Config(e.to_string()))
+    ClientId::new(s).map_err(BenchError::Id)
 }
 
 fn timeout_err(p: &PipelineParams, what: &str, done: u64) -> BenchError {
@@ -172,13 +172,13 @@ pub async fn run(p: &PipelineParams, progress: &Progress) -> Result<PipelineResu
         .collect();
     let config = BrokerConfig {
         nats: NatsOptions::url(p.nats_url.clone()),
-        clients: ClientRegistry::new(entries).map_err(BenchError::Broker)?,
+        clients: ClientRegistry::new(entries).map_err(|e| BenchError::Broker(e.into()))?,
         record_stages: p.record_stages,
         ..Default::default()
     };
     let broker = msgtrail_broker::start(config)
         .await
-        .map_err(|e| BenchError::Broker(e.to_string()))?;
+        .map_err(|e| BenchError::Broker(e.into()))?;
     let result = run_with_broker(p, &broker, producers, consumers, progress).await;
     let (measured, paced, listener) = match result {
         Ok(v) => v,
@@ -367,7 +367,7 @@ async fn start_listener(
     };
     let handle = msgtrail_listener::start_with_client(config, admin.clone())
         .await
-        .map_err(|e| BenchError::Listener(e.to_string()))?;
+        .map_err(|e| BenchError::Listener(e.into()))?;
     Ok((handle, dir))
 }
 
@@ -425,13 +425,13 @@ impl Drive<'_> {
             let r = tokio::time::timeout_at(deadline, t)
                 .await
                 .map_err(|_| timeout_err(p, "send", sent.load(Ordering::Relaxed)))?
-                .map_err(|e| BenchError::Broker(e.to_string()))??;
+                .map_err(|e| BenchError::Broker(e.into()))??;
             send_latency.merge(&r);
         }
         let send = Throughput::new(load.messages, start.elapsed());
         let mut e2e = Recorder::default();
         for t in consumer_tasks {
-            e2e.merge(&t.await.map_err(|e| BenchError::Broker(e.to_string()))??);
+            e2e.merge(&t.await.map_err(|e| BenchError::Broker(e.into()))??);
         }
         let end = consumed
             .finished()
@@ -506,7 +506,7 @@ async fn consume(
         )
         .await;
         for s in settled {
-            s?.map_err(BenchError::Broker)?;
+            s?.map_err(|e| BenchError::Broker(e.into()))?;
             done.one();
         }
     }
@@ -537,7 +537,7 @@ async fn listener_catch_up(
             handle
                 .shutdown()
                 .await
-                .map_err(|e| BenchError::Listener(e.to_string()))?;
+                .map_err(|e| BenchError::Listener(e.into()))?;
             if !caught_up {
                 return Err(BenchError::Timeout {
                     scenario: format!("{} listener ingest", p.tag),

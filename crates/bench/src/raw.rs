@@ -219,9 +219,7 @@ async fn pipeline(
         async move { consume(consumer, &p, counter, "S1 pipeline").await }
     });
     let send = publish(js, p, Arc::new(AtomicU64::new(0))).await?;
-    let (e2e, end) = consumers
-        .await
-        .map_err(|e| BenchError::Nats(e.to_string()))??;
+    let (e2e, end) = consumers.await.map_err(|e| BenchError::Nats(e.into()))??;
     Ok((e2e, send, Throughput::new(p.messages, end - start)))
 }
 
@@ -294,13 +292,13 @@ async fn publish(
                 done: done.load(Ordering::Relaxed),
                 total: p.messages,
             })?
-            .map_err(|e| BenchError::Nats(e.to_string()))??;
+            .map_err(|e| BenchError::Nats(e.into()))??;
         all.merge(&rec);
     }
     Ok(all)
 }
 
-fn note<T, E: std::fmt::Display>(
+fn note<T, E: Into<crate::error::BoxError>>(
     rec: &mut Recorder,
     done: &AtomicU64,
     (sent, r): (Instant, Result<T, E>),
@@ -349,7 +347,7 @@ async fn consume(
     }
     let mut all = Recorder::default();
     for t in tasks {
-        all.merge(&t.await.map_err(|e| BenchError::Nats(e.to_string()))??);
+        all.merge(&t.await.map_err(|e| BenchError::Nats(e.into()))??);
     }
     match done.finished() {
         Some(end) => Ok((all, end)),

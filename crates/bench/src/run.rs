@@ -77,7 +77,7 @@ pub async fn run(config: BenchConfig, progress: bool) -> Result<Report, BenchErr
         ingest::run(&recorded, messages, copies, batch, &progress)
     })
     .await
-    .map_err(|e| BenchError::Listener(e.to_string()))??;
+    .map_err(|e| BenchError::Listener(e.into()))??;
     let (tpl, n, q) = (
         template.clone(),
         config.lookup_messages,
@@ -85,7 +85,7 @@ pub async fn run(config: BenchConfig, progress: bool) -> Result<Report, BenchErr
     );
     let s5 = tokio::task::spawn_blocking(move || lookup::run(&tpl, n, q, &progress))
         .await
-        .map_err(|e| BenchError::Listener(e.to_string()))??;
+        .map_err(|e| BenchError::Listener(e.into()))??;
     let s6 = export::run(
         &template,
         config.export_spans,

@@ -3,6 +3,7 @@
 
 use crate::clients::ClientRegistry;
 use msgtrail_client::NatsOptions;
+use msgtrail_core::ConfigError;
 use std::time::Duration;
 
 /// Everything the broker needs to run.
@@ -81,27 +82,32 @@ impl Default for BrokerConfig {
 
 impl BrokerConfig {
     /// Checks the values that would fail later in confusing ways.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad =
+            |field: &'static str, reason: &str| Err(ConfigError::field("broker", field, reason));
         if self.replicas == 0 || self.replicas > 5 {
-            return Err(format!("replicas must be 1 to 5, got {}", self.replicas));
+            return bad(
+                "replicas",
+                &format!("must be 1 to 5, got {}", self.replicas),
+            );
         }
         if self.max_deliver == 0 {
-            return Err("max deliver must be at least 1".into());
+            return bad("max deliver", "must be at least 1");
         }
         if self.ack_wait < Duration::from_millis(100) {
-            return Err("ack wait must be at least 100 ms".into());
+            return bad("ack wait", "must be at least 100 ms");
         }
         if self.dedup_window.is_zero() {
-            return Err("dedup window must be positive".into());
+            return bad("dedup window", "must be positive");
         }
         if self.stage_batch_max == 0 || self.stage_buffer == 0 {
-            return Err("stage batch and buffer sizes must be positive".into());
+            return bad("stage batch and buffer sizes", "must be positive");
         }
         if self.max_concurrent_requests == 0 {
-            return Err("max concurrent requests must be at least 1".into());
+            return bad("max concurrent requests", "must be at least 1");
         }
         if self.channel_ttl < Duration::from_secs(1) {
-            return Err("channel ttl must be at least 1 s".into());
+            return bad("channel ttl", "must be at least 1 s");
         }
         Ok(())
     }

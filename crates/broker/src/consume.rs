@@ -845,8 +845,8 @@ impl Deliverer {
                     )
                     .await;
                 if let Err(e) = match published {
-                    Ok(ack) => ack.await.map(|_| ()).map_err(|e| e.to_string()),
-                    Err(e) => Err(e.to_string()),
+                    Ok(ack) => ack.await.map(|_| ()),
+                    Err(e) => Err(e),
                 } {
                     tracing::warn!(seq, error = %e, "dead letter not copied");
                 }

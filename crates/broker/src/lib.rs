@@ -10,6 +10,7 @@
 //! - [`shared`]: the parts every request handler shares.
 //! - [`server`]: the NATS service, request dispatch, startup and graceful shutdown.
 //! - [`config`]: [`BrokerConfig`] and its defaults.
+//! - [`error`]: [`BrokerError`], why the broker could not start.
 //! - [`clients`]: the configured clients (IDs, nkeys, topic permissions).
 //! - [`channels`]: nkey challenge–response, channel open/keepalive/close, shared in a KV bucket.
 //! - [`upload`]: single and batched uploads: validation, ID assignment, storage with all
@@ -30,6 +31,7 @@ pub mod channels;
 pub mod clients;
 pub mod config;
 pub mod consume;
+pub mod error;
 pub mod metrics;
 pub mod push;
 pub mod relay;

@@ -8,6 +8,7 @@
 use crate::channels::Channels;
 use crate::config::BrokerConfig;
 use crate::consume::Deliverer;
+pub use crate::error::BrokerError;
 use crate::metrics::Metrics;
 use crate::push::PushManager;
 use crate::relay::Relay;
@@ -31,21 +32,6 @@ use std::future::Future;
 use std::sync::Arc;
 use tokio::sync::{RwLock, Semaphore};
 use tokio::task::JoinHandle;
-
-/// Why the broker could not start or stopped with an error.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum BrokerError {
-    /// The configuration is invalid.
-    #[error("invalid broker configuration: {0}")]
-    Config(String),
-    /// NATS could not be reached.
-    #[error(transparent)]
-    Connect(#[from] msgtrail_client::ConnectError),
-    /// JetStream or the service API refused something at startup.
-    #[error("broker setup failed: {0}")]
-    Setup(String),
-}
 
 /// The request kinds, one per endpoint.
 #[derive(Debug, Clone, Copy)]
@@ -233,12 +219,13 @@ pub async fn run(
 
 /// Starts a broker in the background.
 pub async fn start(config: BrokerConfig) -> Result<RunningBroker, BrokerError> {
-    config.validate().map_err(BrokerError::Config)?;
+    config.validate()?;
     let config = Arc::new(config);
     let client = config.nats.connect().await?;
     let js = async_nats::jetstream::new(client.clone());
-    let setup = |e: &dyn std::fmt::Display| BrokerError::Setup(e.to_string());
-    let (storage, key) = ensure_storage(&js, &config).await.map_err(|e| setup(&e))?;
+    let (storage, key) = ensure_storage(&js, &config)
+        .await
+        .map_err(|e| BrokerError::setup("streams and signing key", e))?;
     let metrics = Arc::new(Metrics::default());
     let (sink, writer) = StageSink::start(
         js.clone(),
@@ -259,7 +246,7 @@ pub async fn start(config: BrokerConfig) -> Result<RunningBroker, BrokerError> {
         config.service_name.clone(),
     )
     .await
-    .map_err(|e| setup(&e))?;
+    .map_err(|e| BrokerError::setup("channels bucket", e))?;
     let shared = Arc::new(crate::shared::Shared {
         js: js.clone(),
         stream: storage.messages.clone(),
@@ -309,7 +296,7 @@ pub async fn start(config: BrokerConfig) -> Result<RunningBroker, BrokerError> {
         .stats_handler(move |_, _| stats_metrics.snapshot())
         .start("msgtrail", env!("CARGO_PKG_VERSION"))
         .await
-        .map_err(|e| setup(&e))?;
+        .map_err(|e| BrokerError::setup("service", e))?;
     let mut endpoints = Vec::new();
     for (kind, name, subject) in ENDPOINTS {
         let ep = service
@@ -317,7 +304,7 @@ pub async fn start(config: BrokerConfig) -> Result<RunningBroker, BrokerError> {
             .name(*name)
             .add(*subject)
             .await
-            .map_err(|e| setup(&e))?;
+            .map_err(|e| BrokerError::setup("service endpoint", e))?;
         endpoints.push((*kind, ep));
     }
     let advisories = tokio::spawn(deliverer.watch_max_deliveries(signal.clone()));

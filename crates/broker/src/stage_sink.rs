@@ -174,19 +174,23 @@ const RETRY_QUEUE: usize = 10_000;
 /// How long the writer keeps retrying after the last sink is dropped (shutdown).
 const DRAIN: Duration = Duration::from_secs(5);
 
-type AckFuture =
-    std::pin::Pin<Box<dyn std::future::Future<Output = (Pending, Result<(), String>)> + Send>>;
+/// Why a stage batch was not stored (publishing it or JetStream's ack), kept for the log.
+type PublishError = async_nats::jetstream::context::PublishError;
+
+type AckFuture = std::pin::Pin<
+    Box<dyn std::future::Future<Output = (Pending, Result<(), PublishError>)> + Send>,
+>;
 
 async fn publish(
     js: &async_nats::jetstream::Context,
     p: Pending,
-) -> Result<AckFuture, (Pending, String)> {
+) -> Result<AckFuture, (Pending, PublishError)> {
     match js.publish(STAGE_SUBJECT, p.bytes.clone()).await {
         Ok(ack) => Ok(Box::pin(async move {
-            let res = ack.await.map(|_| ()).map_err(|e| e.to_string());
+            let res = ack.await.map(|_| ()).map_err(PublishError::from);
             (p, res)
         })),
-        Err(e) => Err((p, e.to_string())),
+        Err(e) => Err((p, PublishError::from(e))),
     }
 }
 
@@ -344,7 +348,7 @@ fn schedule(
 }
 
 /// Counts an acked batch (its sequence), or hands a failed one back for another try.
-fn note_ack(metrics: &Metrics, p: Pending, res: Result<(), String>) -> Result<u64, Pending> {
+fn note_ack(metrics: &Metrics, p: Pending, res: Result<(), PublishError>) -> Result<u64, Pending> {
     match res {
         Ok(()) => {
             Metrics::inc(&metrics.stage_batches);

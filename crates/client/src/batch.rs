@@ -154,7 +154,7 @@ pub(crate) fn spawn<F: Flight>(flight: Arc<F>, limits: Limits) -> Queue<F> {
 
 /// The error a caller sees when the batcher is gone (the runtime is shutting down).
 pub(crate) fn stopped() -> ClientError {
-    ClientError::Nats("the client's batcher has stopped".into())
+    ClientError::nats(crate::error::BatcherStopped)
 }
 
 /// Queues one submission and waits for each job's result.

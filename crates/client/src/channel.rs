@@ -75,7 +75,7 @@ pub(crate) async fn request_raw(
             async_nats::RequestErrorKind::NoResponders => ClientError::NoBroker {
                 subject: subject.to_owned(),
             },
-            _ => ClientError::Nats(e.to_string()),
+            _ => ClientError::nats(e),
         })?;
     if let Some(hs) = &reply.headers {
         if let Some(code) = hs.get(h::ERROR) {
@@ -101,7 +101,7 @@ pub(crate) async fn request_raw(
 }
 
 pub(crate) fn decode<T: DeserializeOwned>(reply: &async_nats::Message) -> Result<T, ClientError> {
-    serde_json::from_slice(&reply.payload).map_err(|e| ClientError::Decode(e.to_string()))
+    serde_json::from_slice(&reply.payload).map_err(ClientError::decode)
 }
 
 pub(crate) async fn request_json<Q: Serialize, T: DeserializeOwned>(

@@ -63,8 +63,14 @@ impl fmt::Debug for NatsOptions {
 #[non_exhaustive]
 pub enum ConnectError {
     /// The options are inconsistent or a file cannot be read.
-    #[error("invalid NATS options: {0}")]
-    Options(String),
+    #[error("invalid NATS options: {reason}")]
+    Options {
+        /// What is wrong, in words (with the cause's text, if any).
+        reason: String,
+        /// What refused the option: the file system, the URL parser.
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
     /// NATS refused or could not be reached.
     #[error("cannot connect to NATS at {urls}: {source}")]
     Connect {
@@ -73,6 +79,25 @@ pub enum ConnectError {
         /// The client's error.
         source: async_nats::ConnectError,
     },
+}
+
+impl ConnectError {
+    fn options(reason: impl Into<String>) -> Self {
+        ConnectError::Options {
+            reason: reason.into(),
+            source: None,
+        }
+    }
+
+    fn options_caused(
+        reason: impl Into<String>,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        ConnectError::Options {
+            reason: reason.into(),
+            source: Some(source.into()),
+        }
+    }
 }
 
 impl NatsOptions {
@@ -87,24 +112,21 @@ impl NatsOptions {
     /// Connects. Reconnection is async-nats' default (retry forever with backoff).
     pub async fn connect(&self) -> Result<async_nats::Client, ConnectError> {
         if self.urls.is_empty() {
-            return Err(ConnectError::Options("no NATS server URL given".into()));
+            return Err(ConnectError::options("no NATS server URL given"));
         }
         let mut opts = async_nats::ConnectOptions::new();
         match (&self.user, &self.password) {
             (Some(u), Some(p)) => opts = opts.user_and_password(u.clone(), p.clone()),
             (None, None) => {}
-            _ => {
-                return Err(ConnectError::Options(
-                    "user and password go together".into(),
-                ))
-            }
+            _ => return Err(ConnectError::options("user and password go together")),
         }
         if let Some(t) = &self.token {
             opts = opts.token(t.clone());
         }
         if let Some(path) = &self.creds_file {
             opts = opts.credentials_file(path).await.map_err(|e| {
-                ConnectError::Options(format!("cannot read creds file {}: {e}", path.display()))
+                let reason = format!("cannot read creds file {}: {e}", path.display());
+                ConnectError::options_caused(reason, e)
             })?;
         }
         if let Some(seed) = &self.nkey_seed {
@@ -116,7 +138,7 @@ impl NatsOptions {
         match (&self.tls_cert, &self.tls_key) {
             (Some(c), Some(k)) => opts = opts.add_client_certificate(c.clone(), k.clone()),
             (None, None) => {}
-            _ => return Err(ConnectError::Options("tls cert and key go together".into())),
+            _ => return Err(ConnectError::options("tls cert and key go together")),
         }
         if self.require_tls {
             opts = opts.require_tls(true);
@@ -133,8 +155,9 @@ impl NatsOptions {
             .urls
             .iter()
             .map(|u| {
-                u.parse::<async_nats::ServerAddr>()
-                    .map_err(|e| ConnectError::Options(format!("invalid NATS URL {u:?}: {e}")))
+                u.parse::<async_nats::ServerAddr>().map_err(|e| {
+                    ConnectError::options_caused(format!("invalid NATS URL {u:?}: {e}"), e)
+                })
             })
             .collect::<Result<Vec<_>, _>>()?;
         let urls = self.urls.join(",");
@@ -153,7 +176,7 @@ fn check_inbox_prefix(prefix: &str) -> Result<(), ConnectError> {
     if ok {
         Ok(())
     } else {
-        Err(ConnectError::Options(format!(
+        Err(ConnectError::options(format!(
             "invalid inbox prefix {prefix:?}: use subject tokens without wildcards, such as _INBOX_CLIENT.shop"
         )))
     }

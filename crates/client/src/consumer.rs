@@ -46,7 +46,7 @@
 
 use crate::batch::{self, Flight, Job, Limits, Queue};
 use crate::channel::{decode, frame_budget, request_json, request_raw, Channel, DEFAULT_TIMEOUT};
-use crate::error::ClientError;
+use crate::error::{Cause, ClientError};
 use crate::hooks::{DeliveryInfo, HookEvent, Hooks};
 use crate::identity::Identity;
 use crate::reporter::{self, Outbox, Reporter, Reporting};
@@ -257,8 +257,7 @@ impl Settles {
             .request_on_channel(s::SETTLE, body, self.channel.timeout)
             .await;
         let reply = reply.and_then(|m| {
-            let r = SettleResults::decode(&m.payload)
-                .map_err(|e| ClientError::Decode(e.to_string()))?;
+            let r = SettleResults::decode(&m.payload).map_err(ClientError::decode)?;
             Ok((r.results, r.reports))
         });
         let results = reporter::batch_results(reply, replies.len(), ("settle", "settles"), ticket);
@@ -282,11 +281,14 @@ impl Settles {
 
 /// A delivery of a binary frame as the SDK hands it out.
 fn received(d: DeliveredMessage, consumer: &ClientId, push: bool) -> Result<Received, ClientError> {
-    let bad = |what: &str, e: &dyn std::fmt::Display| {
-        ClientError::Decode(format!("{what} of delivery {}: {e}", d.message_id))
+    let bad = |what: &str, e: msgtrail_core::IdError| {
+        ClientError::Decode(Cause::with_context(
+            format!("{what} of delivery {}", d.message_id),
+            e,
+        ))
     };
-    let producer = ClientId::new(d.producer.as_str()).map_err(|e| bad("producer", &e))?;
-    let group = ClientId::new(d.group.as_str()).map_err(|e| bad("group", &e))?;
+    let producer = ClientId::new(d.producer.as_str()).map_err(|e| bad("producer", e))?;
+    let group = ClientId::new(d.group.as_str()).map_err(|e| bad("group", e))?;
     Ok(Received {
         message_id: d.message_id,
         topic: d.topic,
@@ -405,8 +407,7 @@ impl Consumer {
             .await?;
         let me = self.client_id();
         let mut out = if frame::frame_kind(&reply.payload) == Some(FrameKind::Deliveries) {
-            let batch = DeliveryBatch::decode(&reply.payload)
-                .map_err(|e| ClientError::Decode(e.to_string()))?;
+            let batch = DeliveryBatch::decode(&reply.payload).map_err(ClientError::decode)?;
             batch
                 .messages
                 .into_iter()
@@ -441,7 +442,7 @@ impl Consumer {
             .client
             .subscribe(inbox.clone())
             .await
-            .map_err(|e| ClientError::Nats(e.to_string()))?;
+            .map_err(ClientError::nats)?;
         let reply: SubscribeReply = ch
             .with_channel(|channel| {
                 let req = SubscribeRequest {
@@ -680,7 +681,12 @@ fn json_deliveries(reply: FetchReply, me: &ClientId) -> Result<Vec<Received>, Cl
         .map(|d| {
             let payload = base64::engine::general_purpose::STANDARD
                 .decode(&d.payload)
-                .map_err(|e| ClientError::Decode(format!("payload of {}: {e}", d.message_id)))?;
+                .map_err(|e| {
+                    ClientError::Decode(Cause::with_context(
+                        format!("payload of {}", d.message_id),
+                        e,
+                    ))
+                })?;
             Ok(Received {
                 message_id: d.message_id,
                 topic: d.topic,

@@ -1,6 +1,66 @@
-//! Client errors.
+//! Client errors. Each keeps its cause: [`ClientError`]'s `source()` is what NATS, the
+//! decoder or the validation said, not a copy of its text.
 
 use msgtrail_core::{ErrorCode, WireError};
+use std::fmt;
+use std::sync::Arc;
+
+/// The underlying error of a [`ClientError`], shared (the error is `Clone`).
+pub type SharedError = Arc<dyn std::error::Error + Send + Sync>;
+
+/// What caused a [`ClientError`], with what the client was doing when it happened.
+/// `Display` shows both; `source()` is the original error.
+#[derive(Debug, Clone)]
+pub struct Cause {
+    context: Option<String>,
+    source: SharedError,
+}
+
+impl Cause {
+    /// A cause without further context.
+    pub fn new(source: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        Cause {
+            context: None,
+            source: Arc::from(source.into()),
+        }
+    }
+
+    /// A cause, and what was being done (`payload of <message id>`).
+    pub fn with_context(
+        context: impl Into<String>,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        Cause {
+            context: Some(context.into()),
+            ..Cause::new(source)
+        }
+    }
+
+    /// The original error.
+    pub fn inner(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        &*self.source
+    }
+}
+
+impl fmt::Display for Cause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.context {
+            Some(c) => write!(f, "{c}: {}", self.source),
+            None => self.source.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for Cause {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.source)
+    }
+}
+
+/// The client's background batcher is gone (the runtime is shutting down).
+#[derive(Debug, Clone, Copy, thiserror::Error)]
+#[error("the client's batcher has stopped")]
+pub struct BatcherStopped;
 
 /// What went wrong with a request to the broker. `Clone`, so that one failed batch request can
 /// answer every message it carried.
@@ -27,16 +87,26 @@ pub enum ClientError {
     },
     /// NATS trouble (connection, permissions).
     #[error("nats: {0}")]
-    Nats(String),
+    Nats(#[source] Cause),
     /// The reply could not be decoded.
     #[error("invalid reply from broker: {0}")]
-    Decode(String),
+    Decode(#[source] Cause),
     /// The caller's input is invalid before anything is sent.
     #[error("{0}")]
-    Invalid(String),
+    Invalid(#[source] Cause),
 }
 
 impl ClientError {
+    /// NATS trouble, with NATS' own error as the cause.
+    pub(crate) fn nats(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        ClientError::Nats(Cause::new(e))
+    }
+
+    /// A reply that could not be decoded, with the decoder's error as the cause.
+    pub(crate) fn decode(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        ClientError::Decode(Cause::new(e))
+    }
+
     /// The broker's error code, if the broker refused.
     pub fn code(&self) -> Option<ErrorCode> {
         match self {

@@ -29,8 +29,12 @@ impl fmt::Debug for Identity {
 impl Identity {
     /// An identity from an nkey user seed (`SU…`).
     pub fn from_seed(client_id: ClientId, seed: &str) -> Result<Self, ClientError> {
-        let key = nkeys::KeyPair::from_seed(seed.trim())
-            .map_err(|e| ClientError::Invalid(format!("invalid nkey seed for {client_id}: {e}")))?;
+        let key = nkeys::KeyPair::from_seed(seed.trim()).map_err(|e| {
+            ClientError::Invalid(crate::error::Cause::with_context(
+                format!("invalid nkey seed for {client_id}"),
+                e,
+            ))
+        })?;
         Ok(Identity {
             client_id,
             key: Arc::new(key),

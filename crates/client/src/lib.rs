@@ -48,7 +48,7 @@ pub mod reporter;
 
 pub use connect::{ConnectError, NatsOptions};
 pub use consumer::{Consumer, ConsumerOptions, PushOptions, PushStream, Received};
-pub use error::ClientError;
+pub use error::{BatcherStopped, Cause, ClientError};
 pub use hooks::{HookEvent, HookKind, Hooks};
 pub use identity::Identity;
 pub use producer::{Outgoing, Producer, ProducerOptions};

@@ -36,7 +36,7 @@
 
 use crate::batch::{self, Flight, Job, Limits, Queue};
 use crate::channel::{frame_budget, Channel, DEFAULT_TIMEOUT};
-use crate::error::ClientError;
+use crate::error::{Cause, ClientError};
 use crate::hooks::{HookEvent, Hooks};
 use crate::identity::Identity;
 use crate::reporter::{self, Outbox, Reporter, Reporting};
@@ -169,10 +169,11 @@ struct Prepared {
 
 impl Prepared {
     fn new(msg: Outgoing) -> Result<Self, ClientError> {
-        Topic::new(msg.topic.as_str()).map_err(|e| ClientError::Invalid(e.to_string()))?;
+        let invalid = |e: String| ClientError::Invalid(Cause::new(e));
+        Topic::new(msg.topic.as_str()).map_err(|e| ClientError::Invalid(Cause::new(e)))?;
         for (k, v) in &msg.attrs {
-            h::validate_attr_key(k).map_err(ClientError::Invalid)?;
-            h::validate_attr_value(k, v).map_err(ClientError::Invalid)?;
+            h::validate_attr_key(k).map_err(invalid)?;
+            h::validate_attr_value(k, v).map_err(invalid)?;
         }
         let request_id = msg.request_id.unwrap_or_else(RequestId::generate);
         let entry = UploadEntry {
@@ -307,8 +308,7 @@ impl Uploads {
             .await;
         let at = now_nanos();
         let reply = reply.and_then(|m| {
-            let r = UploadResults::decode(&m.payload)
-                .map_err(|e| ClientError::Decode(e.to_string()))?;
+            let r = UploadResults::decode(&m.payload).map_err(ClientError::decode)?;
             Ok((r.results, r.reports))
         });
         let results = reporter::batch_results(reply, pending.len(), ("upload", "messages"), ticket)

@@ -252,7 +252,7 @@ pub(crate) fn batch_results<T>(
     let checked = reply.and_then(|(r, reports)| {
         let n = r.len();
         if n != items {
-            return Err(ClientError::Decode(format!(
+            return Err(ClientError::decode(format!(
                 "{n} {what} results for {items} {items_name}"
             )));
         }

@@ -4,6 +4,7 @@
 //! the listener and the OpenTelemetry bridge all depend on it and on nothing of each other.
 //!
 //! ## Layout
+//! - [`config`]: [`ConfigError`], the one shape of a refused configuration.
 //! - [`ids`]: message IDs (UUIDv7), request IDs, client IDs, topics and their grammar.
 //! - [`trace_ids`]: the documented derivation of OpenTelemetry trace and span IDs from
 //!   message IDs, so every part computes the same IDs without propagating context.
@@ -23,6 +24,7 @@
 //! docs/PROTOCOL.md at the repository root describes the same protocol for clients in
 //! other languages.
 
+pub mod config;
 pub mod frame;
 pub mod headers;
 pub mod ids;
@@ -35,6 +37,7 @@ pub mod trace_ids;
 pub mod trajectory;
 pub mod wire;
 
+pub use config::ConfigError;
 pub use ids::{ClientId, IdError, MessageId, RequestId, Topic};
 pub use record::{RecordError, StageRecord};
 pub use stage::{Role, Stage};

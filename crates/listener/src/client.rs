@@ -26,15 +26,24 @@ pub const ENV_LISTENER_URL: &str = "MSGTRAIL_LISTENER_URL";
 #[non_exhaustive]
 pub enum ClientError {
     /// The URL is not `http://host:port[/prefix]`.
-    #[error("invalid listener url {0:?}: expected http://host:port")]
-    Url(String),
+    #[error("invalid listener url {url:?}: expected http://host:port")]
+    Url {
+        /// The URL as given.
+        url: String,
+        /// The URL parser's error, if it refused it (a URL that parses can still be unusable).
+        #[source]
+        source: Option<url::ParseError>,
+    },
     /// The listener could not be reached.
     #[error("cannot reach the listener at {addr}: {reason}")]
     Connect {
         /// host:port.
         addr: String,
-        /// What went wrong.
+        /// What went wrong (the whole chain, in words: hyper's own message is terse).
         reason: String,
+        /// The HTTP client's error, if there was one (not for a timeout).
+        #[source]
+        source: Option<hyper_util::client::legacy::Error>,
     },
     /// The listener answered with an error.
     #[error("listener answered {status}: {}", .body.error)]
@@ -45,11 +54,26 @@ pub enum ClientError {
         body: ApiError,
     },
     /// The answer could not be understood.
-    #[error("unexpected answer from the listener: {0}")]
-    Protocol(String),
+    #[error("unexpected answer from the listener: {context}: {source}")]
+    Protocol {
+        /// What the client was doing.
+        context: String,
+        /// What failed.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
 }
 
 impl ClientError {
+    fn protocol(
+        context: impl Into<String>,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        ClientError::Protocol {
+            context: context.into(),
+            source: source.into(),
+        }
+    }
+
     /// Whether the listener said "not found" (as opposed to failing).
     pub fn is_not_found(&self) -> bool {
         matches!(self, ClientError::Api { status: 404, .. })
@@ -95,8 +119,14 @@ pub fn encode(s: &str) -> String {
 impl ListenerClient {
     /// A client of the listener at `url` (`http://host:port`, optionally with a path prefix).
     pub fn new(url: &str, token: Option<String>) -> Result<Self, ClientError> {
-        let bad = || ClientError::Url(url.to_owned());
-        let parsed = url::Url::parse(url.trim()).map_err(|_| bad())?;
+        let bad = || ClientError::Url {
+            url: url.to_owned(),
+            source: None,
+        };
+        let parsed = url::Url::parse(url.trim()).map_err(|e| ClientError::Url {
+            url: url.to_owned(),
+            source: Some(e),
+        })?;
         if parsed.scheme() != "http" || parsed.query().is_some() {
             return Err(bad());
         }
@@ -124,14 +154,14 @@ impl ListenerClient {
     pub async fn get_raw(&self, path: &str) -> Result<(u16, Vec<u8>), ClientError> {
         let uri: hyper::Uri = format!("{}{path}", self.base)
             .parse()
-            .map_err(|e| ClientError::Protocol(format!("bad request path {path:?}: {e}")))?;
+            .map_err(|e| ClientError::protocol(format!("bad request path {path:?}"), e))?;
         let mut req = hyper::Request::get(uri).header(hyper::header::ACCEPT, "application/json");
         if let Some(t) = &self.token {
             req = req.header(hyper::header::AUTHORIZATION, format!("Bearer {t}"));
         }
         let req = req
             .body(Empty::new())
-            .map_err(|e| ClientError::Protocol(e.to_string()))?;
+            .map_err(|e| ClientError::protocol("building the request", e))?;
         let fut = async {
             let resp = self
                 .http
@@ -140,13 +170,14 @@ impl ListenerClient {
                 .map_err(|e| ClientError::Connect {
                     addr: self.host_port.clone(),
                     reason: error_chain(&e),
+                    source: Some(e),
                 })?;
             let status = resp.status().as_u16();
             let body = resp
                 .into_body()
                 .collect()
                 .await
-                .map_err(|e| ClientError::Protocol(format!("reading the answer: {e}")))?
+                .map_err(|e| ClientError::protocol("reading the answer", e))?
                 .to_bytes();
             Ok((status, body.to_vec()))
         };
@@ -155,6 +186,7 @@ impl ListenerClient {
             .map_err(|_| ClientError::Connect {
                 addr: self.host_port.clone(),
                 reason: format!("no answer within {:?}", self.timeout),
+                source: None,
             })?
     }
 
@@ -162,7 +194,8 @@ impl ListenerClient {
     pub async fn get_json<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
         let (status, body) = self.get_raw(path).await?;
         if (200..300).contains(&status) {
-            serde_json::from_slice(&body).map_err(|e| ClientError::Protocol(e.to_string()))
+            serde_json::from_slice(&body)
+                .map_err(|e| ClientError::protocol("decoding the answer", e))
         } else {
             let body = serde_json::from_slice(&body).unwrap_or_else(|_| ApiError {
                 error: String::from_utf8_lossy(&body).trim().to_owned(),

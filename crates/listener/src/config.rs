@@ -134,12 +134,8 @@ impl fmt::Debug for ListenerConfig {
 impl ListenerConfig {
     /// Checks the values that cannot work, with a message naming the field.
     pub fn validate(&self) -> Result<(), crate::ConfigError> {
-        let bad = |field: &'static str, why: &str| {
-            Err(crate::ConfigError {
-                field,
-                reason: why.to_owned(),
-            })
-        };
+        let bad =
+            |field: &'static str, why: &str| Err(crate::ConfigError::field("listener", field, why));
         if self.nats_url.trim().is_empty() {
             return bad("nats_url", "must not be empty");
         }

@@ -1,15 +1,8 @@
 //! The listener's errors: configuration apart from runtime, and query results apart from
 //! query failures so that "not found" never reads as "the query failed".
 
-/// A configuration value that cannot work.
-#[derive(Debug, Clone, thiserror::Error)]
-#[error("invalid listener configuration: {field} {reason}")]
-pub struct ConfigError {
-    /// The field at fault.
-    pub field: &'static str,
-    /// Why, in words.
-    pub reason: String,
-}
+/// A configuration value that cannot work: the one shape every msgtrail part shares.
+pub use msgtrail_core::ConfigError;
 
 /// Why the listener stopped or could not start.
 #[derive(Debug, thiserror::Error)]
@@ -19,8 +12,16 @@ pub enum ListenerError {
     #[error(transparent)]
     Config(#[from] ConfigError),
     /// NATS could not be reached, or JetStream refused the stream or the consumer.
-    #[error("nats: {0}")]
-    Nats(String),
+    #[error("nats: {context}: {source}")]
+    Nats {
+        /// What the listener was doing.
+        context: String,
+        /// What NATS answered.
+        source: async_nats::Error,
+    },
+    /// The stage stream's consumer stopped delivering (NATS closed it).
+    #[error("nats: stage stream consumer ended")]
+    ConsumerEnded,
     /// The store could not be opened or written.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -34,7 +35,10 @@ pub enum ListenerError {
     },
     /// A worker task died.
     #[error("listener task failed: {0}")]
-    Task(String),
+    Task(#[from] tokio::task::JoinError),
+    /// The HTTP server failed.
+    #[error("listener task failed: http server: {0}")]
+    Http(#[source] std::io::Error),
 }
 
 /// A failure of the embedded store.
@@ -51,23 +55,36 @@ pub enum StoreError {
     },
     /// A read or write failed.
     #[error("store: {0}")]
-    Db(String),
+    Db(#[from] redb::Error),
+    /// The blocking task running a store operation died.
+    #[error("store: {0}")]
+    Task(#[from] tokio::task::JoinError),
     /// A stored value could not be decoded (a bug or a corrupted file).
     #[error("store holds an undecodable value: {0}")]
     Corrupt(String),
 }
 
+impl ListenerError {
+    /// A NATS operation that failed, and what it was for.
+    pub(crate) fn nats(context: impl Into<String>, source: impl Into<async_nats::Error>) -> Self {
+        ListenerError::Nats {
+            context: context.into(),
+            source: source.into(),
+        }
+    }
+}
+
+/// redb's specific errors all convert into `redb::Error`, which keeps them as they are.
 macro_rules! db_error {
     ($($t:ty),*) => {$(
         impl From<$t> for StoreError {
             fn from(e: $t) -> Self {
-                StoreError::Db(e.to_string())
+                StoreError::Db(redb::Error::from(e))
             }
         }
     )*};
 }
 db_error!(
-    redb::Error,
     redb::TransactionError,
     redb::TableError,
     redb::StorageError,

@@ -246,8 +246,9 @@ fn batch_of(msgs: Vec<jetstream::Message>) -> Batch {
 enum Ended {
     /// The listener is stopping.
     Stopped,
-    /// The consumer went away (stream or consumer deleted): wait for the stream again.
-    Lost(String),
+    /// The consumer went away (stream or consumer deleted): wait for the stream again. With
+    /// NATS' error, when it gave one.
+    Lost(Option<async_nats::Error>),
 }
 
 /// Everything [`run`] needs.
@@ -296,7 +297,11 @@ pub async fn run(
         {
             Ended::Stopped => return Ok(()),
             Ended::Lost(why) => {
-                tracing::warn!(reason = %why, "store-evidence consumer lost; waiting for the message stream again");
+                let reason = why.map_or_else(
+                    || "the consumer's message stream ended".to_owned(),
+                    |e| e.to_string(),
+                );
+                tracing::warn!(%reason, "store-evidence consumer lost; waiting for the message stream again");
             }
         }
     }
@@ -360,7 +365,7 @@ async fn read(
         .await
     {
         Ok(m) => m,
-        Err(e) => return Ended::Lost(format!("pull: {e}")),
+        Err(e) => return Ended::Lost(Some(e.into())),
     };
     let mut chunks = messages.ready_chunks(source.batch_size);
     let mut poll = tokio::time::interval(source.poll_interval);
@@ -381,7 +386,7 @@ async fn read(
             }
             c = chunks.next() => match c {
                 Some(c) => c,
-                None => return Ended::Lost("the consumer's message stream ended".into()),
+                None => return Ended::Lost(None),
             },
         };
         let mut msgs = Vec::with_capacity(chunk.len());
@@ -389,7 +394,7 @@ async fn read(
             match m {
                 Ok(m) => msgs.push(m),
                 Err(e) if e.kind() == consumer::pull::MessagesErrorKind::ConsumerDeleted => {
-                    return Ended::Lost(e.to_string());
+                    return Ended::Lost(Some(e.into()));
                 }
                 Err(e) => tracing::warn!(error = %e, "store-evidence consumer error"),
             }

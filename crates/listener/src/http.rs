@@ -126,7 +126,7 @@ async fn blocking<T: Send + 'static>(
 ) -> Result<T, QueryError> {
     tokio::task::spawn_blocking(f)
         .await
-        .map_err(|e| QueryError::Store(crate::error::StoreError::Db(e.to_string())))?
+        .map_err(|e| QueryError::Store(crate::error::StoreError::Task(e)))?
 }
 
 /// Builds the router over a store, its statistics and the trace exporter (if any).

@@ -52,7 +52,7 @@ pub async fn consumer(
     let stream = js
         .get_or_create_stream(stage_stream_config())
         .await
-        .map_err(|e| ListenerError::Nats(format!("stage stream {STAGE_STREAM}: {e}")))?;
+        .map_err(|e| ListenerError::nats(format!("stage stream {STAGE_STREAM}"), e))?;
     let config = consumer::pull::Config {
         durable_name: Some(durable.to_owned()),
         description: Some("msgtrail listener".to_owned()),
@@ -64,7 +64,7 @@ pub async fn consumer(
     };
     durable_consumer(&stream, config)
         .await
-        .map_err(|e| ListenerError::Nats(format!("durable consumer {durable}: {e}")))
+        .map_err(|e| ListenerError::nats(format!("durable consumer {durable}"), e))
 }
 
 /// Gets or creates a durable pull consumer, and brings the ack wait of an existing one to
@@ -100,14 +100,14 @@ pub async fn run(
         .expires(Duration::from_secs(30))
         .messages()
         .await
-        .map_err(|e| ListenerError::Nats(format!("stage stream consumer: {e}")))?;
+        .map_err(|e| ListenerError::nats("stage stream consumer", e))?;
     let mut chunks = messages.ready_chunks(batch_size);
     loop {
         let chunk = tokio::select! {
             _ = crate::stopped(&mut stop) => break,
             c = chunks.next() => match c {
                 Some(c) => c,
-                None => return Err(ListenerError::Nats("stage stream consumer ended".into())),
+                None => return Err(ListenerError::ConsumerEnded),
             },
         };
         let mut msgs = Vec::with_capacity(chunk.len());

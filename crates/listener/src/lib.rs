@@ -150,9 +150,7 @@ impl ListenerHandle {
                     break;
                 }
             };
-            let r = next
-                .map_err(|e| ListenerError::Task(e.to_string()))
-                .and_then(|r| r);
+            let r = next.map_err(ListenerError::Task).and_then(|r| r);
             if first.is_ok() {
                 first = r;
             }
@@ -190,9 +188,7 @@ impl ListenerHandle {
     /// Waits until a task ends on its own (an error: tasks run until shutdown).
     async fn failed(&mut self) -> Result<(), ListenerError> {
         match self.tasks.join_next().await {
-            Some(r) => r
-                .map_err(|e| ListenerError::Task(e.to_string()))
-                .and_then(|r| r),
+            Some(r) => r.map_err(ListenerError::Task).and_then(|r| r),
             None => Ok(()),
         }
     }
@@ -210,12 +206,12 @@ pub async fn start(config: ListenerConfig) -> Result<ListenerHandle, ListenerErr
         opts = opts
             .credentials_file(creds)
             .await
-            .map_err(|e| ListenerError::Nats(format!("credentials {}: {e}", creds.display())))?;
+            .map_err(|e| ListenerError::nats(format!("credentials {}", creds.display()), e))?;
     }
     let client = opts
         .connect(config.nats_url.as_str())
         .await
-        .map_err(|e| ListenerError::Nats(format!("connect to {}: {e}", config.nats_url)))?;
+        .map_err(|e| ListenerError::nats(format!("connect to {}", config.nats_url), e))?;
     start_with_client(config, client).await
 }
 
@@ -235,7 +231,7 @@ pub async fn start_with_client(
         })
     })
     .await
-    .map_err(|e| ListenerError::Task(e.to_string()))??;
+    .map_err(ListenerError::Task)??;
     let store = Arc::new(store);
     let st = store.clone();
     let since = started_at.saturating_sub(config.stats_window.as_nanos() as u64);
@@ -247,7 +243,7 @@ pub async fn start_with_client(
         ))
     })
     .await
-    .map_err(|e| ListenerError::Task(e.to_string()))??;
+    .map_err(ListenerError::Task)??;
     let stats = Arc::new(Stats::new(
         config.stats_window,
         started_at,
@@ -281,12 +277,7 @@ pub async fn start_with_client(
     let mut tasks = JoinSet::new();
     let exporter = match &config.otel {
         Some(otel) => {
-            let (sender, task) = export::spawn(otel.clone(), stop_rx.clone()).map_err(|e| {
-                ListenerError::Config(ConfigError {
-                    field: "otel",
-                    reason: e.to_string(),
-                })
-            })?;
+            let (sender, task) = export::spawn(otel.clone(), stop_rx.clone())?;
             tasks.spawn(task);
             Some(sender)
         }
@@ -337,7 +328,7 @@ pub async fn start_with_client(
                 stopped(&mut http_stop).await;
             })
             .await
-            .map_err(|e| ListenerError::Task(format!("http server: {e}")))
+            .map_err(ListenerError::Http)
     });
     tracing::info!(%http_addr, data_dir = %config.data_dir.display(), "listener started");
     Ok(ListenerHandle {

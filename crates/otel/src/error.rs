@@ -1,67 +1,24 @@
 //! Errors of the OpenTelemetry bridge: configuration (refused before anything starts) apart
 //! from export (at run time, counted rather than returned: export never blocks ingest).
+//!
+//! A configuration error has the one shape every msgtrail part shares,
+//! [`msgtrail_core::ConfigError`]: a bad variable, an unsupported protocol, an endpoint or
+//! header that cannot be used.
 
-/// A configuration that cannot work: a bad variable, an unsupported protocol, an endpoint or
-/// header that cannot be used.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum ConfigError {
-    /// An environment variable or option has a value outside its grammar.
-    #[error("invalid {name}={value:?}: expected {expected}")]
-    Invalid {
-        /// The variable or option.
-        name: String,
-        /// The refused value.
-        value: String,
-        /// What it should be, in words.
-        expected: &'static str,
-    },
-    /// The OTLP endpoint cannot be used.
-    #[error("invalid OTLP endpoint {endpoint:?}")]
-    Endpoint {
-        /// The endpoint as configured.
-        endpoint: String,
-        /// Why not.
-        #[source]
-        source: Box<dyn std::error::Error + Send + Sync>,
-    },
-    /// A header of `OTEL_EXPORTER_OTLP_HEADERS` cannot be sent.
-    #[error("invalid OTLP header {name:?}")]
-    Header {
-        /// The header's name.
-        name: String,
-        /// Why not.
-        #[source]
-        source: Box<dyn std::error::Error + Send + Sync>,
-    },
+pub use msgtrail_core::ConfigError;
+
+/// An OTLP endpoint that cannot be used, with the reason.
+pub(crate) fn endpoint(
+    endpoint: &str,
+    source: impl Into<msgtrail_core::config::BoxError>,
+) -> ConfigError {
+    ConfigError::unusable("OTLP endpoint", endpoint, source)
 }
 
-impl ConfigError {
-    pub(crate) fn invalid(name: &str, value: &str, expected: &'static str) -> Self {
-        ConfigError::Invalid {
-            name: name.to_owned(),
-            value: value.to_owned(),
-            expected,
-        }
-    }
-
-    pub(crate) fn endpoint(
-        endpoint: &str,
-        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
-    ) -> Self {
-        ConfigError::Endpoint {
-            endpoint: endpoint.to_owned(),
-            source: source.into(),
-        }
-    }
-
-    pub(crate) fn header(
-        name: &str,
-        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
-    ) -> Self {
-        ConfigError::Header {
-            name: name.to_owned(),
-            source: source.into(),
-        }
-    }
+/// A header of `OTEL_EXPORTER_OTLP_HEADERS` that cannot be sent, with the reason.
+pub(crate) fn header(
+    name: &str,
+    source: impl Into<msgtrail_core::config::BoxError>,
+) -> ConfigError {
+    ConfigError::unusable("OTLP header", name, source)
 }

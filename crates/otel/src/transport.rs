@@ -94,14 +94,15 @@ impl Transport {
         match config.protocol {
             Protocol::Grpc => {
                 let channel = Endpoint::from_shared(endpoint.clone())
-                    .map_err(|e| ConfigError::endpoint(&endpoint, e))?
+                    .map_err(|e| crate::error::endpoint(&endpoint, e))?
                     .connect_timeout(timeout)
                     .connect_lazy();
                 let mut metadata = MetadataMap::new();
                 for (k, v) in &config.headers {
-                    let key: AsciiMetadataKey = k.parse().map_err(|e| ConfigError::header(k, e))?;
+                    let key: AsciiMetadataKey =
+                        k.parse().map_err(|e| crate::error::header(k, e))?;
                     let value: AsciiMetadataValue =
-                        v.parse().map_err(|e| ConfigError::header(k, e))?;
+                        v.parse().map_err(|e| crate::error::header(k, e))?;
                     metadata.insert(key, value);
                 }
                 Ok(Transport::Grpc {
@@ -114,9 +115,9 @@ impl Transport {
             Protocol::HttpProtobuf | Protocol::HttpJson => {
                 let uri: hyper::Uri = endpoint
                     .parse()
-                    .map_err(|e| ConfigError::endpoint(&endpoint, e))?;
+                    .map_err(|e| crate::error::endpoint(&endpoint, e))?;
                 if uri.scheme_str() != Some("http") {
-                    return Err(ConfigError::endpoint(
+                    return Err(crate::error::endpoint(
                         &endpoint,
                         "only http:// is built in (no TLS): export to a local collector",
                     ));
@@ -124,9 +125,9 @@ impl Transport {
                 let mut headers = Vec::new();
                 for (k, v) in &config.headers {
                     let name = hyper::header::HeaderName::try_from(k.as_str())
-                        .map_err(|e| ConfigError::header(k, e))?;
+                        .map_err(|e| crate::error::header(k, e))?;
                     let value = hyper::header::HeaderValue::try_from(v.as_str())
-                        .map_err(|e| ConfigError::header(k, e))?;
+                        .map_err(|e| crate::error::header(k, e))?;
                     headers.push((name, value));
                 }
                 let mut connector = HttpConnector::new();

@@ -27,6 +27,14 @@ pub enum NatsServerError {
     /// The process could not be spawned or did not come up.
     #[error("nats-server failed to start: {0}")]
     Start(String),
+    /// The binary could not be run at all.
+    #[error("nats-server failed to start: {}: {source}", .bin.display())]
+    Spawn {
+        /// The binary.
+        bin: PathBuf,
+        /// Why the operating system refused.
+        source: std::io::Error,
+    },
     /// Filesystem trouble with the temporary directory.
     #[error("nats-server temp dir: {0}")]
     Io(#[from] std::io::Error),
@@ -165,7 +173,10 @@ impl NatsServer {
             .stdout(log.try_clone()?)
             .stderr(log)
             .spawn()
-            .map_err(|e| NatsServerError::Start(format!("{}: {e}", bin.display())))?;
+            .map_err(|source| NatsServerError::Spawn {
+                bin: bin.clone(),
+                source,
+            })?;
         let mut server = NatsServer {
             child,
             url: String::new(),

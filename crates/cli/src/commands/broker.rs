@@ -55,7 +55,7 @@ pub async fn run(nats: &NatsArgs, args: BrokerArgs) -> anyhow::Result<()> {
         max_concurrent_requests: args.max_concurrent_requests,
         ..Default::default()
     };
-    config.validate().map_err(anyhow::Error::msg)?;
+    config.validate()?;
     tracing::info!(clients = config.clients.len(), urls = ?config.nats.urls, "starting broker");
     msgtrail_broker::run(config, crate::signal::shutdown_signal())
         .await
