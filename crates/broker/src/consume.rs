@@ -860,7 +860,7 @@ impl Deliverer {
 
     /// Watches JetStream's max-deliveries advisories (ack timeouts on the last attempt) and
     /// dead-letters those messages. Brokers share the advisories through the queue group.
-    pub async fn watch_max_deliveries(self, shutdown: crate::shutdown::Shutdown) {
+    pub async fn watch_max_deliveries(self, shutdown: tokio_util::sync::CancellationToken) {
         let subject = format!("$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{MESSAGE_STREAM}.*");
         let mut sub = match self
             .shared
@@ -874,10 +874,9 @@ impl Deliverer {
                 return;
             }
         };
-        let mut shutdown = shutdown;
         loop {
             let msg = tokio::select! {
-                _ = shutdown.wait() => break,
+                _ = shutdown.cancelled() => break,
                 m = sub.next() => match m { Some(m) => m, None => break },
             };
             let Ok(v) = serde_json::from_slice::<serde_json::Value>(&msg.payload) else {

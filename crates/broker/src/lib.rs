@@ -25,7 +25,10 @@
 //! - [`stage_sink`]: the bounded, batching, never-blocking writer of the stage stream.
 //! - [`streams`]: the streams and buckets, created if missing.
 //! - [`metrics`]: counters, also in the service stats.
-//! - [`shutdown`]: the shutdown signal the tasks watch.
+//!
+//! Every long-running task watches one `tokio_util::sync::CancellationToken` (a push
+//! subscription a child of it), and requests in flight run on a `TaskTracker` the shutdown
+//! waits for, within the grace period.
 
 pub mod channels;
 pub mod clients;
@@ -38,7 +41,6 @@ pub mod relay;
 pub mod server;
 pub mod settle;
 pub mod shared;
-pub mod shutdown;
 pub mod signing;
 pub mod stage_sink;
 pub mod streams;

@@ -13,7 +13,6 @@
 //! to the owner as a request on `msgtrail.internal.unsubscribe.<subscription>`.
 
 use crate::consume::Deliverer;
-use crate::shutdown::Shutdown;
 use futures::StreamExt;
 use msgtrail_core::frame;
 use msgtrail_core::headers as h;
@@ -22,8 +21,8 @@ use msgtrail_core::{ErrorCode, Role, WireError};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::watch;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 /// Prefix of the internal settle notifications.
 pub const SETTLED_PREFIX: &str = "msgtrail.internal.settled";
@@ -39,7 +38,9 @@ const LONG_POLL: Duration = Duration::from_secs(2);
 #[derive(Debug)]
 struct Handle {
     channel: String,
-    stop: watch::Sender<bool>,
+    /// Cancelled to stop the subscription; a child of the broker's shutdown token, so the
+    /// shutdown stops every subscription too.
+    stop: CancellationToken,
 }
 
 /// The push subscriptions of this broker.
@@ -47,7 +48,7 @@ struct Handle {
 pub struct PushManager {
     deliverer: Deliverer,
     subs: Arc<Mutex<HashMap<String, Handle>>>,
-    shutdown: Shutdown,
+    shutdown: CancellationToken,
 }
 
 fn valid_deliver_subject(s: &str) -> bool {
@@ -64,7 +65,7 @@ fn valid_deliver_subject(s: &str) -> bool {
 
 impl PushManager {
     /// A manager delivering through `deliverer`.
-    pub fn new(deliverer: Deliverer, shutdown: Shutdown) -> Self {
+    pub fn new(deliverer: Deliverer, shutdown: CancellationToken) -> Self {
         PushManager {
             deliverer,
             subs: Arc::new(Mutex::new(HashMap::new())),
@@ -134,12 +135,12 @@ impl PushManager {
             .map_err(|e| {
                 WireError::new(ErrorCode::Unavailable, format!("cannot subscribe: {e}"))
             })?;
-        let (stop_tx, stop_rx) = watch::channel(false);
+        let stop = self.shutdown.child_token();
         self.subs.lock().expect("subscriptions poisoned").insert(
             id.clone(),
             Handle {
                 channel: req.channel.clone(),
-                stop: stop_tx,
+                stop: stop.clone(),
             },
         );
         let task = PushTask {
@@ -153,13 +154,14 @@ impl PushManager {
         };
         tokio::spawn(
             self.clone()
-                .serve_remote_stops(id.clone(), remote_stop, stop_rx.clone()),
+                .serve_remote_stops(id.clone(), remote_stop, stop.clone()),
         );
         let subs = self.subs.clone();
-        let shutdown = self.shutdown.clone();
         tokio::spawn(async move {
             let id = task.id.clone();
-            task.run(settled, stop_rx, shutdown).await;
+            task.run(settled, stop.clone()).await;
+            // Ended on its own (channel closed): the remote-stop listener ends with it.
+            stop.cancel();
             subs.lock().expect("subscriptions poisoned").remove(&id);
         });
         Ok(SubscribeReply {
@@ -224,7 +226,7 @@ impl PushManager {
         let mut subs = self.subs.lock().expect("subscriptions poisoned");
         match subs.get(id) {
             Some(h) if h.channel == channel => {
-                let _ = h.stop.send(true);
+                h.stop.cancel();
                 subs.remove(id);
                 true
             }
@@ -237,12 +239,12 @@ impl PushManager {
         self,
         id: String,
         mut requests: async_nats::Subscriber,
-        mut stopped: watch::Receiver<bool>,
+        stopped: CancellationToken,
     ) {
         loop {
             let msg = tokio::select! {
                 m = requests.next() => match m { Some(m) => m, None => break },
-                _ = stopped.wait_for(|s| *s) => break,
+                _ = stopped.cancelled() => break,
             };
             let channel = String::from_utf8_lossy(&msg.payload).into_owned();
             let answer: &'static [u8] = if self.stop_local(&id, &channel) {
@@ -308,15 +310,10 @@ struct PushTask {
 }
 
 impl PushTask {
-    async fn run(
-        mut self,
-        mut settled: async_nats::Subscriber,
-        mut stop: watch::Receiver<bool>,
-        mut shutdown: Shutdown,
-    ) {
+    async fn run(mut self, mut settled: async_nats::Subscriber, stop: CancellationToken) {
         let mut next_round = Instant::now() + self.every.unwrap_or_default();
         loop {
-            if *stop.borrow() || shutdown.is_set() {
+            if stop.is_cancelled() {
                 break;
             }
             if self
@@ -344,8 +341,7 @@ impl PushTask {
                 };
                 let taken = tokio::select! {
                     t = self.deliverer.take(&self.consumer, &self.req.subscription.filter, None, free, wait) => t,
-                    _ = stop.changed() => break,
-                    _ = shutdown.wait() => break,
+                    _ = stop.cancelled() => break,
                 };
                 match taken {
                     Ok(taken) => {
@@ -388,8 +384,7 @@ impl PushTask {
                     }
                 }
                 _ = tokio::time::sleep_until(wake) => {}
-                _ = stop.changed() => break,
-                _ = shutdown.wait() => break,
+                _ = stop.cancelled() => break,
             }
         }
     }

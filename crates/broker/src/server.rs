@@ -12,7 +12,6 @@ pub use crate::error::BrokerError;
 use crate::metrics::Metrics;
 use crate::push::PushManager;
 use crate::relay::Relay;
-use crate::shutdown::{self, Shutdown, ShutdownTrigger};
 use crate::stage_sink::StageSink;
 use crate::upload::Uploader;
 use async_nats::service::{self, ServiceExt};
@@ -30,8 +29,10 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use std::future::Future;
 use std::sync::Arc;
-use tokio::sync::{RwLock, Semaphore};
+use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 /// The request kinds, one per endpoint.
 #[derive(Debug, Clone, Copy)]
@@ -193,14 +194,14 @@ fn forbidden_reply(subject: &str) -> bool {
 pub struct RunningBroker {
     /// The broker's counters.
     pub metrics: Arc<Metrics>,
-    trigger: ShutdownTrigger,
+    shutdown: CancellationToken,
     task: JoinHandle<()>,
 }
 
 impl RunningBroker {
     /// Stops taking requests, finishes those in flight, flushes stage records, and returns.
     pub async fn shutdown(self) {
-        self.trigger.trigger();
+        self.shutdown.cancel();
         let _ = self.task.await;
     }
 }
@@ -235,7 +236,7 @@ pub async fn start(config: BrokerConfig) -> Result<RunningBroker, BrokerError> {
         config.stage_batch_linger,
         config.record_stages,
     );
-    let (trigger, signal) = shutdown::channel();
+    let shutdown = CancellationToken::new();
     let channels = Channels::start(
         storage.channels.clone(),
         storage.nonces.clone(),
@@ -271,7 +272,7 @@ pub async fn start(config: BrokerConfig) -> Result<RunningBroker, BrokerError> {
         shared,
         consumers: Default::default(),
     };
-    let push = PushManager::new(deliverer.clone(), signal.clone());
+    let push = PushManager::new(deliverer.clone(), shutdown.clone());
     // Shared, not cloned, per request: a clone deep-copies the stream handles and their info.
     let handlers = Arc::new(Handlers {
         settler: crate::settle::Settler {
@@ -307,12 +308,14 @@ pub async fn start(config: BrokerConfig) -> Result<RunningBroker, BrokerError> {
             .map_err(|e| BrokerError::setup("service endpoint", e))?;
         endpoints.push((*kind, ep));
     }
-    let advisories = tokio::spawn(deliverer.watch_max_deliveries(signal.clone()));
+    let advisories = tokio::spawn(deliverer.watch_max_deliveries(shutdown.clone()));
 
-    let in_flight = Arc::new(RwLock::new(()));
+    // Every request handler runs on the tracker, so the shutdown can wait for those in flight.
+    let in_flight = TaskTracker::new();
     let max_concurrent = config.max_concurrent_requests;
     let permits = Arc::new(Semaphore::new(max_concurrent));
     let grace = config.shutdown_grace;
+    let signal = shutdown.clone();
     let task = tokio::spawn(async move {
         let loops: Vec<_> = endpoints
             .into_iter()
@@ -333,10 +336,8 @@ pub async fn start(config: BrokerConfig) -> Result<RunningBroker, BrokerError> {
             let _ = l.await;
         }
         // Every endpoint has stopped taking requests; wait for those in flight.
-        if tokio::time::timeout(grace, in_flight.write())
-            .await
-            .is_err()
-        {
+        in_flight.close();
+        if tokio::time::timeout(grace, in_flight.wait()).await.is_err() {
             tracing::warn!(
                 grace_ms = grace.as_millis() as u64,
                 "requests still in flight after the grace period"
@@ -353,7 +354,7 @@ pub async fn start(config: BrokerConfig) -> Result<RunningBroker, BrokerError> {
     });
     Ok(RunningBroker {
         metrics,
-        trigger,
+        shutdown,
         task,
     })
 }
@@ -397,33 +398,31 @@ async fn serve(
     kind: Kind,
     mut endpoint: service::endpoint::Endpoint,
     handlers: Arc<Handlers>,
-    in_flight: Arc<RwLock<()>>,
+    in_flight: TaskTracker,
     permits: Arc<Semaphore>,
     max_concurrent: usize,
-    mut shutdown: Shutdown,
+    shutdown: CancellationToken,
 ) {
     loop {
         let req = tokio::select! {
             r = endpoint.next() => match r { Some(r) => r, None => break },
-            _ = shutdown.wait() => break,
+            _ = shutdown.cancelled() => break,
         };
         // Backpressure: no permit, no next request taken from NATS (all endpoints share the
         // bound); requests wait in the subscription, and producers slow down. The permit is
         // taken after a request arrived, so idle endpoints never hold one.
         let permit = tokio::select! {
             p = permits.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
-            _ = shutdown.wait() => break,
+            _ = shutdown.cancelled() => break,
         };
         let busy = (max_concurrent - permits.available_permits()) as u64;
         handlers
             .metrics
             .peak_concurrent_requests
             .fetch_max(busy, std::sync::atomic::Ordering::Relaxed);
-        let guard = in_flight.clone().read_owned().await;
         let handlers = handlers.clone();
-        tokio::spawn(async move {
+        in_flight.spawn(async move {
             handlers.respond(kind, req).await;
-            drop(guard);
             drop(permit);
         });
     }

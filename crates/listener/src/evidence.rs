@@ -50,7 +50,7 @@ pub use msgtrail_core::trajectory::RECOVERED;
 use msgtrail_core::{ClientId, MessageId, RequestId, Stage, StageRecord};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 /// Header JetStream adds to a message delivered by a headers-only consumer: the size of the
 /// payload it left out, in bytes.
@@ -266,7 +266,7 @@ pub struct EvidenceSource {
     pub poll_interval: Duration,
 }
 
-/// Applies the store evidence of stored messages until `stop` turns true. Never fails for a
+/// Applies the store evidence of stored messages until `stop` is cancelled. Never fails for a
 /// missing message stream: it waits for it (retrying every [`STREAM_RETRY`]), and goes back
 /// to waiting when the stream or the consumer is deleted.
 pub async fn run(
@@ -274,10 +274,10 @@ pub async fn run(
     store: Arc<Store>,
     stats: Arc<Stats>,
     exporter: Option<ExportSender>,
-    mut stop: watch::Receiver<bool>,
+    stop: CancellationToken,
 ) -> Result<(), ListenerError> {
     loop {
-        let Some(consumer) = wait_for_consumer(&source, &mut stop).await else {
+        let Some(consumer) = wait_for_consumer(&source, &stop).await else {
             return Ok(());
         };
         tracing::info!(
@@ -285,16 +285,7 @@ pub async fn run(
             consumer = %source.name,
             "reading store evidence from the message stream"
         );
-        match read(
-            &source,
-            consumer,
-            &store,
-            &stats,
-            exporter.as_ref(),
-            &mut stop,
-        )
-        .await
-        {
+        match read(&source, consumer, &store, &stats, exporter.as_ref(), &stop).await {
             Ended::Stopped => return Ok(()),
             Ended::Lost(why) => {
                 let reason = why.map_or_else(
@@ -310,7 +301,7 @@ pub async fn run(
 /// Gets (or creates) the consumer once the message stream exists; `None` when stopped first.
 async fn wait_for_consumer(
     source: &EvidenceSource,
-    stop: &mut watch::Receiver<bool>,
+    stop: &CancellationToken,
 ) -> Option<consumer::PullConsumer> {
     let mut logged = false;
     loop {
@@ -328,7 +319,7 @@ async fn wait_for_consumer(
             .map_err(|e| format!("store-evidence consumer {}: {e}", source.name))
         };
         let result = tokio::select! {
-            _ = crate::stopped(stop) => return None,
+            _ = stop.cancelled() => return None,
             r = attempt => r,
         };
         match result {
@@ -340,7 +331,7 @@ async fn wait_for_consumer(
             Err(e) => tracing::debug!(error = %e, "message stream still unavailable"),
         }
         tokio::select! {
-            _ = crate::stopped(stop) => return None,
+            _ = stop.cancelled() => return None,
             _ = tokio::time::sleep(STREAM_RETRY) => {}
         }
     }
@@ -353,7 +344,7 @@ async fn read(
     store: &Arc<Store>,
     stats: &Arc<Stats>,
     exporter: Option<&ExportSender>,
-    stop: &mut watch::Receiver<bool>,
+    stop: &CancellationToken,
 ) -> Ended {
     let mut info_consumer = consumer.clone();
     let messages = match consumer
@@ -372,7 +363,7 @@ async fn read(
     poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let chunk = tokio::select! {
-            _ = crate::stopped(stop) => return Ended::Stopped,
+            _ = stop.cancelled() => return Ended::Stopped,
             _ = poll.tick() => {
                 match info_consumer.info().await {
                     Ok(info) => stats.set_stored_pending(

@@ -14,7 +14,8 @@ use msgtrail_otel::{PipelineConfig, TracePipeline};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 
 /// Trajectories waiting for the export task.
 const CHANNEL: usize = 4096;
@@ -63,7 +64,7 @@ impl ExportSender {
 /// Starts the pipeline (within the runtime) and returns the sender and the task.
 pub fn spawn(
     config: PipelineConfig,
-    mut stop: watch::Receiver<bool>,
+    stop: CancellationToken,
 ) -> Result<
     (
         ExportSender,
@@ -83,7 +84,7 @@ pub fn spawn(
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
-                _ = crate::stopped(&mut stop) => break,
+                _ = stop.cancelled() => break,
                 t = rx.recv() => {
                     let Some(t) = t else { break };
                     pipeline.observe(&t, now_nanos());

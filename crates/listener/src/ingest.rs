@@ -19,7 +19,7 @@ use msgtrail_core::subjects::{STAGE_STREAM, STAGE_SUBJECT};
 use msgtrail_core::StageRecord;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 /// How long the stage stream keeps records when the listener is the one that creates it:
 /// the broker's default (`stage_max_age`, 7 days), so that a stream created by either is the
@@ -84,14 +84,14 @@ pub async fn durable_consumer(
     Ok(c)
 }
 
-/// Applies stage-stream messages until `stop` turns true.
+/// Applies stage-stream messages until `stop` is cancelled.
 pub async fn run(
     consumer: consumer::PullConsumer,
     store: Arc<Store>,
     stats: Arc<Stats>,
     exporter: Option<ExportSender>,
     batch_size: usize,
-    mut stop: watch::Receiver<bool>,
+    stop: CancellationToken,
 ) -> Result<(), ListenerError> {
     let messages = consumer
         .stream()
@@ -104,7 +104,7 @@ pub async fn run(
     let mut chunks = messages.ready_chunks(batch_size);
     loop {
         let chunk = tokio::select! {
-            _ = crate::stopped(&mut stop) => break,
+            _ = stop.cancelled() => break,
             c = chunks.next() => match c {
                 Some(c) => c,
                 None => return Err(ListenerError::ConsumerEnded),

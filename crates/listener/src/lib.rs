@@ -92,8 +92,8 @@ use stats::Stats;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use tokio::sync::watch;
 use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
 
 /// How long [`ListenerHandle::shutdown`] waits for its tasks before aborting them.
 pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
@@ -107,7 +107,7 @@ const RESEED_MAX: usize = 200_000;
 #[derive(Debug)]
 pub struct ListenerHandle {
     http_addr: SocketAddr,
-    stop: watch::Sender<bool>,
+    stop: CancellationToken,
     tasks: JoinSet<Result<(), ListenerError>>,
     store: Arc<Store>,
     stats: Arc<Stats>,
@@ -134,7 +134,7 @@ impl ListenerHandle {
     /// request to a server that is already gone) are aborted, which loses nothing: an
     /// unacked batch comes back after a restart. Returns the first task error.
     pub async fn shutdown(mut self) -> Result<(), ListenerError> {
-        let _ = self.stop.send(true);
+        self.stop.cancel();
         let deadline = tokio::time::Instant::now() + SHUTDOWN_GRACE;
         let mut first = Ok(());
         loop {
@@ -166,7 +166,7 @@ impl ListenerHandle {
         tokio::select! {
             _ = shutdown => {}
             r = self.failed() => {
-                let _ = self.stop.send(true);
+                self.stop.cancel();
                 r?;
             }
         }
@@ -273,11 +273,11 @@ pub async fn start_with_client(
             source,
         })?;
 
-    let (stop, stop_rx) = watch::channel(false);
+    let stop = CancellationToken::new();
     let mut tasks = JoinSet::new();
     let exporter = match &config.otel {
         Some(otel) => {
-            let (sender, task) = export::spawn(otel.clone(), stop_rx.clone())?;
+            let (sender, task) = export::spawn(otel.clone(), stop.clone())?;
             tasks.spawn(task);
             Some(sender)
         }
@@ -289,7 +289,7 @@ pub async fn start_with_client(
         stats.clone(),
         exporter.clone(),
         config.batch_size,
-        stop_rx.clone(),
+        stop.clone(),
     ));
     if config.store_evidence {
         tasks.spawn(evidence::run(
@@ -303,7 +303,7 @@ pub async fn start_with_client(
             store.clone(),
             stats.clone(),
             exporter.clone(),
-            stop_rx.clone(),
+            stop.clone(),
         ));
     }
     tasks.spawn(housekeeping(
@@ -312,7 +312,7 @@ pub async fn start_with_client(
         store.clone(),
         stats.clone(),
         exporter.clone(),
-        stop_rx.clone(),
+        stop.clone(),
     ));
     let app = http::router(
         store.clone(),
@@ -321,11 +321,11 @@ pub async fn start_with_client(
         config.token.clone(),
         config.trace_ui.as_ref(),
     );
-    let mut http_stop = stop_rx;
+    let http_stop = stop.clone();
     tasks.spawn(async move {
         axum::serve(listener, app)
             .with_graceful_shutdown(async move {
-                stopped(&mut http_stop).await;
+                http_stop.cancelled().await;
             })
             .await
             .map_err(ListenerError::Http)
@@ -360,11 +360,6 @@ pub async fn run_with_client(
         .await
 }
 
-/// Resolves once the stop flag is set (or its sender is gone).
-pub(crate) async fn stopped(rx: &mut watch::Receiver<bool>) {
-    let _ = rx.wait_for(|s| *s).await;
-}
-
 /// The watchdog (deadlines), the lag poll and retention, on their intervals.
 async fn housekeeping(
     config: ListenerConfig,
@@ -372,7 +367,7 @@ async fn housekeeping(
     store: Arc<Store>,
     stats: Arc<Stats>,
     exporter: Option<export::ExportSender>,
-    mut stop: watch::Receiver<bool>,
+    stop: CancellationToken,
 ) -> Result<(), ListenerError> {
     let mut watchdog = tokio::time::interval(config.watchdog_interval);
     let mut retention = tokio::time::interval(config.retention_interval);
@@ -383,7 +378,7 @@ async fn housekeeping(
     retention.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
-            _ = stopped(&mut stop) => return Ok(()),
+            _ = stop.cancelled() => return Ok(()),
             _ = watchdog.tick() => {
                 let now = now_nanos();
                 let st = store.clone();

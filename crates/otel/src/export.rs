@@ -65,8 +65,9 @@ use prometheus_client::registry::Registry;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio::task::{JoinHandle, JoinSet};
+use tokio_util::sync::CancellationToken;
 
 /// `OTEL_EXPORTER_OTLP_PROTOCOL`.
 pub const ENV_PROTOCOL: &str = "OTEL_EXPORTER_OTLP_PROTOCOL";
@@ -524,7 +525,7 @@ impl ExportHandle {
 #[derive(Debug)]
 pub struct TraceExporter {
     handle: ExportHandle,
-    closing: watch::Sender<bool>,
+    closing: CancellationToken,
     worker: JoinHandle<()>,
 }
 
@@ -536,13 +537,13 @@ impl TraceExporter {
         let transport = Transport::new(&config)?;
         let (tx, rx) = mpsc::channel(config.queue_capacity.max(1));
         let stats = Arc::new(ExportStats::default());
-        let (closing, closing_rx) = watch::channel(false);
+        let closing = CancellationToken::new();
         let shared = Arc::new(Shared {
             config,
             stats: stats.clone(),
             transport,
         });
-        let worker = tokio::spawn(run(rx, shared, closing_rx));
+        let worker = tokio::spawn(run(rx, shared, closing.clone()));
         Ok(TraceExporter {
             handle: ExportHandle { tx, stats },
             closing,
@@ -568,7 +569,7 @@ impl TraceExporter {
     /// Stops taking spans, sends what is queued (one attempt per request) within `grace`,
     /// and returns the final counters; see the contract in the module docs.
     pub async fn shutdown(self, grace: Duration) -> StatsSnapshot {
-        let _ = self.closing.send(true);
+        self.closing.cancel();
         let mut worker = self.worker;
         if tokio::time::timeout(grace, &mut worker).await.is_err() {
             // Aborting the worker drops its JoinSet, which aborts the requests in flight.
@@ -600,17 +601,13 @@ impl Shared {
 
 /// The worker: takes batches off the queue and starts a request task for each, at most
 /// [`ExportConfig::max_in_flight`] at once.
-async fn run(
-    mut rx: mpsc::Receiver<ServiceSpan>,
-    shared: Arc<Shared>,
-    mut closing: watch::Receiver<bool>,
-) {
+async fn run(mut rx: mpsc::Receiver<ServiceSpan>, shared: Arc<Shared>, closing: CancellationToken) {
     let config = &shared.config;
     let permits = Arc::new(Semaphore::new(config.max_in_flight.max(1)));
     let mut resources = Resources::new(config.max_services);
     let mut tasks = JoinSet::new();
     let mut batch: Vec<ServiceSpan> = Vec::with_capacity(config.batch_limit());
-    while next_batch(&mut rx, &mut batch, config, &mut closing).await {
+    while next_batch(&mut rx, &mut batch, config, &closing).await {
         let Ok(permit) = permits.clone().acquire_owned().await else {
             break;
         };
@@ -628,11 +625,11 @@ async fn next_batch(
     rx: &mut mpsc::Receiver<ServiceSpan>,
     batch: &mut Vec<ServiceSpan>,
     config: &ExportConfig,
-    closing: &mut watch::Receiver<bool>,
+    closing: &CancellationToken,
 ) -> bool {
     let max = config.batch_limit();
     loop {
-        if *closing.borrow() {
+        if closing.is_cancelled() {
             while batch.len() < max {
                 match rx.try_recv() {
                     Ok(s) => batch.push(s),
@@ -648,7 +645,7 @@ async fn next_batch(
                 }
                 break;
             }
-            _ = closing.changed() => {}
+            _ = closing.cancelled() => {}
         }
     }
     // Fill the batch for a moment, so that spans go out in few requests.
@@ -667,7 +664,7 @@ async fn next_batch(
 async fn deliver(
     groups: Vec<Group>,
     shared: Arc<Shared>,
-    mut closing: watch::Receiver<bool>,
+    closing: CancellationToken,
     _permit: OwnedSemaphorePermit,
 ) {
     let config = &shared.config;
@@ -683,20 +680,20 @@ async fn deliver(
             }
         };
     for body in bodies {
-        send_with_retries(body, &shared, &mut closing).await;
+        send_with_retries(body, &shared, &closing).await;
     }
 }
 
 /// Sends one body, retrying with backoff until it goes through, fails for good, runs out of
 /// attempts, or shutdown starts (then one last attempt).
-async fn send_with_retries(body: Body, shared: &Shared, closing: &mut watch::Receiver<bool>) {
+async fn send_with_retries(body: Body, shared: &Shared, closing: &CancellationToken) {
     let (config, stats) = (&shared.config, &shared.stats);
     let n = body.spans;
     let mut backoff = config.initial_backoff;
     let mut attempts = 0u32;
     loop {
         attempts += 1;
-        let last_try = *closing.borrow();
+        let last_try = closing.is_cancelled();
         let e = match shared.transport.send(body.bytes.clone()).await {
             Ok(rejected) => {
                 let rejected = rejected.min(n);
@@ -724,7 +721,7 @@ async fn send_with_retries(body: Body, shared: &Shared, closing: &mut watch::Rec
         }
         tokio::select! {
             _ = tokio::time::sleep(backoff) => {}
-            _ = closing.changed() => {}
+            _ = closing.cancelled() => {}
         }
         backoff = (backoff * 2).min(config.max_backoff);
     }
