@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The deployment of docker-compose.yml as plain processes on loopback, from the same config
 # files: three nats-server nodes (nats/nats.conf), two brokers (R3, msgtrail/clients.json), a
-# listener, and an OTLP receiver that prints spans (test-support's otlp_dump) in place of
+# listener, and an OTLP receiver that prints spans (the devkit's otlp_dump) in place of
 # Jaeger/Tempo. For machines without Docker.
 #
 #   deploy/local.sh start     # builds, starts everything, prints what runs where
@@ -30,7 +30,7 @@ esac
 stop
 mkdir -p "$DIR/logs"
 NATS=$(scripts/install-nats-server.sh | tail -n 1)
-cargo build --quiet -p msgtrail-cli -p msgtrail-test-support --example otlp_dump
+cargo build --quiet -p msgtrail-cli -p msgtrail-devkit --example otlp_dump
 BIN=target/debug/msgtrail
 
 export NATS_HOST=127.0.0.1

@@ -14,7 +14,7 @@
 use msgtrail_bench::measure::Progress;
 use msgtrail_bench::pipeline::{self, ListenerTiming, PipelineParams};
 use msgtrail_bench::raw::Load;
-use msgtrail_test_support::NatsServer;
+use msgtrail_devkit::NatsServer;
 use std::time::Duration;
 
 /// The allocator of the `msgtrail` binary, so that counts match what it runs.

@@ -15,7 +15,7 @@ pub enum BenchError {
     Id(#[from] msgtrail_core::IdError),
     /// nats-server could not be started.
     #[error("nats-server: {0}")]
-    Server(#[from] msgtrail_test_support::NatsServerError),
+    Server(#[from] msgtrail_devkit::NatsServerError),
     /// NATS or JetStream refused or failed.
     #[error("nats: {0}")]
     Nats(#[source] BoxError),

@@ -1,7 +1,7 @@
 //! S6: OTLP export. Trajectories (copies of one recorded in S3, under other IDs) are mapped
 //! to spans by `msgtrail-otel` and pushed through its [`TraceExporter`] — the bounded queue,
 //! batching and requests in flight the listener uses, with its default batch and concurrency
-//! — to the OTLP receiver of `msgtrail-test-support` on loopback, which counts what arrives:
+//! — to the OTLP receiver of `msgtrail-devkit` on loopback, which counts what arrives:
 //! once over OTLP/gRPC, once over OTLP/HTTP (protobuf). Then, over gRPC, spans are offered
 //! at 80 % of the rate just measured, in small chunks, and each chunk's time from being
 //! handed to the exporter to being acknowledged by the receiver is recorded: the exporter's
@@ -12,10 +12,10 @@ use crate::ingest::relabel;
 use crate::measure::{Latency, Progress, Recorder, Throughput};
 use msgtrail_core::trajectory::{AssembleOptions, Trajectory};
 use msgtrail_core::StageRecord;
+use msgtrail_devkit::otlp_receiver::{OtlpProtocol, OtlpReceiver};
 use msgtrail_otel::{
     trajectory_spans, ExportConfig, MappingOptions, Protocol, ServiceSpan, TraceExporter,
 };
-use msgtrail_test_support::otlp_receiver::{OtlpProtocol, OtlpReceiver};
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;

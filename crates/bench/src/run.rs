@@ -11,7 +11,7 @@ use crate::report::{Machine, PayloadRun, Report};
 use crate::{export, ingest, lookup, pipeline, raw};
 use bytes::Bytes;
 use msgtrail_core::subjects::{MESSAGE_STREAM, STAGE_STREAM};
-use msgtrail_test_support::{NatsServer, NatsServerOptions};
+use msgtrail_devkit::{NatsServer, NatsServerOptions};
 use std::time::Instant;
 
 /// The JetStream block of the durable variant: every write fsynced before it is acked.

@@ -1,19 +1,19 @@
 //! # msgtrail-test-support
 //!
-//! Real parts for tests: a `nats-server` child process with JetStream, on a free loopback
-//! port, with its store in a temporary directory, killed and cleaned when dropped. `msgtrail
-//! dev` uses the same launcher.
+//! Real parts for tests. The nats-server launcher and the OTLP receiver live in
+//! `msgtrail-devkit` (the `msgtrail dev` command uses them too, and a production binary
+//! should not depend on a test crate); they are re-exported here under their old paths.
 //!
 //! ## Layout
-//! - [`nats_server`]: finding the binary and running a server ([`NatsServer`]).
-//! - [`otlp_receiver`]: an OTLP trace receiver over gRPC and HTTP/protobuf that hands each
-//!   export request to the test ([`OtlpReceiver`]); `examples/otlp_dump.rs` runs one that
-//!   prints every span, a stand-in for Jaeger on a machine without Docker.
+//! - [`nats_server`], [`otlp_receiver`]: re-exported from `msgtrail-devkit`.
+//! - [`nats_node`]: nats-server nodes and clusters whose ports and stores outlive a kill.
+//! - [`process`]: the `msgtrail` binary and child processes a test can kill and restart.
 
 pub mod nats_node;
-pub mod nats_server;
-pub mod otlp_receiver;
 pub mod process;
 
-pub use nats_server::{find_nats_server, NatsServer, NatsServerError, NatsServerOptions};
-pub use otlp_receiver::{OtlpProtocol, OtlpReceiver, ReceivedSpan};
+pub use msgtrail_devkit::{
+    find_nats_server, NatsServer, NatsServerError, NatsServerOptions, OtlpProtocol, OtlpReceiver,
+    ReceivedSpan,
+};
+pub use msgtrail_devkit::{nats_server, otlp_receiver};

@@ -14,7 +14,7 @@ use msgtrail_broker::{BrokerConfig, ClientEntry, ClientRegistry};
 use msgtrail_client::{Consumer, Identity, NatsOptions, Outgoing, Producer, PushOptions};
 use msgtrail_core::wire::Subscription;
 use msgtrail_core::{ClientId, Role};
-use msgtrail_test_support::NatsServer;
+use msgtrail_devkit::NatsServer;
 use std::time::Duration;
 
 /// Options of `msgtrail dev`.
