@@ -915,7 +915,10 @@ async fn two_brokers_and_nkey_clients_work_within_the_deploy_permissions() {
     let listener_dir = tempfile::tempdir().unwrap();
     let listener = msgtrail_listener::start_with_client(
         msgtrail_listener::ListenerConfig {
-            nats_url: cluster.url_strings().join(","),
+            nats: msgtrail_client::NatsOptions {
+                urls: cluster.url_strings(),
+                ..Default::default()
+            },
             data_dir: listener_dir.path().to_path_buf(),
             http_addr: "127.0.0.1:0".parse().unwrap(),
             ..Default::default()

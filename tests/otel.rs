@@ -276,7 +276,7 @@ async fn the_listener_exports_each_consumed_message_as_one_trace() {
     let mut rx = OtlpReceiver::start_grpc().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let listener = msgtrail_listener::start(msgtrail_listener::ListenerConfig {
-        nats_url: sys.server.url().to_owned(),
+        nats: msgtrail_client::NatsOptions::url(sys.server.url()),
         data_dir: dir.path().to_path_buf(),
         http_addr: "127.0.0.1:0".parse().unwrap(),
         watchdog_interval: Duration::from_millis(100),

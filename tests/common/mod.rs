@@ -205,7 +205,7 @@ impl TestSystem {
     pub async fn start_listener(&self, adjust: impl FnOnce(&mut ListenerConfig)) -> TestListener {
         let dir = tempfile::tempdir().unwrap();
         let mut config = ListenerConfig {
-            nats_url: self.server.url().to_owned(),
+            nats: msgtrail_client::NatsOptions::url(self.server.url()),
             data_dir: dir.path().to_path_buf(),
             http_addr: "127.0.0.1:0".parse().unwrap(),
             watchdog_interval: Duration::from_millis(100),

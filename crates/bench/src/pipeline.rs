@@ -359,7 +359,7 @@ async fn start_listener(
         .prefix("msgtrail-bench-listener-")
         .tempdir()?;
     let config = msgtrail_listener::ListenerConfig {
-        nats_url: p.nats_url.clone(),
+        nats: msgtrail_client::NatsOptions::url(p.nats_url.clone()),
         data_dir: dir.path().to_owned(),
         http_addr: "127.0.0.1:0".parse().expect("valid address"),
         durable_name: format!("bench-{}", p.tag),

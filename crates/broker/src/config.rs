@@ -2,8 +2,8 @@
 //! [`BrokerConfig::default`].
 
 use crate::clients::ClientRegistry;
-use msgtrail_client::NatsOptions;
 use msgtrail_core::ConfigError;
+use msgtrail_nats::NatsOptions;
 use std::time::Duration;
 
 /// Everything the broker needs to run.
@@ -56,7 +56,7 @@ pub struct BrokerConfig {
 impl Default for BrokerConfig {
     fn default() -> Self {
         BrokerConfig {
-            nats: NatsOptions::url("nats://127.0.0.1:4222"),
+            nats: NatsOptions::url(msgtrail_nats::DEFAULT_URL),
             service_name: "msgtrail-broker".to_owned(),
             clients: ClientRegistry::default(),
             replicas: 1,

@@ -11,7 +11,7 @@ pub enum BrokerError {
     Config(#[from] msgtrail_core::ConfigError),
     /// NATS could not be reached.
     #[error(transparent)]
-    Connect(#[from] msgtrail_client::ConnectError),
+    Connect(#[from] msgtrail_nats::ConnectError),
     /// JetStream or the service API refused something at startup.
     #[error("broker setup failed ({step}): {source}")]
     Setup {

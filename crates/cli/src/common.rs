@@ -13,7 +13,8 @@ pub const DEV_FILE_ENV: &str = "MSGTRAIL_DEV_FILE";
 /// NATS connection options.
 #[derive(Debug, Clone, Args)]
 pub struct NatsArgs {
-    /// NATS server URL(s), comma-separated. Defaults to the dev system's, then nats://127.0.0.1:4222.
+    /// NATS server URL(s), comma-separated. Defaults to the dev system's, then
+    /// nats://127.0.0.1:4222 (`msgtrail_nats::DEFAULT_URL`).
     #[arg(long, env = "NATS_URL", global = true)]
     pub nats_url: Option<String>,
     /// NATS user (with --nats-password).
@@ -55,7 +56,7 @@ impl NatsArgs {
             None => DevFile::load()
                 .ok()
                 .map(|d| d.nats_url)
-                .unwrap_or_else(|| "nats://127.0.0.1:4222".into()),
+                .unwrap_or_else(|| msgtrail_nats::DEFAULT_URL.into()),
         };
         let nkey_seed = match &self.nats_nkey {
             Some(p) => Some(
@@ -206,20 +207,40 @@ pub fn parse_kv(s: &str) -> Result<(String, String), String> {
         .ok_or_else(|| format!("expected key=value, got {s:?}"))
 }
 
-/// Parses durations such as `500ms`, `5s`, `2m`.
-pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+/// Units humantime knows but the CLI refuses: a month or a year has no fixed length.
+const VAGUE_UNITS: &[&str] = &["M", "month", "months", "y", "year", "years"];
+
+/// Parses a duration in humantime's grammar (`500ms`, `30s`, `5m`, `12h`, `7d`, `1h 30m`;
+/// a bare number is seconds), up to days and weeks. Every duration option of every command
+/// goes through it, and shows its default in the same grammar.
+pub fn duration_arg(s: &str) -> Result<humantime::Duration, String> {
     let s = s.trim();
-    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("invalid duration {s:?}: use e.g. 500ms, 5s, 2m"))?;
-    let ms = match unit {
-        "ms" => n,
-        "s" | "" => n * 1000,
-        "m" => n * 60_000,
-        _ => return Err(format!("invalid duration unit in {s:?}: use ms, s or m")),
-    };
-    Ok(std::time::Duration::from_millis(ms))
+    if let Ok(secs) = s.parse::<u64>() {
+        return Ok(std::time::Duration::from_secs(secs).into());
+    }
+    let vague = s
+        .split(|c: char| !c.is_ascii_alphabetic())
+        .find(|unit| VAGUE_UNITS.contains(unit));
+    if let Some(unit) = vague {
+        return Err(format!(
+            "invalid duration {s:?}: {unit:?} has no fixed length; use ms, s, m, h, d or w"
+        ));
+    }
+    s.parse::<humantime::Duration>()
+        .map_err(|e| format!("invalid duration {s:?}: {e} (use e.g. 500ms, 30s, 5m, 12h, 7d)"))
+}
+
+/// [`duration_arg`] as a plain `Duration`.
+pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    duration_arg(s).map(Into::into)
+}
+
+/// Parses a size: `500`, `64KiB`, `100MiB`, `2GiB` (also KB/MB/GB as powers of 1000), in
+/// bytesize's grammar, which is also how the defaults are shown.
+pub fn size_arg(s: &str) -> Result<bytesize::ByteSize, String> {
+    s.trim()
+        .parse::<bytesize::ByteSize>()
+        .map_err(|e| format!("invalid size {s:?}: {e} (use e.g. 500MiB or 2GiB)"))
 }
 
 #[cfg(test)]
@@ -231,7 +252,7 @@ mod tests {
         assert_eq!(parse_duration("500ms").unwrap().as_millis(), 500);
         assert_eq!(parse_duration("5s").unwrap().as_secs(), 5);
         assert_eq!(parse_duration("2m").unwrap().as_secs(), 120);
-        assert!(parse_duration("5h").is_err());
+        assert_eq!(parse_duration("5h").unwrap().as_secs(), 5 * 3600);
         assert!(parse_duration("x").is_err());
         assert_eq!(
             parse_kv("category=refund").unwrap(),

@@ -11,6 +11,8 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod commands;
 mod common;
+#[cfg(test)]
+mod help_defaults;
 mod present;
 mod signal;
 

@@ -38,7 +38,6 @@
 
 mod batch;
 pub mod channel;
-pub mod connect;
 pub mod consumer;
 pub mod error;
 pub mod hooks;
@@ -46,11 +45,13 @@ pub mod identity;
 pub mod producer;
 pub mod reporter;
 
-pub use connect::{ConnectError, NatsOptions};
 pub use consumer::{Consumer, ConsumerOptions, PushOptions, PushStream, Received};
 pub use error::{BatcherStopped, Cause, ClientError};
 pub use hooks::{HookEvent, HookKind, Hooks};
 pub use identity::Identity;
+/// Connecting to NATS: the options every msgtrail part shares (the `msgtrail-nats` crate).
+pub use msgtrail_nats as connect;
+pub use msgtrail_nats::{ConnectError, NatsOptions};
 pub use producer::{Outgoing, Producer, ProducerOptions};
 
 /// The README's Rust examples, compiled as doc tests so the front door stays true.

@@ -12,7 +12,7 @@
 //!
 //! ```no_run
 //! # async fn demo() -> std::io::Result<()> {
-//! use msgtrail_test_support::otlp_receiver::OtlpReceiver;
+//! use msgtrail_devkit::otlp_receiver::OtlpReceiver;
 //! use std::time::Duration;
 //!
 //! let mut receiver = OtlpReceiver::start_grpc().await?;

@@ -150,7 +150,7 @@ async fn main() {
     );
 
     let config = ListenerConfig {
-        nats_url: server.url().to_owned(),
+        nats: msgtrail_nats::NatsOptions::url(server.url()),
         data_dir: dir.path().to_path_buf(),
         http_addr: "127.0.0.1:0".parse().unwrap(),
         retention_max_age: None,

@@ -2,6 +2,7 @@
 //! documented constant, validated once before anything binds.
 
 use msgtrail_core::trajectory::Deadlines;
+use msgtrail_nats::NatsOptions;
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -26,10 +27,8 @@ pub const DEFAULT_DURABLE: &str = "msgtrail-listener";
 /// Everything the listener needs to run.
 #[derive(Clone)]
 pub struct ListenerConfig {
-    /// NATS server URL(s), comma-separated.
-    pub nats_url: String,
-    /// Credentials file for NATS, if the server requires one.
-    pub nats_credentials: Option<PathBuf>,
+    /// How to reach NATS: the same options as the broker's (URLs, credentials, TLS, …).
+    pub nats: NatsOptions,
     /// Directory of the embedded store (created if missing).
     pub data_dir: PathBuf,
     /// Address the HTTP API binds.
@@ -82,8 +81,7 @@ pub struct ListenerConfig {
 impl Default for ListenerConfig {
     fn default() -> Self {
         ListenerConfig {
-            nats_url: "nats://127.0.0.1:4222".to_owned(),
-            nats_credentials: None,
+            nats: NatsOptions::url(msgtrail_nats::DEFAULT_URL),
             data_dir: PathBuf::from("msgtrail-listener-data"),
             http_addr: DEFAULT_HTTP_ADDR.parse().expect("valid default address"),
             token: None,
@@ -108,8 +106,7 @@ impl Default for ListenerConfig {
 impl fmt::Debug for ListenerConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ListenerConfig")
-            .field("nats_url", &self.nats_url)
-            .field("nats_credentials", &self.nats_credentials)
+            .field("nats", &self.nats)
             .field("data_dir", &self.data_dir)
             .field("http_addr", &self.http_addr)
             .field("token", &self.token.as_ref().map(|_| "<redacted>"))
@@ -136,8 +133,8 @@ impl ListenerConfig {
     pub fn validate(&self) -> Result<(), crate::ConfigError> {
         let bad =
             |field: &'static str, why: &str| Err(crate::ConfigError::field("listener", field, why));
-        if self.nats_url.trim().is_empty() {
-            return bad("nats_url", "must not be empty");
+        if self.nats.urls.iter().all(|u| u.trim().is_empty()) {
+            return bad("nats", "must name at least one server URL");
         }
         if self.batch_size == 0 || self.batch_size > 100_000 {
             return bad("batch_size", "must be between 1 and 100000");

@@ -11,7 +11,10 @@ pub enum ListenerError {
     /// The configuration was refused before anything started.
     #[error(transparent)]
     Config(#[from] ConfigError),
-    /// NATS could not be reached, or JetStream refused the stream or the consumer.
+    /// NATS could not be reached (the options are inconsistent, or the server refused).
+    #[error(transparent)]
+    Connect(#[from] msgtrail_nats::ConnectError),
+    /// JetStream refused the stream or the consumer.
     #[error("nats: {context}: {source}")]
     Nats {
         /// What the listener was doing.

@@ -15,7 +15,7 @@
 //! ```no_run
 //! # async fn demo() -> Result<(), msgtrail_listener::ListenerError> {
 //! let config = msgtrail_listener::ListenerConfig {
-//!     nats_url: "nats://127.0.0.1:4222".into(),
+//!     nats: msgtrail_nats::NatsOptions::url("nats://127.0.0.1:4222"),
 //!     http_addr: "127.0.0.1:0".parse().unwrap(),
 //!     ..Default::default()
 //! };
@@ -195,28 +195,21 @@ impl ListenerHandle {
 }
 
 /// Starts the listener: validates the configuration, opens the store, connects to NATS
-/// (`nats_url`, `nats_credentials`), creates (or gets) the stage stream and the durable
+/// (`nats`: the same options as the broker's), creates (or gets) the stage stream and the durable
 /// consumer, binds the HTTP API, and spawns ingest, store-evidence ingest (when
 /// `store_evidence` is on; it waits for the message stream on its own), the watchdog and
 /// the server.
 pub async fn start(config: ListenerConfig) -> Result<ListenerHandle, ListenerError> {
     config.validate()?;
-    let mut opts = async_nats::ConnectOptions::new().name("msgtrail-listener");
-    if let Some(creds) = &config.nats_credentials {
-        opts = opts
-            .credentials_file(creds)
-            .await
-            .map_err(|e| ListenerError::nats(format!("credentials {}", creds.display()), e))?;
-    }
-    let client = opts
-        .connect(config.nats_url.as_str())
-        .await
-        .map_err(|e| ListenerError::nats(format!("connect to {}", config.nats_url), e))?;
+    let mut nats = config.nats.clone();
+    nats.name
+        .get_or_insert_with(|| "msgtrail-listener".to_owned());
+    let client = nats.connect().await?;
     start_with_client(config, client).await
 }
 
 /// Like [`start`], over a NATS connection the caller made (with whatever authentication
-/// and TLS it needs); `config.nats_url` is then only informative.
+/// and TLS it needs); `config.nats` is then only informative.
 pub async fn start_with_client(
     config: ListenerConfig,
     client: async_nats::Client,

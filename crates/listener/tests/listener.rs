@@ -224,7 +224,7 @@ async fn setup() -> (
 
 fn config(server: &NatsServer, dir: &Path) -> ListenerConfig {
     ListenerConfig {
-        nats_url: server.url().to_owned(),
+        nats: msgtrail_nats::NatsOptions::url(server.url()),
         data_dir: dir.to_path_buf(),
         http_addr: "127.0.0.1:0".parse().unwrap(),
         batch_size: 16,
@@ -882,7 +882,7 @@ async fn child_listener_process() {
         return;
     };
     let mut cfg = ListenerConfig {
-        nats_url: url,
+        nats: msgtrail_nats::NatsOptions::url(url),
         data_dir: dir.into(),
         http_addr: "127.0.0.1:0".parse().unwrap(),
         // Small batches: many transactions, so the kill lands between some of them.

@@ -214,7 +214,7 @@ async fn a_request_id_stored_twice_names_every_message_in_any_order() {
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let handle = msgtrail_listener::start(ListenerConfig {
-        nats_url: server.url().to_owned(),
+        nats: msgtrail_nats::NatsOptions::url(server.url()),
         data_dir: dir.path().to_path_buf(),
         http_addr: "127.0.0.1:0".parse().unwrap(),
         batch_size: 16,
@@ -328,7 +328,7 @@ async fn a_request_id_stored_twice_names_every_message_in_any_order() {
 
     // The counter and the links survive a restart.
     let handle = msgtrail_listener::start(ListenerConfig {
-        nats_url: server.url().to_owned(),
+        nats: msgtrail_nats::NatsOptions::url(server.url()),
         data_dir: dir.path().to_path_buf(),
         http_addr: "127.0.0.1:0".parse().unwrap(),
         ..Default::default()
@@ -368,7 +368,7 @@ async fn retention_of_one_upload_leaves_the_other_alone() {
         .await
         .unwrap();
     let handle = msgtrail_listener::start(ListenerConfig {
-        nats_url: server.url().to_owned(),
+        nats: msgtrail_nats::NatsOptions::url(server.url()),
         data_dir: dir.path().to_path_buf(),
         http_addr: "127.0.0.1:0".parse().unwrap(),
         watchdog_interval: Duration::from_millis(100),

@@ -218,7 +218,7 @@ async fn publish_stage(js: &async_nats::jetstream::Context, records: &[StageReco
 
 fn config(server: &NatsServer, dir: &Path) -> ListenerConfig {
     ListenerConfig {
-        nats_url: server.url().to_owned(),
+        nats: msgtrail_nats::NatsOptions::url(server.url()),
         data_dir: dir.to_path_buf(),
         http_addr: "127.0.0.1:0".parse().unwrap(),
         batch_size: 16,

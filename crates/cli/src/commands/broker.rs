@@ -1,11 +1,15 @@
 //! `msgtrail broker`: run a broker until SIGINT/SIGTERM.
 
-use crate::common::NatsArgs;
+use crate::common::{duration_arg, NatsArgs};
 use anyhow::Context;
 use clap::Args;
 use msgtrail_broker::{BrokerConfig, ClientRegistry};
 use std::path::PathBuf;
-use std::time::Duration;
+
+/// The broker's defaults, where every option's default comes from.
+fn defaults() -> BrokerConfig {
+    BrokerConfig::default()
+}
 
 /// Options of `msgtrail broker`.
 #[derive(Debug, Args)]
@@ -14,28 +18,28 @@ pub struct BrokerArgs {
     #[arg(long, env = "MSGTRAIL_CLIENTS")]
     pub clients: PathBuf,
     /// The broker's service.name on its stage records.
-    #[arg(long, env = "OTEL_SERVICE_NAME", default_value = "msgtrail-broker")]
+    #[arg(long, env = "OTEL_SERVICE_NAME", default_value_t = defaults().service_name)]
     pub service_name: String,
     /// Replicas of streams and buckets (3 in a cluster).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = defaults().replicas)]
     pub replicas: usize,
     /// Largest payload accepted, in bytes.
-    #[arg(long, default_value_t = 512 * 1024)]
+    #[arg(long, default_value_t = defaults().max_payload)]
     pub max_payload: usize,
     /// Ack wait before redelivery (e.g. 30s).
-    #[arg(long, default_value = "30s", value_parser = crate::common::parse_duration)]
-    pub ack_wait: Duration,
+    #[arg(long, default_value_t = defaults().ack_wait.into(), value_parser = duration_arg)]
+    pub ack_wait: humantime::Duration,
     /// Deliveries before a message is dead-lettered.
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = defaults().max_deliver)]
     pub max_deliver: u32,
     /// Dedup window for repeated request IDs (e.g. 2m).
-    #[arg(long, default_value = "2m", value_parser = crate::common::parse_duration)]
-    pub dedup_window: Duration,
+    #[arg(long, default_value_t = defaults().dedup_window.into(), value_parser = duration_arg)]
+    pub dedup_window: humantime::Duration,
     /// Payload bytes kept in the P2 record (0 = none).
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = defaults().record_payload_bytes)]
     pub record_payload_bytes: usize,
     /// Requests handled at once; beyond it requests wait in NATS and producers slow down.
-    #[arg(long, default_value_t = BrokerConfig::default().max_concurrent_requests)]
+    #[arg(long, default_value_t = defaults().max_concurrent_requests)]
     pub max_concurrent_requests: usize,
 }
 
@@ -48,9 +52,9 @@ pub async fn run(nats: &NatsArgs, args: BrokerArgs) -> anyhow::Result<()> {
         clients,
         replicas: args.replicas,
         max_payload: args.max_payload,
-        ack_wait: args.ack_wait,
+        ack_wait: args.ack_wait.into(),
         max_deliver: args.max_deliver,
-        dedup_window: args.dedup_window,
+        dedup_window: args.dedup_window.into(),
         record_payload_bytes: args.record_payload_bytes,
         max_concurrent_requests: args.max_concurrent_requests,
         ..Default::default()

@@ -141,7 +141,7 @@ async fn start_listener(
     data_dir: &std::path::Path,
 ) -> anyhow::Result<msgtrail_listener::ListenerHandle> {
     let mut config = msgtrail_listener::ListenerConfig {
-        nats_url: nats_url.to_owned(),
+        nats: NatsOptions::url(nats_url),
         data_dir: data_dir.to_owned(),
         trace_ui: msgtrail_otel::TraceUi::from_env(),
         ..Default::default()

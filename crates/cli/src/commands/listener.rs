@@ -1,67 +1,40 @@
 //! `msgtrail listener`: run a listener (stage stream → shadow messages, trajectories,
 //! statistics, HTTP API) until SIGINT/SIGTERM.
 
-use crate::common::NatsArgs;
+use crate::common::{duration_arg, size_arg, NatsArgs};
 use anyhow::Context;
+use bytesize::ByteSize;
 use clap::Args as ClapArgs;
 use msgtrail_core::trajectory::Deadlines;
 use msgtrail_listener::config::{
     DEFAULT_DURABLE, DEFAULT_HTTP_ADDR, ENV_DATA_DIR, ENV_DURABLE, ENV_HTTP_ADDR, ENV_TOKEN,
 };
 use msgtrail_listener::ListenerConfig;
+use msgtrail_nats::NatsOptions;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// Parses durations with units up to days: `500ms`, `30s`, `5m`, `12h`, `7d`.
-pub fn parse_long_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("invalid duration {s:?}: use e.g. 500ms, 30s, 5m, 12h, 7d"))?;
-    let ms = match unit {
-        "ms" => 1,
-        "s" | "" => 1000,
-        "m" => 60_000,
-        "h" => 3_600_000,
-        "d" => 86_400_000,
-        _ => {
-            return Err(format!(
-                "invalid duration unit in {s:?}: use ms, s, m, h or d"
-            ))
-        }
-    };
-    Ok(Duration::from_millis(n.saturating_mul(ms)))
+/// The listener's defaults, where every option's default comes from.
+fn defaults() -> ListenerConfig {
+    ListenerConfig::default()
 }
 
-/// Parses sizes: `500`, `64KiB`, `100MiB`, `2GiB` (also KB/MB/GB as powers of 1000).
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("invalid size {s:?}: use e.g. 500MiB or 2GiB"))?;
-    let mult: u64 = match unit.trim() {
-        "" | "B" => 1,
-        "KiB" => 1 << 10,
-        "MiB" => 1 << 20,
-        "GiB" => 1 << 30,
-        "KB" => 1_000,
-        "MB" => 1_000_000,
-        "GB" => 1_000_000_000,
-        _ => return Err(format!("invalid size unit in {s:?}: use B, KiB, MiB, GiB")),
-    };
-    Ok(n.saturating_mul(mult))
+/// A duration as the help shows it.
+fn shown(d: Duration) -> humantime::Duration {
+    d.into()
+}
+
+/// A deadline of [`Deadlines::default`], in milliseconds there.
+fn deadline(pick: fn(&Deadlines) -> u64) -> humantime::Duration {
+    shown(Duration::from_millis(pick(&Deadlines::default())))
 }
 
 /// Options of `msgtrail listener`.
 #[derive(Debug, ClapArgs)]
 pub struct Args {
     /// Directory of the listener's store.
-    #[arg(long, env = ENV_DATA_DIR, default_value = "msgtrail-listener-data")]
+    #[arg(long, env = ENV_DATA_DIR, default_value_os_t = defaults().data_dir)]
     pub data_dir: PathBuf,
     /// Address of the HTTP API.
     #[arg(long, env = ENV_HTTP_ADDR, default_value = DEFAULT_HTTP_ADDR)]
@@ -74,36 +47,36 @@ pub struct Args {
     #[arg(long, env = ENV_DURABLE, default_value = DEFAULT_DURABLE)]
     pub durable: String,
     /// Most stage-stream messages applied per store transaction.
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = defaults().batch_size)]
     pub batch_size: usize,
     /// Payload bytes kept per message (0 keeps none).
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = defaults().payload_head_bytes)]
     pub payload_head_bytes: usize,
     /// In-flight messages kept in memory for ingest (0 keeps none; each costs ~9–18 KB).
-    #[arg(long, default_value_t = msgtrail_listener::cache::DEFAULT_CACHE_MESSAGES)]
+    #[arg(long, default_value_t = defaults().cache_messages)]
     pub cache_messages: usize,
     /// Deadline from upload to stored before a message is "stuck" / "did not reach the broker".
-    #[arg(long, default_value = "10s", value_parser = parse_long_duration)]
-    pub deadline_stored: Duration,
+    #[arg(long, default_value_t = deadline(|d| d.stored_ms), value_parser = duration_arg)]
+    pub deadline_stored: humantime::Duration,
     /// Deadline from stored to the first delivery.
-    #[arg(long, default_value = "60s", value_parser = parse_long_duration)]
-    pub deadline_delivered: Duration,
+    #[arg(long, default_value_t = deadline(|d| d.delivered_ms), value_parser = duration_arg)]
+    pub deadline_delivered: humantime::Duration,
     /// Deadline from a delivery to its ack.
-    #[arg(long, default_value = "60s", value_parser = parse_long_duration)]
-    pub deadline_acked: Duration,
+    #[arg(long, default_value_t = deadline(|d| d.acked_ms), value_parser = duration_arg)]
+    pub deadline_acked: humantime::Duration,
     /// Deadline from processing start to its end.
-    #[arg(long, default_value = "60s", value_parser = parse_long_duration)]
-    pub deadline_processed: Duration,
+    #[arg(long, default_value_t = deadline(|d| d.processed_ms), value_parser = duration_arg)]
+    pub deadline_processed: humantime::Duration,
     /// Delete messages older than this (0 keeps them).
-    #[arg(long, default_value = "7d", value_parser = parse_long_duration)]
-    pub retention_max_age: Duration,
+    #[arg(long, default_value_t = shown(defaults().retention_max_age.unwrap_or_default()), value_parser = duration_arg)]
+    pub retention_max_age: humantime::Duration,
     /// Delete the oldest messages when their stored records exceed this many bytes (0: no
     /// limit). Counts record bytes, not the file: the file is about twice as large.
-    #[arg(long, default_value = "1GiB", value_parser = parse_size)]
-    pub retention_max_size: u64,
+    #[arg(long, default_value_t = ByteSize(defaults().retention_max_bytes.unwrap_or(0)), value_parser = size_arg)]
+    pub retention_max_size: ByteSize,
     /// Width of the sliding window of the latency percentiles.
-    #[arg(long, default_value = "5m", value_parser = parse_long_duration)]
-    pub stats_window: Duration,
+    #[arg(long, default_value_t = shown(defaults().stats_window), value_parser = duration_arg)]
+    pub stats_window: humantime::Duration,
     /// Do not recover P2/P3 (received, stored) from the stored messages' headers in the
     /// message stream; read the stage stream alone. Then a broker killed right after its
     /// reply, or a stage stream without a leader, leaves messages without a store hop.
@@ -111,16 +84,18 @@ pub struct Args {
     pub no_store_evidence: bool,
     /// Ack wait of the listener's consumers: after a crash, a restarted listener resumes
     /// the batches in flight within it (long transactions send progress acks).
-    #[arg(long, default_value = "5s", value_parser = parse_long_duration)]
-    pub ack_wait: Duration,
+    #[arg(long, default_value_t = shown(defaults().ack_wait), value_parser = duration_arg)]
+    pub ack_wait: humantime::Duration,
 }
 
 impl Args {
     /// The listener configuration these options describe.
-    pub fn config(&self, nats_url: String) -> ListenerConfig {
-        let ms = |d: Duration| d.as_millis() as u64;
+    pub fn config(&self, nats: NatsOptions) -> ListenerConfig {
+        let ms = |d: humantime::Duration| Duration::from(d).as_millis() as u64;
+        let retention_max_age = Duration::from(self.retention_max_age);
+        let retention_max_size = self.retention_max_size.as_u64();
         ListenerConfig {
-            nats_url,
+            nats,
             data_dir: self.data_dir.clone(),
             http_addr: self.addr,
             token: self.token.clone(),
@@ -134,12 +109,11 @@ impl Args {
                 acked_ms: ms(self.deadline_acked),
                 processed_ms: ms(self.deadline_processed),
             },
-            retention_max_age: (!self.retention_max_age.is_zero())
-                .then_some(self.retention_max_age),
-            retention_max_bytes: (self.retention_max_size > 0).then_some(self.retention_max_size),
-            stats_window: self.stats_window,
+            retention_max_age: (!retention_max_age.is_zero()).then_some(retention_max_age),
+            retention_max_bytes: (retention_max_size > 0).then_some(retention_max_size),
+            stats_window: self.stats_window.into(),
             store_evidence: !self.no_store_evidence,
-            ack_wait: self.ack_wait,
+            ack_wait: self.ack_wait.into(),
             ..Default::default()
         }
     }
@@ -148,7 +122,7 @@ impl Args {
 /// Runs a listener until a signal.
 pub async fn run(nats: &NatsArgs, args: Args) -> anyhow::Result<()> {
     let opts = nats.options()?;
-    let mut config = args.config(opts.urls.join(","));
+    let mut config = args.config(opts.clone());
     if msgtrail_otel::export_requested() {
         config.otel = Some(
             msgtrail_otel::PipelineConfig::from_env().context("OpenTelemetry export settings")?,
@@ -177,6 +151,8 @@ mod tests {
 
     #[test]
     fn parses_long_durations_and_sizes() {
+        let parse_long_duration = crate::common::parse_duration;
+        let parse_size = |s| size_arg(s).map(|b| b.as_u64());
         assert_eq!(parse_long_duration("7d").unwrap().as_secs(), 7 * 86_400);
         assert_eq!(parse_long_duration("12h").unwrap().as_secs(), 12 * 3600);
         assert_eq!(parse_long_duration("250ms").unwrap().as_millis(), 250);

@@ -5,6 +5,9 @@
 use std::fmt;
 use std::path::PathBuf;
 
+/// The NATS server a part connects to when none is configured (a local `nats-server`).
+pub const DEFAULT_URL: &str = "nats://127.0.0.1:4222";
+
 /// How to reach and authenticate with NATS. `Debug` hides secrets.
 #[derive(Clone, Default)]
 pub struct NatsOptions {
@@ -189,7 +192,7 @@ mod tests {
 
     #[tokio::test]
     async fn every_url_is_a_seed_and_bad_urls_are_named() {
-        let server = msgtrail_test_support::NatsServer::start().unwrap();
+        let server = msgtrail_devkit::NatsServer::start().unwrap();
         // The first seed is dead; the client moves on to the second.
         let opts = NatsOptions {
             urls: vec!["nats://127.0.0.1:1".into(), server.url().into()],
@@ -207,7 +210,7 @@ mod tests {
 
     #[tokio::test]
     async fn inbox_prefix_is_applied_and_checked() {
-        let server = msgtrail_test_support::NatsServer::start().unwrap();
+        let server = msgtrail_devkit::NatsServer::start().unwrap();
         let opts = NatsOptions {
             inbox_prefix: Some("_INBOX_CLIENT.shop".into()),
             ..NatsOptions::url(server.url())
