@@ -369,7 +369,10 @@ async fn ensure_storage(
     js: &async_nats::jetstream::Context,
     config: &BrokerConfig,
 ) -> Result<(crate::streams::Storage, crate::signing::SigningKey), async_nats::Error> {
-    let mut backoff = std::time::Duration::from_millis(250);
+    let mut backoff = msgtrail_core::backoff::Backoff::new(
+        std::time::Duration::from_millis(250),
+        std::time::Duration::from_secs(5),
+    );
     let mut attempt = 1;
     loop {
         let result = async {
@@ -382,8 +385,7 @@ async fn ensure_storage(
             Ok(done) => return Ok(done),
             Err(e) if attempt < SETUP_ATTEMPTS => {
                 tracing::warn!(attempt, error = %e, "JetStream setup failed; retrying");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(std::time::Duration::from_secs(5));
+                tokio::time::sleep(backoff.next_pause()).await;
                 attempt += 1;
             }
             Err(e) => return Err(e),

@@ -15,6 +15,7 @@ use crate::metrics::Metrics;
 use bytes::Bytes;
 use futures::stream::FuturesUnordered;
 use futures::StreamExt;
+use msgtrail_core::backoff::Backoff;
 use msgtrail_core::frame::encode_stage_batch;
 use msgtrail_core::subjects::STAGE_SUBJECT;
 use msgtrail_core::StageRecord;
@@ -325,9 +326,7 @@ fn schedule(
     mut p: Pending,
 ) {
     p.tries += 1;
-    let pause = RETRY_FIRST
-        .saturating_mul(1 << p.tries.min(5))
-        .min(RETRY_MAX);
+    let pause = Backoff::new(RETRY_FIRST, RETRY_MAX).nth(p.tries);
     if retry.len() >= RETRY_QUEUE {
         if let Some((_, old)) = retry.pop_front() {
             metrics

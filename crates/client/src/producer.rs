@@ -102,7 +102,8 @@ pub struct ProducerOptions {
     pub timeout: Duration,
     /// Attempts per message (1 = no retry). Default 3.
     pub max_attempts: u32,
-    /// Pause before a retry (doubles each time). Default 100 ms.
+    /// Pause before a retry (doubles each time, less up to a fifth at random:
+    /// `msgtrail_core::backoff`). Default 100 ms.
     pub retry_backoff: Duration,
     /// Report this producer's stage records: P1 (as each entry's send time) and P4. Default
     /// true; false sends no record at all.
@@ -472,7 +473,8 @@ impl Producer {
         prepared: Prepared,
         mut rx: oneshot::Receiver<Outcome>,
     ) -> Result<UploadReply, ClientError> {
-        let mut backoff = self.options.retry_backoff;
+        let mut backoff =
+            msgtrail_core::backoff::Backoff::new(self.options.retry_backoff, Duration::MAX);
         let mut attempt = 1;
         loop {
             let result = rx.await.unwrap_or_else(|_| Err(batch::stopped()));
@@ -480,8 +482,7 @@ impl Producer {
                 Err(e) if e.is_transient() && attempt < self.options.max_attempts => {
                     tracing::debug!(request_id = %prepared.request_id, attempt, error = %e,
                         "upload failed; retrying with the same request id");
-                    tokio::time::sleep(backoff).await;
-                    backoff *= 2;
+                    tokio::time::sleep(backoff.next_pause()).await;
                     attempt += 1;
                     let (job, next) = prepared.job(attempt);
                     batch::submit(&self.uploads, vec![job]).await?;

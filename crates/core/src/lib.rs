@@ -4,6 +4,7 @@
 //! the listener and the OpenTelemetry bridge all depend on it and on nothing of each other.
 //!
 //! ## Layout
+//! - [`backoff`]: exponential backoff with jitter, for every retry loop.
 //! - [`config`]: [`ConfigError`], the one shape of a refused configuration.
 //! - [`ids`]: message IDs (UUIDv7), request IDs, client IDs, topics and their grammar.
 //! - [`trace_ids`]: the documented derivation of OpenTelemetry trace and span IDs from
@@ -24,6 +25,7 @@
 //! docs/PROTOCOL.md at the repository root describes the same protocol for clients in
 //! other languages.
 
+pub mod backoff;
 pub mod config;
 pub mod frame;
 pub mod headers;

@@ -11,30 +11,20 @@ pub fn now_nanos() -> u64 {
         .unwrap_or(0)
 }
 
+/// RFC 3339 in UTC with exactly three fractional digits.
+const RFC3339_MILLIS: &[time::format_description::BorrowedFormatItem<'static>] = time::macros::format_description!(
+    "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:3]Z"
+);
+
 /// Formats Unix nanoseconds as an RFC 3339 UTC time with millisecond precision
 /// (`2026-12-01T12:00:01.003Z`), for humans.
 pub fn format_rfc3339_millis(nanos: u64) -> String {
-    let secs = (nanos / 1_000_000_000) as i64;
-    let millis = (nanos / 1_000_000) % 1000;
-    let days = secs.div_euclid(86_400);
-    let rem = secs.rem_euclid(86_400);
-    let (h, m, s) = (rem / 3600, (rem % 3600) / 60, rem % 60);
-    let (y, mo, d) = civil_from_days(days);
-    format!("{y:04}-{mo:02}-{d:02}T{h:02}:{m:02}:{s:02}.{millis:03}Z")
-}
-
-/// Howard Hinnant's days-to-civil algorithm (proleptic Gregorian calendar).
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let y = yoe + era * 400;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    (if m <= 2 { y + 1 } else { y }, m, d)
+    time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(nanos))
+        .ok()
+        .and_then(|t| t.format(RFC3339_MILLIS).ok())
+        // Unreachable: every u64 of nanoseconds is a year before 2555, and the format only
+        // names components a UTC time has.
+        .unwrap_or_else(|| format!("{nanos} ns after the Unix epoch"))
 }
 
 /// A duration in words, as the diagnosis and the CLI write it: `0.8 ms`, `41 ms`, `2.97 s`.

@@ -20,7 +20,8 @@
 //!   again. Backends tolerate that (same trace and span IDs). Spans of one trace may arrive
 //!   in any order and in different requests.
 //! - A failed request is retried with exponential backoff ([`ExportConfig::initial_backoff`]
-//!   doubling to [`ExportConfig::max_backoff`]); while the endpoint is down, spans pile up in
+//!   doubling to [`ExportConfig::max_backoff`], each pause less up to a fifth at random:
+//!   `msgtrail_core::backoff`); while the endpoint is down, spans pile up in
 //!   the queue until the bound, then new ones are dropped with a count; when it returns, the
 //!   backlog goes out.
 //! - Memory is bounded: at most `queue_capacity` spans queued, plus
@@ -58,6 +59,7 @@ use crate::error::ConfigError;
 use crate::mapping::{ServiceSpan, DEFAULT_BROKER_SERVICE};
 use crate::otlp::{Body, Encoding, Group, Resources};
 use crate::transport::Transport;
+use msgtrail_core::backoff::Backoff;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -689,7 +691,7 @@ async fn deliver(
 async fn send_with_retries(body: Body, shared: &Shared, closing: &CancellationToken) {
     let (config, stats) = (&shared.config, &shared.stats);
     let n = body.spans;
-    let mut backoff = config.initial_backoff;
+    let mut backoff = Backoff::new(config.initial_backoff, config.max_backoff);
     let mut attempts = 0u32;
     loop {
         attempts += 1;
@@ -720,9 +722,8 @@ async fn send_with_retries(body: Body, shared: &Shared, closing: &CancellationTo
             return shared.settle(&stats.dropped_retries, n);
         }
         tokio::select! {
-            _ = tokio::time::sleep(backoff) => {}
+            _ = tokio::time::sleep(backoff.next_pause()) => {}
             _ = closing.cancelled() => {}
         }
-        backoff = (backoff * 2).min(config.max_backoff);
     }
 }
