@@ -756,7 +756,7 @@ async fn demo_client(cluster: &Cluster, id: &str) -> (async_nats::Client, Identi
         .to_owned();
     let nats = NatsOptions {
         urls: cluster.url_strings(),
-        nkey_seed: Some(seed.clone()),
+        nkey_seed: Some(seed.as_str().into()),
         inbox_prefix: Some(inbox_prefix(id)),
         ..Default::default()
     }

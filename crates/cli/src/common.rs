@@ -63,7 +63,7 @@ impl NatsArgs {
                 std::fs::read_to_string(p)
                     .with_context(|| format!("reading nkey seed {}", p.display()))?
                     .trim()
-                    .to_owned(),
+                    .into(),
             ),
             None => None,
         };
@@ -74,8 +74,8 @@ impl NatsArgs {
                 .filter(|s| !s.is_empty())
                 .collect(),
             user: self.nats_user.clone(),
-            password: self.nats_password.clone(),
-            token: self.nats_token.clone(),
+            password: self.nats_password.as_deref().map(Into::into),
+            token: self.nats_token.as_deref().map(Into::into),
             creds_file: self.nats_creds.clone(),
             nkey_seed,
             tls_ca: self.tls_ca.clone(),

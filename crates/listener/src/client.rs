@@ -12,6 +12,7 @@ use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
 use msgtrail_core::trajectory::Trajectory;
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
+use secrecy::{ExposeSecret, SecretString};
 use serde::de::DeserializeOwned;
 use std::fmt;
 use std::time::Duration;
@@ -88,7 +89,7 @@ pub struct ListenerClient {
     /// `http://host:port` and the path prefix, without a trailing `/`.
     base: String,
     prefix: String,
-    token: Option<String>,
+    token: Option<SecretString>,
     timeout: Duration,
     http: Client<HttpConnector, Empty<Bytes>>,
 }
@@ -98,7 +99,7 @@ impl fmt::Debug for ListenerClient {
         f.debug_struct("ListenerClient")
             .field("host_port", &self.host_port)
             .field("prefix", &self.prefix)
-            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("token", &self.token)
             .finish()
     }
 }
@@ -140,7 +141,7 @@ impl ListenerClient {
             base: format!("http://{host_port}{prefix}"),
             host_port,
             prefix,
-            token,
+            token: token.map(SecretString::from),
             timeout: Duration::from_secs(10),
             // No idle connections kept: the CLI asks once, and a kept-alive connection
             // would hold the listener's HTTP task (and its store) past a shutdown.
@@ -157,7 +158,8 @@ impl ListenerClient {
             .map_err(|e| ClientError::protocol(format!("bad request path {path:?}"), e))?;
         let mut req = hyper::Request::get(uri).header(hyper::header::ACCEPT, "application/json");
         if let Some(t) = &self.token {
-            req = req.header(hyper::header::AUTHORIZATION, format!("Bearer {t}"));
+            let bearer = format!("Bearer {}", t.expose_secret());
+            req = req.header(hyper::header::AUTHORIZATION, bearer);
         }
         let req = req
             .body(Empty::new())

@@ -3,7 +3,7 @@
 
 use msgtrail_core::trajectory::Deadlines;
 use msgtrail_nats::NatsOptions;
-use std::fmt;
+use secrecy::{ExposeSecret, SecretString};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -24,8 +24,8 @@ pub const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:7380";
 /// The default durable consumer name.
 pub const DEFAULT_DURABLE: &str = "msgtrail-listener";
 
-/// Everything the listener needs to run.
-#[derive(Clone)]
+/// Everything the listener needs to run. `Debug` shows the token as `[REDACTED]`.
+#[derive(Debug, Clone)]
 pub struct ListenerConfig {
     /// How to reach NATS: the same options as the broker's (URLs, credentials, TLS, …).
     pub nats: NatsOptions,
@@ -34,7 +34,7 @@ pub struct ListenerConfig {
     /// Address the HTTP API binds.
     pub http_addr: SocketAddr,
     /// Bearer token required on `/api/*` and `/metrics`; `None` leaves them open.
-    pub token: Option<String>,
+    pub token: Option<SecretString>,
     /// Name of the durable consumer on the stage stream; the consumer on the message stream
     /// (store evidence) is named after it, `<durable_name>-stored`.
     pub durable_name: String,
@@ -103,31 +103,6 @@ impl Default for ListenerConfig {
     }
 }
 
-impl fmt::Debug for ListenerConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ListenerConfig")
-            .field("nats", &self.nats)
-            .field("data_dir", &self.data_dir)
-            .field("http_addr", &self.http_addr)
-            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
-            .field("durable_name", &self.durable_name)
-            .field("batch_size", &self.batch_size)
-            .field("ack_wait", &self.ack_wait)
-            .field("payload_head_bytes", &self.payload_head_bytes)
-            .field("cache_messages", &self.cache_messages)
-            .field("deadlines", &self.deadlines)
-            .field("watchdog_interval", &self.watchdog_interval)
-            .field("retention_max_age", &self.retention_max_age)
-            .field("retention_max_bytes", &self.retention_max_bytes)
-            .field("retention_interval", &self.retention_interval)
-            .field("stats_window", &self.stats_window)
-            .field("otel", &self.otel)
-            .field("trace_ui", &self.trace_ui)
-            .field("store_evidence", &self.store_evidence)
-            .finish()
-    }
-}
-
 impl ListenerConfig {
     /// Checks the values that cannot work, with a message naming the field.
     pub fn validate(&self) -> Result<(), crate::ConfigError> {
@@ -156,7 +131,11 @@ impl ListenerConfig {
         if self.stats_window < Duration::from_secs(1) {
             return bad("stats_window", "must be at least one second");
         }
-        if self.token.as_deref().is_some_and(str::is_empty) {
+        if self
+            .token
+            .as_ref()
+            .is_some_and(|t| t.expose_secret().is_empty())
+        {
             return bad("token", "must not be empty when set");
         }
         Ok(())

@@ -25,15 +25,18 @@ use crate::export::ExportSender;
 use crate::stats::{Exposition, Stats};
 use crate::store::{SearchQuery, Store};
 use axum::extract::rejection::QueryRejection;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, Query, Request, State};
 use axum::http::{header, HeaderMap, StatusCode, Uri};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use msgtrail_core::time::now_nanos;
 use msgtrail_core::trajectory::MessageState;
+use secrecy::{ExposeSecret, SecretString};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
+use subtle::ConstantTimeEq;
 
 /// The body of every error answer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -78,7 +81,7 @@ struct AppState {
     store: Arc<Store>,
     stats: Arc<Stats>,
     exporter: Option<ExportSender>,
-    token: Option<Arc<str>>,
+    token: Option<Arc<SecretString>>,
     trace_ui_template: Option<String>,
 }
 
@@ -96,29 +99,30 @@ const PAGE: &str = include_str!("page.html");
 /// The placeholder the trace UI template carries.
 const TRACE_ID_SLOT: &str = "{trace_id}";
 
-/// `Some(401 answer)` when a token is configured and the request lacks it.
-fn unauthorized(state: &AppState, headers: &HeaderMap) -> Option<Response> {
-    let want = state.token.as_ref()?;
-    let got = headers
+/// The bearer-token check of `/api/*` and `/metrics`, as one layer over those routes: with
+/// a token configured, a request without `Authorization: Bearer <token>` gets 401 before any
+/// handler or extractor runs. The comparison is constant-time (`subtle`): the token is a
+/// secret, and the time a comparison takes must not say how much of a guess was right.
+async fn require_token(State(st): State<AppState>, req: Request, next: Next) -> Response {
+    let Some(want) = st.token.as_ref() else {
+        return next.run(req).await;
+    };
+    let got = req
+        .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
-    // Constant-time comparison: the token is a secret.
-    let ok = got.is_some_and(|g| {
-        g.len() == want.len()
-            && g.bytes()
-                .zip(want.bytes())
-                .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-                == 0
-    });
-    (!ok).then(|| {
+    let ok = got.is_some_and(|g| bool::from(g.as_bytes().ct_eq(want.expose_secret().as_bytes())));
+    if ok {
+        next.run(req).await
+    } else {
         error(
             StatusCode::UNAUTHORIZED,
             "unauthorized",
             "missing or wrong bearer token".to_owned(),
             vec![],
         )
-    })
+    }
 }
 
 async fn blocking<T: Send + 'static>(
@@ -134,7 +138,7 @@ pub fn router(
     store: Arc<Store>,
     stats: Arc<Stats>,
     exporter: Option<ExportSender>,
-    token: Option<String>,
+    token: Option<SecretString>,
     trace_ui: Option<&msgtrail_otel::TraceUi>,
 ) -> Router {
     // A hex-looking marker survives any escaping the UI's link format applies.
@@ -143,18 +147,21 @@ pub fn router(
         store,
         stats,
         exporter,
-        token: token.map(Arc::from),
+        token: token.map(Arc::new),
         trace_ui_template: trace_ui.map(|u| u.link_hex(&marker).replace(&marker, TRACE_ID_SLOT)),
     };
-    Router::new()
-        .route("/", get(page))
+    let protected = Router::new()
         .route("/api/config", get(ui_config))
-        .route("/healthz", get(|| async { "ok\n" }))
         .route("/metrics", get(metrics))
         .route("/api/stats", get(stats_handler))
         .route("/api/messages", get(search))
         .route("/api/messages/{id}", get(message))
         .route("/api/clients/{id}/events", get(client_events))
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
+    Router::new()
+        .route("/", get(page))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .merge(protected)
         .fallback(not_found)
         .with_state(state)
 }
@@ -170,10 +177,7 @@ async fn page() -> Response {
         .into_response()
 }
 
-async fn ui_config(State(st): State<AppState>, headers: HeaderMap) -> Response {
-    if let Some(r) = unauthorized(&st, &headers) {
-        return r;
-    }
+async fn ui_config(State(st): State<AppState>) -> Response {
     Json(UiConfig {
         trace_ui_template: st.trace_ui_template.clone(),
     })
@@ -187,13 +191,9 @@ struct MessageParams {
 
 async fn message(
     State(st): State<AppState>,
-    headers: HeaderMap,
     Path(id): Path<String>,
     p: Result<Query<MessageParams>, QueryRejection>,
 ) -> Response {
-    if let Some(r) = unauthorized(&st, &headers) {
-        return r;
-    }
     let p = match params(p) {
         Ok(p) => p,
         Err(e) => return e.into_response(),
@@ -221,13 +221,9 @@ struct ClientEventParams {
 
 async fn client_events(
     State(st): State<AppState>,
-    headers: HeaderMap,
     Path(client): Path<String>,
     Query(p): Query<ClientEventParams>,
 ) -> Response {
-    if let Some(r) = unauthorized(&st, &headers) {
-        return r;
-    }
     let store = st.store.clone();
     let limit = p.limit.unwrap_or(100);
     let who = client.clone();
@@ -270,12 +266,8 @@ fn params<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, QueryError> {
 
 async fn search(
     State(st): State<AppState>,
-    headers: HeaderMap,
     p: Result<Query<SearchParams>, QueryRejection>,
 ) -> Response {
-    if let Some(r) = unauthorized(&st, &headers) {
-        return r;
-    }
     let p = match params(p) {
         Ok(p) => p,
         Err(e) => return e.into_response(),
@@ -394,12 +386,8 @@ struct StatsParams {
 
 async fn stats_handler(
     State(st): State<AppState>,
-    headers: HeaderMap,
     p: Result<Query<StatsParams>, QueryRejection>,
 ) -> Response {
-    if let Some(r) = unauthorized(&st, &headers) {
-        return r;
-    }
     let p = match params(p) {
         Ok(p) => p,
         Err(e) => return e.into_response(),
@@ -408,9 +396,6 @@ async fn stats_handler(
 }
 
 async fn metrics(State(st): State<AppState>, headers: HeaderMap) -> Response {
-    if let Some(r) = unauthorized(&st, &headers) {
-        return r;
-    }
     let mut registry = prometheus_client::registry::Registry::default();
     st.stats.register_metrics(&mut registry, now_nanos());
     if let Some(x) = &st.exporter {

@@ -2,27 +2,28 @@
 //! file, nkey seed, TLS, inbox prefix. The broker, the listener and the CLI use the same
 //! options.
 
-use std::fmt;
+use secrecy::{ExposeSecret, SecretString};
 use std::path::PathBuf;
 
 /// The NATS server a part connects to when none is configured (a local `nats-server`).
 pub const DEFAULT_URL: &str = "nats://127.0.0.1:4222";
 
-/// How to reach and authenticate with NATS. `Debug` hides secrets.
-#[derive(Clone, Default)]
+/// How to reach and authenticate with NATS. The secrets are [`SecretString`]s: `Debug`
+/// shows `[REDACTED]`, and their memory is zeroed when dropped.
+#[derive(Debug, Clone, Default)]
 pub struct NatsOptions {
     /// Server URLs (`nats://host:4222`, `tls://…`); several for a cluster.
     pub urls: Vec<String>,
     /// User name (with `password`).
     pub user: Option<String>,
     /// Password (with `user`).
-    pub password: Option<String>,
+    pub password: Option<SecretString>,
     /// Authentication token.
-    pub token: Option<String>,
+    pub token: Option<SecretString>,
     /// A `.creds` file (JWT + nkey seed).
     pub creds_file: Option<PathBuf>,
     /// An nkey seed (`SU…`) for nkey authentication with NATS itself.
-    pub nkey_seed: Option<String>,
+    pub nkey_seed: Option<SecretString>,
     /// PEM file of CA certificates to trust.
     pub tls_ca: Option<PathBuf>,
     /// PEM client certificate (with `tls_key`).
@@ -39,26 +40,6 @@ pub struct NatsOptions {
     /// user subscribe only to its own prefix (deploy/nats/accounts.conf: `_INBOX_CLIENT.<id>`),
     /// and the client must then connect with that prefix.
     pub inbox_prefix: Option<String>,
-}
-
-impl fmt::Debug for NatsOptions {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let hidden = |o: &Option<String>| o.as_ref().map(|_| "<hidden>");
-        f.debug_struct("NatsOptions")
-            .field("urls", &self.urls)
-            .field("user", &self.user)
-            .field("password", &hidden(&self.password))
-            .field("token", &hidden(&self.token))
-            .field("creds_file", &self.creds_file)
-            .field("nkey_seed", &hidden(&self.nkey_seed))
-            .field("tls_ca", &self.tls_ca)
-            .field("tls_cert", &self.tls_cert)
-            .field("tls_key", &self.tls_key)
-            .field("require_tls", &self.require_tls)
-            .field("name", &self.name)
-            .field("inbox_prefix", &self.inbox_prefix)
-            .finish()
-    }
 }
 
 /// Why connecting failed.
@@ -119,12 +100,14 @@ impl NatsOptions {
         }
         let mut opts = async_nats::ConnectOptions::new();
         match (&self.user, &self.password) {
-            (Some(u), Some(p)) => opts = opts.user_and_password(u.clone(), p.clone()),
+            (Some(u), Some(p)) => {
+                opts = opts.user_and_password(u.clone(), p.expose_secret().to_owned())
+            }
             (None, None) => {}
             _ => return Err(ConnectError::options("user and password go together")),
         }
         if let Some(t) = &self.token {
-            opts = opts.token(t.clone());
+            opts = opts.token(t.expose_secret().to_owned());
         }
         if let Some(path) = &self.creds_file {
             opts = opts.credentials_file(path).await.map_err(|e| {
@@ -133,7 +116,7 @@ impl NatsOptions {
             })?;
         }
         if let Some(seed) = &self.nkey_seed {
-            opts = opts.nkey(seed.clone());
+            opts = opts.nkey(seed.expose_secret().to_owned());
         }
         if let Some(ca) = &self.tls_ca {
             opts = opts.add_root_certificates(ca.clone());
@@ -189,6 +172,25 @@ fn check_inbox_prefix(prefix: &str) -> Result<(), ConnectError> {
 mod tests {
     use super::*;
     use futures::StreamExt;
+
+    #[test]
+    fn debug_shows_no_secret() {
+        let opts = NatsOptions {
+            user: Some("app".into()),
+            password: Some("pw-1234".into()),
+            token: Some("tok-5678".into()),
+            nkey_seed: Some("SUAIBDPBAUTWCWBKIO6XHQNINK5FWJW4OHLXC3HQ2KFE4PEJUA44CNHTC4".into()),
+            ..NatsOptions::url(DEFAULT_URL)
+        };
+        let shown = format!("{opts:?}");
+        assert!(
+            shown.contains("app") && shown.contains(DEFAULT_URL),
+            "{shown}"
+        );
+        for secret in ["pw-1234", "tok-5678", "SUAIB"] {
+            assert!(!shown.contains(secret), "{secret} in {shown}");
+        }
+    }
 
     #[tokio::test]
     async fn every_url_is_a_seed_and_bad_urls_are_named() {

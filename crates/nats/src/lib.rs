@@ -11,3 +11,5 @@
 pub mod connect;
 
 pub use connect::{ConnectError, NatsOptions, DEFAULT_URL};
+/// The type of every secret option, re-exported so callers need not name `secrecy`.
+pub use secrecy::SecretString;

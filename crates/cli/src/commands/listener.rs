@@ -98,7 +98,7 @@ impl Args {
             nats,
             data_dir: self.data_dir.clone(),
             http_addr: self.addr,
-            token: self.token.clone(),
+            token: self.token.as_deref().map(Into::into),
             durable_name: self.durable.clone(),
             batch_size: self.batch_size,
             payload_head_bytes: self.payload_head_bytes,
