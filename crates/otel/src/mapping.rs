@@ -533,3 +533,200 @@ pub fn trajectory_spans(t: &Trajectory, opts: &MappingOptions) -> Vec<ServiceSpa
         .filter_map(|h| hop_span(t, h, opts))
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use msgtrail_core::trajectory::AssembleOptions;
+    use msgtrail_core::{ClientId, RequestId};
+
+    const T0: u64 = 1_796_126_400_000_000_000;
+
+    fn message_id() -> MessageId {
+        "0193a5f2-7c1e-7b2a-9f10-3c4d5e6f7a8b".parse().unwrap()
+    }
+
+    /// An uploaded and stored message (P1–P4): its send and store hops.
+    fn stored() -> Trajectory {
+        let producer = ClientId::new("shop").unwrap();
+        let request = RequestId::new("order-42").unwrap();
+        let records: Vec<StageRecord> = [
+            Stage::UploadSent,
+            Stage::UploadReceived,
+            Stage::Stored,
+            Stage::StoreConfirmed,
+        ]
+        .into_iter()
+        .zip(0..)
+        .map(|(stage, ms)| {
+            let mut r = StageRecord::at(stage, T0 + ms * 1_000_000);
+            r.producer = Some(producer.clone());
+            r.request_id = Some(request.clone());
+            r.topic = Some("orders".into());
+            if stage != Stage::UploadSent {
+                r.message_id = Some(message_id());
+            }
+            r
+        })
+        .collect();
+        Trajectory::assemble(records, &AssembleOptions::default()).expect("a trajectory")
+    }
+
+    fn hop(t: &Trajectory, kind: HopKind) -> HopSpan {
+        t.hops
+            .iter()
+            .find(|h| h.kind == kind)
+            .cloned()
+            .unwrap_or_else(|| panic!("no {kind:?} hop in {t:?}"))
+    }
+
+    fn with_outcome(stage: Stage, outcome: &str) -> StageRecord {
+        let mut r = StageRecord::at(stage, T0);
+        r.outcome = Some(outcome.into());
+        r
+    }
+
+    #[test]
+    fn error_type_names_the_most_telling_outcome() {
+        let mut h = hop(&stored(), HopKind::Store);
+        let dead = with_outcome(Stage::Redelivery, "dead_letter");
+        let failed = with_outcome(Stage::ProcessFinished, "failed");
+        let nack = with_outcome(Stage::PullAckSent, "nack");
+        let cases = [
+            (vec![failed.clone(), dead], "dead_letter"),
+            (vec![nack.clone(), failed], "processing_failed"),
+            (
+                vec![with_outcome(Stage::PushAckReceived, "term"), nack.clone()],
+                "nack",
+            ),
+            (vec![with_outcome(Stage::PushAckReceived, "term")], "term"),
+            (vec![with_outcome(Stage::Redelivery, "redeliver")], "no_ack"),
+            // An outcome is read only where its stage has it: "failed" on a settle is none.
+            (vec![with_outcome(Stage::PullAckSent, "failed")], "error"),
+        ];
+        for (events, want) in cases {
+            h.events = events;
+            h.end = Some(T0);
+            assert_eq!(error_type(&h), want, "{:?}", h.events);
+        }
+        h.events.clear();
+        h.end = None;
+        assert_eq!(
+            error_type(&h),
+            "timeout",
+            "a hop closed by its deadline never ended"
+        );
+    }
+
+    #[test]
+    fn span_kinds_draw_producer_broker_consumer() {
+        let mut h = hop(&stored(), HopKind::Send);
+        let mut seen = Vec::new();
+        for kind in [
+            HopKind::Send,
+            HopKind::Store,
+            HopKind::Deliver,
+            HopKind::Process,
+        ] {
+            h.kind = kind;
+            seen.push(operation(&h));
+        }
+        assert_eq!(
+            seen,
+            [
+                ("send", "send", SpanKind::Producer),
+                ("store", "process", SpanKind::Consumer),
+                ("deliver", "send", SpanKind::Producer),
+                ("process", "process", SpanKind::Consumer),
+            ]
+        );
+    }
+
+    #[test]
+    fn service_names_fall_back_to_the_client_ids_and_the_broker() {
+        let t = stored();
+        let opts = MappingOptions::default();
+        let mut h = hop(&t, HopKind::Send);
+        h.service = Some(String::new());
+        assert_eq!(
+            service_name(&t, &h, &opts),
+            "shop",
+            "an empty service is no service"
+        );
+        h.service = Some("shop-frontend".into());
+        assert_eq!(service_name(&t, &h, &opts), "shop-frontend");
+        h.service = None;
+        h.kind = HopKind::Store;
+        assert_eq!(service_name(&t, &h, &opts), DEFAULT_BROKER_SERVICE);
+        h.kind = HopKind::Process;
+        h.consumer = None;
+        assert_eq!(service_name(&t, &h, &opts), "unknown-consumer");
+        h.consumer = Some(ClientId::new("billing-1").unwrap());
+        assert_eq!(service_name(&t, &h, &opts), "billing-1");
+        let mut orphan = t.clone();
+        orphan.producer = None;
+        h.kind = HopKind::Send;
+        assert_eq!(service_name(&orphan, &h, &opts), "unknown-producer");
+    }
+
+    #[test]
+    fn a_parent_without_records_still_has_its_computed_id() {
+        let mut t = stored();
+        let trace = trajectory_trace_id(&t).expect("a message ID");
+        let send = hop(&t, HopKind::Send);
+        let store = hop(&t, HopKind::Store);
+        assert_eq!(store.parent.as_deref(), Some(send.key.as_str()));
+        let want = hop_span_id(&t, &send, trace).expect("computable");
+        assert_eq!(parent_span_id(&t, &store), want);
+        // Without the parent hop in the trajectory, its ID comes from its key.
+        t.hops.retain(|h| h.kind != HopKind::Send);
+        assert_eq!(parent_span_id(&t, &store), want);
+        let mut root = send;
+        root.parent = None;
+        assert_eq!(parent_span_id(&t, &root), SpanId::INVALID);
+    }
+
+    #[test]
+    fn an_orphan_send_span_id_is_never_zero() {
+        let mut bytes = [0xab; 16];
+        bytes[8..].copy_from_slice(&[0, 0, 0, 0, 0, 0, 0, 7]);
+        let id = orphan_send_span_id(TraceId::from_bytes(bytes));
+        assert_eq!(id, SpanId::from_bytes([0, 0, 0, 0, 0, 0, 0, 7]));
+        let zero_low = orphan_send_span_id(TraceId::from_bytes(
+            [[0xab; 8], [0; 8]].concat().try_into().unwrap(),
+        ));
+        assert_eq!(zero_low, SpanId::from_bytes([0, 0, 0, 0, 0, 0, 0, 1]));
+    }
+
+    #[test]
+    fn a_record_becomes_an_event_at_its_time_with_its_ids() {
+        let mut r = StageRecord::at(Stage::UploadSent, T0 + 5);
+        r.request_id = Some(RequestId::new("order-42").unwrap());
+        r.attempt = Some(2);
+        r.topic = Some("orders".into());
+        let e = record_event(&r);
+        assert_eq!(e.name, "P1 upload sent");
+        assert_eq!(e.timestamp, UNIX_EPOCH + Duration::from_nanos(T0 + 5));
+        let attr = |k: &str| {
+            e.attributes
+                .iter()
+                .find(|kv| kv.key.as_str() == k)
+                .map(|kv| kv.value.clone())
+        };
+        assert_eq!(attr("msgtrail.stage"), Some("P1".into()));
+        assert_eq!(attr("msgtrail.attempt"), Some(2i64.into()));
+        assert_eq!(
+            attr(attribute::MESSAGING_MESSAGE_CONVERSATION_ID),
+            Some("order-42".into())
+        );
+        assert_eq!(
+            attr(attribute::MESSAGING_DESTINATION_NAME),
+            Some("orders".into())
+        );
+        assert_eq!(
+            attr(attribute::MESSAGING_MESSAGE_ID),
+            None,
+            "no empty attributes"
+        );
+    }
+}
