@@ -188,10 +188,10 @@ async fn publish(
 ) -> Result<AckFuture, (Pending, PublishError)> {
     match js.publish(STAGE_SUBJECT, p.bytes.clone()).await {
         Ok(ack) => Ok(Box::pin(async move {
-            let res = ack.await.map(|_| ()).map_err(PublishError::from);
+            let res = ack.await.map(|_| ());
             (p, res)
         })),
-        Err(e) => Err((p, PublishError::from(e))),
+        Err(e) => Err((p, e)),
     }
 }
 
