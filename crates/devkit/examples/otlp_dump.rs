@@ -2,7 +2,7 @@
 //! trying the listener's export on a machine without Docker.
 //!
 //! ```text
-//! cargo run -p msgtrail-test-support --example otlp_dump -- grpc 127.0.0.1:4317
+//! cargo run -p msgtrail-devkit --example otlp_dump -- grpc 127.0.0.1:4317
 //! OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4317 OTEL_EXPORTER_OTLP_PROTOCOL=grpc msgtrail listener
 //! ```
 //!
