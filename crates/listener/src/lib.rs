@@ -85,7 +85,7 @@ pub mod summary;
 pub use config::ListenerConfig;
 pub use error::{ConfigError, ListenerError, QueryError, StoreError};
 pub use stats::StatsSnapshot;
-pub use store::{MessageSummary, SearchQuery, Store};
+pub use store::{MessageSummary, SearchQuery, StorageReport, Store, TableUsage};
 
 use msgtrail_core::time::now_nanos;
 use stats::Stats;

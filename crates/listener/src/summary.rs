@@ -127,30 +127,115 @@ pub fn new_latencies(old: &[(Segment, u64)], new: &[(Segment, u64)]) -> Vec<(Seg
     out
 }
 
-/// The version byte of a summary's stored form.
-const SUMMARY_VERSION: u8 = 1;
+/// The version byte of the first compact form: states and segments by name.
+const SUMMARY_V1: u8 = 1;
+/// The version byte of the current form: states and segments by their stable codes
+/// ([`state_code`], [`segment_code`]), the message ID left out when it is the key.
+const SUMMARY_V2: u8 = 2;
+
+/// How a stored summary names its message ID.
+const ID_NONE: u8 = 0;
+const ID_WRITTEN: u8 = 1;
+const ID_IS_KEY: u8 = 2;
+
+/// A state's stored code. The numbers are fixed forever (never derived from the enum's
+/// order), so a new state takes a new number and old values keep their meaning.
+fn state_code(s: MessageState) -> u8 {
+    match s {
+        MessageState::Sent => 0,
+        MessageState::Enqueued => 1,
+        MessageState::Delivered => 2,
+        MessageState::Consuming => 3,
+        MessageState::Consumed => 4,
+        MessageState::Failed => 5,
+        MessageState::DeadLettered => 6,
+        MessageState::Stuck => 7,
+        MessageState::Lost => 8,
+    }
+}
+
+/// A segment's stored code; fixed forever like [`state_code`].
+fn segment_code(s: Segment) -> u8 {
+    match s {
+        Segment::SentToStored => 0,
+        Segment::StoredToDelivered => 1,
+        Segment::DeliveredToReceived => 2,
+        Segment::Processing => 3,
+        Segment::ReceivedToAcked => 4,
+        Segment::EndToEnd => 5,
+    }
+}
+
+fn read_state_code(r: &mut Reader<'_>) -> Result<MessageState, CodecError> {
+    let code = r.u8()?;
+    match MessageState::ALL.iter().find(|s| state_code(**s) == code) {
+        Some(s) => Ok(*s),
+        None => r.fail(format!("unknown state code {code}")),
+    }
+}
+
+fn read_segment_code(r: &mut Reader<'_>) -> Result<Segment, CodecError> {
+    let code = r.u8()?;
+    match Segment::ALL.iter().find(|s| segment_code(**s) == code) {
+        Some(s) => Ok(*s),
+        None => r.fail(format!("unknown segment code {code}")),
+    }
+}
+
+/// How the two compact versions name states and segments.
+#[derive(Clone, Copy)]
+enum Naming {
+    /// Version 1: by name.
+    Names,
+    /// Version 2: by stable code.
+    Codes,
+}
+
+impl Naming {
+    fn state(self, r: &mut Reader<'_>) -> Result<MessageState, CodecError> {
+        match self {
+            Naming::Names => read_state(r),
+            Naming::Codes => read_state_code(r),
+        }
+    }
+
+    fn segment(self, r: &mut Reader<'_>) -> Result<Segment, CodecError> {
+        match self {
+            Naming::Codes => read_segment_code(r),
+            Naming::Names => {
+                let name = r.str()?;
+                match Segment::ALL.iter().find(|s| s.as_str() == name) {
+                    Some(seg) => Ok(*seg),
+                    None => r.fail(format!("unknown segment {name:?}")),
+                }
+            }
+        }
+    }
+}
 
 impl MessageSummary {
-    /// The compact stored form (the key is the table's key, not repeated). States and
-    /// segments are written by name, so that new variants never shift old values.
+    /// The compact stored form (the key is the table's key, not repeated, nor the message
+    /// ID when it is the key). States and segments are written as stable codes, so that new
+    /// variants never shift old values.
     pub fn encode(&self) -> Vec<u8> {
         let mut w = Writer::with_capacity(96);
-        w.u8(SUMMARY_VERSION);
+        w.u8(SUMMARY_V2);
         match self.message_id {
+            Some(m) if self.key.parse::<MessageId>().ok() == Some(m) => w.u8(ID_IS_KEY),
             Some(m) => {
-                w.u8(1);
+                w.u8(ID_WRITTEN);
                 w.bytes(m.as_bytes());
             }
-            None => w.u8(0),
+            None => w.u8(ID_NONE),
         }
         w.opt_str(self.request_id.as_ref().map(|v| v.as_str()));
         w.opt_str(self.producer.as_ref().map(|v| v.as_str()));
         w.opt_str(self.topic.as_deref());
-        w.str(self.state.as_str());
+        w.u8(state_code(self.state));
         w.varint(self.groups.len() as u64);
         for (g, st) in &self.groups {
             w.str(g);
-            w.str(st.as_str());
+            w.u8(state_code(*st));
         }
         w.varint(self.first_at);
         w.varint(self.last_at.wrapping_sub(self.first_at));
@@ -164,14 +249,15 @@ impl MessageSummary {
         w.u8(funnel);
         w.varint(self.segments.len() as u64);
         for (seg, v) in &self.segments {
-            w.str(seg.as_str());
+            w.u8(segment_code(*seg));
             w.varint(*v);
         }
         w.finish()
     }
 
-    /// Reads what [`MessageSummary::encode`] wrote, for the message stored under `key`. A
-    /// value that starts with `{` is the first version's JSON form, read as such.
+    /// Reads what [`MessageSummary::encode`] wrote (or the first compact version), for the
+    /// message stored under `key`. A value that starts with `{` is the first version's JSON
+    /// form, read as such.
     pub fn decode(key: &str, bytes: &[u8]) -> Result<MessageSummary, CodecError> {
         if bytes.first() == Some(&b'{') {
             return serde_json::from_slice(bytes).map_err(|e| CodecError {
@@ -180,12 +266,17 @@ impl MessageSummary {
             });
         }
         let mut r = Reader::new(bytes);
-        let version = r.u8()?;
-        if version != SUMMARY_VERSION {
-            return r.fail(format!("unknown summary version {version}"));
-        }
+        let naming = match r.u8()? {
+            SUMMARY_V1 => Naming::Names,
+            SUMMARY_V2 => Naming::Codes,
+            v => return r.fail(format!("unknown summary version {v}")),
+        };
         let message_id = match r.u8()? {
-            0 => None,
+            ID_NONE => None,
+            ID_IS_KEY if matches!(naming, Naming::Codes) => match key.parse::<MessageId>() {
+                Ok(m) => Some(m),
+                Err(_) => return r.fail(format!("key {key:?} is no message ID")),
+            },
             _ => Some(r.message_id()?),
         };
         let request_id = match r.opt_str()? {
@@ -197,12 +288,12 @@ impl MessageSummary {
             None => None,
         };
         let topic = r.opt_str()?.map(str::to_owned);
-        let state = read_state(&mut r)?;
+        let state = naming.state(&mut r)?;
         let n = r.count()?;
         let mut groups = BTreeMap::new();
         for _ in 0..n {
             let g = r.str()?.to_owned();
-            groups.insert(g, read_state(&mut r)?);
+            groups.insert(g, naming.state(&mut r)?);
         }
         let first_at = r.varint()?;
         let last_at = first_at.wrapping_add(r.varint()?);
@@ -213,11 +304,8 @@ impl MessageSummary {
         let n = r.count()?;
         let mut segments = Vec::with_capacity(n);
         for _ in 0..n {
-            let name = r.str()?;
-            let Some(seg) = Segment::ALL.iter().find(|s| s.as_str() == name) else {
-                return r.fail(format!("unknown segment {name:?}"));
-            };
-            segments.push((*seg, r.varint()?));
+            let seg = naming.segment(&mut r)?;
+            segments.push((seg, r.varint()?));
         }
         r.end()?;
         Ok(MessageSummary {
@@ -293,6 +381,81 @@ mod tests {
         empty.segments.clear();
         empty.last_at = 0; // before first_at: still round-trips
         assert_eq!(MessageSummary::decode("k", &empty.encode()).unwrap(), empty);
+    }
+
+    /// The first compact form, as the previous listener wrote it.
+    fn encode_v1(s: &MessageSummary) -> Vec<u8> {
+        let mut w = Writer::with_capacity(96);
+        w.u8(SUMMARY_V1);
+        match s.message_id {
+            Some(m) => {
+                w.u8(1);
+                w.bytes(m.as_bytes());
+            }
+            None => w.u8(0),
+        }
+        w.opt_str(s.request_id.as_ref().map(|v| v.as_str()));
+        w.opt_str(s.producer.as_ref().map(|v| v.as_str()));
+        w.opt_str(s.topic.as_deref());
+        w.str(s.state.as_str());
+        w.varint(s.groups.len() as u64);
+        for (g, st) in &s.groups {
+            w.str(g);
+            w.str(st.as_str());
+        }
+        w.varint(s.first_at);
+        w.varint(s.last_at.wrapping_sub(s.first_at));
+        w.opt_str(s.failure.as_deref());
+        w.varint(s.records as u64);
+        let funnel = s
+            .funnel
+            .iter()
+            .enumerate()
+            .fold(0u8, |acc, (i, f)| acc | (u8::from(*f) << i));
+        w.u8(funnel);
+        w.varint(s.segments.len() as u64);
+        for (seg, v) in &s.segments {
+            w.str(seg.as_str());
+            w.varint(*v);
+        }
+        w.finish()
+    }
+
+    #[test]
+    fn first_compact_version_still_decodes() {
+        let s = sample();
+        let old = encode_v1(&s);
+        assert_eq!(MessageSummary::decode("k", &old).unwrap(), s);
+        assert!(s.encode().len() < old.len());
+    }
+
+    #[test]
+    fn a_message_id_that_is_the_key_is_not_written_twice() {
+        let mut s = sample();
+        let id = s.message_id.unwrap();
+        let apart = s.encode();
+        s.key = id.to_string();
+        let keyed = s.encode();
+        assert_eq!(keyed.len() + 16, apart.len());
+        assert_eq!(MessageSummary::decode(&s.key, &keyed).unwrap(), s);
+        // A value that says "the key" under a key that is no message ID is refused.
+        assert!(MessageSummary::decode("orphan/shop/r1", &keyed).is_err());
+    }
+
+    #[test]
+    fn codes_are_unique_and_round_trip() {
+        let states: std::collections::BTreeSet<u8> =
+            MessageState::ALL.iter().map(|s| state_code(*s)).collect();
+        assert_eq!(states.len(), MessageState::ALL.len());
+        let segments: std::collections::BTreeSet<u8> =
+            Segment::ALL.iter().map(|s| segment_code(*s)).collect();
+        assert_eq!(segments.len(), Segment::ALL.len());
+        for st in MessageState::ALL {
+            let mut s = sample();
+            s.state = *st;
+            s.segments = Segment::ALL.iter().map(|g| (*g, 7)).collect();
+            assert_eq!(MessageSummary::decode("k", &s.encode()).unwrap(), s);
+        }
     }
 
     #[test]

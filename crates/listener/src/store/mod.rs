@@ -152,6 +152,31 @@ pub struct RetentionOutcome {
     pub state_changes: Vec<StateDelta>,
 }
 
+/// One table's share of the store ([`Store::storage`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableUsage {
+    /// The table's name.
+    pub name: String,
+    /// How many rows it has.
+    pub entries: u64,
+    /// Bytes of keys and values.
+    pub stored_bytes: u64,
+    /// Bytes of branch pages and other metadata.
+    pub metadata_bytes: u64,
+    /// Bytes of its pages left unused.
+    pub fragmented_bytes: u64,
+}
+
+/// Where the store's bytes go ([`Store::storage`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StorageReport {
+    /// Every table, in the store's order.
+    pub tables: Vec<TableUsage>,
+    /// Bytes of the pages in use (the file may be larger: it grows in steps and keeps
+    /// freed pages for reuse).
+    pub allocated_bytes: u64,
+}
+
 /// The embedded store. Cheap to share behind an `Arc`; every method blocks on disk I/O,
 /// so async code calls it through `spawn_blocking`.
 pub struct Store {
@@ -622,6 +647,33 @@ impl Store {
     pub fn cache_capacity(self, messages: usize) -> Self {
         *self.lock_cache() = Cache::new(messages);
         self
+    }
+
+    /// Where the store's bytes go, per table: what a size analysis reads (the bench's
+    /// examples print it).
+    pub fn storage(&self) -> Result<StorageReport, StoreError> {
+        use redb::ReadableTableMetadata;
+        let tx = self.db.begin_read()?;
+        let mut tables = Vec::new();
+        for handle in tx.list_tables()? {
+            let table = tx.open_untyped_table(handle.clone())?;
+            let stats = table.stats()?;
+            tables.push(TableUsage {
+                name: handle.name().to_owned(),
+                entries: table.len()?,
+                stored_bytes: stats.stored_bytes(),
+                metadata_bytes: stats.metadata_bytes(),
+                fragmented_bytes: stats.fragmented_bytes(),
+            });
+        }
+        drop(tx);
+        let tx = self.db.begin_write()?;
+        let stats = tx.stats()?;
+        tx.abort()?;
+        Ok(StorageReport {
+            tables,
+            allocated_bytes: stats.allocated_pages() * stats.page_size() as u64,
+        })
     }
 
     /// The in-flight cache's counters.
