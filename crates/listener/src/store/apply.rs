@@ -21,7 +21,8 @@ use crate::store::ApplyOutcome;
 use crate::summary::{new_latencies, topic_state, MessageSummary};
 use msgtrail_core::outcome::{ChannelOutcome, RedeliveryOutcome};
 use msgtrail_core::{MessageId, Stage, StageRecord};
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
+use std::collections::{BTreeMap, BTreeSet};
 
 /// What pass 1 found.
 #[derive(Debug, Default)]

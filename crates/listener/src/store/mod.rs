@@ -50,7 +50,8 @@ use msgtrail_core::trajectory::{AssembleOptions, Deadlines, MessageState, Segmen
 use msgtrail_core::{MessageId, RequestId, StageRecord};
 use redb::{Database, ReadableDatabase, ReadableTable, Table, TableDefinition, TableHandle};
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use foldhash::HashMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;

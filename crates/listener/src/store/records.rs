@@ -312,9 +312,13 @@ fn read_record(
 /// A 64-bit fingerprint of a record's [`StageRecord::dedup_key`]: the store keeps these per
 /// message to skip records it already holds (a redelivered batch), without the key strings.
 pub fn dedup_hash(r: &StageRecord) -> u64 {
-    use std::hash::{Hash, Hasher};
-    // SipHash with fixed keys: the same fingerprint in every process and after restarts.
-    let mut h = std::hash::DefaultHasher::new();
+    use std::hash::{BuildHasher, Hash, Hasher};
+    // Fingerprints live in memory only (a message's are recomputed from its records when it
+    // is loaded), so the seed is per process: which records collide cannot be planned from
+    // outside.
+    static SEED: std::sync::LazyLock<foldhash::quality::RandomState> =
+        std::sync::LazyLock::new(foldhash::quality::RandomState::default);
+    let mut h = SEED.build_hasher();
     msgtrail_core::frame::stage_byte(r.stage).hash(&mut h);
     r.at.hash(&mut h);
     r.message_id.map(|m| m.as_u128()).hash(&mut h);
