@@ -18,9 +18,9 @@
 
 use crate::store::records;
 use crate::summary::MessageSummary;
+use foldhash::{HashMap, HashMapExt, HashSet};
 use msgtrail_core::StageRecord;
 use serde::{Deserialize, Serialize};
-use foldhash::{HashMap, HashMapExt, HashSet};
 
 /// How many in-flight messages the cache holds by default. A cached message costs a few
 /// hundred bytes (its records and summary in stored form; see [`CacheStats::bytes`]).

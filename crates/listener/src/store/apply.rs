@@ -19,9 +19,9 @@ use crate::counters::{Counter, CounterKey, FunnelStep};
 use crate::error::StoreError;
 use crate::store::ApplyOutcome;
 use crate::summary::{new_latencies, topic_state, MessageSummary};
+use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 use msgtrail_core::outcome::{ChannelOutcome, RedeliveryOutcome};
 use msgtrail_core::{MessageId, Stage, StageRecord};
-use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// What pass 1 found.
@@ -184,9 +184,17 @@ impl<'a, 't> Pass<'a, 't> {
         records: Vec<StageRecord>,
     ) -> Result<BTreeMap<String, Vec<StageRecord>>, StoreError> {
         let mut by_key: BTreeMap<String, Vec<StageRecord>> = BTreeMap::new();
+        // Most records name their message: those gather by ID first, so that each message's
+        // key is formatted and ordered once rather than once per record.
+        let mut by_id: HashMap<MessageId, Vec<StageRecord>> = HashMap::new();
         for mut r in records {
             let key = match (&r.message_id, &r.producer, &r.request_id) {
-                (Some(m), _, _) => self.key(*m),
+                (Some(m), _, _) => {
+                    let m = *m;
+                    self.store.trim_payload(&mut r);
+                    by_id.entry(m).or_default().push(r);
+                    continue;
+                }
                 (None, Some(p), Some(q)) => {
                     let (p, q) = (p.as_str().to_owned(), q.as_str().to_owned());
                     self.key_without_id(&p, &q, r.at)?
@@ -198,6 +206,9 @@ impl<'a, 't> Pass<'a, 't> {
             };
             self.store.trim_payload(&mut r);
             by_key.entry(key).or_default().push(r);
+        }
+        for (m, recs) in by_id {
+            by_key.entry(self.key(m)).or_default().extend(recs);
         }
         Ok(by_key)
     }
