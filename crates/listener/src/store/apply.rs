@@ -13,7 +13,8 @@
 //! The transaction commits after the passes; the cache gets the touched messages back only
 //! then (see [`crate::cache`]).
 
-use super::{client_events, nearest, orphan_key, records, Links, MessageKey, Sets, Store, Tables};
+use super::tables::{nearest, orphan_key, Links, Sets, Tables};
+use super::{client_events, records, MessageKey, Store};
 use crate::cache::{Cache, Cached};
 use crate::counters::{Counter, CounterKey, FunnelStep};
 use crate::error::StoreError;

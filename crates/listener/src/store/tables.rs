@@ -1,0 +1,384 @@
+//! The store's tables and the operations one write transaction does on them ([`Tables`]):
+//! rows of records and summaries, their indexes, request-ID links and counters.
+
+use super::{records, Deltas, MessageKey};
+use crate::cache::Cached;
+use crate::counters::{Counter, CounterKey};
+use crate::error::StoreError;
+use crate::summary::{MessageSummary, StateDelta};
+use foldhash::HashMap;
+use msgtrail_core::{MessageId, StageRecord};
+use redb::{ReadableTable, Table, TableDefinition};
+use std::collections::BTreeSet;
+
+/// Counter name: bytes of stored records (keys and values), what size retention measures.
+pub const COUNTER_BYTES: &str = "bytes";
+
+pub(super) const RECORDS: TableDefinition<&str, &[u8]> = TableDefinition::new("message_records");
+pub(super) const SUMMARIES: TableDefinition<&str, &[u8]> =
+    TableDefinition::new("message_summaries");
+pub(super) const REQUESTS: TableDefinition<(&str, &str), &str> = TableDefinition::new("requests");
+pub(super) const REQUEST_MESSAGES: TableDefinition<(&str, &str, &str), ()> =
+    TableDefinition::new("request_messages");
+pub(super) const BY_TOPIC: TableDefinition<(&str, u64, &str), ()> =
+    TableDefinition::new("by_topic");
+pub(super) const BY_STATE: TableDefinition<(&str, u64, &str), ()> =
+    TableDefinition::new("by_state");
+pub(super) const BY_TIME: TableDefinition<(u64, &str), ()> = TableDefinition::new("by_time");
+pub(super) const COUNTERS: TableDefinition<&str, u64> = TableDefinition::new("counters");
+
+pub(super) fn orphan_key(producer: &str, request_id: &str) -> String {
+    MessageKey::orphan(producer, request_id).to_string()
+}
+
+pub(super) fn corrupt(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Corrupt(e.to_string())
+}
+
+/// (request ID, producer) → message key, as read or written in a transaction.
+pub(super) type Links = HashMap<(String, String), Option<String>>;
+/// (request ID, producer) → the messages stored under it, as read or written in a
+/// transaction.
+pub(super) type Sets = HashMap<(String, String), BTreeSet<MessageId>>;
+
+/// The message a record without message ID (a P1: the producer does not know it yet)
+/// belongs to, among the messages stored under its request ID: the one whose ID the broker
+/// assigned nearest the record's time (the earlier on a tie). Uploads that were stored apart
+/// are a dedup window apart, while an upload's own attempts lie within moments of its P2.
+pub(super) fn nearest(set: &BTreeSet<MessageId>, at: u64) -> Option<MessageId> {
+    set.iter()
+        .copied()
+        .min_by_key(|m| (m.unix_millis().saturating_mul(1_000_000).abs_diff(at), *m))
+}
+
+pub(super) struct Tables<'t> {
+    pub(super) records: Table<'t, &'static str, &'static [u8]>,
+    pub(super) summaries: Table<'t, &'static str, &'static [u8]>,
+    pub(super) requests: Table<'t, (&'static str, &'static str), &'static str>,
+    pub(super) request_messages: Table<'t, (&'static str, &'static str, &'static str), ()>,
+    pub(super) by_topic: Table<'t, (&'static str, u64, &'static str), ()>,
+    pub(super) by_state: Table<'t, (&'static str, u64, &'static str), ()>,
+    pub(super) by_time: Table<'t, (u64, &'static str), ()>,
+    pub(super) counters: Table<'t, &'static str, u64>,
+}
+
+impl<'t> Tables<'t> {
+    pub(super) fn open(tx: &'t redb::WriteTransaction) -> Result<Self, StoreError> {
+        Ok(Tables {
+            records: tx.open_table(RECORDS)?,
+            summaries: tx.open_table(SUMMARIES)?,
+            requests: tx.open_table(REQUESTS)?,
+            request_messages: tx.open_table(REQUEST_MESSAGES)?,
+            by_topic: tx.open_table(BY_TOPIC)?,
+            by_state: tx.open_table(BY_STATE)?,
+            by_time: tx.open_table(BY_TIME)?,
+            counters: tx.open_table(COUNTERS)?,
+        })
+    }
+
+    pub(super) fn bump(
+        &mut self,
+        key: CounterKey,
+        by: i64,
+        out: &mut Deltas,
+    ) -> Result<(), StoreError> {
+        // Deltas gather in `out` and reach the table once per transaction (`flush`).
+        if by != 0 {
+            *out.entry(key).or_default() += by;
+        }
+        Ok(())
+    }
+
+    /// Bumps a counter both globally and within `topic`.
+    pub(super) fn bump_both(
+        &mut self,
+        topic: &str,
+        c: Counter,
+        by: i64,
+        out: &mut Deltas,
+    ) -> Result<(), StoreError> {
+        self.bump(c.into(), by, out)?;
+        self.bump(CounterKey::Topic(topic.to_owned(), c), by, out)
+    }
+
+    /// Keeps the per-topic state counts as persistent counters
+    /// (`topic/<topic>/state.<state>`), so a start reads them instead of every summary.
+    pub(super) fn count_states(
+        &mut self,
+        changes: &[StateDelta],
+        out: &mut Deltas,
+    ) -> Result<(), StoreError> {
+        for (old, new) in changes {
+            if let Some((topic, st)) = old {
+                self.bump(
+                    CounterKey::Topic(topic.clone(), Counter::State(*st)),
+                    -1,
+                    out,
+                )?;
+            }
+            if let Some((topic, st)) = new {
+                self.bump(
+                    CounterKey::Topic(topic.clone(), Counter::State(*st)),
+                    1,
+                    out,
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn flush(&mut self, deltas: &Deltas) -> Result<(), StoreError> {
+        for (key, by) in deltas {
+            let name = key.to_string();
+            let cur = self
+                .counters
+                .get(name.as_str())?
+                .map(|v| v.value())
+                .unwrap_or(0);
+            self.counters
+                .insert(name.as_str(), cur.saturating_add_signed(*by))?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn sub_bytes(&mut self, by: u64) -> Result<(), StoreError> {
+        let cur = self
+            .counters
+            .get(COUNTER_BYTES)?
+            .map(|v| v.value())
+            .unwrap_or(0);
+        self.counters
+            .insert(COUNTER_BYTES, cur.saturating_sub(by))?;
+        Ok(())
+    }
+
+    /// The message key (request ID, producer) is linked to, through a per-transaction memo.
+    pub(super) fn link(
+        &self,
+        memo: &mut Links,
+        request: &str,
+        producer: &str,
+    ) -> Result<Option<String>, StoreError> {
+        let k = (request.to_owned(), producer.to_owned());
+        if let Some(v) = memo.get(&k) {
+            return Ok(v.clone());
+        }
+        let v = self
+            .requests
+            .get((request, producer))?
+            .map(|v| v.value().to_owned());
+        memo.insert(k, v.clone());
+        Ok(v)
+    }
+
+    /// Links (request ID, producer) to a message key, in the table and the memo.
+    pub(super) fn set_link(
+        &mut self,
+        memo: &mut Links,
+        request: &str,
+        producer: &str,
+        key: String,
+    ) -> Result<(), StoreError> {
+        self.requests.insert((request, producer), key.as_str())?;
+        memo.insert((request.to_owned(), producer.to_owned()), Some(key));
+        Ok(())
+    }
+
+    /// The messages stored under (request ID, producer), in upload order, through a
+    /// per-transaction memo. A store written before `request_messages` existed has only the
+    /// link: the message it names is taken into the table.
+    pub(super) fn messages_of<'s>(
+        &mut self,
+        sets: &'s mut Sets,
+        links: &mut Links,
+        request: &str,
+        producer: &str,
+    ) -> Result<&'s BTreeSet<MessageId>, StoreError> {
+        let k = (request.to_owned(), producer.to_owned());
+        if sets.contains_key(&k) {
+            return Ok(&sets[&k]);
+        }
+        let mut set = BTreeSet::new();
+        for item in self.request_messages.range((request, producer, "")..)? {
+            let (key, _) = item?;
+            let (r, p, m) = key.value();
+            if r != request || p != producer {
+                break;
+            }
+            set.insert(m.parse::<MessageId>().map_err(corrupt)?);
+        }
+        if set.is_empty() {
+            if let Some(Ok(m)) = self
+                .link(links, request, producer)?
+                .map(|l| l.parse::<MessageId>())
+            {
+                self.request_messages
+                    .insert((request, producer, m.to_string().as_str()), ())?;
+                set.insert(m);
+            }
+        }
+        Ok(sets.entry(k).or_insert(set))
+    }
+
+    /// Records that a message is stored under (request ID, producer).
+    pub(super) fn add_message(
+        &mut self,
+        sets: &mut Sets,
+        request: &str,
+        producer: &str,
+        m: MessageId,
+    ) -> Result<(), StoreError> {
+        self.request_messages
+            .insert((request, producer, m.to_string().as_str()), ())?;
+        sets.entry((request.to_owned(), producer.to_owned()))
+            .or_default()
+            .insert(m);
+        Ok(())
+    }
+
+    pub(super) fn load_records(&self, key: &str) -> Result<Vec<StageRecord>, StoreError> {
+        match self.records.get(key)? {
+            Some(v) => records::decode(v.value()).map_err(corrupt),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// Writes a message's records (or removes the row of a message left without any);
+    /// returns the change in stored bytes.
+    pub(super) fn put_records(&mut self, key: &str, c: &mut Cached) -> Result<i64, StoreError> {
+        let old = c.bytes as i64;
+        if c.records.is_empty() {
+            self.records.remove(key)?;
+            c.bytes = 0;
+            c.encoded = None;
+        } else {
+            let v = records::encode(&c.records);
+            c.bytes = (key.len() + v.len()) as u64;
+            self.records.insert(key, v.as_slice())?;
+            c.encoded = Some(v);
+        }
+        Ok(c.bytes as i64 - old)
+    }
+
+    pub(super) fn summary(&self, key: &str) -> Result<Option<MessageSummary>, StoreError> {
+        match self.summaries.get(key)? {
+            Some(v) => Ok(Some(
+                MessageSummary::decode(key, v.value()).map_err(corrupt)?,
+            )),
+            None => Ok(None),
+        }
+    }
+
+    pub(super) fn unindex(&mut self, s: &MessageSummary) -> Result<(), StoreError> {
+        let key = s.key.as_str();
+        self.by_topic
+            .remove((s.topic.as_deref().unwrap_or(""), s.first_at, key))?;
+        self.by_state.remove((s.state.as_str(), s.last_at, key))?;
+        self.by_time.remove((s.first_at, key))?;
+        Ok(())
+    }
+
+    pub(super) fn put_summary(
+        &mut self,
+        old: Option<&MessageSummary>,
+        new: &MessageSummary,
+    ) -> Result<(), StoreError> {
+        let key = new.key.as_str();
+        // Touch only the index entries whose key changed: most changes move `last_at`
+        // (and sometimes the state), rarely the topic or the first time.
+        let topic = |s: &MessageSummary| (s.topic.clone().unwrap_or_default(), s.first_at);
+        let same_topic = old.is_some_and(|o| topic(o) == topic(new));
+        let same_state = old.is_some_and(|o| (o.state, o.last_at) == (new.state, new.last_at));
+        if let Some(o) = old {
+            if !same_topic {
+                self.by_topic
+                    .remove((o.topic.as_deref().unwrap_or(""), o.first_at, key))?;
+                self.by_time.remove((o.first_at, key))?;
+            }
+            if !same_state {
+                self.by_state.remove((o.state.as_str(), o.last_at, key))?;
+            }
+        }
+        if !same_topic {
+            self.by_topic
+                .insert((new.topic.as_deref().unwrap_or(""), new.first_at, key), ())?;
+            self.by_time.insert((new.first_at, key), ())?;
+        }
+        if !same_state {
+            self.by_state
+                .insert((new.state.as_str(), new.last_at, key), ())?;
+        }
+        self.summaries.insert(key, new.encode().as_slice())?;
+        Ok(())
+    }
+
+    /// Reads a message as the cache holds it: its records, their dedup keys and size, its
+    /// summary.
+    pub(super) fn load_cached(&self, key: &str) -> Result<Cached, StoreError> {
+        let mut c = Cached::default();
+        if let Some(v) = self.records.get(key)? {
+            c.bytes = (key.len() + v.value().len()) as u64;
+            c.records = records::decode(v.value()).map_err(corrupt)?;
+            c.dedup_keys = c.records.iter().map(records::dedup_hash).collect();
+            c.encoded = Some(v.value().to_vec());
+        }
+        c.summary = self.summary(key)?;
+        Ok(c)
+    }
+
+    /// Deletes a message the cache held (its records are known, nothing is read back);
+    /// returns (bytes freed, its summary).
+    pub(super) fn delete_known(
+        &mut self,
+        key: &str,
+        c: Cached,
+    ) -> Result<(u64, Option<MessageSummary>), StoreError> {
+        self.records.remove(key)?;
+        self.delete_summary(key, c.summary.as_ref())?;
+        self.sub_bytes(c.bytes)?;
+        Ok((c.bytes, c.summary))
+    }
+
+    pub(super) fn delete_summary(
+        &mut self,
+        key: &str,
+        s: Option<&MessageSummary>,
+    ) -> Result<(), StoreError> {
+        if let Some(s) = s {
+            self.unindex(s)?;
+            self.summaries.remove(key)?;
+            if let (Some(p), Some(r)) = (&s.producer, &s.request_id) {
+                let points_here = self
+                    .requests
+                    .get((r.as_str(), p.as_str()))?
+                    .is_some_and(|v| v.value() == key);
+                if points_here {
+                    self.requests.remove((r.as_str(), p.as_str()))?;
+                }
+                if let Some(m) = s.message_id {
+                    self.request_messages.remove((
+                        r.as_str(),
+                        p.as_str(),
+                        m.to_string().as_str(),
+                    ))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Deletes a message entirely; returns (bytes freed, its summary).
+    pub(super) fn delete_message(
+        &mut self,
+        key: &str,
+    ) -> Result<(u64, Option<MessageSummary>), StoreError> {
+        let freed = match self.records.remove(key)? {
+            Some(v) => (key.len() + v.value().len()) as u64,
+            None => 0,
+        };
+        let summary = self.summary(key)?;
+        self.delete_summary(key, summary.as_ref())?;
+        self.sub_bytes(freed)?;
+        Ok((freed, summary))
+    }
+}
