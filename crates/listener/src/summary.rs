@@ -140,7 +140,7 @@ const ID_IS_KEY: u8 = 2;
 
 /// A state's stored code. The numbers are fixed forever (never derived from the enum's
 /// order), so a new state takes a new number and old values keep their meaning.
-fn state_code(s: MessageState) -> u8 {
+pub(crate) fn state_code(s: MessageState) -> u8 {
     match s {
         MessageState::Sent => 0,
         MessageState::Enqueued => 1,

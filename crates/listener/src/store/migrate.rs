@@ -1,19 +1,41 @@
 //! Upgrading a store written by an earlier version: each step moves the old tables into the
-//! current form in one transaction and drops them; a row that does not parse fails the open
+//! next form in one transaction and drops them; a row that does not parse fails the open
 //! naming it and leaves the old tables as they were.
+//!
+//! 1. [`migrate_v1`]: the first version's JSON rows (one per record, `records`; JSON
+//!    `summaries`) become compact values per message, under text keys.
+//! 2. [`migrate_v2`]: text keys become the stored binary form ([`super::key::StoredKey`]),
+//!    states in the state index their codes, message IDs of `request_messages` numbers, and
+//!    summaries their current form; the byte count is redone from the records.
 
+use super::key::StoredKey;
 use super::records;
-use super::tables::{COUNTERS, COUNTER_BYTES, RECORDS, SUMMARIES};
+use super::tables::{
+    BY_STATE, BY_TIME, BY_TOPIC, COUNTERS, COUNTER_BYTES, RECORDS, REQUESTS, REQUEST_MESSAGES,
+    SUMMARIES,
+};
 use crate::error::StoreError;
-use crate::summary::MessageSummary;
-use msgtrail_core::StageRecord;
-use redb::{Database, ReadableTable, TableDefinition, TableHandle};
+use crate::summary::{state_code, MessageSummary};
+use msgtrail_core::trajectory::MessageState;
+use msgtrail_core::{MessageId, StageRecord};
+use redb::{Database, ReadableTable, TableDefinition, TableHandle, WriteTransaction};
 
 /// The records table of the first version: one JSON row per record, keyed by (message key,
 /// dedup key). [`super::Store::open`] moves what it finds there into the compact table.
 pub(super) const RECORDS_V1: TableDefinition<(&str, &str), &str> = TableDefinition::new("records");
 /// The summaries table of the first version (JSON), moved into the compact table on open.
 pub(super) const SUMMARIES_V1: TableDefinition<&str, &str> = TableDefinition::new("summaries");
+
+/// The second version's tables: the current ones under text keys.
+pub(super) const RECORDS_V2: TableDefinition<&str, &[u8]> = TableDefinition::new("message_records");
+pub(super) const SUMMARIES_V2: TableDefinition<&str, &[u8]> =
+    TableDefinition::new("message_summaries");
+const REQUESTS_V2: TableDefinition<(&str, &str), &str> = TableDefinition::new("requests");
+const REQUEST_MESSAGES_V2: TableDefinition<(&str, &str, &str), ()> =
+    TableDefinition::new("request_messages");
+const BY_TOPIC_V2: TableDefinition<(&str, u64, &str), ()> = TableDefinition::new("by_topic");
+const BY_STATE_V2: TableDefinition<(&str, u64, &str), ()> = TableDefinition::new("by_state");
+const BY_TIME_V2: TableDefinition<(u64, &str), ()> = TableDefinition::new("by_time");
 
 /// Moves the records of a store written by the first version (one JSON row per record, in
 /// `records`) into the compact per-message form, in one transaction, and drops the old
@@ -26,7 +48,7 @@ pub(super) fn migrate_v1(db: &Database) -> Result<u64, StoreError> {
     if tables.iter().any(|t| t == SUMMARIES_V1.name()) {
         {
             let old = tx.open_table(SUMMARIES_V1)?;
-            let mut new = tx.open_table(SUMMARIES)?;
+            let mut new = tx.open_table(SUMMARIES_V2)?;
             for item in old.iter()? {
                 let (k, v) = item?;
                 let s = MessageSummary::decode(k.value(), v.value().as_bytes()).map_err(|e| {
@@ -45,7 +67,7 @@ pub(super) fn migrate_v1(db: &Database) -> Result<u64, StoreError> {
     let mut bytes = 0u64;
     {
         let old = tx.open_table(RECORDS_V1)?;
-        let mut records = tx.open_table(RECORDS)?;
+        let mut records = tx.open_table(RECORDS_V2)?;
         let mut key: Option<String> = None;
         let mut recs: Vec<StageRecord> = Vec::new();
         let mut flush = |key: &str, recs: &mut Vec<StageRecord>| -> Result<(), StoreError> {
@@ -80,12 +102,135 @@ pub(super) fn migrate_v1(db: &Database) -> Result<u64, StoreError> {
     Ok(moved)
 }
 
+fn bad_key(table: &str, key: &str) -> StoreError {
+    StoreError::Corrupt(format!(
+        "second-version {table} row {key:?}: not a message key"
+    ))
+}
+
+fn stored_v2(table: &str, key: &str) -> Result<StoredKey, StoreError> {
+    StoredKey::parse(key).map_err(|_| bad_key(table, key))
+}
+
+/// Moves a store written by the second version (text keys) into the binary-keyed tables,
+/// in one transaction, and drops the old tables. Returns how many messages moved.
+pub(super) fn migrate_v2(db: &Database) -> Result<u64, StoreError> {
+    let tx = db.begin_write()?;
+    let names: Vec<String> = tx.list_tables()?.map(|t| t.name().to_owned()).collect();
+    let has = |d: &str| names.iter().any(|n| n == d);
+    if !has(RECORDS_V2.name()) && !has(SUMMARIES_V2.name()) && !has(BY_TIME_V2.name()) {
+        tx.abort()?;
+        return Ok(0);
+    }
+    let moved = move_messages_v2(&tx)?;
+    move_requests_v2(&tx)?;
+    move_indexes_v2(&tx)?;
+    for name in [
+        RECORDS_V2.name(),
+        SUMMARIES_V2.name(),
+        REQUESTS_V2.name(),
+        REQUEST_MESSAGES_V2.name(),
+        BY_TOPIC_V2.name(),
+        BY_STATE_V2.name(),
+        BY_TIME_V2.name(),
+    ] {
+        tx.delete_table(TableDefinition::<&str, &[u8]>::new(name))?;
+    }
+    tx.commit()?;
+    Ok(moved)
+}
+
+/// Records and summaries; the byte count redone from the records as stored now.
+fn move_messages_v2(tx: &WriteTransaction) -> Result<u64, StoreError> {
+    let (mut moved, mut bytes) = (0u64, 0u64);
+    {
+        let old = tx.open_table(RECORDS_V2)?;
+        let mut new = tx.open_table(RECORDS)?;
+        for item in old.iter()? {
+            let (k, v) = item?;
+            let key = stored_v2("records", k.value())?;
+            bytes += (key.as_bytes().len() + v.value().len()) as u64;
+            new.insert(key.as_bytes(), v.value())?;
+            moved += 1;
+        }
+    }
+    {
+        let old = tx.open_table(SUMMARIES_V2)?;
+        let mut new = tx.open_table(SUMMARIES)?;
+        for item in old.iter()? {
+            let (k, v) = item?;
+            let key = stored_v2("summaries", k.value())?;
+            let s = MessageSummary::decode(k.value(), v.value()).map_err(|e| {
+                StoreError::Corrupt(format!("second-version summary {}: {e}", k.value()))
+            })?;
+            new.insert(key.as_bytes(), s.encode().as_slice())?;
+        }
+    }
+    tx.open_table(COUNTERS)?.insert(COUNTER_BYTES, bytes)?;
+    Ok(moved)
+}
+
+fn move_requests_v2(tx: &WriteTransaction) -> Result<(), StoreError> {
+    {
+        let old = tx.open_table(REQUESTS_V2)?;
+        let mut new = tx.open_table(REQUESTS)?;
+        for item in old.iter()? {
+            let (k, v) = item?;
+            let key = stored_v2("requests", v.value())?;
+            new.insert(k.value(), key.as_bytes())?;
+        }
+    }
+    let old = tx.open_table(REQUEST_MESSAGES_V2)?;
+    let mut new = tx.open_table(REQUEST_MESSAGES)?;
+    for item in old.iter()? {
+        let (k, _) = item?;
+        let (q, p, m) = k.value();
+        let m = m
+            .parse::<MessageId>()
+            .map_err(|_| bad_key("request_messages", m))?;
+        new.insert((q, p, m.as_u128()), ())?;
+    }
+    Ok(())
+}
+
+fn move_indexes_v2(tx: &WriteTransaction) -> Result<(), StoreError> {
+    {
+        let old = tx.open_table(BY_TOPIC_V2)?;
+        let mut new = tx.open_table(BY_TOPIC)?;
+        for item in old.iter()? {
+            let (k, _) = item?;
+            let (topic, at, key) = k.value();
+            new.insert((topic, at, stored_v2("by_topic", key)?.as_bytes()), ())?;
+        }
+    }
+    {
+        let old = tx.open_table(BY_STATE_V2)?;
+        let mut new = tx.open_table(BY_STATE)?;
+        for item in old.iter()? {
+            let (k, _) = item?;
+            let (state, at, key) = k.value();
+            let st = state
+                .parse::<MessageState>()
+                .map_err(|_| StoreError::Corrupt(format!("second-version state {state:?}")))?;
+            let key = stored_v2("by_state", key)?;
+            new.insert((state_code(st), at, key.as_bytes()), ())?;
+        }
+    }
+    let old = tx.open_table(BY_TIME_V2)?;
+    let mut new = tx.open_table(BY_TIME)?;
+    for item in old.iter()? {
+        let (k, _) = item?;
+        let (at, key) = k.value();
+        new.insert((at, stored_v2("by_time", key)?.as_bytes()), ())?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::store::{SearchQuery, Store};
     use msgtrail_core::trajectory::Deadlines;
-    use msgtrail_core::MessageId;
     use msgtrail_core::{ClientId, RequestId, Stage};
     use redb::ReadableDatabase;
 
@@ -139,9 +284,8 @@ mod tests {
             tx.delete_table(RECORDS).unwrap();
             let summary = {
                 let t = tx.open_table(SUMMARIES).unwrap();
-                let key = m.to_string();
-                let v = t.get(key.as_str()).unwrap().unwrap();
-                MessageSummary::decode(&key, v.value()).unwrap()
+                let v = t.get(StoredKey::of_message(m).as_bytes()).unwrap().unwrap();
+                MessageSummary::decode(&m.to_string(), v.value()).unwrap()
             };
             tx.delete_table(SUMMARIES).unwrap();
             let json = serde_json::to_string(&summary).unwrap();
@@ -177,6 +321,161 @@ mod tests {
             !names.iter().any(|t| t == "records" || t == "summaries"),
             "{names:?}"
         );
+    }
+
+    /// Rewrites the current tables in the second version's form (text keys, states by name,
+    /// message IDs as text) and drops them: what a second-version listener left behind.
+    fn rewrite_as_second_version(dir: &std::path::Path) {
+        let db = Database::create(dir.join("listener.redb")).unwrap();
+        let tx = db.begin_write().unwrap();
+        let text = |b: &[u8]| StoredKey::text(b).unwrap();
+        {
+            let (old, mut new) = (
+                tx.open_table(RECORDS).unwrap(),
+                tx.open_table(RECORDS_V2).unwrap(),
+            );
+            for item in old.iter().unwrap() {
+                let (k, v) = item.unwrap();
+                new.insert(text(k.value()).as_str(), v.value()).unwrap();
+            }
+            let (old, mut new) = (
+                tx.open_table(SUMMARIES).unwrap(),
+                tx.open_table(SUMMARIES_V2).unwrap(),
+            );
+            for item in old.iter().unwrap() {
+                let (k, v) = item.unwrap();
+                new.insert(text(k.value()).as_str(), v.value()).unwrap();
+            }
+            let (old, mut new) = (
+                tx.open_table(REQUESTS).unwrap(),
+                tx.open_table(REQUESTS_V2).unwrap(),
+            );
+            for item in old.iter().unwrap() {
+                let (k, v) = item.unwrap();
+                new.insert(k.value(), text(v.value()).as_str()).unwrap();
+            }
+            let (old, mut new) = (
+                tx.open_table(REQUEST_MESSAGES).unwrap(),
+                tx.open_table(REQUEST_MESSAGES_V2).unwrap(),
+            );
+            for item in old.iter().unwrap() {
+                let (k, _) = item.unwrap();
+                let (q, p, m) = k.value();
+                let m = MessageId::from_u128(m).unwrap().to_string();
+                new.insert((q, p, m.as_str()), ()).unwrap();
+            }
+            let (old, mut new) = (
+                tx.open_table(BY_TOPIC).unwrap(),
+                tx.open_table(BY_TOPIC_V2).unwrap(),
+            );
+            for item in old.iter().unwrap() {
+                let (k, _) = item.unwrap();
+                let (topic, at, k) = k.value();
+                new.insert((topic, at, text(k).as_str()), ()).unwrap();
+            }
+            let (old, mut new) = (
+                tx.open_table(BY_STATE).unwrap(),
+                tx.open_table(BY_STATE_V2).unwrap(),
+            );
+            for item in old.iter().unwrap() {
+                let (k, _) = item.unwrap();
+                let (code, at, k) = k.value();
+                let st = MessageState::ALL
+                    .iter()
+                    .find(|s| state_code(**s) == code)
+                    .unwrap();
+                new.insert((st.as_str(), at, text(k).as_str()), ()).unwrap();
+            }
+            let (old, mut new) = (
+                tx.open_table(BY_TIME).unwrap(),
+                tx.open_table(BY_TIME_V2).unwrap(),
+            );
+            for item in old.iter().unwrap() {
+                let (k, _) = item.unwrap();
+                let (at, k) = k.value();
+                new.insert((at, text(k).as_str()), ()).unwrap();
+            }
+        }
+        tx.delete_table(RECORDS).unwrap();
+        tx.delete_table(SUMMARIES).unwrap();
+        tx.delete_table(REQUESTS).unwrap();
+        tx.delete_table(REQUEST_MESSAGES).unwrap();
+        tx.delete_table(BY_TOPIC).unwrap();
+        tx.delete_table(BY_STATE).unwrap();
+        tx.delete_table(BY_TIME).unwrap();
+        tx.commit().unwrap();
+    }
+
+    /// A store written by the second version (text keys) opens with its trajectories,
+    /// searches, request links and counters as they were, and the old tables gone.
+    #[test]
+    fn a_second_version_store_is_migrated() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut recs = records_of_one_message();
+        let m = recs[1].message_id.unwrap();
+        // An upload the broker never answered: stored under an orphan key.
+        let mut orphan = recs[0].clone();
+        orphan.request_id = Some(RequestId::new("order-2").unwrap());
+        recs.push(orphan);
+        let now = recs[2].at;
+        let store = Store::open(dir.path(), 0, Deadlines::default()).unwrap();
+        store.apply(recs.clone(), now).unwrap();
+        let want_m = store.lookup(&m.to_string(), None, now).unwrap();
+        let want_o = store.lookup("order-2", Some("shop"), now).unwrap();
+        let want_found = store.search(&SearchQuery::default()).unwrap();
+        let want_counters = store.counters().unwrap();
+        assert_eq!(want_found.len(), 2);
+        drop(store);
+        rewrite_as_second_version(dir.path());
+
+        let store = Store::open(dir.path(), 0, Deadlines::default()).unwrap();
+        assert_eq!(store.lookup(&m.to_string(), None, now).unwrap(), want_m);
+        assert_eq!(store.lookup("order-1", None, now).unwrap(), want_m);
+        assert_eq!(store.lookup("order-2", Some("shop"), now).unwrap(), want_o);
+        assert_eq!(store.search(&SearchQuery::default()).unwrap(), want_found);
+        assert_eq!(store.counters().unwrap(), want_counters);
+        let by_state = SearchQuery {
+            state: Some(want_found[0].state),
+            ..SearchQuery::default()
+        };
+        assert!(!store.search(&by_state).unwrap().is_empty());
+        let again = store.apply(recs, now).unwrap();
+        assert_eq!((again.new_records, again.repeated_records), (0, 4));
+        drop(store);
+        let db = Database::create(dir.path().join("listener.redb")).unwrap();
+        let tx = db.begin_read().unwrap();
+        let names: Vec<String> = tx
+            .list_tables()
+            .unwrap()
+            .map(|t| t.name().to_owned())
+            .collect();
+        for old in [
+            "message_records",
+            "message_summaries",
+            "requests",
+            "by_state",
+            "by_time",
+        ] {
+            assert!(!names.iter().any(|t| t == old), "{old} in {names:?}");
+        }
+    }
+
+    /// A second-version row whose key is no message key fails the open, naming it.
+    #[test]
+    fn a_corrupt_second_version_key_fails_the_open() {
+        let dir = tempfile::tempdir().unwrap();
+        drop(Store::open(dir.path(), 0, Deadlines::default()).unwrap());
+        {
+            let db = Database::create(dir.path().join("listener.redb")).unwrap();
+            let tx = db.begin_write().unwrap();
+            tx.open_table(RECORDS_V2)
+                .unwrap()
+                .insert("not-a-key", &b"x"[..])
+                .unwrap();
+            tx.commit().unwrap();
+        }
+        let err = Store::open(dir.path(), 0, Deadlines::default()).unwrap_err();
+        assert!(err.to_string().contains("\"not-a-key\""), "{err}");
     }
 
     /// A first-version row that does not parse fails the open, naming the row, and leaves

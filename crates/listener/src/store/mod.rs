@@ -42,7 +42,7 @@
 use crate::cache::{Cache, CacheStats, DEFAULT_CACHE_MESSAGES};
 use crate::counters::{Counter, CounterKey};
 use crate::error::StoreError;
-use crate::summary::topic_state;
+use crate::summary::{state_code, topic_state};
 pub use crate::summary::{MessageSummary, StateDelta, TopicState};
 use base64::Engine;
 pub use key::MessageKey;
@@ -204,6 +204,10 @@ impl Store {
         drop(Tables::open(&tx)?);
         tx.commit()?;
         let migrated = migrate::migrate_v1(&db)?;
+        let rekeyed = migrate::migrate_v2(&db)?;
+        if rekeyed > 0 {
+            tracing::info!(messages = rekeyed, path = %path.display(), "moved the store's tables to binary keys");
+        }
         if migrated > 0 {
             tracing::info!(messages = migrated, path = %path.display(), "moved the records of a first-version store into the compact form");
         }
@@ -364,12 +368,13 @@ impl Store {
                 if since >= cutoff {
                     break;
                 }
+                let code = state_code(st);
                 for item in t
                     .by_state
-                    .range((st.as_str(), since, "")..(st.as_str(), cutoff, ""))?
+                    .range((code, since, &[][..])..(code, cutoff, &[][..]))?
                 {
                     let (k, _) = item?;
-                    candidates.push(k.value().2.to_owned());
+                    candidates.push(tables::key_text(k.value().2)?);
                     if candidates.len() >= max {
                         truncated = true;
                         break;
@@ -443,9 +448,10 @@ impl Store {
             while (out.deleted as usize) < max {
                 let first = t.by_time.first()?.map(|(k, _)| {
                     let (at, key) = k.value();
-                    (at, key.to_owned())
+                    (at, key.to_vec())
                 });
-                let Some((at, key)) = first else { break };
+                let Some((at, stored)) = first else { break };
+                let key = tables::key_text(&stored)?;
                 let too_old = cutoff.is_some_and(|c| at < c);
                 let too_big = over && target.is_some_and(|tg| bytes > tg);
                 if !too_old && !too_big {
@@ -457,7 +463,7 @@ impl Store {
                 let (freed, summary) = t.delete_message(&key)?;
                 if summary.is_none() {
                     // An index entry without a summary: drop it so the loop advances.
-                    t.by_time.remove((at, key.as_str()))?;
+                    t.by_time.remove((at, stored.as_slice()))?;
                 }
                 bytes = bytes.saturating_sub(freed);
                 out.deleted += 1;

@@ -2,7 +2,8 @@
 //! summaries and their indexes, counters and state counts.
 
 use super::tables::{
-    corrupt, BY_STATE, BY_TIME, BY_TOPIC, COUNTERS, RECORDS, REQUESTS, REQUEST_MESSAGES, SUMMARIES,
+    corrupt, key_text, message_of, state_range, stored, BY_STATE, BY_TIME, BY_TOPIC, COUNTERS,
+    RECORDS, REQUESTS, REQUEST_MESSAGES, SUMMARIES,
 };
 use super::{records, SearchQuery, Store};
 use crate::counters::{STATE_PREFIX, TOPIC_PREFIX};
@@ -23,7 +24,7 @@ impl Store {
     pub fn trajectory(&self, key: &str, now: u64) -> Result<Option<Trajectory>, StoreError> {
         let tx = self.db.begin_read()?;
         let records = tx.open_table(RECORDS)?;
-        let recs = match records.get(key)? {
+        let recs = match records.get(stored(key)?.as_bytes())? {
             Some(v) => records::decode(v.value()).map_err(corrupt)?,
             None => return Ok(None),
         };
@@ -33,13 +34,13 @@ impl Store {
         if let (Some(m), Some(p), Some(q)) = (t.message_id, &t.producer, &t.request_id) {
             let idx = tx.open_table(REQUEST_MESSAGES)?;
             let mut others = Vec::new();
-            for item in idx.range((q.as_str(), p.as_str(), "")..)? {
+            for item in idx.range((q.as_str(), p.as_str(), 0)..)? {
                 let (k, _) = item?;
                 let (r, pp, id) = k.value();
                 if r != q.as_str() || pp != p.as_str() {
                     break;
                 }
-                let id = id.parse::<MessageId>().map_err(corrupt)?;
+                let id = message_of(id)?;
                 if id != m {
                     others.push(id);
                 }
@@ -61,14 +62,16 @@ impl Store {
         let tx = self.db.begin_read()?;
         let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
         let idx = tx.open_table(REQUEST_MESSAGES)?;
-        for item in idx.range((id, "", "")..)? {
+        for item in idx.range((id, "", 0)..)? {
             let (k, _) = item?;
             let (r, p, m) = k.value();
             if r != id {
                 break;
             }
             if producer.is_none_or(|want| want == p) {
-                out.entry(p.to_owned()).or_default().push(m.to_owned());
+                out.entry(p.to_owned())
+                    .or_default()
+                    .push(message_of(m)?.to_string());
             }
         }
         let requests = tx.open_table(REQUESTS)?;
@@ -78,9 +81,8 @@ impl Store {
             if r != id {
                 break;
             }
-            if producer.is_none_or(|want| want == p) {
-                out.entry(p.to_owned())
-                    .or_insert_with(|| vec![val.value().to_owned()]);
+            if producer.is_none_or(|want| want == p) && !out.contains_key(p) {
+                out.insert(p.to_owned(), vec![key_text(val.value())?]);
             }
         }
         Ok(out)
@@ -141,27 +143,28 @@ impl Store {
         let mut examined = 0usize;
         // Looks at one candidate; true when the search is done (enough results, or the
         // scan bound reached: a search never reads more than SEARCH_SCAN_MAX summaries).
-        let mut consider = |key: &str, out: &mut Vec<MessageSummary>| -> Result<bool, StoreError> {
-            examined += 1;
-            if let Some(v) = summaries.get(key)? {
-                let s = MessageSummary::decode(key, v.value()).map_err(corrupt)?;
-                let wanted = q.state.is_none_or(|st| st == s.state)
-                    && q.topic
-                        .as_deref()
-                        .is_none_or(|t| s.topic.as_deref() == Some(t))
-                    && s.first_at >= from
-                    && s.first_at < to
-                    && q.wants(&s);
-                if wanted {
-                    out.push(s);
+        let mut consider =
+            |key: &[u8], out: &mut Vec<MessageSummary>| -> Result<bool, StoreError> {
+                examined += 1;
+                if let Some(v) = summaries.get(key)? {
+                    let s = MessageSummary::decode(&key_text(key)?, v.value()).map_err(corrupt)?;
+                    let wanted = q.state.is_none_or(|st| st == s.state)
+                        && q.topic
+                            .as_deref()
+                            .is_none_or(|t| s.topic.as_deref() == Some(t))
+                        && s.first_at >= from
+                        && s.first_at < to
+                        && q.wants(&s);
+                    if wanted {
+                        out.push(s);
+                    }
                 }
-            }
-            Ok(out.len() >= limit || examined >= SEARCH_SCAN_MAX)
-        };
+                Ok(out.len() >= limit || examined >= SEARCH_SCAN_MAX)
+            };
         if let Some(topic) = &q.topic {
             let idx = tx.open_table(BY_TOPIC)?;
             for item in idx
-                .range((topic.as_str(), from, "")..(topic.as_str(), to, ""))?
+                .range((topic.as_str(), from, &[][..])..(topic.as_str(), to, &[][..]))?
                 .rev()
             {
                 if consider(item?.0.value().2, &mut out)? {
@@ -172,17 +175,14 @@ impl Store {
             // by_state is ordered by the last record time (never before the first), so the
             // range from `from` holds every candidate; the first time is checked above.
             let idx = tx.open_table(BY_STATE)?;
-            for item in idx
-                .range((state.as_str(), from, "")..=(state.as_str(), u64::MAX, "\u{7f}"))?
-                .rev()
-            {
+            for item in idx.range(state_range(state, from))?.rev() {
                 if consider(item?.0.value().2, &mut out)? {
                     break;
                 }
             }
         } else {
             let idx = tx.open_table(BY_TIME)?;
-            for item in idx.range((from, "")..(to, ""))?.rev() {
+            for item in idx.range((from, &[][..])..(to, &[][..]))?.rev() {
                 if consider(item?.0.value().1, &mut out)? {
                     break;
                 }
@@ -217,10 +217,12 @@ impl Store {
         let summaries = tx.open_table(SUMMARIES)?;
         let mut out = Vec::new();
         for st in MessageState::ALL {
-            for item in idx.range((st.as_str(), since, "")..=(st.as_str(), u64::MAX, "\u{7f}"))? {
-                let key = item?.0.value().2.to_owned();
-                if let Some(v) = summaries.get(key.as_str())? {
-                    out.push(MessageSummary::decode(&key, v.value()).map_err(corrupt)?);
+            for item in idx.range(state_range(*st, since))? {
+                let item = item?;
+                let key = item.0.value().2;
+                if let Some(v) = summaries.get(key)? {
+                    let s = MessageSummary::decode(&key_text(key)?, v.value()).map_err(corrupt)?;
+                    out.push(s);
                 }
             }
         }
@@ -235,9 +237,7 @@ impl Store {
         let idx = tx.open_table(BY_STATE)?;
         let mut out = BTreeMap::new();
         for st in MessageState::ALL {
-            let n = idx
-                .range((st.as_str(), 0, "")..=(st.as_str(), u64::MAX, "\u{7f}"))?
-                .count() as u64;
+            let n = idx.range(state_range(*st, 0))?.count() as u64;
             if n > 0 {
                 out.insert(*st, n);
             }

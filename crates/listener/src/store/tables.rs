@@ -1,12 +1,14 @@
 //! The store's tables and the operations one write transaction does on them ([`Tables`]):
 //! rows of records and summaries, their indexes, request-ID links and counters.
 
+use super::key::StoredKey;
 use super::{records, Deltas, MessageKey};
 use crate::cache::Cached;
 use crate::counters::{Counter, CounterKey};
 use crate::error::StoreError;
-use crate::summary::{MessageSummary, StateDelta};
+use crate::summary::{state_code, MessageSummary, StateDelta};
 use foldhash::HashMap;
+use msgtrail_core::trajectory::MessageState;
 use msgtrail_core::{MessageId, StageRecord};
 use redb::{ReadableTable, Table, TableDefinition};
 use std::collections::BTreeSet;
@@ -14,18 +16,54 @@ use std::collections::BTreeSet;
 /// Counter name: bytes of stored records (keys and values), what size retention measures.
 pub const COUNTER_BYTES: &str = "bytes";
 
-pub(super) const RECORDS: TableDefinition<&str, &[u8]> = TableDefinition::new("message_records");
-pub(super) const SUMMARIES: TableDefinition<&str, &[u8]> =
-    TableDefinition::new("message_summaries");
-pub(super) const REQUESTS: TableDefinition<(&str, &str), &str> = TableDefinition::new("requests");
-pub(super) const REQUEST_MESSAGES: TableDefinition<(&str, &str, &str), ()> =
-    TableDefinition::new("request_messages");
-pub(super) const BY_TOPIC: TableDefinition<(&str, u64, &str), ()> =
-    TableDefinition::new("by_topic");
-pub(super) const BY_STATE: TableDefinition<(&str, u64, &str), ()> =
-    TableDefinition::new("by_state");
-pub(super) const BY_TIME: TableDefinition<(u64, &str), ()> = TableDefinition::new("by_time");
+// Message keys are in their stored form ([`StoredKey`]), states as their stored codes
+// ([`state_code`]), message IDs of `request_messages` as numbers: fixed-width where they can
+// be, and a third of the text forms' size.
+
+/// Stored message key → the message's records, compact ([`records`]).
+pub(super) const RECORDS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("records_v3");
+/// Stored message key → its summary, compact ([`MessageSummary::encode`]).
+pub(super) const SUMMARIES: TableDefinition<&[u8], &[u8]> = TableDefinition::new("summaries_v3");
+/// (request ID, producer) → the stored message key it is linked to.
+pub(super) const REQUESTS: TableDefinition<(&str, &str), &[u8]> =
+    TableDefinition::new("requests_v3");
+/// (request ID, producer, message ID) → (): every message stored under a request ID.
+pub(super) const REQUEST_MESSAGES: TableDefinition<(&str, &str, u128), ()> =
+    TableDefinition::new("request_messages_v3");
+/// (topic, first time, stored key) → ().
+pub(super) const BY_TOPIC: TableDefinition<(&str, u64, &[u8]), ()> =
+    TableDefinition::new("by_topic_v3");
+/// (state code, last time, stored key) → ().
+pub(super) const BY_STATE: TableDefinition<(u8, u64, &[u8]), ()> =
+    TableDefinition::new("by_state_v3");
+/// (first time, stored key) → ().
+pub(super) const BY_TIME: TableDefinition<(u64, &[u8]), ()> = TableDefinition::new("by_time_v3");
+/// Counter name → value.
 pub(super) const COUNTERS: TableDefinition<&str, u64> = TableDefinition::new("counters");
+
+/// The stored form of a key the store itself wrote (its text form always parses).
+pub(super) fn stored(key: &str) -> Result<StoredKey, StoreError> {
+    StoredKey::parse(key).map_err(corrupt)
+}
+
+/// The text form of a stored key read from a table.
+pub(super) fn key_text(bytes: &[u8]) -> Result<String, StoreError> {
+    StoredKey::text(bytes).map_err(corrupt)
+}
+
+/// The `by_state` rows of one state whose last time is at or after `since`.
+pub(super) fn state_range(
+    st: MessageState,
+    since: u64,
+) -> std::ops::Range<(u8, u64, &'static [u8])> {
+    let c = state_code(st);
+    (c, since, &[][..])..(c + 1, 0, &[][..])
+}
+
+/// The message ID a `request_messages` row names.
+pub(super) fn message_of(v: u128) -> Result<MessageId, StoreError> {
+    MessageId::from_u128(v).map_err(corrupt)
+}
 
 pub(super) fn orphan_key(producer: &str, request_id: &str) -> String {
     MessageKey::orphan(producer, request_id).to_string()
@@ -52,13 +90,13 @@ pub(super) fn nearest(set: &BTreeSet<MessageId>, at: u64) -> Option<MessageId> {
 }
 
 pub(super) struct Tables<'t> {
-    pub(super) records: Table<'t, &'static str, &'static [u8]>,
-    pub(super) summaries: Table<'t, &'static str, &'static [u8]>,
-    pub(super) requests: Table<'t, (&'static str, &'static str), &'static str>,
-    pub(super) request_messages: Table<'t, (&'static str, &'static str, &'static str), ()>,
-    pub(super) by_topic: Table<'t, (&'static str, u64, &'static str), ()>,
-    pub(super) by_state: Table<'t, (&'static str, u64, &'static str), ()>,
-    pub(super) by_time: Table<'t, (u64, &'static str), ()>,
+    pub(super) records: Table<'t, &'static [u8], &'static [u8]>,
+    pub(super) summaries: Table<'t, &'static [u8], &'static [u8]>,
+    pub(super) requests: Table<'t, (&'static str, &'static str), &'static [u8]>,
+    pub(super) request_messages: Table<'t, (&'static str, &'static str, u128), ()>,
+    pub(super) by_topic: Table<'t, (&'static str, u64, &'static [u8]), ()>,
+    pub(super) by_state: Table<'t, (u8, u64, &'static [u8]), ()>,
+    pub(super) by_time: Table<'t, (u64, &'static [u8]), ()>,
     pub(super) counters: Table<'t, &'static str, u64>,
 }
 
@@ -163,10 +201,10 @@ impl<'t> Tables<'t> {
         if let Some(v) = memo.get(&k) {
             return Ok(v.clone());
         }
-        let v = self
-            .requests
-            .get((request, producer))?
-            .map(|v| v.value().to_owned());
+        let v = match self.requests.get((request, producer))? {
+            Some(v) => Some(key_text(v.value())?),
+            None => None,
+        };
         memo.insert(k, v.clone());
         Ok(v)
     }
@@ -179,7 +217,8 @@ impl<'t> Tables<'t> {
         producer: &str,
         key: String,
     ) -> Result<(), StoreError> {
-        self.requests.insert((request, producer), key.as_str())?;
+        self.requests
+            .insert((request, producer), stored(&key)?.as_bytes())?;
         memo.insert((request.to_owned(), producer.to_owned()), Some(key));
         Ok(())
     }
@@ -199,13 +238,13 @@ impl<'t> Tables<'t> {
             return Ok(&sets[&k]);
         }
         let mut set = BTreeSet::new();
-        for item in self.request_messages.range((request, producer, "")..)? {
+        for item in self.request_messages.range((request, producer, 0)..)? {
             let (key, _) = item?;
             let (r, p, m) = key.value();
             if r != request || p != producer {
                 break;
             }
-            set.insert(m.parse::<MessageId>().map_err(corrupt)?);
+            set.insert(message_of(m)?);
         }
         if set.is_empty() {
             if let Some(Ok(m)) = self
@@ -213,7 +252,7 @@ impl<'t> Tables<'t> {
                 .map(|l| l.parse::<MessageId>())
             {
                 self.request_messages
-                    .insert((request, producer, m.to_string().as_str()), ())?;
+                    .insert((request, producer, m.as_u128()), ())?;
                 set.insert(m);
             }
         }
@@ -229,7 +268,7 @@ impl<'t> Tables<'t> {
         m: MessageId,
     ) -> Result<(), StoreError> {
         self.request_messages
-            .insert((request, producer, m.to_string().as_str()), ())?;
+            .insert((request, producer, m.as_u128()), ())?;
         sets.entry((request.to_owned(), producer.to_owned()))
             .or_default()
             .insert(m);
@@ -237,7 +276,7 @@ impl<'t> Tables<'t> {
     }
 
     pub(super) fn load_records(&self, key: &str) -> Result<Vec<StageRecord>, StoreError> {
-        match self.records.get(key)? {
+        match self.records.get(stored(key)?.as_bytes())? {
             Some(v) => records::decode(v.value()).map_err(corrupt),
             None => Ok(Vec::new()),
         }
@@ -247,21 +286,22 @@ impl<'t> Tables<'t> {
     /// returns the change in stored bytes.
     pub(super) fn put_records(&mut self, key: &str, c: &mut Cached) -> Result<i64, StoreError> {
         let old = c.bytes as i64;
+        let key = stored(key)?;
         if c.records.is_empty() {
-            self.records.remove(key)?;
+            self.records.remove(key.as_bytes())?;
             c.bytes = 0;
             c.encoded = None;
         } else {
             let v = records::encode(&c.records);
-            c.bytes = (key.len() + v.len()) as u64;
-            self.records.insert(key, v.as_slice())?;
+            c.bytes = (key.as_bytes().len() + v.len()) as u64;
+            self.records.insert(key.as_bytes(), v.as_slice())?;
             c.encoded = Some(v);
         }
         Ok(c.bytes as i64 - old)
     }
 
     pub(super) fn summary(&self, key: &str) -> Result<Option<MessageSummary>, StoreError> {
-        match self.summaries.get(key)? {
+        match self.summaries.get(stored(key)?.as_bytes())? {
             Some(v) => Ok(Some(
                 MessageSummary::decode(key, v.value()).map_err(corrupt)?,
             )),
@@ -270,10 +310,12 @@ impl<'t> Tables<'t> {
     }
 
     pub(super) fn unindex(&mut self, s: &MessageSummary) -> Result<(), StoreError> {
-        let key = s.key.as_str();
+        let key = stored(&s.key)?;
+        let key = key.as_bytes();
         self.by_topic
             .remove((s.topic.as_deref().unwrap_or(""), s.first_at, key))?;
-        self.by_state.remove((s.state.as_str(), s.last_at, key))?;
+        self.by_state
+            .remove((state_code(s.state), s.last_at, key))?;
         self.by_time.remove((s.first_at, key))?;
         Ok(())
     }
@@ -283,7 +325,8 @@ impl<'t> Tables<'t> {
         old: Option<&MessageSummary>,
         new: &MessageSummary,
     ) -> Result<(), StoreError> {
-        let key = new.key.as_str();
+        let key = stored(&new.key)?;
+        let key = key.as_bytes();
         // Touch only the index entries whose key changed: most changes move `last_at`
         // (and sometimes the state), rarely the topic or the first time.
         let topic = |s: &MessageSummary| (s.topic.clone().unwrap_or_default(), s.first_at);
@@ -296,7 +339,8 @@ impl<'t> Tables<'t> {
                 self.by_time.remove((o.first_at, key))?;
             }
             if !same_state {
-                self.by_state.remove((o.state.as_str(), o.last_at, key))?;
+                self.by_state
+                    .remove((state_code(o.state), o.last_at, key))?;
             }
         }
         if !same_topic {
@@ -306,7 +350,7 @@ impl<'t> Tables<'t> {
         }
         if !same_state {
             self.by_state
-                .insert((new.state.as_str(), new.last_at, key), ())?;
+                .insert((state_code(new.state), new.last_at, key), ())?;
         }
         self.summaries.insert(key, new.encode().as_slice())?;
         Ok(())
@@ -316,8 +360,9 @@ impl<'t> Tables<'t> {
     /// summary.
     pub(super) fn load_cached(&self, key: &str) -> Result<Cached, StoreError> {
         let mut c = Cached::default();
-        if let Some(v) = self.records.get(key)? {
-            c.bytes = (key.len() + v.value().len()) as u64;
+        let sk = stored(key)?;
+        if let Some(v) = self.records.get(sk.as_bytes())? {
+            c.bytes = (sk.as_bytes().len() + v.value().len()) as u64;
             c.records = records::decode(v.value()).map_err(corrupt)?;
             c.dedup_keys = c.records.iter().map(records::dedup_hash).collect();
             c.encoded = Some(v.value().to_vec());
@@ -333,7 +378,7 @@ impl<'t> Tables<'t> {
         key: &str,
         c: Cached,
     ) -> Result<(u64, Option<MessageSummary>), StoreError> {
-        self.records.remove(key)?;
+        self.records.remove(stored(key)?.as_bytes())?;
         self.delete_summary(key, c.summary.as_ref())?;
         self.sub_bytes(c.bytes)?;
         Ok((c.bytes, c.summary))
@@ -346,21 +391,19 @@ impl<'t> Tables<'t> {
     ) -> Result<(), StoreError> {
         if let Some(s) = s {
             self.unindex(s)?;
-            self.summaries.remove(key)?;
+            let sk = stored(key)?;
+            self.summaries.remove(sk.as_bytes())?;
             if let (Some(p), Some(r)) = (&s.producer, &s.request_id) {
                 let points_here = self
                     .requests
                     .get((r.as_str(), p.as_str()))?
-                    .is_some_and(|v| v.value() == key);
+                    .is_some_and(|v| v.value() == sk.as_bytes());
                 if points_here {
                     self.requests.remove((r.as_str(), p.as_str()))?;
                 }
                 if let Some(m) = s.message_id {
-                    self.request_messages.remove((
-                        r.as_str(),
-                        p.as_str(),
-                        m.to_string().as_str(),
-                    ))?;
+                    self.request_messages
+                        .remove((r.as_str(), p.as_str(), m.as_u128()))?;
                 }
             }
         }
@@ -372,8 +415,9 @@ impl<'t> Tables<'t> {
         &mut self,
         key: &str,
     ) -> Result<(u64, Option<MessageSummary>), StoreError> {
-        let freed = match self.records.remove(key)? {
-            Some(v) => (key.len() + v.value().len()) as u64,
+        let sk = stored(key)?;
+        let freed = match self.records.remove(sk.as_bytes())? {
+            Some(v) => (sk.as_bytes().len() + v.value().len()) as u64,
             None => 0,
         };
         let summary = self.summary(key)?;
