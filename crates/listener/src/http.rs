@@ -257,10 +257,6 @@ struct SearchParams {
     attr: Option<String>,
 }
 
-/// Most trajectories a search assembles for the filters that need one (failure,
-/// redelivery, attribute): a bound on its time, about a millisecond each.
-const SEARCH_LOOKUP_MAX: usize = 2_000;
-
 /// The query string's parameters, or the JSON error a bad one answers (never axum's plain
 /// text).
 fn params<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, QueryError> {
@@ -316,8 +312,6 @@ async fn search(
         Some(t) if crate::search::is_pattern(&t) => (None, Some(t)),
         t => (t, None),
     };
-    let by_trajectory = p.redelivered || p.failed || attr.is_some();
-    let limit = p.limit.unwrap_or(100).clamp(1, 10_000);
     let q = SearchQuery {
         topic,
         topic_pattern,
@@ -325,48 +319,16 @@ async fn search(
         group: nonempty(p.group),
         min_end_to_end: p.min_ms.map(|m| (m * 1e6) as u64),
         dead_lettered: p.dead_letter,
+        failed: p.failed,
+        redelivered: p.redelivered,
+        attr,
         state,
         from,
         to: p.to,
-        limit: Some(if by_trajectory {
-            SEARCH_LOOKUP_MAX
-        } else {
-            limit
-        }),
+        limit: Some(p.limit.unwrap_or(100).clamp(1, 10_000)),
     };
     let store = st.store.clone();
-    let (redelivered, failed) = (p.redelivered, p.failed);
-    let found = blocking(move || {
-        let found = store.search(&q)?;
-        if !by_trajectory {
-            return Ok(found);
-        }
-        // Failures recovered from, redeliveries and attributes are in the trajectory, not
-        // in the summary.
-        let now = now_nanos();
-        let mut out = Vec::new();
-        for s in found {
-            let t = match (&s.message_id, &s.request_id) {
-                (Some(m), _) => store.lookup(&m.to_string(), None, now),
-                (None, Some(r)) => {
-                    store.lookup(r.as_str(), s.producer.as_ref().map(|c| c.as_str()), now)
-                }
-                _ => continue,
-            };
-            let Ok(t) = t else { continue };
-            let wanted = (!redelivered || crate::search::redelivered(&t))
-                && (!failed || crate::search::had_failure(&t))
-                && attr.as_ref().is_none_or(|(k, v)| t.attrs.get(k) == Some(v));
-            if wanted {
-                out.push(s);
-                if out.len() >= limit {
-                    break;
-                }
-            }
-        }
-        Ok(out)
-    })
-    .await;
+    let found = blocking(move || Ok(store.search(&q)?)).await;
     match found {
         Ok(v) => Json(v).into_response(),
         Err(e) => e.into_response(),
