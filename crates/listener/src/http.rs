@@ -4,6 +4,9 @@
 //! | --- | --- |
 //! | `GET /api/messages/{message-id or request-id}[?producer=P]` | the [`Trajectory`] as JSON (a request ID stored as several messages, uploaded again after the dedup window: the latest, its `same_request` naming the others); 404 not found; 409 a request ID several producers used |
 //! | `GET /api/messages?topic=&state=&from=&to=&since_secs=&limit=&producer=&group=&min_ms=&failed=true&redelivered=true&dead_letter=true&attr=k=v` | matching [`MessageSummary`]s, newest first (`topic` may hold `*` and `>` wildcards; `min_ms` is the slowest group's end to end; `failed`, `redelivered`, `dead_letter`: at any hop) |
+//! | `GET /api/groups[?since_secs=S]` | [`GroupsOverview`]: per consumer group, its messages first seen in the last S seconds (default 900) by state, backlog, in flight, ack rate, dead letters |
+//! | `GET /api/groups/{group}[?since_secs=S]` | [`GroupDetail`]: the group's counts, and from its newest 300 trajectories its members, redeliveries and p50/p99 per hop segment; 404 when no message of the window reached it |
+//! | `GET /api/dead-letters[?limit=N]` | [`DeadLetter`]s, newest first (default 100, at most 1 000): topic, group, consumer, attempt, why |
 //! | `GET /api/clients/{client-id}/events[?limit=N]` | [`ClientEvents`]: the client's N1 (no-match) and A1 (channel) records, newest first (default 100, at most 512; the newest 512 per client are kept, subject to the age retention) |
 //! | `GET /api/stats[?topic=T]` | [`StatsSnapshot`] |
 //! | `GET /metrics` | Prometheus text 0.0.4, or OpenMetrics 1.0 with the latency histograms' exemplars (trace IDs) when `Accept` asks for `application/openmetrics-text` ([`Exposition`]) |
@@ -19,6 +22,9 @@
 //! [`MessageSummary`]: crate::store::MessageSummary
 //! [`StatsSnapshot`]: crate::stats::StatsSnapshot
 //! [`Exposition`]: crate::stats::Exposition
+//! [`GroupsOverview`]: crate::views::GroupsOverview
+//! [`GroupDetail`]: crate::views::GroupDetail
+//! [`DeadLetter`]: crate::views::DeadLetter
 
 use crate::error::QueryError;
 use crate::export::ExportSender;
@@ -155,6 +161,9 @@ pub fn router(
         .route("/api/messages", get(search))
         .route("/api/messages/{id}", get(message))
         .route("/api/clients/{id}/events", get(client_events))
+        .route("/api/groups", get(groups))
+        .route("/api/groups/{group}", get(group))
+        .route("/api/dead-letters", get(dead_letters))
         .fallback(not_found)
         .with_state(state)
 }
@@ -233,6 +242,85 @@ async fn client_events(
     let who = client.clone();
     match blocking(move || Ok(store.client_events(&who, limit)?)).await {
         Ok(events) => Json(ClientEvents { client, events }).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// The window of the group views when the query does not say: 15 minutes.
+const GROUP_WINDOW_SECS: u64 = 900;
+
+#[derive(Debug, Deserialize)]
+struct WindowParams {
+    since_secs: Option<u64>,
+}
+
+async fn groups(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    p: Result<Query<WindowParams>, QueryRejection>,
+) -> Response {
+    if let Some(r) = unauthorized(&st, &headers) {
+        return r;
+    }
+    let since = match params(p) {
+        Ok(p) => p.since_secs.unwrap_or(GROUP_WINDOW_SECS),
+        Err(e) => return e.into_response(),
+    };
+    let store = st.store.clone();
+    match blocking(move || Ok(crate::views::groups(&store, now_nanos(), since)?)).await {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn group(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path(group): Path<String>,
+    p: Result<Query<WindowParams>, QueryRejection>,
+) -> Response {
+    if let Some(r) = unauthorized(&st, &headers) {
+        return r;
+    }
+    let since = match params(p) {
+        Ok(p) => p.since_secs.unwrap_or(GROUP_WINDOW_SECS),
+        Err(e) => return e.into_response(),
+    };
+    let store = st.store.clone();
+    let found = blocking(move || {
+        crate::views::group_detail(&store, &group, now_nanos(), since)?.ok_or_else(|| {
+            QueryError::NotFound(format!(
+                "a delivery to the group {group:?} in the last {since} s"
+            ))
+        })
+    })
+    .await;
+    match found {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct LimitParams {
+    limit: Option<usize>,
+}
+
+async fn dead_letters(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    p: Result<Query<LimitParams>, QueryRejection>,
+) -> Response {
+    if let Some(r) = unauthorized(&st, &headers) {
+        return r;
+    }
+    let limit = match params(p) {
+        Ok(p) => p.limit.unwrap_or(100).clamp(1, 1_000),
+        Err(e) => return e.into_response(),
+    };
+    let store = st.store.clone();
+    match blocking(move || Ok(crate::views::dead_letters(&store, now_nanos(), limit)?)).await {
+        Ok(v) => Json(v).into_response(),
         Err(e) => e.into_response(),
     }
 }

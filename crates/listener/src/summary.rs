@@ -82,7 +82,9 @@ impl MessageSummary {
             failed: crate::search::had_failure(t),
             redelivered: crate::search::redelivered(t),
             dead_lettered: t.state == MessageState::DeadLettered
-                || t.groups.iter().any(|g| g.state == MessageState::DeadLettered),
+                || t.groups
+                    .iter()
+                    .any(|g| g.state == MessageState::DeadLettered),
             attrs: t.attrs.clone(),
         }
     }
@@ -95,7 +97,10 @@ impl MessageSummary {
         self.failed |=
             self.failure.is_some() || bad(self.state) || self.groups.values().any(|g| bad(*g));
         self.dead_lettered |= self.state == MessageState::DeadLettered
-            || self.groups.values().any(|g| *g == MessageState::DeadLettered);
+            || self
+                .groups
+                .values()
+                .any(|g| *g == MessageState::DeadLettered);
     }
 }
 
@@ -243,11 +248,10 @@ impl MessageSummary {
     /// value that starts with `{` is the first version's JSON form, read as such.
     pub fn decode(key: &str, bytes: &[u8]) -> Result<MessageSummary, CodecError> {
         if bytes.first() == Some(&b'{') {
-            let mut s: MessageSummary =
-                serde_json::from_slice(bytes).map_err(|e| CodecError {
-                    at: e.column(),
-                    what: format!("first-version summary: {e}"),
-                })?;
+            let mut s: MessageSummary = serde_json::from_slice(bytes).map_err(|e| CodecError {
+                at: e.column(),
+                what: format!("first-version summary: {e}"),
+            })?;
             s.derive_missing_flags();
             return Ok(s);
         }
@@ -389,7 +393,11 @@ mod tests {
         (plain.failed, plain.redelivered, plain.dead_lettered) = (false, false, false);
         plain.attrs.clear();
         let v2 = plain.encode();
-        assert_eq!(v2.last(), Some(&(Tag::End as u8)), "no tagged field: {v2:?}");
+        assert_eq!(
+            v2.last(),
+            Some(&(Tag::End as u8)),
+            "no tagged field: {v2:?}"
+        );
         let mut v1 = v2[..v2.len() - 1].to_vec();
         v1[0] = SUMMARY_VERSION_1;
         v1
@@ -402,7 +410,10 @@ mod tests {
         // Its failure point and failed group say it failed; redeliveries and attributes
         // were not kept then.
         assert!(got.failed && !got.redelivered && !got.dead_lettered && got.attrs.is_empty());
-        assert_eq!((got.groups, got.segments, got.records), (s.groups, s.segments, s.records));
+        assert_eq!(
+            (got.groups, got.segments, got.records),
+            (s.groups, s.segments, s.records)
+        );
         let mut clean = sample();
         clean.failure = None;
         clean.groups = [("billing".to_owned(), MessageState::DeadLettered)].into();
@@ -415,7 +426,10 @@ mod tests {
             json.as_object_mut().unwrap().remove(f);
         }
         let got = MessageSummary::decode("k", json.to_string().as_bytes()).unwrap();
-        assert!(got.failed && got.dead_lettered && !got.redelivered, "{got:?}");
+        assert!(
+            got.failed && got.dead_lettered && !got.redelivered,
+            "{got:?}"
+        );
     }
 
     #[test]
@@ -426,7 +440,10 @@ mod tests {
         s.attrs.clear();
         let plain = s.encode().len();
         assert_eq!(plain, version_1(&s).len() + 1, "one end tag");
-        assert_eq!(full, plain + 3 + 2 + 1 + 1 + "category".len() + 1 + "refund".len());
+        assert_eq!(
+            full,
+            plain + 3 + 2 + 1 + 1 + "category".len() + 1 + "refund".len()
+        );
         // An unknown tagged field (a later version's) is skipped.
         let mut later = s.encode();
         later.pop();

@@ -6,8 +6,8 @@
 
 use msgtrail_core::trajectory::{AssembleOptions, Deadlines, MessageState, Trajectory};
 use msgtrail_core::{ClientId, MessageId, RequestId, Stage, StageRecord};
-use msgtrail_listener::store::Store;
 use msgtrail_listener::search;
+use msgtrail_listener::store::Store;
 use msgtrail_listener::summary::MessageSummary;
 use msgtrail_listener::SearchQuery;
 use proptest::prelude::*;
@@ -32,15 +32,20 @@ struct Shape {
 }
 
 fn shape() -> impl Strategy<Value = Shape> {
-    (any::<bool>(), 0u32..3, any::<bool>(), any::<bool>(), any::<bool>()).prop_map(
-        |(a, attempts, fails, duplicate, dead)| Shape {
+    (
+        any::<bool>(),
+        0u32..3,
+        any::<bool>(),
+        any::<bool>(),
+        any::<bool>(),
+    )
+        .prop_map(|(a, attempts, fails, duplicate, dead)| Shape {
             answered: a || attempts > 0,
             attempts,
             fails,
             duplicate,
             dead,
-        },
-    )
+        })
 }
 
 /// The records of message `i` shaped as `s`.
