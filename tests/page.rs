@@ -724,5 +724,14 @@ async fn screenshots_of_the_main_views() {
     b.until("the narrow page", "document.querySelector('table.wf')", "1")
         .await;
     shoot("page-narrow.png").await;
+    b.client.set_window_size(1280, 900).await.unwrap();
+    b.open(&format!("{}/#/groups/billing", l.url())).await;
+    b.until(
+        "billing's group view",
+        "document.querySelector('#segments')",
+        "1",
+    )
+    .await;
+    shoot("page-group.png").await;
     b.close().await;
 }

@@ -364,13 +364,14 @@ async fn clock_bounds_and_a_client_s_events() {
     )
     .await;
     for h in t.hops.iter().filter(|h| h.arrival_bound_nanos.is_some()) {
-        let took = b
-            .text(&format!("tr.hop[data-key=\"{}\"] td:nth-child(3)", h.key))
-            .await;
+        let row = format!("tr.hop[data-key=\"{}\"]", h.key);
+        let took = b.text(&format!("{row} td:nth-child(3)")).await;
         let bound = page_ms(h.arrival_bound_nanos.unwrap());
+        assert!(took.ends_with(&format!("± {bound}")), "{}: {took}", h.key);
+        let words = b.text(&format!("{row} .clockline")).await;
         assert!(
-            took.contains("arrived after") && took.contains(&format!("± {bound}")),
-            "{}: {took}",
+            words.starts_with("arrived after ") && words.contains(&format!(" ± {bound}")),
+            "{}: {words}",
             h.key
         );
     }
