@@ -11,7 +11,7 @@
 //! | `GET /api/stats[?topic=T]` | [`StatsSnapshot`] |
 //! | `GET /metrics` | Prometheus text 0.0.4, or OpenMetrics 1.0 with the latency histograms' exemplars (trace IDs) when `Accept` asks for `application/openmetrics-text` ([`Exposition`]) |
 //! | `GET /healthz` | `ok` (never needs the token) |
-//! | `GET /` | the page: statistics, recent messages, a trajectory's timeline (static; its data calls carry the token) |
+//! | `GET /` | the page: statistics, recent messages, a trajectory's timeline, the group, dead-letter and client views (static, with its scripts `/page.js` and `/page-views.js`; its data calls carry the token) |
 //! | `GET /api/config` | `{"trace_ui_template": "http://…/trace/{trace_id}" or null}` |
 //!
 //! With a token configured, `/api/*` and `/metrics` require `Authorization: Bearer <token>`.
@@ -96,8 +96,13 @@ pub struct UiConfig {
     pub trace_ui_template: Option<String>,
 }
 
-/// The page, compiled in.
+/// The page, compiled in: its markup and style, and its two scripts (served apart so that
+/// each file stays one concern; all three work offline).
 const PAGE: &str = include_str!("page.html");
+/// The page's core script: API, list, search, waterfall.
+const PAGE_JS: &str = include_str!("page.js");
+/// The page's views beside a trajectory: groups, dead letters, a client's events.
+const PAGE_VIEWS_JS: &str = include_str!("page-views.js");
 
 /// The placeholder the trace UI template carries.
 const TRACE_ID_SLOT: &str = "{trace_id}";
@@ -154,6 +159,14 @@ pub fn router(
     };
     Router::new()
         .route("/", get(page))
+        .route(
+            "/page.js",
+            get(|| asset("text/javascript; charset=utf-8", PAGE_JS)),
+        )
+        .route(
+            "/page-views.js",
+            get(|| asset("text/javascript; charset=utf-8", PAGE_VIEWS_JS)),
+        )
         .route("/api/config", get(ui_config))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/metrics", get(metrics))
@@ -169,12 +182,17 @@ pub fn router(
 }
 
 async fn page() -> Response {
+    asset("text/html; charset=utf-8", PAGE).await
+}
+
+/// A compiled-in file of the page (never needs the token: it holds no data).
+async fn asset(content_type: &'static str, body: &'static str) -> Response {
     (
         [
-            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            (header::CONTENT_TYPE, content_type),
             (header::CACHE_CONTROL, "no-cache"),
         ],
-        PAGE,
+        body,
     )
         .into_response()
 }
