@@ -410,3 +410,72 @@ async fn clock_bounds_and_a_client_s_events() {
     );
     b.close().await;
 }
+
+/// A process hop whose consumer clock says it settled before it received (clocks that
+/// disagree): its time shows as "?" with why, in the row and in its detail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_impossible_hop_shows_a_question_mark_and_why() {
+    use msgtrail_core::record::encode_batch;
+    use msgtrail_core::subjects::STAGE_SUBJECT;
+    use msgtrail_core::{ClientId, MessageId, Stage, StageRecord};
+    let sys = TestSystem::start().await;
+    let l = sys.start_listener(|_| {}).await;
+    let m = MessageId::new();
+    let t0 = msgtrail_core::time::now_nanos();
+    let ms = 1_000_000;
+    let rec = |stage: Stage, at: u64| {
+        let mut r = StageRecord::at(stage, at);
+        r.message_id = Some(m);
+        r.topic = Some("orders.eu".into());
+        if !matches!(stage, Stage::UploadReceived | Stage::Stored) {
+            r.group = Some(ClientId::new("billing").unwrap());
+            r.consumer = Some(ClientId::new("billing-1").unwrap());
+            r.attempt = Some(1);
+        }
+        r
+    };
+    let records = [
+        rec(Stage::UploadReceived, t0),
+        rec(Stage::Stored, t0 + ms),
+        rec(Stage::PullSent, t0 + 2 * ms),
+        rec(Stage::PullReceived, t0 + 10 * ms),
+        // Settled 5 ms before it was received, by the consumer's clock.
+        rec(Stage::PullAckSent, t0 + 5 * ms),
+        rec(Stage::PullAckReceived, t0 + 20 * ms)
+            .with_outcome(msgtrail_core::outcome::AckKind::Ack),
+    ];
+    let js = async_nats::jetstream::new(sys.nats.clone());
+    js.publish(STAGE_SUBJECT, encode_batch(&records).into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    let id = m.to_string();
+    let t = l
+        .trajectory_when(&id, |t| t.hops.iter().any(|h| h.impossible.is_some()))
+        .await;
+    let hop = t.hops.iter().find(|h| h.impossible.is_some()).unwrap();
+    let why = hop.impossible.clone().unwrap();
+
+    let b = Browser::start(1280).await;
+    b.open(&format!("{}/#{id}", l.url())).await;
+    let row = format!("tr.hop[data-key=\"{}\"]", hop.key);
+    b.until(
+        "the waterfall",
+        &format!("document.querySelector('{row}')"),
+        "document.querySelector('#traceBody').innerText",
+    )
+    .await;
+    let took = b.text(&format!("{row} td:nth-child(3)")).await;
+    assert!(took.starts_with('?'), "{took}");
+    assert!(b
+        .text(&format!("{row} .impossible-why"))
+        .await
+        .contains(&why));
+    b.click(&row).await;
+    b.until("the detail", "document.querySelector('tr.detail')", "1")
+        .await;
+    let detail = b.text("tr.detail").await;
+    assert!(detail.contains(&format!("? {why}")), "{detail}");
+    b.close().await;
+}
