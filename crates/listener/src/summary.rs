@@ -404,6 +404,31 @@ mod tests {
     }
 
     #[test]
+    fn a_version_1_value_written_byte_by_byte_decodes() {
+        // Version 1; no message ID; no request ID; no producer; topic "t"; state "failed";
+        // one group "g" failed; first 5, last 5 + 2; no failure; 3 records; funnel 0b0111;
+        // no segment.
+        let mut v1 = vec![1, 0, 0, 0, 1, 1, b't', 6];
+        v1.extend(b"failed");
+        v1.extend([1, 1, b'g', 6]);
+        v1.extend(b"failed");
+        v1.extend([5, 2, 0, 3, 0b0111, 0]);
+        let s = MessageSummary::decode("k", &v1).unwrap();
+        assert_eq!(
+            (s.topic.as_deref(), s.state, s.records),
+            (Some("t"), MessageState::Failed, 3)
+        );
+        assert_eq!(
+            (s.first_at, s.last_at, s.funnel),
+            (5, 7, [true, true, true, false])
+        );
+        assert!(s.failed && !s.redelivered && !s.dead_lettered && s.attrs.is_empty());
+        // Written again, it is version 2 and reads back the same.
+        assert_eq!(s.encode()[0], SUMMARY_VERSION);
+        assert_eq!(MessageSummary::decode("k", &s.encode()).unwrap(), s);
+    }
+
+    #[test]
     fn a_version_1_value_still_decodes_with_the_flags_it_implies() {
         let s = sample();
         let got = MessageSummary::decode("k", &version_1(&s)).unwrap();
