@@ -252,6 +252,10 @@ mod tests {
                 records: 0,
                 funnel: [false; 4],
                 segments: Vec::new(),
+                failed: false,
+                redelivered: false,
+                dead_lettered: false,
+                attrs: BTreeMap::new(),
             }),
             ..Default::default()
         }

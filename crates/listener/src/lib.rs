@@ -62,8 +62,12 @@
 //! - [`store`]: the embedded redb store: records per message, shadow-message summaries and
 //!   their indexes, counters, retention.
 //! - [`stats`]: HDR latency histograms, counts by state, funnel, lag; Prometheus text.
-//! - [`http`]: the axum API (`/api/messages`, `/api/stats`, `/metrics`, `/healthz`) and
-//!   the page (`/`).
+//! - [`summary`]: the shadow message and its compact stored form; [`search`]: the filters
+//!   a search applies to it.
+//! - [`views`]: the consumer-group and dead-letter views, computed on demand from the
+//!   shadow messages and a bounded sample of trajectories.
+//! - [`http`]: the axum API (`/api/messages`, `/api/groups`, `/api/dead-letters`,
+//!   `/api/stats`, `/metrics`, `/healthz`) and the page (`/`).
 //!
 //! Trajectory assembly itself is pure and lives in `msgtrail_core::trajectory`.
 
@@ -81,6 +85,7 @@ pub mod search;
 pub mod stats;
 pub mod store;
 pub mod summary;
+pub mod views;
 
 pub use config::ListenerConfig;
 pub use error::{ConfigError, ListenerError, QueryError, StoreError};

@@ -90,6 +90,15 @@ pub struct SearchQuery {
     /// Only messages some group dead-lettered.
     #[serde(default)]
     pub dead_lettered: bool,
+    /// Only messages that had a failure at any hop, even one recovered from.
+    #[serde(default)]
+    pub failed: bool,
+    /// Only messages some group got again.
+    #[serde(default)]
+    pub redelivered: bool,
+    /// Only messages with this attribute (key, value).
+    #[serde(default)]
+    pub attr: Option<(String, String)>,
 }
 
 /// What applying one batch changed, for the statistics.
