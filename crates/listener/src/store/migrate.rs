@@ -10,15 +10,16 @@
 
 use super::key::StoredKey;
 use super::records;
+use super::requests::RequestEntry;
 use super::tables::{
-    BY_STATE, BY_TIME, BY_TOPIC, COUNTERS, COUNTER_BYTES, RECORDS, REQUESTS, REQUEST_MESSAGES,
-    SUMMARIES,
+    BY_STATE, BY_TIME, BY_TOPIC, COUNTERS, COUNTER_BYTES, RECORDS, REQUESTS, SUMMARIES,
 };
 use crate::error::StoreError;
 use crate::summary::{state_code, MessageSummary};
 use msgtrail_core::trajectory::MessageState;
 use msgtrail_core::{MessageId, StageRecord};
 use redb::{Database, ReadableTable, TableDefinition, TableHandle, WriteTransaction};
+use std::collections::BTreeMap;
 
 /// The records table of the first version: one JSON row per record, keyed by (message key,
 /// dedup key). [`super::Store::open`] moves what it finds there into the compact table.
@@ -170,25 +171,40 @@ fn move_messages_v2(tx: &WriteTransaction) -> Result<u64, StoreError> {
     Ok(moved)
 }
 
+/// The link (`requests`) and the messages (`request_messages`) of each request ID become
+/// its one row; a link to a message not in the set (a store older than the set) joins it.
 fn move_requests_v2(tx: &WriteTransaction) -> Result<(), StoreError> {
+    let mut rows: BTreeMap<(String, String), RequestEntry> = BTreeMap::new();
     {
         let old = tx.open_table(REQUESTS_V2)?;
-        let mut new = tx.open_table(REQUESTS)?;
         for item in old.iter()? {
             let (k, v) = item?;
-            let key = stored_v2("requests", v.value())?;
-            new.insert(k.value(), key.as_bytes())?;
+            let (q, p) = k.value();
+            stored_v2("requests", v.value())?;
+            let row = rows.entry((q.to_owned(), p.to_owned())).or_default();
+            row.link = Some(v.value().to_owned());
         }
     }
-    let old = tx.open_table(REQUEST_MESSAGES_V2)?;
-    let mut new = tx.open_table(REQUEST_MESSAGES)?;
-    for item in old.iter()? {
-        let (k, _) = item?;
-        let (q, p, m) = k.value();
-        let m = m
-            .parse::<MessageId>()
-            .map_err(|_| bad_key("request_messages", m))?;
-        new.insert((q, p, m.as_u128()), ())?;
+    {
+        let old = tx.open_table(REQUEST_MESSAGES_V2)?;
+        for item in old.iter()? {
+            let (k, _) = item?;
+            let (q, p, m) = k.value();
+            let m = m
+                .parse::<MessageId>()
+                .map_err(|_| bad_key("request_messages", m))?;
+            let row = rows.entry((q.to_owned(), p.to_owned())).or_default();
+            row.messages.insert(m);
+        }
+    }
+    let mut new = tx.open_table(REQUESTS)?;
+    for ((q, p), mut row) in rows {
+        if row.messages.is_empty() {
+            if let Some(Ok(m)) = row.link.as_ref().map(|l| l.parse::<MessageId>()) {
+                row.messages.insert(m);
+            }
+        }
+        new.insert((q.as_str(), p.as_str()), row.encode()?.as_slice())?;
     }
     Ok(())
 }
@@ -346,23 +362,19 @@ mod tests {
                 let (k, v) = item.unwrap();
                 new.insert(text(k.value()).as_str(), v.value()).unwrap();
             }
-            let (old, mut new) = (
-                tx.open_table(REQUESTS).unwrap(),
-                tx.open_table(REQUESTS_V2).unwrap(),
-            );
+            let old = tx.open_table(REQUESTS).unwrap();
+            let mut links = tx.open_table(REQUESTS_V2).unwrap();
+            let mut sets = tx.open_table(REQUEST_MESSAGES_V2).unwrap();
             for item in old.iter().unwrap() {
                 let (k, v) = item.unwrap();
-                new.insert(k.value(), text(v.value()).as_str()).unwrap();
-            }
-            let (old, mut new) = (
-                tx.open_table(REQUEST_MESSAGES).unwrap(),
-                tx.open_table(REQUEST_MESSAGES_V2).unwrap(),
-            );
-            for item in old.iter().unwrap() {
-                let (k, _) = item.unwrap();
-                let (q, p, m) = k.value();
-                let m = MessageId::from_u128(m).unwrap().to_string();
-                new.insert((q, p, m.as_str()), ()).unwrap();
+                let (q, p) = k.value();
+                let row = RequestEntry::decode(v.value()).unwrap();
+                if let Some(link) = &row.link {
+                    links.insert((q, p), link.as_str()).unwrap();
+                }
+                for m in &row.messages {
+                    sets.insert((q, p, m.to_string().as_str()), ()).unwrap();
+                }
             }
             let (old, mut new) = (
                 tx.open_table(BY_TOPIC).unwrap(),
@@ -399,7 +411,6 @@ mod tests {
         tx.delete_table(RECORDS).unwrap();
         tx.delete_table(SUMMARIES).unwrap();
         tx.delete_table(REQUESTS).unwrap();
-        tx.delete_table(REQUEST_MESSAGES).unwrap();
         tx.delete_table(BY_TOPIC).unwrap();
         tx.delete_table(BY_STATE).unwrap();
         tx.delete_table(BY_TIME).unwrap();

@@ -2,15 +2,17 @@
 //! their indexes, persistent counters, retention.
 //!
 //! ## Tables
+//! Message keys are stored in their binary form ([`key::StoredKey`]: 17 bytes for a message
+//! ID), states as their fixed codes.
+//!
 //! | table | key | value |
 //! | --- | --- | --- |
-//! | `message_records` | message key | every record of the message, compact ([`records`]) |
-//! | `message_summaries` | message key | [`MessageSummary`], compact ([`MessageSummary::encode`]) |
-//! | `requests` | (request ID, producer) | message key |
-//! | `request_messages` | (request ID, producer, message ID) | () |
-//! | `by_topic` | (topic, first time, message key) | () |
-//! | `by_state` | (state, last time, message key) | () |
-//! | `by_time` | (first time, message key) | () |
+//! | `records_v3` | message key | every record of the message, compact ([`records`]) |
+//! | `summaries_v3` | message key | [`MessageSummary`], compact ([`MessageSummary::encode`]) |
+//! | `requests_v3` | (request ID, producer) | the key it is linked to and every message stored under it (`store/requests.rs`) |
+//! | `by_topic_v3` | (topic, first time, message key) | () |
+//! | `by_state_v3` | (state code, last time, message key) | () |
+//! | `by_time_v3` | (first time, message key) | () |
 //! | `counters` | name | u64 |
 //!
 //! A *message key* ([`MessageKey`]) is the message ID, or `orphan/<producer>/<request-id>` for records of an
@@ -18,7 +20,7 @@
 //! orphan's records move under the message ID, so P1-before-P2 and P2-before-P1 end alike.
 //!
 //! A request ID names several messages when its producer uploaded it again after the
-//! broker's dedup window (which stores it anew, under a new message ID): `request_messages`
+//! broker's dedup window (which stores it anew, under a new message ID): its `requests_v3` row
 //! keeps every message stored under (request ID, producer), in upload order (message IDs are
 //! UUIDv7). Each message past the first counts once (`duplicates_after_window`), the
 //! trajectories name each other ([`Trajectory::same_request`], filled at lookup time), and a
@@ -33,10 +35,10 @@
 //! before the ingest acks the stage-stream messages it came from; its passes are in
 //! `store/apply.rs`.
 //!
-//! ## Upgrading a first-version store
-//! The first version kept one JSON row per record (`records`) and JSON summaries
-//! (`summaries`). [`Store::open`] moves both into the compact tables in one transaction and
-//! drops the old ones; indexes and counters keep their form. A row that does not parse
+//! ## Upgrading an earlier store
+//! [`Store::open`] moves what earlier versions wrote into the current tables, one version
+//! step per transaction (`store/migrate.rs`): the first version's JSON rows per record and
+//! JSON summaries, then the second version's text-keyed tables. A row that does not parse
 //! fails the open naming it ([`StoreError::Corrupt`]) and leaves the old tables as they were.
 
 use crate::cache::{Cache, CacheStats, DEFAULT_CACHE_MESSAGES};
@@ -61,6 +63,7 @@ pub mod key;
 mod migrate;
 mod query;
 pub mod records;
+mod requests;
 mod tables;
 
 use tables::Tables;

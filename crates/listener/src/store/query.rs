@@ -1,9 +1,10 @@
 //! The read side of the store: trajectories by message or request ID, search over the
 //! summaries and their indexes, counters and state counts.
 
+use super::requests::RequestEntry;
 use super::tables::{
-    corrupt, key_text, message_of, state_range, stored, BY_STATE, BY_TIME, BY_TOPIC, COUNTERS,
-    RECORDS, REQUESTS, REQUEST_MESSAGES, SUMMARIES,
+    corrupt, key_text, state_range, stored, BY_STATE, BY_TIME, BY_TOPIC, COUNTERS, RECORDS,
+    REQUESTS, SUMMARIES,
 };
 use super::{records, SearchQuery, Store};
 use crate::counters::{STATE_PREFIX, TOPIC_PREFIX};
@@ -32,19 +33,15 @@ impl Store {
             return Ok(None);
         };
         if let (Some(m), Some(p), Some(q)) = (t.message_id, &t.producer, &t.request_id) {
-            let idx = tx.open_table(REQUEST_MESSAGES)?;
-            let mut others = Vec::new();
-            for item in idx.range((q.as_str(), p.as_str(), 0)..)? {
-                let (k, _) = item?;
-                let (r, pp, id) = k.value();
-                if r != q.as_str() || pp != p.as_str() {
-                    break;
-                }
-                let id = message_of(id)?;
-                if id != m {
-                    others.push(id);
-                }
-            }
+            let requests = tx.open_table(REQUESTS)?;
+            let others: Vec<MessageId> = match requests.get((q.as_str(), p.as_str()))? {
+                Some(v) => RequestEntry::decode(v.value())?
+                    .messages
+                    .into_iter()
+                    .filter(|id| *id != m)
+                    .collect(),
+                None => Vec::new(),
+            };
             if !others.is_empty() {
                 t.set_same_request(others);
             }
@@ -61,19 +58,6 @@ impl Store {
     ) -> Result<BTreeMap<String, Vec<String>>, StoreError> {
         let tx = self.db.begin_read()?;
         let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
-        let idx = tx.open_table(REQUEST_MESSAGES)?;
-        for item in idx.range((id, "", 0)..)? {
-            let (k, _) = item?;
-            let (r, p, m) = k.value();
-            if r != id {
-                break;
-            }
-            if producer.is_none_or(|want| want == p) {
-                out.entry(p.to_owned())
-                    .or_default()
-                    .push(message_of(m)?.to_string());
-            }
-        }
         let requests = tx.open_table(REQUESTS)?;
         for item in requests.range((id, "")..)? {
             let (k, val) = item?;
@@ -81,8 +65,17 @@ impl Store {
             if r != id {
                 break;
             }
-            if producer.is_none_or(|want| want == p) && !out.contains_key(p) {
-                out.insert(p.to_owned(), vec![key_text(val.value())?]);
+            if producer.is_some_and(|want| want != p) {
+                continue;
+            }
+            let e = RequestEntry::decode(val.value())?;
+            let keys: Vec<String> = if e.messages.is_empty() {
+                e.link.into_iter().collect()
+            } else {
+                e.messages.iter().map(|m| m.to_string()).collect()
+            };
+            if !keys.is_empty() {
+                out.insert(p.to_owned(), keys);
             }
         }
         Ok(out)

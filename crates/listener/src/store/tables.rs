@@ -2,6 +2,7 @@
 //! rows of records and summaries, their indexes, request-ID links and counters.
 
 use super::key::StoredKey;
+use super::requests::RequestEntry;
 use super::{records, Deltas, MessageKey};
 use crate::cache::Cached;
 use crate::counters::{Counter, CounterKey};
@@ -17,19 +18,17 @@ use std::collections::BTreeSet;
 pub const COUNTER_BYTES: &str = "bytes";
 
 // Message keys are in their stored form ([`StoredKey`]), states as their stored codes
-// ([`state_code`]), message IDs of `request_messages` as numbers: fixed-width where they can
-// be, and a third of the text forms' size.
+// ([`state_code`]), a request's messages as 16-byte IDs: fixed-width where they can be, and
+// a third of the text forms' size.
 
 /// Stored message key → the message's records, compact ([`records`]).
 pub(super) const RECORDS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("records_v3");
 /// Stored message key → its summary, compact ([`MessageSummary::encode`]).
 pub(super) const SUMMARIES: TableDefinition<&[u8], &[u8]> = TableDefinition::new("summaries_v3");
-/// (request ID, producer) → the stored message key it is linked to.
+/// (request ID, producer) → the key it is linked to and every message stored under it
+/// ([`RequestEntry`]).
 pub(super) const REQUESTS: TableDefinition<(&str, &str), &[u8]> =
     TableDefinition::new("requests_v3");
-/// (request ID, producer, message ID) → (): every message stored under a request ID.
-pub(super) const REQUEST_MESSAGES: TableDefinition<(&str, &str, u128), ()> =
-    TableDefinition::new("request_messages_v3");
 /// (topic, first time, stored key) → ().
 pub(super) const BY_TOPIC: TableDefinition<(&str, u64, &[u8]), ()> =
     TableDefinition::new("by_topic_v3");
@@ -60,11 +59,6 @@ pub(super) fn state_range(
     (c, since, &[][..])..(c + 1, 0, &[][..])
 }
 
-/// The message ID a `request_messages` row names.
-pub(super) fn message_of(v: u128) -> Result<MessageId, StoreError> {
-    MessageId::from_u128(v).map_err(corrupt)
-}
-
 pub(super) fn orphan_key(producer: &str, request_id: &str) -> String {
     MessageKey::orphan(producer, request_id).to_string()
 }
@@ -93,7 +87,6 @@ pub(super) struct Tables<'t> {
     pub(super) records: Table<'t, &'static [u8], &'static [u8]>,
     pub(super) summaries: Table<'t, &'static [u8], &'static [u8]>,
     pub(super) requests: Table<'t, (&'static str, &'static str), &'static [u8]>,
-    pub(super) request_messages: Table<'t, (&'static str, &'static str, u128), ()>,
     pub(super) by_topic: Table<'t, (&'static str, u64, &'static [u8]), ()>,
     pub(super) by_state: Table<'t, (u8, u64, &'static [u8]), ()>,
     pub(super) by_time: Table<'t, (u64, &'static [u8]), ()>,
@@ -106,7 +99,6 @@ impl<'t> Tables<'t> {
             records: tx.open_table(RECORDS)?,
             summaries: tx.open_table(SUMMARIES)?,
             requests: tx.open_table(REQUESTS)?,
-            request_messages: tx.open_table(REQUEST_MESSAGES)?,
             by_topic: tx.open_table(BY_TOPIC)?,
             by_state: tx.open_table(BY_STATE)?,
             by_time: tx.open_table(BY_TIME)?,
@@ -201,12 +193,37 @@ impl<'t> Tables<'t> {
         if let Some(v) = memo.get(&k) {
             return Ok(v.clone());
         }
-        let v = match self.requests.get((request, producer))? {
-            Some(v) => Some(key_text(v.value())?),
-            None => None,
-        };
+        let v = self.request(request, producer)?.link;
         memo.insert(k, v.clone());
         Ok(v)
+    }
+
+    /// The row of (request ID, producer), empty when there is none.
+    pub(super) fn request(
+        &self,
+        request: &str,
+        producer: &str,
+    ) -> Result<RequestEntry, StoreError> {
+        match self.requests.get((request, producer))? {
+            Some(v) => RequestEntry::decode(v.value()),
+            None => Ok(RequestEntry::default()),
+        }
+    }
+
+    /// Writes the row of (request ID, producer), or removes it when it says nothing.
+    fn put_request(
+        &mut self,
+        request: &str,
+        producer: &str,
+        e: &RequestEntry,
+    ) -> Result<(), StoreError> {
+        if e.is_empty() {
+            self.requests.remove((request, producer))?;
+        } else {
+            self.requests
+                .insert((request, producer), e.encode()?.as_slice())?;
+        }
+        Ok(())
     }
 
     /// Links (request ID, producer) to a message key, in the table and the memo.
@@ -217,15 +234,16 @@ impl<'t> Tables<'t> {
         producer: &str,
         key: String,
     ) -> Result<(), StoreError> {
-        self.requests
-            .insert((request, producer), stored(&key)?.as_bytes())?;
+        let mut e = self.request(request, producer)?;
+        e.link = Some(key.clone());
+        self.put_request(request, producer, &e)?;
         memo.insert((request.to_owned(), producer.to_owned()), Some(key));
         Ok(())
     }
 
     /// The messages stored under (request ID, producer), in upload order, through a
-    /// per-transaction memo. A store written before `request_messages` existed has only the
-    /// link: the message it names is taken into the table.
+    /// per-transaction memo. A row of a store written before the messages were kept has only
+    /// the link: the message it names is taken into the row.
     pub(super) fn messages_of<'s>(
         &mut self,
         sets: &'s mut Sets,
@@ -237,26 +255,15 @@ impl<'t> Tables<'t> {
         if sets.contains_key(&k) {
             return Ok(&sets[&k]);
         }
-        let mut set = BTreeSet::new();
-        for item in self.request_messages.range((request, producer, 0)..)? {
-            let (key, _) = item?;
-            let (r, p, m) = key.value();
-            if r != request || p != producer {
-                break;
-            }
-            set.insert(message_of(m)?);
-        }
-        if set.is_empty() {
-            if let Some(Ok(m)) = self
-                .link(links, request, producer)?
-                .map(|l| l.parse::<MessageId>())
-            {
-                self.request_messages
-                    .insert((request, producer, m.as_u128()), ())?;
-                set.insert(m);
+        let mut e = self.request(request, producer)?;
+        if e.messages.is_empty() {
+            if let Some(Ok(m)) = e.link.as_ref().map(|l| l.parse::<MessageId>()) {
+                e.messages.insert(m);
+                self.put_request(request, producer, &e)?;
             }
         }
-        Ok(sets.entry(k).or_insert(set))
+        links.insert(k.clone(), e.link);
+        Ok(sets.entry(k).or_insert(e.messages))
     }
 
     /// Records that a message is stored under (request ID, producer).
@@ -267,8 +274,9 @@ impl<'t> Tables<'t> {
         producer: &str,
         m: MessageId,
     ) -> Result<(), StoreError> {
-        self.request_messages
-            .insert((request, producer, m.as_u128()), ())?;
+        let mut e = self.request(request, producer)?;
+        e.messages.insert(m);
+        self.put_request(request, producer, &e)?;
         sets.entry((request.to_owned(), producer.to_owned()))
             .or_default()
             .insert(m);
@@ -394,17 +402,15 @@ impl<'t> Tables<'t> {
             let sk = stored(key)?;
             self.summaries.remove(sk.as_bytes())?;
             if let (Some(p), Some(r)) = (&s.producer, &s.request_id) {
-                let points_here = self
-                    .requests
-                    .get((r.as_str(), p.as_str()))?
-                    .is_some_and(|v| v.value() == sk.as_bytes());
-                if points_here {
-                    self.requests.remove((r.as_str(), p.as_str()))?;
+                let (r, p) = (r.as_str(), p.as_str());
+                let mut e = self.request(r, p)?;
+                if e.link.as_deref() == Some(key) {
+                    e.link = None;
                 }
                 if let Some(m) = s.message_id {
-                    self.request_messages
-                        .remove((r.as_str(), p.as_str(), m.as_u128()))?;
+                    e.messages.remove(&m);
                 }
+                self.put_request(r, p, &e)?;
             }
         }
         Ok(())
