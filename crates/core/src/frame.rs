@@ -445,7 +445,11 @@ fn read_record(r: &mut Reader<'_>) -> Result<Result<StageRecord, String>, FrameE
     let at = r.u64()?;
     let present = r.u16()?;
     let ext_at = r.pos;
-    let ext = if code & STAGE_EXTENDED != 0 { r.u8()? } else { 0 };
+    let ext = if code & STAGE_EXTENDED != 0 {
+        r.u8()?
+    } else {
+        0
+    };
     if ext & !E_KNOWN != 0 {
         return Err(r.err_at(ext_at, format!("unknown extension bits {ext:#04x}")));
     }
@@ -1180,7 +1184,10 @@ mod tests {
         let old = encode_stage_batch([&r]);
         assert_eq!(old[8], stage_byte(Stage::PullSent));
         let decoded = decode_stage_batch(&old).unwrap();
-        assert_eq!((decoded[0].broker.as_ref(), decoded[0].stored_at), (None, None));
+        assert_eq!(
+            (decoded[0].broker.as_ref(), decoded[0].stored_at),
+            (None, None)
+        );
         r.broker = Some(crate::ids::BrokerInstance::new("b-1a2b3c4d").unwrap());
         r.stored_at = Some(4);
         let new = encode_stage_batch([&r]);
