@@ -4,6 +4,7 @@
 //! | --- | --- |
 //! | `GET /api/messages/{message-id or request-id}[?producer=P]` | the [`Trajectory`] as JSON (a request ID stored as several messages, uploaded again after the dedup window: the latest, its `same_request` naming the others); 404 not found; 409 a request ID several producers used |
 //! | `GET /api/messages?topic=&state=&from=&to=&since_secs=&limit=&producer=&group=&min_ms=&failed=true&redelivered=true&dead_letter=true&attr=k=v` | matching [`MessageSummary`]s, newest first (`topic` may hold `*` and `>` wildcards; `min_ms` is the slowest group's end to end; `failed`, `redelivered`, `dead_letter`: at any hop) |
+//! | `GET /api/clients/{client-id}` | [`ClientClocks`]: the client's clock offset per broker instance, the best (smallest round trip) of its exchanges in the last 60 s of records ([`crate::clocks`]); none for a client not seen |
 //! | `GET /api/clients/{client-id}/events[?limit=N]` | [`ClientEvents`]: the client's N1 (no-match) and A1 (channel) records, newest first (default 100, at most 512; the newest 512 per client are kept, subject to the age retention) |
 //! | `GET /api/stats[?topic=T]` | [`StatsSnapshot`] |
 //! | `GET /metrics` | Prometheus text 0.0.4, or OpenMetrics 1.0 with the latency histograms' exemplars (trace IDs) when `Accept` asks for `application/openmetrics-text` ([`Exposition`]) |
@@ -18,8 +19,10 @@
 //! [`Trajectory`]: msgtrail_core::trajectory::Trajectory
 //! [`MessageSummary`]: crate::store::MessageSummary
 //! [`StatsSnapshot`]: crate::stats::StatsSnapshot
+//! [`ClientClocks`]: crate::clocks::ClientClocks
 //! [`Exposition`]: crate::stats::Exposition
 
+use crate::clocks::ClockWindow;
 use crate::error::QueryError;
 use crate::export::ExportSender;
 use crate::stats::{Exposition, Stats};
@@ -77,6 +80,7 @@ impl IntoResponse for QueryError {
 struct AppState {
     store: Arc<Store>,
     stats: Arc<Stats>,
+    clocks: Arc<ClockWindow>,
     exporter: Option<ExportSender>,
     token: Option<Arc<str>>,
     trace_ui_template: Option<String>,
@@ -133,6 +137,7 @@ async fn blocking<T: Send + 'static>(
 pub fn router(
     store: Arc<Store>,
     stats: Arc<Stats>,
+    clocks: Arc<ClockWindow>,
     exporter: Option<ExportSender>,
     token: Option<String>,
     trace_ui: Option<&msgtrail_otel::TraceUi>,
@@ -142,6 +147,7 @@ pub fn router(
     let state = AppState {
         store,
         stats,
+        clocks,
         exporter,
         token: token.map(Arc::from),
         trace_ui_template: trace_ui.map(|u| u.link_hex(&marker).replace(&marker, TRACE_ID_SLOT)),
@@ -154,6 +160,7 @@ pub fn router(
         .route("/api/stats", get(stats_handler))
         .route("/api/messages", get(search))
         .route("/api/messages/{id}", get(message))
+        .route("/api/clients/{id}", get(client_clocks))
         .route("/api/clients/{id}/events", get(client_events))
         .fallback(not_found)
         .with_state(state)
@@ -235,6 +242,19 @@ async fn client_events(
         Ok(events) => Json(ClientEvents { client, events }).into_response(),
         Err(e) => e.into_response(),
     }
+}
+
+/// A client's clock estimates over the last minute of records, per broker instance
+/// ([`crate::clocks::ClientClocks`]); an unknown client has none (200, empty `clocks`).
+async fn client_clocks(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path(client): Path<String>,
+) -> Response {
+    if let Some(r) = unauthorized(&st, &headers) {
+        return r;
+    }
+    Json(st.clocks.client(&client)).into_response()
 }
 
 #[derive(Debug, Deserialize)]
