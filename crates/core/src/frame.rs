@@ -429,6 +429,11 @@ fn write_record(w: &mut Writer, r: &StageRecord) {
     if let Some(v) = &r.payload_head {
         w.str16(v);
     }
+    write_extension_fields(w, r);
+}
+
+/// The values of the extension byte's fields, in bit order, after every other field.
+fn write_extension_fields(w: &mut Writer, r: &StageRecord) {
     if let Some(v) = &r.broker {
         w.str8(v.as_str());
     }

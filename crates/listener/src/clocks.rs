@@ -164,7 +164,10 @@ impl Samples {
         self.candidates
             .retain(|(t, c)| *t >= cut && !(*t <= at && better(&e, c)));
         if self.candidates.len() >= MAX_CANDIDATES {
-            self.candidates.remove(0);
+            let oldest = (0..self.candidates.len()).min_by_key(|i| self.candidates[*i].0);
+            if let Some(i) = oldest {
+                self.candidates.swap_remove(i);
+            }
         }
         self.candidates.push((at, e));
         let sec = at / 1_000_000_000;
