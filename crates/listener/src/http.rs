@@ -7,6 +7,7 @@
 //! | `GET /api/groups[?since_secs=S]` | [`GroupsOverview`]: per consumer group, its messages first seen in the last S seconds (default 900) by state, backlog, in flight, ack rate, dead letters |
 //! | `GET /api/groups/{group}[?since_secs=S]` | [`GroupDetail`]: the group's counts, and from its newest 300 trajectories its members, redeliveries and p50/p99 per hop segment; 404 when no message of the window reached it |
 //! | `GET /api/dead-letters[?limit=N]` | [`DeadLetter`]s, newest first (default 100, at most 1 000): topic, group, consumer, attempt, why |
+//! | `GET /api/clients/{client-id}` | [`ClientClocks`]: the client's clock offset per broker instance, the best (smallest round trip) of its exchanges in the last 60 s of records ([`crate::clocks`]); none for a client not seen |
 //! | `GET /api/clients/{client-id}/events[?limit=N]` | [`ClientEvents`]: the client's N1 (no-match) and A1 (channel) records, newest first (default 100, at most 512; the newest 512 per client are kept, subject to the age retention) |
 //! | `GET /api/stats[?topic=T]` | [`StatsSnapshot`] |
 //! | `GET /metrics` | Prometheus text 0.0.4, or OpenMetrics 1.0 with the latency histograms' exemplars (trace IDs) when `Accept` asks for `application/openmetrics-text` ([`Exposition`]) |
@@ -21,11 +22,13 @@
 //! [`Trajectory`]: msgtrail_core::trajectory::Trajectory
 //! [`MessageSummary`]: crate::store::MessageSummary
 //! [`StatsSnapshot`]: crate::stats::StatsSnapshot
+//! [`ClientClocks`]: crate::clocks::ClientClocks
 //! [`Exposition`]: crate::stats::Exposition
 //! [`GroupsOverview`]: crate::views::GroupsOverview
 //! [`GroupDetail`]: crate::views::GroupDetail
 //! [`DeadLetter`]: crate::views::DeadLetter
 
+use crate::clocks::ClockWindow;
 use crate::error::QueryError;
 use crate::export::ExportSender;
 use crate::stats::{Exposition, Stats};
@@ -83,6 +86,7 @@ impl IntoResponse for QueryError {
 struct AppState {
     store: Arc<Store>,
     stats: Arc<Stats>,
+    clocks: Arc<ClockWindow>,
     exporter: Option<ExportSender>,
     token: Option<Arc<str>>,
     trace_ui_template: Option<String>,
@@ -144,6 +148,7 @@ async fn blocking<T: Send + 'static>(
 pub fn router(
     store: Arc<Store>,
     stats: Arc<Stats>,
+    clocks: Arc<ClockWindow>,
     exporter: Option<ExportSender>,
     token: Option<String>,
     trace_ui: Option<&msgtrail_otel::TraceUi>,
@@ -153,6 +158,7 @@ pub fn router(
     let state = AppState {
         store,
         stats,
+        clocks,
         exporter,
         token: token.map(Arc::from),
         trace_ui_template: trace_ui.map(|u| u.link_hex(&marker).replace(&marker, TRACE_ID_SLOT)),
@@ -173,6 +179,7 @@ pub fn router(
         .route("/api/stats", get(stats_handler))
         .route("/api/messages", get(search))
         .route("/api/messages/{id}", get(message))
+        .route("/api/clients/{id}", get(client_clocks))
         .route("/api/clients/{id}/events", get(client_events))
         .route("/api/groups", get(groups))
         .route("/api/groups/{group}", get(group))
@@ -341,6 +348,19 @@ async fn dead_letters(
         Ok(v) => Json(v).into_response(),
         Err(e) => e.into_response(),
     }
+}
+
+/// A client's clock estimates over the last minute of records, per broker instance
+/// ([`crate::clocks::ClientClocks`]); an unknown client has none (200, empty `clocks`).
+async fn client_clocks(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path(client): Path<String>,
+) -> Response {
+    if let Some(r) = unauthorized(&st, &headers) {
+        return r;
+    }
+    Json(st.clocks.client(&client)).into_response()
 }
 
 #[derive(Debug, Deserialize)]

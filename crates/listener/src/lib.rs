@@ -50,6 +50,8 @@
 //! ## Layout
 //! - [`cache`]: the bounded in-memory cache of in-flight messages that ingest works from.
 //! - [`client`]: a small HTTP client of the API (used by `msgtrail trace` and `stats`).
+//! - [`clocks`]: per (client, broker instance) clock estimates over the last minute of
+//!   records, fed at ingest, outside the store (`GET /api/clients/{id}`).
 //! - [`config`]: [`ListenerConfig`], its defaults and environment variable names.
 //! - [`error`]: configuration, runtime, store and query errors.
 //! - [`export`]: changed trajectories to the OTLP pipeline of `msgtrail-otel`, never
@@ -73,6 +75,7 @@
 
 pub mod cache;
 pub mod client;
+pub mod clocks;
 pub mod codec;
 pub mod config;
 pub mod counters;
@@ -297,11 +300,15 @@ pub async fn start_with_client(
         }
         None => None,
     };
+    let clocks = Arc::new(clocks::ClockWindow::new());
     tasks.spawn(ingest::run(
         consumer.clone(),
-        store.clone(),
-        stats.clone(),
-        exporter.clone(),
+        ingest::Sinks {
+            store: store.clone(),
+            stats: stats.clone(),
+            exporter: exporter.clone(),
+            clocks: clocks.clone(),
+        },
         config.batch_size,
         stop_rx.clone(),
     ));
@@ -331,6 +338,7 @@ pub async fn start_with_client(
     let app = http::router(
         store.clone(),
         stats.clone(),
+        clocks,
         exporter,
         config.token.clone(),
         config.trace_ui.as_ref(),
