@@ -381,6 +381,18 @@ async fn clock_bounds_and_a_client_s_events() {
     );
     assert!(b.text("#clocks").await.contains("billing-1"));
     assert!(b.text("#clocks").await.contains("±"));
+    // Each estimate names the broker instance it was measured against.
+    let instance = t.clocks[0]
+        .broker
+        .as_ref()
+        .expect("the broker stamps its records");
+    assert!(
+        b.text("#clocks")
+            .await
+            .contains(&format!("vs broker {instance}")),
+        "{}",
+        b.text("#clocks").await
+    );
     // The consumer's ID in a hop's detail opens its events.
     let process = t
         .hops

@@ -340,7 +340,7 @@ function render(t) {
     [...others, t.message_id].sort().map(m => m === t.message_id ? `<span class="mono">${esc(m)}</span> (this one)` : `<a href="#${esc(encodeURIComponent(m))}" class="mono">${esc(m)}</a>`).join(", ")}</div>` : "";
   const link = traceUi && t.trace_id ? ` · <a href="${esc(traceUi.replace("{trace_id}", t.trace_id))}" target="_blank" rel="noopener">open trace</a>` : "";
   const ticks = [0, 0.25, 0.5, 0.75, 1].map(f => `<span>+${ms(t0 - first + span * f)}</span>`).join("");
-  const clocks = (t.clocks || []).map(c => `<tr><td>${clientLink(c.client)}</td><td>${signed(c.offset_nanos)} ± ${msb(c.bound_nanos)}</td>
+  const clocks = (t.clocks || []).map(c => `<tr><td>${clientLink(c.client)}</td><td>${c.broker ? "vs broker " + esc(c.broker) : ""}</td><td>${signed(c.offset_nanos)} ± ${msb(c.bound_nanos)}</td>
     <td>round trip ${msb(c.round_trip_nanos)}</td><td>${c.samples} exchange(s)</td></tr>`).join("");
   const zoomBar = `<div class="zoom" id="zoomBar"><span>zoom</span><button type="button" data-zoom="in" id="zoomIn" title="twice as close, around the middle">+</button>
     <button type="button" data-zoom="out" id="zoomOut" title="twice as far">−</button><button type="button" data-zoom="reset" id="zoomReset"${zoom ? "" : " disabled"}>reset</button>
@@ -383,6 +383,7 @@ function hopDetail(h, t0) {
   if (h.arrival_nanos != null) dl.push(["arrival", `${msb(h.arrival_nanos)} ± ${msb(h.arrival_bound_nanos)} after the other side sent it (across the two clocks)`]);
   if (h.on_broker_clock) { const c = h.on_broker_clock; dl.push(["on the broker's clock", `${dateTime(c.start)} → ${c.end != null ? dateTime(c.end) : "not yet"}, ± ${msb(c.bound_nanos)}`]); }
   if (h.clock) dl.push(["clock (this hop)", `${clientLink(h.clock.client)} ${signed(h.clock.offset_nanos)} ± ${msb(h.clock.bound_nanos)} against the broker, round trip ${msb(h.clock.round_trip_nanos)}`]);
+  if (h.broker) dl.push(["broker instance", `<span class="mono">${esc(h.broker)}</span>`]);
   if (h.service) dl.push(["service", esc(h.service)]);
   if (h.inferred) dl.push(["note", "times inferred, not measured"]);
   const ev = h.events.map(r => `<li><span class="mono">${dateTime(r.at)}</span> ${esc(describe(r))}</li>`).join("");
