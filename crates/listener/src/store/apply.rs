@@ -13,7 +13,7 @@
 //! The transaction commits after the passes; the cache gets the touched messages back only
 //! then (see [`crate::cache`]).
 
-use super::tables::{nearest, orphan_key, Links, Sets, Tables};
+use super::tables::{nearest, orphan_key, Tables};
 use super::{client_events, records, MessageKey, Store};
 use crate::cache::{Cache, Cached};
 use crate::counters::{Counter, CounterKey, FunnelStep};
@@ -67,8 +67,6 @@ pub(super) struct Pass<'a, 't> {
     tx: &'t redb::WriteTransaction,
     t: &'a mut Tables<'t>,
     cache: &'a mut Cache,
-    links: Links,
-    sets: Sets,
     /// Message IDs formatted as keys, once per batch.
     keys: HashMap<MessageId, String>,
     pub(super) out: ApplyOutcome,
@@ -88,8 +86,6 @@ impl<'a, 't> Pass<'a, 't> {
             tx,
             t,
             cache,
-            links: Links::new(),
-            sets: Sets::new(),
             keys: HashMap::new(),
             out: ApplyOutcome::default(),
             now,
@@ -119,6 +115,7 @@ impl<'a, 't> Pass<'a, 't> {
             staged.push(self.update_message(key, fresh, &mut moves)?);
         }
         self.count_reuploads(&linking.again, &staged)?;
+        self.t.flush_requests()?;
         self.t
             .count_states(&self.out.state_changes, &mut self.out.counters)?;
         self.t.flush(&self.out.counters)?;
@@ -149,9 +146,9 @@ impl<'a, 't> Pass<'a, 't> {
             let (q, p) = (q.as_str(), p.as_str());
             // Read before the link may change (a store older than the table has only the
             // link).
-            let set = self.t.messages_of(&mut self.sets, &mut self.links, q, p)?;
+            let set = self.t.messages_of(q, p)?;
             let (known, first) = (set.contains(m), set.first().copied());
-            let cur = self.t.link(&mut self.links, q, p)?;
+            let cur = self.t.link(q, p)?;
             let mkey = self.key(*m);
             match cur {
                 Some(c) if c == mkey => {}
@@ -162,7 +159,7 @@ impl<'a, 't> Pass<'a, 't> {
                     if let Some(orphan) = other {
                         l.merges.entry(mkey.clone()).or_default().insert(orphan);
                     }
-                    self.t.set_link(&mut self.links, q, p, mkey.clone())?;
+                    self.t.set_link(q, p, mkey.clone())?;
                 }
             }
             if !known {
@@ -173,7 +170,7 @@ impl<'a, 't> Pass<'a, 't> {
                         .push(if *m > first { mkey } else { first.to_string() });
                     l.regroup.insert((q.to_owned(), p.to_owned()));
                 }
-                self.t.add_message(&mut self.sets, q, p, *m)?;
+                self.t.add_message(q, p, *m)?;
             }
         }
         Ok(l)
@@ -217,15 +214,15 @@ impl<'a, 't> Pass<'a, 't> {
     /// The key of a record without message ID (a P1): the nearest message of its request
     /// ID, else the key its request ID is linked to, else a new orphan key.
     fn key_without_id(&mut self, p: &str, q: &str, at: u64) -> Result<String, StoreError> {
-        let set = self.t.messages_of(&mut self.sets, &mut self.links, q, p)?;
+        let set = self.t.messages_of(q, p)?;
         if let Some(m) = nearest(set, at) {
             return Ok(self.key(m));
         }
-        match self.t.link(&mut self.links, q, p)? {
+        match self.t.link(q, p)? {
             Some(k) => Ok(k),
             None => {
                 let k = orphan_key(p, q);
-                self.t.set_link(&mut self.links, q, p, k.clone())?;
+                self.t.set_link(q, p, k.clone())?;
                 Ok(k)
             }
         }
@@ -277,15 +274,9 @@ impl<'a, 't> Pass<'a, 't> {
                 }
                 for r in orecs {
                     let home = match (&r.producer, &r.request_id) {
-                        (Some(p), Some(q)) => nearest(
-                            self.t.messages_of(
-                                &mut self.sets,
-                                &mut self.links,
-                                q.as_str(),
-                                p.as_str(),
-                            )?,
-                            r.at,
-                        ),
+                        (Some(p), Some(q)) => {
+                            nearest(self.t.messages_of(q.as_str(), p.as_str())?, r.at)
+                        }
                         _ => None,
                     };
                     let home = match home {
@@ -307,10 +298,7 @@ impl<'a, 't> Pass<'a, 't> {
         moves: &mut Moves,
     ) -> Result<(), StoreError> {
         for (q, p) in regroup {
-            let set = self
-                .t
-                .messages_of(&mut self.sets, &mut self.links, q, p)?
-                .clone();
+            let set = self.t.messages_of(q, p)?.clone();
             for m in &set {
                 let key = self.key(*m);
                 let mut c = self.take_message(&key, &mut moves.taken)?;

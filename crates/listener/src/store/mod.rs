@@ -495,6 +495,7 @@ impl Store {
                 &mut ignored,
             )?;
             t.flush(&ignored)?;
+            t.flush_requests()?;
         }
         tx.commit()?;
         Ok(out)

@@ -67,11 +67,13 @@ pub(super) fn corrupt(e: impl std::fmt::Display) -> StoreError {
     StoreError::Corrupt(e.to_string())
 }
 
-/// (request ID, producer) → message key, as read or written in a transaction.
-pub(super) type Links = HashMap<(String, String), Option<String>>;
-/// (request ID, producer) → the messages stored under it, as read or written in a
-/// transaction.
-pub(super) type Sets = HashMap<(String, String), BTreeSet<MessageId>>;
+/// A request ID's row as a transaction read or changed it.
+#[derive(Debug, Default)]
+struct RequestRow {
+    entry: RequestEntry,
+    /// Changed since read: written back by [`Tables::flush_requests`].
+    dirty: bool,
+}
 
 /// The message a record without message ID (a P1: the producer does not know it yet)
 /// belongs to, among the messages stored under its request ID: the one whose ID the broker
@@ -91,6 +93,11 @@ pub(super) struct Tables<'t> {
     pub(super) by_state: Table<'t, (u8, u64, &'static [u8]), ()>,
     pub(super) by_time: Table<'t, (u64, &'static [u8]), ()>,
     pub(super) counters: Table<'t, &'static str, u64>,
+    /// The request rows this transaction read or changed, by (request ID, producer): every
+    /// request operation goes through them, and the changed ones are written once, by
+    /// [`Tables::flush_requests`], which every transaction that changes them calls before
+    /// it commits (applying a batch, retention).
+    request_rows: HashMap<(String, String), RequestRow>,
 }
 
 impl<'t> Tables<'t> {
@@ -103,6 +110,7 @@ impl<'t> Tables<'t> {
             by_state: tx.open_table(BY_STATE)?,
             by_time: tx.open_table(BY_TIME)?,
             counters: tx.open_table(COUNTERS)?,
+            request_rows: HashMap::default(),
         })
     }
 
@@ -182,104 +190,91 @@ impl<'t> Tables<'t> {
         Ok(())
     }
 
-    /// The message key (request ID, producer) is linked to, through a per-transaction memo.
+    /// The row of (request ID, producer) as this transaction has it: read once, then kept.
+    /// A row of a store written before the messages were kept has only the link: the
+    /// message it names is taken into the row.
+    fn request_row(
+        &mut self,
+        request: &str,
+        producer: &str,
+    ) -> Result<&mut RequestRow, StoreError> {
+        let k = (request.to_owned(), producer.to_owned());
+        if !self.request_rows.contains_key(&k) {
+            let mut row = RequestRow {
+                entry: match self.requests.get((request, producer))? {
+                    Some(v) => RequestEntry::decode(v.value())?,
+                    None => RequestEntry::default(),
+                },
+                dirty: false,
+            };
+            if row.entry.messages.is_empty() {
+                if let Some(Ok(m)) = row.entry.link.as_ref().map(|l| l.parse::<MessageId>()) {
+                    row.entry.messages.insert(m);
+                    row.dirty = true;
+                }
+            }
+            self.request_rows.insert(k.clone(), row);
+        }
+        Ok(self.request_rows.get_mut(&k).expect("just inserted"))
+    }
+
+    /// The message key (request ID, producer) is linked to.
     pub(super) fn link(
-        &self,
-        memo: &mut Links,
+        &mut self,
         request: &str,
         producer: &str,
     ) -> Result<Option<String>, StoreError> {
-        let k = (request.to_owned(), producer.to_owned());
-        if let Some(v) = memo.get(&k) {
-            return Ok(v.clone());
-        }
-        let v = self.request(request, producer)?.link;
-        memo.insert(k, v.clone());
-        Ok(v)
+        Ok(self.request_row(request, producer)?.entry.link.clone())
     }
 
-    /// The row of (request ID, producer), empty when there is none.
-    pub(super) fn request(
-        &self,
-        request: &str,
-        producer: &str,
-    ) -> Result<RequestEntry, StoreError> {
-        match self.requests.get((request, producer))? {
-            Some(v) => RequestEntry::decode(v.value()),
-            None => Ok(RequestEntry::default()),
-        }
-    }
-
-    /// Writes the row of (request ID, producer), or removes it when it says nothing.
-    fn put_request(
-        &mut self,
-        request: &str,
-        producer: &str,
-        e: &RequestEntry,
-    ) -> Result<(), StoreError> {
-        if e.is_empty() {
-            self.requests.remove((request, producer))?;
-        } else {
-            self.requests
-                .insert((request, producer), e.encode()?.as_slice())?;
-        }
-        Ok(())
-    }
-
-    /// Links (request ID, producer) to a message key, in the table and the memo.
+    /// Links (request ID, producer) to a message key.
     pub(super) fn set_link(
         &mut self,
-        memo: &mut Links,
         request: &str,
         producer: &str,
         key: String,
     ) -> Result<(), StoreError> {
-        let mut e = self.request(request, producer)?;
-        e.link = Some(key.clone());
-        self.put_request(request, producer, &e)?;
-        memo.insert((request.to_owned(), producer.to_owned()), Some(key));
+        let row = self.request_row(request, producer)?;
+        row.entry.link = Some(key);
+        row.dirty = true;
         Ok(())
     }
 
-    /// The messages stored under (request ID, producer), in upload order, through a
-    /// per-transaction memo. A row of a store written before the messages were kept has only
-    /// the link: the message it names is taken into the row.
-    pub(super) fn messages_of<'s>(
+    /// The messages stored under (request ID, producer), in upload order.
+    pub(super) fn messages_of(
         &mut self,
-        sets: &'s mut Sets,
-        links: &mut Links,
         request: &str,
         producer: &str,
-    ) -> Result<&'s BTreeSet<MessageId>, StoreError> {
-        let k = (request.to_owned(), producer.to_owned());
-        if sets.contains_key(&k) {
-            return Ok(&sets[&k]);
-        }
-        let mut e = self.request(request, producer)?;
-        if e.messages.is_empty() {
-            if let Some(Ok(m)) = e.link.as_ref().map(|l| l.parse::<MessageId>()) {
-                e.messages.insert(m);
-                self.put_request(request, producer, &e)?;
-            }
-        }
-        links.insert(k.clone(), e.link);
-        Ok(sets.entry(k).or_insert(e.messages))
+    ) -> Result<&BTreeSet<MessageId>, StoreError> {
+        Ok(&self.request_row(request, producer)?.entry.messages)
     }
 
     /// Records that a message is stored under (request ID, producer).
     pub(super) fn add_message(
         &mut self,
-        sets: &mut Sets,
         request: &str,
         producer: &str,
         m: MessageId,
     ) -> Result<(), StoreError> {
-        let mut e = self.request(request, producer)?;
-        e.messages.insert(m);
-        self.put_request(request, producer, &e)?;
-        sets.entry((request.to_owned(), producer.to_owned()))
-            .or_default()
-            .insert(m);
+        let row = self.request_row(request, producer)?;
+        row.dirty |= row.entry.messages.insert(m);
+        Ok(())
+    }
+
+    /// Writes the request rows this transaction changed (a row left empty is removed).
+    pub(super) fn flush_requests(&mut self) -> Result<(), StoreError> {
+        for ((request, producer), row) in &mut self.request_rows {
+            if !row.dirty {
+                continue;
+            }
+            let k = (request.as_str(), producer.as_str());
+            if row.entry.is_empty() {
+                self.requests.remove(k)?;
+            } else {
+                self.requests.insert(k, row.entry.encode()?.as_slice())?;
+            }
+            row.dirty = false;
+        }
         Ok(())
     }
 
@@ -402,15 +397,14 @@ impl<'t> Tables<'t> {
             let sk = stored(key)?;
             self.summaries.remove(sk.as_bytes())?;
             if let (Some(p), Some(r)) = (&s.producer, &s.request_id) {
-                let (r, p) = (r.as_str(), p.as_str());
-                let mut e = self.request(r, p)?;
-                if e.link.as_deref() == Some(key) {
-                    e.link = None;
+                let row = self.request_row(r.as_str(), p.as_str())?;
+                if row.entry.link.as_deref() == Some(key) {
+                    row.entry.link = None;
+                    row.dirty = true;
                 }
                 if let Some(m) = s.message_id {
-                    e.messages.remove(&m);
+                    row.dirty |= row.entry.messages.remove(&m);
                 }
-                self.put_request(r, p, &e)?;
             }
         }
         Ok(())
