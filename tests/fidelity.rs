@@ -5,6 +5,10 @@
 //! must be causal within the bound; and the trajectory must show no state regression, no
 //! hop ending before it starts and no delivery before the message was deliverable.
 //!
+//! The broker's instance is on its records, its hops and each estimate, and the listener
+//! serves each client's best estimate of the last minute per broker instance
+//! (`GET /api/clients/{id}`).
+//!
 //! And the records that name no message — no-match notices (N1) and channel events (A1) —
 //! are queryable per client (`GET /api/clients/{id}/events`).
 
@@ -166,6 +170,47 @@ async fn skewed_sdk_clocks_are_estimated_within_their_bounds() {
     let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
     assert!(json["clocks"][0]["bound_nanos"].is_u64(), "{json}");
     assert!(json["hops"][0]["clock"]["offset_nanos"].is_i64(), "{json}");
+
+    // The broker instance: on the broker's records, the broker-side hops and every
+    // estimate (measured against that broker's clock); never on a client's record.
+    let instance = sys.broker.as_ref().unwrap().instance.clone();
+    assert_eq!(shop.broker.as_ref(), Some(&instance));
+    assert_eq!(billing.broker.as_ref(), Some(&instance));
+    assert_eq!(store.broker.as_ref(), Some(&instance));
+    assert_eq!(deliver.broker.as_ref(), Some(&instance));
+    for h in &t.hops {
+        for r in &h.events {
+            let by_broker = r.stage.emitter() == msgtrail_core::stage::Emitter::Broker;
+            assert_eq!(r.broker.is_some(), by_broker, "{r:?}");
+        }
+    }
+    assert_eq!(json["hops"][1]["broker"], instance.as_str(), "{json}");
+    // The delivery carries JetStream's stored time.
+    let c5 = deliver
+        .events
+        .iter()
+        .find(|r| r.stage == Stage::PullSent)
+        .unwrap();
+    let stored_at = c5.stored_at.expect("the C5 carries the stored time");
+    assert!(
+        stored_at >= store.start && stored_at <= c5.at,
+        "{c5:?} {store:?}"
+    );
+
+    // The listener's window estimate per (client, broker instance), over the API.
+    for (client, truth) in [("shop", PRODUCER_AHEAD), ("billing-1", CONSUMER_AHEAD)] {
+        let clocks = l.client.client_clocks(client).await.unwrap();
+        assert_eq!((clocks.client.as_str(), clocks.window_secs), (client, 60));
+        assert_eq!(clocks.clocks.len(), 1, "{clocks:?}");
+        let w = &clocks.clocks[0];
+        assert_eq!(w.estimate.broker.as_ref(), Some(&instance));
+        assert_holds(&w.estimate, truth);
+        assert!(w.estimate.samples >= 1 && w.newest_at >= w.measured_at);
+    }
+    let (status, body) = l.client.get_raw("/api/clients/nobody").await.unwrap();
+    assert_eq!(status, 200);
+    let none: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(none["clocks"], serde_json::json!([]), "{none}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,6 +1,8 @@
 //! Shared harness of the end-to-end tests: a real nats-server, a broker in-process with test
 //! clients configured, and helpers to read the stage stream.
 
+pub mod browser;
+
 use futures::StreamExt;
 use msgtrail_broker::{BrokerConfig, ClientEntry, ClientRegistry, RunningBroker};
 use msgtrail_client::{Consumer, Identity, NatsOptions, Producer};

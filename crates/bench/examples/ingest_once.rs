@@ -38,4 +38,23 @@ fn main() {
         "{total} records of {messages} messages in {secs:.2} s: {:.0} records/s",
         total as f64 / secs
     );
+    let report = store.storage().expect("storage report");
+    let file = std::fs::metadata(dir.path().join("listener.redb")).map_or(0, |m| m.len());
+    println!(
+        "file: {:.0} B per message, pages in use {:.0} B per message",
+        file as f64 / messages as f64,
+        report.allocated_bytes as f64 / messages as f64
+    );
+    println!("table: rows, stored / metadata / fragmented bytes per message");
+    for t in report.tables {
+        let per = |b: u64| b as f64 / messages as f64;
+        println!(
+            "{:>20}: {:>9} rows, {:>6.0} / {:>5.0} / {:>5.0}",
+            t.name,
+            t.entries,
+            per(t.stored_bytes),
+            per(t.metadata_bytes),
+            per(t.fragmented_bytes)
+        );
+    }
 }

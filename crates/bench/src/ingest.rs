@@ -63,6 +63,9 @@ pub struct IngestResult {
     /// Store file size per message after the synthetic workload, bytes (disk, not memory;
     /// payload heads off).
     pub store_bytes_per_message: f64,
+    /// The store's pages in use per message, bytes: the file less the room it grew ahead
+    /// and the pages it keeps free for reuse.
+    pub store_bytes_in_use_per_message: f64,
 }
 
 /// Gives a record of copy `k` other IDs: the message ID with its low bits flipped (still a
@@ -248,6 +251,10 @@ pub fn run(
     let phase = progress.phase("S4 listener ingest (synthetic mix)", total);
     let got = ingest(&store, &set, batch, &phase);
     drop(phase);
+    let in_use = store
+        .storage()
+        .map_err(|e| BenchError::Listener(e.into()))?
+        .allocated_bytes;
     drop(store);
     let file = std::fs::metadata(dir.path().join("listener.redb"))
         .map(|m| m.len())
@@ -261,6 +268,7 @@ pub fn run(
         drops: got.drops,
         messages,
         store_bytes_per_message: file as f64 / messages.max(1) as f64,
+        store_bytes_in_use_per_message: in_use as f64 / messages.max(1) as f64,
         transaction_ms: got.per_transaction,
         ..Default::default()
     };

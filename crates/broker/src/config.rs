@@ -2,7 +2,7 @@
 //! [`BrokerConfig::default`].
 
 use crate::clients::ClientRegistry;
-use msgtrail_core::ConfigError;
+use msgtrail_core::{BrokerInstance, ConfigError};
 use msgtrail_nats::NatsOptions;
 use std::time::Duration;
 
@@ -51,6 +51,10 @@ pub struct BrokerConfig {
     /// Requests handled at once; beyond it the broker stops taking new ones until one ends,
     /// so overload slows producers down instead of growing tasks without limit.
     pub max_concurrent_requests: usize,
+    /// The name of this broker process on its stage records (`--instance-name`); `None`
+    /// generates one at start ([`BrokerInstance::generate`]). Clock offsets pair only
+    /// records of one instance, so two running brokers must not share a name.
+    pub instance_name: Option<BrokerInstance>,
 }
 
 impl Default for BrokerConfig {
@@ -76,6 +80,7 @@ impl Default for BrokerConfig {
             record_stages: true,
             shutdown_grace: Duration::from_secs(10),
             max_concurrent_requests: 512,
+            instance_name: None,
         }
     }
 }

@@ -92,6 +92,9 @@ pub(crate) struct Taken {
     pub ack_subject: String,
     /// When a settle of this delivery is too late (Unix ms, this broker's clock).
     pub settle_by_ms: u64,
+    /// When JetStream stored the message (Unix ns, the nats-server's clock), from the
+    /// delivery's metadata: the C1/C5's `stored_at`.
+    pub stored_at: Option<u64>,
 }
 
 /// Milliseconds since the Unix epoch, by this broker's clock.
@@ -363,6 +366,7 @@ impl Deliverer {
         let settle_by_ms = settle_deadline_ms(unix_ms(), ack_wait);
         let info = m.info().ok()?;
         let (seq, attempt) = (info.stream_sequence, info.delivered.max(1) as u32);
+        let stored_at = u64::try_from(info.published.unix_timestamp_nanos()).ok();
         let ack_subject = m.reply.as_ref()?.to_string();
         // Read in place: a clone of the header map is an allocation per header.
         let parsed = m.headers.as_ref().and_then(|hs| {
@@ -402,6 +406,7 @@ impl Deliverer {
             stream_seq: seq,
             ack_subject,
             settle_by_ms,
+            stored_at,
         })
     }
 
@@ -443,7 +448,9 @@ impl Deliverer {
         } else {
             Stage::PullSent
         };
-        self.shared.sink.record(self.record(stage, &token));
+        let mut sent = self.record(stage, &token);
+        sent.stored_at = t.stored_at;
+        self.shared.sink.record(sent);
         token.encode(&self.shared.key)
     }
 

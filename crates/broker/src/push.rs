@@ -468,6 +468,7 @@ mod tests {
                 stream_seq: 1,
                 ack_subject: "a".into(),
                 settle_by_ms: 0,
+                stored_at: None,
             },
             "token".into(),
         )

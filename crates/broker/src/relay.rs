@@ -284,6 +284,10 @@ impl Relay {
             _ => *who = Some(channel.client_id.clone()),
         }
         r.service = Some(channel.service_name.clone());
+        // Only a broker names its instance and JetStream's stored time; a client that sends
+        // them is not believed (the sink leaves a client's record without an instance).
+        r.broker = None;
+        r.stored_at = None;
         match r.stage {
             Stage::UploadSent => {
                 if r.request_id.is_none() {

@@ -24,6 +24,7 @@ use msgtrail_core::wire::{
     AckRequest, ChallengeRequest, ChannelRequest, FetchRequest, OkReply, OpenRequest,
     SubscribeRequest, UnsubscribeRequest,
 };
+use msgtrail_core::BrokerInstance;
 use msgtrail_core::{ErrorCode, WireError};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -194,6 +195,8 @@ fn forbidden_reply(subject: &str) -> bool {
 pub struct RunningBroker {
     /// The broker's counters.
     pub metrics: Arc<Metrics>,
+    /// The instance name on the stage records this broker writes.
+    pub instance: BrokerInstance,
     shutdown: CancellationToken,
     task: JoinHandle<()>,
 }
@@ -228,8 +231,14 @@ pub async fn start(config: BrokerConfig) -> Result<RunningBroker, BrokerError> {
         .await
         .map_err(|e| BrokerError::setup("streams and signing key", e))?;
     let metrics = Arc::new(Metrics::default());
+    let instance = config
+        .instance_name
+        .clone()
+        .unwrap_or_else(BrokerInstance::generate);
+    tracing::info!(instance = %instance, "broker instance");
     let (sink, writer) = StageSink::start(
         js.clone(),
+        instance.clone(),
         metrics.clone(),
         config.stage_buffer,
         config.stage_batch_max,
@@ -290,11 +299,16 @@ pub async fn start(config: BrokerConfig) -> Result<RunningBroker, BrokerError> {
     drop(sink);
 
     let stats_metrics = metrics.clone();
+    let stats_instance = instance.clone();
     let service = client
         .service_builder()
         .description("msgtrail broker: channels, upload, fetch, push, ack, stage reports")
         .queue_group(s::BROKER_QUEUE_GROUP)
-        .stats_handler(move |_, _| stats_metrics.snapshot())
+        .stats_handler(move |_, _| {
+            let mut stats = stats_metrics.snapshot();
+            stats["instance"] = serde_json::Value::from(stats_instance.as_str());
+            stats
+        })
         .start("msgtrail", env!("CARGO_PKG_VERSION"))
         .await
         .map_err(|e| BrokerError::setup("service", e))?;
@@ -354,6 +368,7 @@ pub async fn start(config: BrokerConfig) -> Result<RunningBroker, BrokerError> {
     });
     Ok(RunningBroker {
         metrics,
+        instance,
         shutdown,
         task,
     })

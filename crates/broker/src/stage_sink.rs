@@ -17,8 +17,9 @@ use futures::stream::FuturesUnordered;
 use futures::StreamExt;
 use msgtrail_core::backoff::Backoff;
 use msgtrail_core::frame::encode_stage_batch;
+use msgtrail_core::stage::Emitter;
 use msgtrail_core::subjects::STAGE_SUBJECT;
-use msgtrail_core::StageRecord;
+use msgtrail_core::{BrokerInstance, StageRecord};
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -44,6 +45,8 @@ enum Item {
 #[derive(Debug, Clone)]
 pub struct StageSink {
     tx: Option<mpsc::Sender<Item>>,
+    /// This broker process, stamped on the records it times itself.
+    instance: BrokerInstance,
     metrics: Arc<Metrics>,
 }
 
@@ -52,6 +55,7 @@ impl StageSink {
     /// flushed. With `enabled` false, records are only traced, never written.
     pub fn start(
         js: async_nats::jetstream::Context,
+        instance: BrokerInstance,
         metrics: Arc<Metrics>,
         buffer: usize,
         batch_max: usize,
@@ -59,17 +63,28 @@ impl StageSink {
         enabled: bool,
     ) -> (StageSink, JoinHandle<()>) {
         if !enabled {
-            return (StageSink { tx: None, metrics }, tokio::spawn(async {}));
+            let sink = StageSink {
+                tx: None,
+                instance,
+                metrics,
+            };
+            return (sink, tokio::spawn(async {}));
         }
         let (tx, rx) = mpsc::channel(buffer);
         let writer = tokio::spawn(write_batches(js, rx, metrics.clone(), batch_max, linger));
         (
             StageSink {
                 tx: Some(tx),
+                instance,
                 metrics,
             },
             writer,
         )
+    }
+
+    /// The broker instance this sink stamps on the records it writes.
+    pub fn instance(&self) -> &BrokerInstance {
+        &self.instance
     }
 
     /// Resolves once every record handed to this sink before the call is stored in the stage
@@ -95,8 +110,12 @@ impl StageSink {
         self.tx.is_some()
     }
 
-    /// Records a stage without waiting.
-    pub fn record(&self, rec: StageRecord) {
+    /// Records a stage without waiting. A record of a broker stage (timed by this broker's
+    /// clock) gets this broker's instance; a client's record (relayed, or a P1 written from
+    /// an upload entry's `sent_at`) keeps none: its time is on the client's clock, and an
+    /// offset pairs it with the broker-written records of its exchange (docs/PROTOCOL.md §12).
+    pub fn record(&self, mut rec: StageRecord) {
+        rec.broker = (rec.stage.emitter() == Emitter::Broker).then(|| self.instance.clone());
         tracing::debug!(
             target: "msgtrail::stage",
             stage = %rec.stage,

@@ -211,3 +211,55 @@ async fn the_api_and_the_cli_agree() {
     let out = msgtrail(&["audit", "--listener-url", &format!("http://{closed}")]).await;
     assert_eq!(out.status.code(), Some(1), "{out:?}");
 }
+
+/// `msgtrail trace --client` prints the listener's window estimate of the client's clock,
+/// against the broker instance that timed the exchanges (a producer whose SDK clock runs
+/// 250 ms ahead), and its `--json` carries it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trace_client_prints_the_window_clock_estimate() {
+    let sys = TestSystem::start().await;
+    let l = sys.start_listener(|_| {}).await;
+    let producer = msgtrail_client::Producer::connect_with(
+        sys.nats.clone(),
+        sys.identity("shop"),
+        msgtrail_client::ProducerOptions {
+            clock_offset_nanos: 250_000_000,
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let reply = producer.send("orders.eu", "skewed").await.unwrap();
+    let id = reply.message_id.to_string();
+    l.trajectory_when(&id, |t| settled(t) && !t.clocks.is_empty())
+        .await;
+    let instance = sys.broker.as_ref().unwrap().instance.to_string();
+    let out = msgtrail(&["trace", "--client", "shop", "--listener-url", &l.url()]).await;
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let text = stdout(&out);
+    assert!(text.contains("best of the last 60 s"), "{text}");
+    assert!(
+        text.contains(&format!("clock of shop vs broker {instance}: +2")),
+        "{text}"
+    );
+    let out = msgtrail(&[
+        "trace",
+        "--client",
+        "shop",
+        "--json",
+        "--listener-url",
+        &l.url(),
+    ])
+    .await;
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let json: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["clocks"][0]["broker"], instance.as_str(), "{json}");
+    assert_eq!(json["clocks"][0]["client"], "shop", "{json}");
+    assert_eq!(json["window_secs"], 60, "{json}");
+    let (offset, bound) = (
+        json["clocks"][0]["offset_nanos"].as_i64().unwrap(),
+        json["clocks"][0]["bound_nanos"].as_i64().unwrap(),
+    );
+    assert!((offset - 250_000_000).abs() <= bound + 1, "{json}");
+    assert!(json["events"].is_array(), "{json}");
+}

@@ -331,6 +331,28 @@ const F_PAYLOAD_SIZE: u16 = 1 << 13;
 const F_PAYLOAD_HEAD: u16 = 1 << 14;
 /// A flag without a value: the record's `by_id` (a decoder that predates it ignores it).
 const F_BY_ID: u16 = 1 << 15;
+/// Set in the stage byte when an extension byte follows the field bits: the 16 field bits
+/// are all taken. A record without extended fields is encoded exactly as before it.
+const STAGE_EXTENDED: u8 = 0x80;
+/// Extension bit: the broker instance that wrote the record (`str8`).
+const E_BROKER: u8 = 1 << 0;
+/// Extension bit: JetStream's stored time of a delivered message (`u64`).
+const E_STORED_AT: u8 = 1 << 1;
+/// Extension bits this code knows; a record with another is refused (its value bytes
+/// could not be skipped).
+const E_KNOWN: u8 = E_BROKER | E_STORED_AT;
+
+/// The extension byte of a record, 0 when it has no extended field.
+fn extension_bits(r: &StageRecord) -> u8 {
+    let mut ext = 0;
+    if r.broker.is_some() {
+        ext |= E_BROKER;
+    }
+    if r.stored_at.is_some() {
+        ext |= E_STORED_AT;
+    }
+    ext
+}
 
 fn write_record(w: &mut Writer, r: &StageRecord) {
     let mut present = 0u16;
@@ -355,9 +377,13 @@ fn write_record(w: &mut Writer, r: &StageRecord) {
     flag(r.payload_size.is_some(), F_PAYLOAD_SIZE);
     flag(r.payload_head.is_some(), F_PAYLOAD_HEAD);
     flag(r.by_id, F_BY_ID);
-    w.u8(stage_byte(r.stage));
+    let ext = extension_bits(r);
+    w.u8(stage_byte(r.stage) | if ext != 0 { STAGE_EXTENDED } else { 0 });
     w.u64(r.at);
     w.u16(present);
+    if ext != 0 {
+        w.u8(ext);
+    }
     if let Some(m) = r.message_id {
         w.buf.extend_from_slice(m.as_bytes());
     }
@@ -403,6 +429,17 @@ fn write_record(w: &mut Writer, r: &StageRecord) {
     if let Some(v) = &r.payload_head {
         w.str16(v);
     }
+    write_extension_fields(w, r);
+}
+
+/// The values of the extension byte's fields, in bit order, after every other field.
+fn write_extension_fields(w: &mut Writer, r: &StageRecord) {
+    if let Some(v) = &r.broker {
+        w.str8(v.as_str());
+    }
+    if let Some(v) = r.stored_at {
+        w.u64(v);
+    }
 }
 
 /// Reads one record. The outer error is structural (the frame cannot be read on); the inner
@@ -412,6 +449,16 @@ fn read_record(r: &mut Reader<'_>) -> Result<Result<StageRecord, String>, FrameE
     let code = r.u8()?;
     let at = r.u64()?;
     let present = r.u16()?;
+    let ext_at = r.pos;
+    let ext = if code & STAGE_EXTENDED != 0 {
+        r.u8()?
+    } else {
+        0
+    };
+    if ext & !E_KNOWN != 0 {
+        return Err(r.err_at(ext_at, format!("unknown extension bits {ext:#04x}")));
+    }
+    let code = code & !STAGE_EXTENDED;
     let has = |bit: u16| present & bit != 0;
     let mut bad: Option<String> = None;
     fn note(bad: &mut Option<String>, e: String) {
@@ -488,6 +535,16 @@ fn read_record(r: &mut Reader<'_>) -> Result<Result<StageRecord, String>, FrameE
     rec.by_id = has(F_BY_ID);
     if has(F_PAYLOAD_HEAD) {
         rec.payload_head = Some(r.str16()?);
+    }
+    if ext & E_BROKER != 0 {
+        let text = r.str8()?;
+        match crate::ids::BrokerInstance::new(text) {
+            Ok(v) => rec.broker = Some(v),
+            Err(e) => note(&mut bad, e.to_string()),
+        }
+    }
+    if ext & E_STORED_AT != 0 {
+        rec.stored_at = Some(r.u64()?);
     }
     Ok(match bad {
         None => Ok(rec),
@@ -1121,6 +1178,39 @@ mod tests {
         assert!(r.to_json().ends_with(r#","by_id":true}"#));
         let back: StageRecord = serde_json::from_str(&r.to_json()).unwrap();
         assert_eq!(back, r);
+    }
+
+    #[test]
+    fn broker_instance_and_stored_time_ride_in_an_extension_byte() {
+        let mut r = StageRecord::at(Stage::PullSent, 5);
+        r.message_id = Some(MessageId::new());
+        // A record without them is encoded as by a broker that predates them, and such a
+        // record (written before the extension existed) decodes to none of them.
+        let old = encode_stage_batch([&r]);
+        assert_eq!(old[8], stage_byte(Stage::PullSent));
+        let decoded = decode_stage_batch(&old).unwrap();
+        assert_eq!(
+            (decoded[0].broker.as_ref(), decoded[0].stored_at),
+            (None, None)
+        );
+        r.broker = Some(crate::ids::BrokerInstance::new("b-1a2b3c4d").unwrap());
+        r.stored_at = Some(4);
+        let new = encode_stage_batch([&r]);
+        assert_eq!(new[8], stage_byte(Stage::PullSent) | 0x80);
+        assert_eq!(new.len(), old.len() + 1 + 1 + 10 + 8);
+        assert_eq!(decode_stage_batch(&new).unwrap(), vec![r.clone()]);
+        // An extension bit this code does not know is refused, naming where.
+        let mut unknown = new.clone();
+        unknown[8 + 1 + 8 + 2] |= 0x40;
+        let err = decode_stage_batch(&unknown).unwrap_err();
+        assert!(err.what.contains("extension"), "{err}");
+        // Every field together still round-trips.
+        let mut full = full_record();
+        full.broker = r.broker.clone();
+        full.stored_at = Some(u64::MAX);
+        full.by_id = true;
+        let bytes = encode_stage_batch([&full]);
+        assert_eq!(decode_stage_batch(&bytes).unwrap(), vec![full]);
     }
 
     #[test]

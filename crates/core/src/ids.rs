@@ -215,6 +215,26 @@ string_id!(
     "1 to 64 characters of A-Z a-z 0-9 _ -"
 );
 
+string_id!(
+    /// The identity of one broker process, generated when it starts (or named by its
+    /// configuration): every stage record the broker writes carries it, so that clock
+    /// offsets pair only records of one broker's clock (docs/PROTOCOL.md §13).
+    BrokerInstance,
+    "broker instance",
+    64,
+    |c| is_token_char(c) || c == '.',
+    "1 to 64 characters of A-Z a-z 0-9 . _ -"
+);
+
+impl BrokerInstance {
+    /// A fresh instance name, `b-` and eight hex digits of a UUIDv7's random bits: short
+    /// enough for a log line, distinct enough among the brokers of one deployment.
+    pub fn generate() -> Self {
+        let random = Uuid::now_v7().as_u128() as u32;
+        BrokerInstance(format!("b-{random:08x}"))
+    }
+}
+
 impl RequestId {
     /// A fresh request ID (a UUIDv7 in text form), for producers that do not choose one.
     pub fn generate() -> Self {

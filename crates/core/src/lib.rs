@@ -6,7 +6,8 @@
 //! ## Layout
 //! - [`backoff`]: exponential backoff with jitter, for every retry loop.
 //! - [`config`]: [`ConfigError`], the one shape of a refused configuration.
-//! - [`ids`]: message IDs (UUIDv7), request IDs, client IDs, topics and their grammar.
+//! - [`ids`]: message IDs (UUIDv7), request IDs, client IDs, broker instances, topics and
+//!   their grammar.
 //! - [`trace_ids`]: the documented derivation of OpenTelemetry trace and span IDs from
 //!   message IDs, so every part computes the same IDs without propagating context.
 //! - [`stage`]: the stage model (P1–P4, C1–C8, X1/X2, N1, A1, R1, D1).
@@ -40,7 +41,7 @@ pub mod trajectory;
 pub mod wire;
 
 pub use config::ConfigError;
-pub use ids::{ClientId, IdError, MessageId, RequestId, Topic};
+pub use ids::{BrokerInstance, ClientId, IdError, MessageId, RequestId, Topic};
 pub use record::{RecordError, StageRecord};
 pub use stage::{Role, Stage};
 pub use wire::{ErrorCode, WireError};

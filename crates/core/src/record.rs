@@ -6,7 +6,7 @@
 //! stream. Brokers now write the stage stream in the compact binary encoding of
 //! [`crate::frame`] (version 2); [`decode_batch`] reads both. Absent fields are omitted.
 
-use crate::ids::{ClientId, MessageId, RequestId};
+use crate::ids::{BrokerInstance, ClientId, MessageId, RequestId};
 use crate::stage::Stage;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -69,6 +69,16 @@ pub struct StageRecord {
     /// subscriptions (docs/PROTOCOL.md §8.2). Absent (false) for every other record.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub by_id: bool,
+    /// The broker instance that wrote the record (every record a broker writes itself; a
+    /// client's record it relays carries none, docs/PROTOCOL.md §13). Clock offsets pair
+    /// only records of one instance. Absent in records of brokers that predate it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub broker: Option<BrokerInstance>,
+    /// C1/C5: when JetStream stored the delivered message (its stored time, by the
+    /// nats-server's clock), Unix nanoseconds. The store hop can end there when the broker's
+    /// P3 is missing or later than the delivery.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stored_at: Option<u64>,
 }
 
 /// The outcome of a P2 or P3 that the listener recovered from the stored message itself
@@ -120,6 +130,8 @@ impl StageRecord {
             payload_size: None,
             payload_head: None,
             by_id: false,
+            broker: None,
+            stored_at: None,
         }
     }
 
@@ -222,6 +234,24 @@ mod tests {
         assert!(text
             .starts_with(r#"{"stage":"P1","at":42,"request_id":"r1","producer":"p","attempt":1}"#));
         assert_eq!(decode_batch(&bytes).unwrap(), vec![a, b]);
+    }
+
+    #[test]
+    fn broker_instance_and_stored_time_are_optional_in_json() {
+        let old = br#"{"stage":"C5","at":7,"consumer":"c","group":"g","attempt":1}"#;
+        let rec = &decode_batch(old).unwrap()[0];
+        assert_eq!((rec.broker.as_ref(), rec.stored_at), (None, None));
+        let mut new = rec.clone();
+        new.broker = Some(BrokerInstance::new("b-1a2b").unwrap());
+        new.stored_at = Some(5);
+        let text = new.to_json();
+        assert!(
+            text.ends_with(r#""broker":"b-1a2b","stored_at":5}"#),
+            "{text}"
+        );
+        assert_eq!(decode_batch(text.as_bytes()).unwrap(), vec![new]);
+        let bad = br#"{"stage":"C5","at":7,"broker":"no spaces"}"#;
+        assert!(decode_batch(bad).is_err());
     }
 
     #[test]

@@ -18,9 +18,9 @@
 
 use crate::store::records;
 use crate::summary::MessageSummary;
+use foldhash::{HashMap, HashMapExt, HashSet};
 use msgtrail_core::StageRecord;
 use serde::{Deserialize, Serialize};
-use std::collections::{HashMap, HashSet};
 
 /// How many in-flight messages the cache holds by default. A cached message costs a few
 /// hundred bytes (its records and summary in stored form; see [`CacheStats::bytes`]).
@@ -252,6 +252,10 @@ mod tests {
                 records: 0,
                 funnel: [false; 4],
                 segments: Vec::new(),
+                failed: false,
+                redelivered: false,
+                dead_lettered: false,
+                attrs: BTreeMap::new(),
             }),
             ..Default::default()
         }

@@ -234,6 +234,15 @@ impl ListenerClient {
         .await
     }
 
+    /// A client's clock estimates over the recent window, per broker instance.
+    pub async fn client_clocks(
+        &self,
+        client: &str,
+    ) -> Result<crate::clocks::ClientClocks, ClientError> {
+        self.get_json(&format!("/api/clients/{}", encode(client)))
+            .await
+    }
+
     /// The statistics, optionally of one topic.
     pub async fn stats(&self, topic: Option<&str>) -> Result<StatsSnapshot, ClientError> {
         match topic {

@@ -4,11 +4,15 @@
 //! | --- | --- |
 //! | `GET /api/messages/{message-id or request-id}[?producer=P]` | the [`Trajectory`] as JSON (a request ID stored as several messages, uploaded again after the dedup window: the latest, its `same_request` naming the others); 404 not found; 409 a request ID several producers used |
 //! | `GET /api/messages?topic=&state=&from=&to=&since_secs=&limit=&producer=&group=&min_ms=&failed=true&redelivered=true&dead_letter=true&attr=k=v` | matching [`MessageSummary`]s, newest first (`topic` may hold `*` and `>` wildcards; `min_ms` is the slowest group's end to end; `failed`, `redelivered`, `dead_letter`: at any hop) |
+//! | `GET /api/groups[?since_secs=S]` | [`GroupsOverview`]: per consumer group, its messages first seen in the last S seconds (default 900) by state, backlog, in flight, ack rate, dead letters |
+//! | `GET /api/groups/{group}[?since_secs=S]` | [`GroupDetail`]: the group's counts, and from its newest 300 trajectories its members, redeliveries and p50/p99 per hop segment; 404 when no message of the window reached it |
+//! | `GET /api/dead-letters[?limit=N]` | [`DeadLetter`]s, newest first (default 100, at most 1 000): topic, group, consumer, attempt, why |
+//! | `GET /api/clients/{client-id}` | [`ClientClocks`]: the client's clock offset per broker instance, the best (smallest round trip) of its exchanges in the last 60 s of records ([`crate::clocks`]); none for a client not seen |
 //! | `GET /api/clients/{client-id}/events[?limit=N]` | [`ClientEvents`]: the client's N1 (no-match) and A1 (channel) records, newest first (default 100, at most 512; the newest 512 per client are kept, subject to the age retention) |
 //! | `GET /api/stats[?topic=T]` | [`StatsSnapshot`] |
 //! | `GET /metrics` | Prometheus text 0.0.4, or OpenMetrics 1.0 with the latency histograms' exemplars (trace IDs) when `Accept` asks for `application/openmetrics-text` ([`Exposition`]) |
 //! | `GET /healthz` | `ok` (never needs the token) |
-//! | `GET /` | the page: statistics, recent messages, a trajectory's timeline (static; its data calls carry the token) |
+//! | `GET /` | the page: statistics, recent messages, a trajectory's timeline, the group, dead-letter and client views (static, with its scripts `/page.js` and `/page-views.js`; its data calls carry the token) |
 //! | `GET /api/config` | `{"trace_ui_template": "http://…/trace/{trace_id}" or null}` |
 //!
 //! With a token configured, `/api/*` and `/metrics` require `Authorization: Bearer <token>`.
@@ -18,8 +22,13 @@
 //! [`Trajectory`]: msgtrail_core::trajectory::Trajectory
 //! [`MessageSummary`]: crate::store::MessageSummary
 //! [`StatsSnapshot`]: crate::stats::StatsSnapshot
+//! [`ClientClocks`]: crate::clocks::ClientClocks
 //! [`Exposition`]: crate::stats::Exposition
+//! [`GroupsOverview`]: crate::views::GroupsOverview
+//! [`GroupDetail`]: crate::views::GroupDetail
+//! [`DeadLetter`]: crate::views::DeadLetter
 
+use crate::clocks::ClockWindow;
 use crate::error::QueryError;
 use crate::export::ExportSender;
 use crate::stats::{Exposition, Stats};
@@ -80,6 +89,7 @@ impl IntoResponse for QueryError {
 struct AppState {
     store: Arc<Store>,
     stats: Arc<Stats>,
+    clocks: Arc<ClockWindow>,
     exporter: Option<ExportSender>,
     token: Option<Arc<SecretString>>,
     trace_ui_template: Option<String>,
@@ -93,8 +103,13 @@ pub struct UiConfig {
     pub trace_ui_template: Option<String>,
 }
 
-/// The page, compiled in.
+/// The page, compiled in: its markup and style, and its two scripts (served apart so that
+/// each file stays one concern; all three work offline).
 const PAGE: &str = include_str!("page.html");
+/// The page's core script: API, list, search, waterfall.
+const PAGE_JS: &str = include_str!("page.js");
+/// The page's views beside a trajectory: groups, dead letters, a client's events.
+const PAGE_VIEWS_JS: &str = include_str!("page-views.js");
 
 /// The placeholder the trace UI template carries.
 const TRACE_ID_SLOT: &str = "{trace_id}";
@@ -137,6 +152,7 @@ async fn blocking<T: Send + 'static>(
 pub fn router(
     store: Arc<Store>,
     stats: Arc<Stats>,
+    clocks: Arc<ClockWindow>,
     exporter: Option<ExportSender>,
     token: Option<SecretString>,
     trace_ui: Option<&msgtrail_otel::TraceUi>,
@@ -146,6 +162,7 @@ pub fn router(
     let state = AppState {
         store,
         stats,
+        clocks,
         exporter,
         token: token.map(Arc::new),
         trace_ui_template: trace_ui.map(|u| u.link_hex(&marker).replace(&marker, TRACE_ID_SLOT)),
@@ -156,10 +173,22 @@ pub fn router(
         .route("/api/stats", get(stats_handler))
         .route("/api/messages", get(search))
         .route("/api/messages/{id}", get(message))
+        .route("/api/clients/{id}", get(client_clocks))
         .route("/api/clients/{id}/events", get(client_events))
+        .route("/api/groups", get(groups))
+        .route("/api/groups/{group}", get(group))
+        .route("/api/dead-letters", get(dead_letters))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
     Router::new()
         .route("/", get(page))
+        .route(
+            "/page.js",
+            get(|| asset("text/javascript; charset=utf-8", PAGE_JS)),
+        )
+        .route(
+            "/page-views.js",
+            get(|| asset("text/javascript; charset=utf-8", PAGE_VIEWS_JS)),
+        )
         .route("/healthz", get(|| async { "ok\n" }))
         .merge(protected)
         .fallback(not_found)
@@ -167,12 +196,17 @@ pub fn router(
 }
 
 async fn page() -> Response {
+    asset("text/html; charset=utf-8", PAGE).await
+}
+
+/// A compiled-in file of the page (never needs the token: it holds no data).
+async fn asset(content_type: &'static str, body: &'static str) -> Response {
     (
         [
-            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            (header::CONTENT_TYPE, content_type),
             (header::CACHE_CONTROL, "no-cache"),
         ],
-        PAGE,
+        body,
     )
         .into_response()
 }
@@ -233,6 +267,79 @@ async fn client_events(
     }
 }
 
+/// The window of the group views when the query does not say: 15 minutes.
+const GROUP_WINDOW_SECS: u64 = 900;
+
+#[derive(Debug, Deserialize)]
+struct WindowParams {
+    since_secs: Option<u64>,
+}
+
+async fn groups(
+    State(st): State<AppState>,
+    p: Result<Query<WindowParams>, QueryRejection>,
+) -> Response {
+    let since = match params(p) {
+        Ok(p) => p.since_secs.unwrap_or(GROUP_WINDOW_SECS),
+        Err(e) => return e.into_response(),
+    };
+    let store = st.store.clone();
+    match blocking(move || Ok(crate::views::groups(&store, now_nanos(), since)?)).await {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn group(
+    State(st): State<AppState>,
+    Path(group): Path<String>,
+    p: Result<Query<WindowParams>, QueryRejection>,
+) -> Response {
+    let since = match params(p) {
+        Ok(p) => p.since_secs.unwrap_or(GROUP_WINDOW_SECS),
+        Err(e) => return e.into_response(),
+    };
+    let store = st.store.clone();
+    let found = blocking(move || {
+        crate::views::group_detail(&store, &group, now_nanos(), since)?.ok_or_else(|| {
+            QueryError::NotFound(format!(
+                "a delivery to the group {group:?} in the last {since} s"
+            ))
+        })
+    })
+    .await;
+    match found {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct LimitParams {
+    limit: Option<usize>,
+}
+
+async fn dead_letters(
+    State(st): State<AppState>,
+    p: Result<Query<LimitParams>, QueryRejection>,
+) -> Response {
+    let limit = match params(p) {
+        Ok(p) => p.limit.unwrap_or(100).clamp(1, 1_000),
+        Err(e) => return e.into_response(),
+    };
+    let store = st.store.clone();
+    match blocking(move || Ok(crate::views::dead_letters(&store, now_nanos(), limit)?)).await {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// A client's clock estimates over the last minute of records, per broker instance
+/// ([`crate::clocks::ClientClocks`]); an unknown client has none (200, empty `clocks`).
+async fn client_clocks(State(st): State<AppState>, Path(client): Path<String>) -> Response {
+    Json(st.clocks.client(&client)).into_response()
+}
+
 #[derive(Debug, Deserialize)]
 struct SearchParams {
     topic: Option<String>,
@@ -252,10 +359,6 @@ struct SearchParams {
     dead_letter: bool,
     attr: Option<String>,
 }
-
-/// Most trajectories a search assembles for the filters that need one (failure,
-/// redelivery, attribute): a bound on its time, about a millisecond each.
-const SEARCH_LOOKUP_MAX: usize = 2_000;
 
 /// The query string's parameters, or the JSON error a bad one answers (never axum's plain
 /// text).
@@ -308,8 +411,6 @@ async fn search(
         Some(t) if crate::search::is_pattern(&t) => (None, Some(t)),
         t => (t, None),
     };
-    let by_trajectory = p.redelivered || p.failed || attr.is_some();
-    let limit = p.limit.unwrap_or(100).clamp(1, 10_000);
     let q = SearchQuery {
         topic,
         topic_pattern,
@@ -317,48 +418,16 @@ async fn search(
         group: nonempty(p.group),
         min_end_to_end: p.min_ms.map(|m| (m * 1e6) as u64),
         dead_lettered: p.dead_letter,
+        failed: p.failed,
+        redelivered: p.redelivered,
+        attr,
         state,
         from,
         to: p.to,
-        limit: Some(if by_trajectory {
-            SEARCH_LOOKUP_MAX
-        } else {
-            limit
-        }),
+        limit: Some(p.limit.unwrap_or(100).clamp(1, 10_000)),
     };
     let store = st.store.clone();
-    let (redelivered, failed) = (p.redelivered, p.failed);
-    let found = blocking(move || {
-        let found = store.search(&q)?;
-        if !by_trajectory {
-            return Ok(found);
-        }
-        // Failures recovered from, redeliveries and attributes are in the trajectory, not
-        // in the summary.
-        let now = now_nanos();
-        let mut out = Vec::new();
-        for s in found {
-            let t = match (&s.message_id, &s.request_id) {
-                (Some(m), _) => store.lookup(&m.to_string(), None, now),
-                (None, Some(r)) => {
-                    store.lookup(r.as_str(), s.producer.as_ref().map(|c| c.as_str()), now)
-                }
-                _ => continue,
-            };
-            let Ok(t) = t else { continue };
-            let wanted = (!redelivered || crate::search::redelivered(&t))
-                && (!failed || crate::search::had_failure(&t))
-                && attr.as_ref().is_none_or(|(k, v)| t.attrs.get(k) == Some(v));
-            if wanted {
-                out.push(s);
-                if out.len() >= limit {
-                    break;
-                }
-            }
-        }
-        Ok(out)
-    })
-    .await;
+    let found = blocking(move || Ok(store.search(&q)?)).await;
     match found {
         Ok(v) => Json(v).into_response(),
         Err(e) => e.into_response(),

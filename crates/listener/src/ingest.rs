@@ -8,6 +8,7 @@
 //! a [`Batch`], [`crate::evidence`] turns stored messages of the message stream into one
 //! (their recovered P2/P3), and each batch is one store transaction followed by the acks.
 
+use crate::clocks::ClockWindow;
 use crate::error::ListenerError;
 use crate::export::ExportSender;
 use crate::stats::Stats;
@@ -84,15 +85,33 @@ pub async fn durable_consumer(
     Ok(c)
 }
 
+/// Where the stage stream's batches go: the store (with its statistics and the export),
+/// and the per-client clock window, which sees each batch before the store does.
+#[derive(Debug, Clone)]
+pub struct Sinks {
+    /// The store.
+    pub store: Arc<Store>,
+    /// The statistics.
+    pub stats: Arc<Stats>,
+    /// The trace export, when configured.
+    pub exporter: Option<ExportSender>,
+    /// The per-client clock estimates over a recent window.
+    pub clocks: Arc<ClockWindow>,
+}
+
 /// Applies stage-stream messages until `stop` is cancelled.
 pub async fn run(
     consumer: consumer::PullConsumer,
-    store: Arc<Store>,
-    stats: Arc<Stats>,
-    exporter: Option<ExportSender>,
+    sinks: Sinks,
     batch_size: usize,
     stop: CancellationToken,
 ) -> Result<(), ListenerError> {
+    let Sinks {
+        store,
+        stats,
+        exporter,
+        clocks,
+    } = sinks;
     let messages = consumer
         .stream()
         .max_messages_per_batch(batch_size)
@@ -121,6 +140,9 @@ pub async fn run(
             continue;
         }
         let batch = decode_stage_messages(msgs, &stats).await;
+        // A lock and a map update per exchange record: a small fraction of the batch's store
+        // transaction, and apart from it (clocks.rs).
+        clocks.observe(&batch.records, msgtrail_core::time::now_nanos());
         apply(batch, &store, &stats, exporter.as_ref()).await;
     }
     Ok(())

@@ -50,6 +50,8 @@
 //! ## Layout
 //! - [`cache`]: the bounded in-memory cache of in-flight messages that ingest works from.
 //! - [`client`]: a small HTTP client of the API (used by `msgtrail trace` and `stats`).
+//! - [`clocks`]: per (client, broker instance) clock estimates over the last minute of
+//!   records, fed at ingest, outside the store (`GET /api/clients/{id}`).
 //! - [`config`]: [`ListenerConfig`], its defaults and environment variable names.
 //! - [`error`]: configuration, runtime, store and query errors.
 //! - [`export`]: changed trajectories to the OTLP pipeline of `msgtrail-otel`, never
@@ -62,13 +64,18 @@
 //! - [`store`]: the embedded redb store: records per message, shadow-message summaries and
 //!   their indexes, counters, retention.
 //! - [`stats`]: HDR latency histograms, counts by state, funnel, lag; Prometheus text.
-//! - [`http`]: the axum API (`/api/messages`, `/api/stats`, `/metrics`, `/healthz`) and
-//!   the page (`/`).
+//! - [`summary`]: the shadow message and its compact stored form; [`search`]: the filters
+//!   a search applies to it.
+//! - [`views`]: the consumer-group and dead-letter views, computed on demand from the
+//!   shadow messages and a bounded sample of trajectories.
+//! - [`http`]: the axum API (`/api/messages`, `/api/groups`, `/api/dead-letters`,
+//!   `/api/stats`, `/metrics`, `/healthz`) and the page (`/`).
 //!
 //! Trajectory assembly itself is pure and lives in `msgtrail_core::trajectory`.
 
 pub mod cache;
 pub mod client;
+pub mod clocks;
 pub mod codec;
 pub mod config;
 pub mod counters;
@@ -81,11 +88,12 @@ pub mod search;
 pub mod stats;
 pub mod store;
 pub mod summary;
+pub mod views;
 
 pub use config::ListenerConfig;
 pub use error::{ConfigError, ListenerError, QueryError, StoreError};
 pub use stats::StatsSnapshot;
-pub use store::{MessageSummary, SearchQuery, Store};
+pub use store::{MessageSummary, SearchQuery, StorageReport, Store, TableUsage};
 
 use msgtrail_core::time::now_nanos;
 use stats::Stats;
@@ -276,11 +284,15 @@ pub async fn start_with_client(
         }
         None => None,
     };
+    let clocks = Arc::new(clocks::ClockWindow::new());
     tasks.spawn(ingest::run(
         consumer.clone(),
-        store.clone(),
-        stats.clone(),
-        exporter.clone(),
+        ingest::Sinks {
+            store: store.clone(),
+            stats: stats.clone(),
+            exporter: exporter.clone(),
+            clocks: clocks.clone(),
+        },
         config.batch_size,
         stop.clone(),
     ));
@@ -310,6 +322,7 @@ pub async fn start_with_client(
     let app = http::router(
         store.clone(),
         stats.clone(),
+        clocks,
         exporter,
         config.token.clone(),
         config.trace_ui.as_ref(),

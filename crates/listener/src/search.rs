@@ -1,7 +1,9 @@
 //! The filters of a search that look at a message's summary beyond its topic, state and
 //! time (which the store's indexes answer): a topic pattern, the producer, a consumer group,
-//! a minimum end to end, a dead letter at any hop; and those that need the trajectory (a
-//! failure or a redelivery at any hop).
+//! a minimum end to end, an attribute, and a failure, a redelivery or a dead letter at any
+//! hop. The last three are flags of the summary ([`MessageSummary::failed`] and the others),
+//! computed from the trajectory when the summary is (with [`had_failure`], [`redelivered`]),
+//! so a search never assembles a trajectory.
 
 use crate::store::SearchQuery;
 use crate::summary::MessageSummary;
@@ -54,7 +56,7 @@ pub fn bad(st: MessageState) -> bool {
 
 /// Whether a message had a failure at any hop, even one a later attempt recovered from: a
 /// hop in error, a group's error, a failure point, or a failed, dead-lettered, stuck or lost
-/// state. (The summary alone does not tell a recovered failure: this needs the trajectory.)
+/// state. (A summary keeps the answer as [`MessageSummary::failed`].)
 pub fn had_failure(t: &Trajectory) -> bool {
     t.failure.is_some()
         || bad(t.state)
@@ -73,7 +75,8 @@ pub fn redelivered(t: &Trajectory) -> bool {
 
 /// Whether some group dead-lettered the message.
 pub fn dead_lettered(s: &MessageSummary) -> bool {
-    s.state == MessageState::DeadLettered
+    s.dead_lettered
+        || s.state == MessageState::DeadLettered
         || s.groups.values().any(|g| *g == MessageState::DeadLettered)
 }
 
@@ -93,6 +96,12 @@ impl SearchQuery {
                 .is_none_or(|g| s.groups.contains_key(g))
             && self.min_end_to_end.is_none_or(|m| end_to_end(s) >= m)
             && (!self.dead_lettered || dead_lettered(s))
+            && (!self.failed || s.failed)
+            && (!self.redelivered || s.redelivered)
+            && self
+                .attr
+                .as_ref()
+                .is_none_or(|(k, v)| s.attrs.get(k) == Some(v))
     }
 }
 

@@ -1,10 +1,12 @@
 //! The store against a plain in-memory reference: random record sets — shuffled, with
 //! repeats, split into batches applied across restarts, orphan uploads whose P2 comes
 //! before or after their P1, or never — give the same trajectories, summaries and counters
-//! as assembling each message's records at once.
+//! as assembling each message's records at once; and a search by the summary's flags
+//! (failure, redelivery, dead letter, attribute) finds what the trajectories say.
 
 use msgtrail_core::trajectory::{AssembleOptions, Deadlines, MessageState, Trajectory};
 use msgtrail_core::{ClientId, MessageId, RequestId, Stage, StageRecord};
+use msgtrail_listener::search;
 use msgtrail_listener::store::Store;
 use msgtrail_listener::summary::MessageSummary;
 use msgtrail_listener::SearchQuery;
@@ -25,17 +27,25 @@ struct Shape {
     fails: bool,
     /// The producer retried the upload (a D1).
     duplicate: bool,
+    /// A last attempt that fails is dead-lettered (an R1 `dead_letter`).
+    dead: bool,
 }
 
 fn shape() -> impl Strategy<Value = Shape> {
-    (any::<bool>(), 0u32..3, any::<bool>(), any::<bool>()).prop_map(
-        |(a, attempts, fails, duplicate)| Shape {
+    (
+        any::<bool>(),
+        0u32..3,
+        any::<bool>(),
+        any::<bool>(),
+        any::<bool>(),
+    )
+        .prop_map(|(a, attempts, fails, duplicate, dead)| Shape {
             answered: a || attempts > 0,
             attempts,
             fails,
             duplicate,
-        },
-    )
+            dead,
+        })
 }
 
 /// The records of message `i` shaped as `s`.
@@ -66,6 +76,9 @@ fn records(i: u64, s: &Shape) -> Vec<StageRecord> {
     ] {
         let mut r = upload(stage, t + dt * 100_000);
         r.message_id = Some(m);
+        if stage == Stage::UploadReceived {
+            r.attrs.insert("kind".into(), format!("k{}", i % 2));
+        }
         out.push(r);
     }
     if s.duplicate {
@@ -94,9 +107,10 @@ fn records(i: u64, s: &Shape) -> Vec<StageRecord> {
         let mut c8 = deliver(Stage::PullAckReceived, at + 40_000);
         c8.outcome = Some(if fails { "nack" } else { "ack" }.into());
         out.push(c8);
-        if fails && a < s.attempts {
+        if fails && (a < s.attempts || s.dead) {
             let mut r1 = deliver(Stage::Redelivery, at + 50_000);
-            r1.outcome = Some("redeliver".into());
+            let dead = a == s.attempts;
+            r1.outcome = Some(if dead { "dead_letter" } else { "redeliver" }.into());
             out.push(r1);
         }
     }
@@ -197,6 +211,31 @@ proptest! {
         let expected: BTreeMap<String, MessageSummary> =
             want.iter().map(|(k, t)| (k.clone(), MessageSummary::of(k, t))).collect();
         prop_assert_eq!(&got, &expected);
+        // Searches by the summary's flags find what the trajectories say.
+        let keys = |q: SearchQuery| -> BTreeSet<String> {
+            let q = SearchQuery { limit: Some(10_000), ..q };
+            store.search(&q).unwrap().into_iter().map(|s| s.key).collect()
+        };
+        let traj = |f: &dyn Fn(&Trajectory) -> bool| -> BTreeSet<String> {
+            want.iter().filter(|(_, t)| f(t)).map(|(k, _)| k.clone()).collect()
+        };
+        prop_assert_eq!(
+            keys(SearchQuery { failed: true, ..Default::default() }),
+            traj(&|t| search::had_failure(t))
+        );
+        prop_assert_eq!(
+            keys(SearchQuery { redelivered: true, ..Default::default() }),
+            traj(&|t| search::redelivered(t))
+        );
+        prop_assert_eq!(
+            keys(SearchQuery { dead_lettered: true, ..Default::default() }),
+            traj(&|t| t.groups.iter().any(|g| g.state == MessageState::DeadLettered))
+        );
+        let attr = ("kind".to_owned(), "k1".to_owned());
+        prop_assert_eq!(
+            keys(SearchQuery { attr: Some(attr.clone()), ..Default::default() }),
+            traj(&|t| t.attrs.get(&attr.0) == Some(&attr.1))
+        );
         // Counters: records per stage, each counted once; the funnel; the states.
         let counters = store.counters().unwrap();
         let distinct: BTreeSet<String> = recs.iter().map(|r| r.dedup_key()).collect();

@@ -54,6 +54,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// `msgtrail.hop.status` (semconv/ defines every `msgtrail.*` attribute).
 pub const HOP_KEY: &str = "msgtrail.hop.key";
 
+/// `msgtrail.broker.instance`: on broker-side spans (store, deliver), the broker process
+/// whose records (and clock) the span's times come from.
+pub const BROKER_INSTANCE: &str = "msgtrail.broker.instance";
+
 /// The instrumentation scope name of every span msgtrail emits.
 pub const SCOPE_NAME: &str = "msgtrail";
 
@@ -435,6 +439,10 @@ pub fn hop_span(t: &Trajectory, hop: &HopSpan, opts: &MappingOptions) -> Option<
     }
     if hop.synthesized {
         attrs.push(KeyValue::new("msgtrail.synthesized", true));
+    }
+    // Broker-side spans (store, deliver) name the broker process whose clock timed them.
+    if let Some(b) = &hop.broker {
+        attrs.push(KeyValue::new(BROKER_INSTANCE, b.to_string()));
     }
     if let Some(c) = &hop.clock {
         attrs.push(KeyValue::new("msgtrail.clock.offset", c.offset_nanos));

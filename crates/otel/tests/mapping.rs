@@ -83,6 +83,22 @@ fn success_maps_to_four_spans_with_the_documented_ids_and_parent_chain() {
     assert_eq!(cx.trace_id(), trace);
     assert!(cx.is_remote());
 
+    // Broker-side spans name the broker instance whose clock timed them; client-side
+    // spans do not.
+    for (s, instance) in [
+        (send, None),
+        (store, Some(BROKER)),
+        (deliver, Some(BROKER)),
+        (process, None),
+    ] {
+        assert_eq!(
+            attr(s, "msgtrail.broker.instance").as_deref(),
+            instance,
+            "{}",
+            s.span.name
+        );
+    }
+
     // Names and kinds.
     assert_eq!(send.span.name, "send orders.eu");
     assert_eq!(send.span.span_kind, SpanKind::Producer);

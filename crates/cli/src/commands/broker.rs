@@ -41,6 +41,10 @@ pub struct BrokerArgs {
     /// Requests handled at once; beyond it requests wait in NATS and producers slow down.
     #[arg(long, default_value_t = defaults().max_concurrent_requests)]
     pub max_concurrent_requests: usize,
+    /// This broker's name on its stage records, logs and stats (default: generated at
+    /// start, `b-` and eight hex digits); unique among running brokers.
+    #[arg(long, env = "MSGTRAIL_INSTANCE_NAME")]
+    pub instance_name: Option<msgtrail_core::BrokerInstance>,
 }
 
 /// Runs the broker until a signal.
@@ -57,6 +61,7 @@ pub async fn run(nats: &NatsArgs, args: BrokerArgs) -> anyhow::Result<()> {
         dedup_window: args.dedup_window.into(),
         record_payload_bytes: args.record_payload_bytes,
         max_concurrent_requests: args.max_concurrent_requests,
+        instance_name: args.instance_name,
         ..Default::default()
     };
     config.validate()?;

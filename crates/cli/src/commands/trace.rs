@@ -17,6 +17,7 @@ use msgtrail_core::trajectory::{
 };
 use msgtrail_core::StageRecord;
 use msgtrail_listener::client::{ListenerClient, DEFAULT_URL, ENV_LISTENER_URL};
+use msgtrail_listener::clocks::ClientClocks;
 use msgtrail_listener::config::ENV_TOKEN;
 use std::io::IsTerminal;
 
@@ -108,9 +109,15 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             .client_events(who, args.limit)
             .await
             .context("query failed")?;
+        let clocks = client.client_clocks(who).await.context("query failed")?;
         if args.json {
-            println!("{}", serde_json::to_string_pretty(&events)?);
+            // The events' body with the window estimates beside them.
+            let mut body = serde_json::to_value(&events)?;
+            body["window_secs"] = clocks.window_secs.into();
+            body["clocks"] = serde_json::to_value(&clocks.clocks)?;
+            println!("{}", serde_json::to_string_pretty(&body)?);
         } else {
+            print!("{}", render_client_clocks(&clocks));
             print!("{}", render_client_events(who, &events.events));
         }
         return Ok(());
@@ -140,6 +147,37 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// A client's clock offsets over the listener's recent window, per broker instance, as
+/// `msgtrail trace --client` prints them before the events.
+pub fn render_client_clocks(c: &ClientClocks) -> String {
+    let mut o = format!(
+        "client {}: clock, best of the last {} s of exchanges (client minus broker)\n",
+        c.client, c.window_secs
+    );
+    if c.clocks.is_empty() {
+        o.push_str("  no complete exchange with a broker in the window\n");
+    }
+    for w in &c.clocks {
+        let e = &w.estimate;
+        o.push_str(&format!(
+            "  clock of {} vs {}: {} ± {}  round trip {}, {} exchange(s), newest {}\n",
+            e.client,
+            broker_words(e.broker.as_ref()),
+            signed(e.offset_nanos),
+            ms(e.bound_nanos),
+            ms(e.round_trip_nanos),
+            e.samples,
+            msgtrail_core::time::format_rfc3339_millis(w.newest_at)
+        ));
+    }
+    o
+}
+
+/// `broker b-1a2b3c4d`, or `the broker` for records of brokers that predate instances.
+fn broker_words(b: Option<&msgtrail_core::BrokerInstance>) -> String {
+    b.map_or_else(|| "the broker".to_owned(), |b| format!("broker {b}"))
 }
 
 /// A client's events (N1, A1), newest first, as `msgtrail trace --client` prints them.
@@ -343,9 +381,11 @@ fn clock_notes(h: &HopSpan) -> Vec<String> {
         notes.push(format!("arrived {} {after}, across clocks", bounded(a, b)));
     }
     if let Some(c) = &h.clock {
+        let vs = c.broker.as_ref().map(|b| format!(" vs broker {b}"));
         notes.push(format!(
-            "clock of {}: {} ± {} against the broker's (this exchange, round trip {})",
+            "clock of {}{}: {} ± {} against the broker's (this exchange, round trip {})",
             c.client,
+            vs.unwrap_or_default(),
             signed(c.offset_nanos),
             ms(c.bound_nanos),
             ms(c.round_trip_nanos)
@@ -373,13 +413,15 @@ fn clocks_section(t: &Trajectory, st: &Style, o: &mut String) {
     o.push_str(&st.dim(" (client minus broker, best of the trajectory's exchanges)"));
     o.push('\n');
     for c in &t.clocks {
+        let vs = c.broker.as_ref().map(|b| format!(", vs broker {b}"));
         o.push_str(&format!(
-            "  {:<16} {} ± {}  round trip {}, {} exchange(s)\n",
+            "  {:<16} {} ± {}  round trip {}, {} exchange(s){}\n",
             c.client.as_str(),
             signed(c.offset_nanos),
             ms(c.bound_nanos),
             ms(c.round_trip_nanos),
-            c.samples
+            c.samples,
+            vs.unwrap_or_default()
         ));
     }
 }
@@ -638,6 +680,40 @@ mod tests {
             "{out}"
         );
         assert!(out.contains("shop             +250 ms ± 0.3 ms"), "{out}");
+        // With the broker instance on the broker's records, the estimate names it.
+        let recs: Vec<StageRecord> = t
+            .hops
+            .iter()
+            .flat_map(|h| h.events.clone())
+            .map(|mut r| {
+                if matches!(r.stage, Stage::UploadReceived | Stage::Stored) {
+                    r.broker = Some("b-1a2b".parse().unwrap());
+                }
+                r
+            })
+            .collect();
+        let t = Trajectory::assemble(recs, &AssembleOptions::default()).unwrap();
+        let out = render(&t, false);
+        assert!(
+            out.contains("clock of shop vs broker b-1a2b: +250 ms ± 0.3 ms"),
+            "{out}"
+        );
+        assert!(out.contains("exchange(s), vs broker b-1a2b"), "{out}");
+        let window = ClientClocks {
+            client: "shop".into(),
+            window_secs: 60,
+            clocks: vec![msgtrail_listener::clocks::WindowEstimate {
+                estimate: t.clocks[0].clone(),
+                measured_at: t0,
+                newest_at: t0,
+            }],
+        };
+        let out = render_client_clocks(&window);
+        assert!(out.contains("best of the last 60 s"), "{out}");
+        assert!(
+            out.contains("clock of shop vs broker b-1a2b: +250 ms ± 0.3 ms  round trip 0.6 ms, 1 exchange(s)"),
+            "{out}"
+        );
     }
 
     #[test]

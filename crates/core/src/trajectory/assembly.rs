@@ -76,8 +76,8 @@ pub(super) struct UploadTimes {
     pub p3_at: Option<u64>,
     /// The first record of any delivery (not an R1): proof the message was stored by then.
     pub first_delivery_at: Option<u64>,
-    /// JetStream's stored time, from a recovered P3 (kept even when the broker's own P3
-    /// replaces the record).
+    /// JetStream's stored time: from a recovered P3 (kept even when the broker's own P3
+    /// replaces the record), or from a delivery's C1/C5 (`stored_at`); the earliest.
     pub js_stored_at: Option<u64>,
 }
 
@@ -102,6 +102,11 @@ fn is_process_stage(s: Stage) -> bool {
 
 fn first_service(events: &[StageRecord]) -> Option<String> {
     events.iter().find_map(|r| r.service.clone())
+}
+
+/// The broker instance of the first broker-written record that names one.
+fn first_broker(events: &[StageRecord]) -> Option<crate::ids::BrokerInstance> {
+    events.iter().find_map(|r| r.broker.clone())
 }
 
 fn first_at(rs: &[StageRecord], st: &[Stage]) -> Option<u64> {
@@ -184,8 +189,8 @@ pub(super) fn assemble(
 
 /// A total order on the records, so that every permutation gives the same result, without
 /// repeats; a recovered P2/P3 stands in for the broker's own only when that one is missing.
-/// Also returns JetStream's stored time (the earliest recovered P3), which outlives the
-/// recovered record.
+/// Also returns JetStream's stored time (the earliest of a recovered P3's time and the
+/// deliveries' `stored_at`), which outlives the recovered record.
 fn normalize(mut recs: Vec<StageRecord>) -> Option<(Vec<StageRecord>, Option<u64>)> {
     if recs.is_empty() {
         return None;
@@ -212,11 +217,15 @@ fn normalize(mut recs: Vec<StageRecord>) -> Option<(Vec<StageRecord>, Option<u64
         broker_wrote(Stage::UploadReceived, &recs),
         broker_wrote(Stage::Stored, &recs),
     );
-    let js_stored_at = recs
+    let recovered_p3 = recs
         .iter()
         .filter(|r| r.stage == Stage::Stored && r.is_recovered())
-        .map(|r| r.at)
-        .min();
+        .map(|r| r.at);
+    let delivered_stored = recs
+        .iter()
+        .filter(|r| matches!(r.stage, Stage::PushSent | Stage::PullSent))
+        .filter_map(|r| r.stored_at);
+    let js_stored_at = recovered_p3.chain(delivered_stored).min();
     recs.retain(|r| {
         !r.is_recovered()
             || !match r.stage {
@@ -398,6 +407,7 @@ fn upload_hop(ctx: &Ctx<'_>, id: HopId, start: u64, end: Option<u64>) -> HopSpan
         mode: None,
         by_id: false,
         service: None,
+        broker: None,
         start,
         end,
         latency_nanos: end.map(|e| e.saturating_sub(start)),
@@ -417,8 +427,9 @@ fn upload_hop(ctx: &Ctx<'_>, id: HopId, start: u64, end: Option<u64>) -> HopSpan
 
 /// The `store` hop: P2 → P3, or inferred from a delivery when the broker's records are
 /// missing; none when there is neither. It ends when the message was stored: at the
-/// broker's P3 (the PubAck) — or, when a delivery started before that, when the message was
-/// deliverable: JetStream's stored time if known, else the first delivery's start.
+/// broker's P3 (the PubAck) — or, when a delivery started before that or the P3 is missing,
+/// when the message was deliverable: JetStream's stored time if known (a recovered P3, or
+/// the `stored_at` of a C1/C5), else the first delivery's start.
 fn store_hop(
     ctx: &Ctx<'_>,
     store: &[StageRecord],
@@ -432,8 +443,14 @@ fn store_hop(
         .chain(first_deliver_start)
         .min();
     if store.is_empty() {
-        let at = delivered_by?;
+        // JetStream's stored time (a delivery's `stored_at`) when it is no later than the
+        // first delivery: the hop is then the instant the message was stored.
+        let stored = times
+            .js_stored_at
+            .filter(|s| delivered_by.is_some_and(|d| *s <= d));
+        let at = stored.or(delivered_by)?;
         let mut hop = upload_hop(ctx, HopId::Store, at, Some(at));
+        hop.stored_at = stored;
         hop.reason = Some(
             "stored (inferred: the message was delivered, but the broker's store records are missing)"
                 .to_owned(),
@@ -460,11 +477,20 @@ fn store_hop(
             times.js_stored_at,
             first_deliver_start,
         )),
-        None if inferred => delivered_by,
+        // No P3, but delivered: stored when JetStream says (when that lies between the
+        // hop's start and the first delivery), else by the first delivery.
+        None if inferred => Some(
+            times
+                .js_stored_at
+                .filter(|s| *s >= start && delivered_by.is_some_and(|d| *s <= d))
+                .or(delivered_by)
+                .unwrap_or(start),
+        ),
         None => refusal.filter(|_| p2_at.is_none()).map(|r| r.at),
     };
     let mut hop = upload_hop(ctx, HopId::Store, start, end);
     hop.service = first_service(store);
+    hop.broker = first_broker(store);
     hop.status = status;
     hop.reason = reason;
     hop.inferred = inferred;
@@ -677,6 +703,7 @@ fn attempt_hop(ctx: &Ctx<'_>, id: HopId, parent: HopId, mode: Option<DeliveryMod
         mode,
         by_id: d.by_id,
         service: None,
+        broker: None,
         start: 0,
         end: None,
         latency_nanos: None,
@@ -782,6 +809,7 @@ fn fill_deliver_hop(
     hop.reason = reason;
     let failure_point = status == HopStatus::Error && r1.is_none_or(dead) && settle.is_none();
     hop.service = first_service(&ev);
+    hop.broker = first_broker(&ev);
     hop.synthesized = ev.is_empty();
     hop.events = ev;
     failure_point

@@ -5,14 +5,20 @@
 //!
 //! [`estimate`] runs over the finished hops (after [`super::assembly`] ordered them): it
 //! gives each hop its exchange's estimate ([`HopSpan::clock`]), keeps the best estimate per
-//! client (smallest round trip: [`Trajectory::clocks`](super::Trajectory::clocks)), and with
+//! client and broker instance (smallest round trip:
+//! [`Trajectory::clocks`](super::Trajectory::clocks)), and with
 //! it places the client-clock hops on the broker's clock ([`HopSpan::on_broker_clock`]) and
 //! measures the arrivals across the two clocks ([`HopSpan::arrival_nanos`]). Offsets are
 //! the client's clock minus the broker's; an exchange whose times are impossible (a negative
 //! round trip or a negative duration on one side) gives no estimate.
+//!
+//! **One broker instance per estimate.** Several brokers serve one deployment, each on its
+//! own clock. An exchange's broker-side times (P2/P3, C1/C4, C5/C8) must come from one
+//! instance ([`StageRecord::broker`]): a delivery sent by one broker and settled at another
+//! gives no estimate, and a client's estimates against two instances are kept apart.
 
 use super::model::{ClockEstimate, CorrectedSpan, HopKind, HopSpan};
-use crate::ids::ClientId;
+use crate::ids::{BrokerInstance, ClientId};
 use crate::record::StageRecord;
 use crate::stage::Stage;
 use std::collections::BTreeMap;
@@ -63,15 +69,74 @@ fn last(events: &[StageRecord], stages: &[Stage]) -> Option<u64> {
         .max()
 }
 
-/// A hop's estimate from one exchange, for `client`.
-fn estimate_of(client: ClientId, offset_nanos: i64, round_trip_nanos: u64) -> ClockEstimate {
+/// A hop's estimate from one exchange, for `client` against `broker`.
+fn estimate_of(
+    client: ClientId,
+    broker: Option<BrokerInstance>,
+    offset_nanos: i64,
+    round_trip_nanos: u64,
+) -> ClockEstimate {
     ClockEstimate {
         client,
         offset_nanos,
         bound_nanos: round_trip_nanos / 2,
         round_trip_nanos,
         samples: 1,
+        broker,
     }
+}
+
+impl ClockEstimate {
+    /// The producer's estimate from one upload's four times (P1 and P4 on its clock, P2 and
+    /// P3 on the broker instance's); `None` when a duration is negative.
+    pub fn from_upload(
+        producer: ClientId,
+        broker: Option<BrokerInstance>,
+        [p1, p2, p3, p4]: [u64; 4],
+    ) -> Option<ClockEstimate> {
+        let x = Exchange {
+            t0: p1,
+            t1: p2,
+            t2: p3,
+            t3: p4,
+        };
+        let (broker_minus_producer, rtt) = x.offset()?;
+        Some(estimate_of(producer, broker, -broker_minus_producer, rtt))
+    }
+
+    /// The consumer's estimate from one delivery's four times (C1/C5 and C4/C8 on the
+    /// broker instance's clock, C2/C6 and C3/C7 on the consumer's); `None` when a duration
+    /// is negative.
+    pub fn from_delivery(
+        consumer: ClientId,
+        broker: Option<BrokerInstance>,
+        [c1, c2, c3, c4]: [u64; 4],
+    ) -> Option<ClockEstimate> {
+        let x = Exchange {
+            t0: c1,
+            t1: c2,
+            t2: c3,
+            t3: c4,
+        };
+        let (offset, rtt) = x.offset()?;
+        Some(estimate_of(consumer, broker, offset, rtt))
+    }
+}
+
+/// The one broker instance of the broker-written records of an exchange: `Err` when two
+/// of them name different instances (their times are on two clocks, which no offset
+/// relates), `Ok(None)` when none names one (records of brokers that predate instances).
+fn one_instance<'a>(
+    records: impl Iterator<Item = &'a StageRecord>,
+) -> Result<Option<BrokerInstance>, ()> {
+    let mut seen: Option<&BrokerInstance> = None;
+    for b in records.filter_map(|r| r.broker.as_ref()) {
+        match seen {
+            Some(s) if s != b => return Err(()),
+            _ => seen = Some(b),
+        }
+    }
+    Ok(seen.cloned())
 }
 
 /// The upload's estimate (producer minus broker), from the send and store hops.
@@ -86,14 +151,15 @@ fn upload_estimate(send: &HopSpan, store: &HopSpan) -> Option<ClockEstimate> {
         .filter(|r| r.stage == Stage::UploadReceived && !r.is_recovered())
         .map(|r| r.at)
         .min();
-    let x = Exchange {
-        t0: first(&send.events, &[Stage::UploadSent])?,
-        t1: broker_p2.or_else(|| first(&store.events, &[Stage::UploadReceived]))?,
-        t2: last(&store.events, &[Stage::Stored])?,
-        t3: last(&send.events, &[Stage::StoreConfirmed])?,
-    };
-    let (broker_minus_producer, rtt) = x.offset()?;
-    Some(estimate_of(producer, -broker_minus_producer, rtt))
+    let stages = [Stage::UploadReceived, Stage::Stored];
+    let instance = one_instance(store.events.iter().filter(|r| stages.contains(&r.stage))).ok()?;
+    let times = [
+        first(&send.events, &[Stage::UploadSent])?,
+        broker_p2.or_else(|| first(&store.events, &[Stage::UploadReceived]))?,
+        last(&store.events, &[Stage::Stored])?,
+        last(&send.events, &[Stage::StoreConfirmed])?,
+    ];
+    ClockEstimate::from_upload(producer, instance, times)
 }
 
 /// When the consumer received the delivery (C2/C6), on its clock.
@@ -106,19 +172,27 @@ fn sent_at(deliver: &HopSpan) -> Option<u64> {
     first(&deliver.events, &[Stage::PushSent, Stage::PullSent])
 }
 
-/// A delivery's estimate (consumer minus broker), from its deliver and process hops.
+/// A delivery's estimate (consumer minus broker), from its deliver and process hops: none
+/// when its send and its settle were recorded by different broker instances.
 fn delivery_estimate(deliver: &HopSpan, process: &HopSpan) -> Option<ClockEstimate> {
-    let x = Exchange {
-        t0: sent_at(deliver)?,
-        t1: received_at(process)?,
-        t2: last(&process.events, &[Stage::PushAckSent, Stage::PullAckSent])?,
-        t3: last(
+    let stages = [
+        Stage::PushSent,
+        Stage::PullSent,
+        Stage::PushAckReceived,
+        Stage::PullAckReceived,
+    ];
+    let instance =
+        one_instance(deliver.events.iter().filter(|r| stages.contains(&r.stage))).ok()?;
+    let times = [
+        sent_at(deliver)?,
+        received_at(process)?,
+        last(&process.events, &[Stage::PushAckSent, Stage::PullAckSent])?,
+        last(
             &deliver.events,
             &[Stage::PushAckReceived, Stage::PullAckReceived],
         )?,
-    };
-    let (offset, rtt) = x.offset()?;
-    Some(estimate_of(process.consumer.clone()?, offset, rtt))
+    ];
+    ClockEstimate::from_delivery(process.consumer.clone()?, instance, times)
 }
 
 /// A time on a client's clock moved onto the broker's.
@@ -126,8 +200,8 @@ fn to_broker(at: u64, offset_nanos: i64) -> u64 {
     at.saturating_add_signed(offset_nanos.saturating_neg())
 }
 
-/// Gives each hop its exchange's estimate, and returns the best estimate per client, sorted
-/// by client; places the client-clock hops on the broker's clock and measures the arrivals.
+/// Gives each hop its exchange's estimate, and returns the best estimate per (client, broker
+/// instance), sorted by client then instance; places the client-clock hops on the broker's clock and measures the arrivals.
 pub(super) fn estimate(hops: &mut [HopSpan]) -> Vec<ClockEstimate> {
     let index: BTreeMap<String, usize> = hops
         .iter()
@@ -158,35 +232,41 @@ pub(super) fn estimate(hops: &mut [HopSpan]) -> Vec<ClockEstimate> {
     best.into_values().collect()
 }
 
-/// The best estimate per client: smallest round trip (then bound, then offset), with the
-/// number of exchanges seen (each exchange is on two hops: counted once).
+/// Whose clock against which broker instance's: the key of a best estimate.
+type Pair = (ClientId, Option<BrokerInstance>);
+
+/// The best estimate per (client, broker instance): smallest round trip (then bound, then
+/// offset), with the number of exchanges seen (each exchange is on two hops: counted once).
 fn best_per_client<'a>(
     estimates: impl Iterator<Item = &'a ClockEstimate>,
-) -> BTreeMap<ClientId, ClockEstimate> {
-    let mut best: BTreeMap<ClientId, ClockEstimate> = BTreeMap::new();
-    let mut halves: BTreeMap<ClientId, u32> = BTreeMap::new();
+) -> BTreeMap<Pair, ClockEstimate> {
+    let mut best: BTreeMap<Pair, ClockEstimate> = BTreeMap::new();
+    let mut halves: BTreeMap<Pair, u32> = BTreeMap::new();
     for e in estimates {
-        *halves.entry(e.client.clone()).or_default() += 1;
+        let pair = (e.client.clone(), e.broker.clone());
+        *halves.entry(pair.clone()).or_default() += 1;
         let key = |e: &ClockEstimate| (e.round_trip_nanos, e.bound_nanos, e.offset_nanos);
-        match best.get(&e.client) {
+        match best.get(&pair) {
             Some(b) if key(b) <= key(e) => {}
             _ => {
-                best.insert(e.client.clone(), e.clone());
+                best.insert(pair, e.clone());
             }
         }
     }
-    for (client, e) in &mut best {
-        e.samples = halves.get(client).map_or(1, |n| n.div_ceil(2));
+    for (pair, e) in &mut best {
+        e.samples = halves.get(pair).map_or(1, |n| n.div_ceil(2));
     }
     best
 }
 
 /// Places the `send` and `process` hops on the broker's clock, and measures the arrival of
-/// the `store` hop (after P1) and of the `process` hops (after their C1/C5).
+/// the `store` hop (after P1) and of the `process` hops (after their C1/C5). Each uses the
+/// client's best estimate against the broker instance of its exchange (the store hop's,
+/// the deliver hop's): never one measured against another instance's clock.
 fn place(
     hops: &mut [HopSpan],
     index: &BTreeMap<String, usize>,
-    best: &BTreeMap<ClientId, ClockEstimate>,
+    best: &BTreeMap<Pair, ClockEstimate>,
 ) {
     let p1 = index
         .get("send")
@@ -194,16 +274,21 @@ fn place(
     let producer = index
         .get("send")
         .and_then(|i| hops[*i].events.iter().find_map(|r| r.producer.clone()));
-    let producer_best = producer.and_then(|p| best.get(&p));
-    let delivery_sent: BTreeMap<String, u64> = hops
+    let store_broker = index.get("store").and_then(|i| hops[*i].broker.clone());
+    let producer_best = producer.and_then(|p| best.get(&(p, store_broker)));
+    let delivery_sent: BTreeMap<String, (u64, Option<BrokerInstance>)> = hops
         .iter()
         .filter(|h| h.kind == HopKind::Deliver)
-        .filter_map(|h| Some((h.key.clone(), sent_at(h)?)))
+        .filter_map(|h| Some((h.key.clone(), (sent_at(h)?, h.broker.clone()))))
         .collect();
     for h in hops.iter_mut() {
+        let deliver = h.parent.as_ref().and_then(|k| delivery_sent.get(k));
         let est = match h.kind {
             HopKind::Send | HopKind::Store => producer_best,
-            HopKind::Process => h.consumer.as_ref().and_then(|c| best.get(c)),
+            HopKind::Process => h
+                .consumer
+                .clone()
+                .and_then(|c| best.get(&(c, deliver.and_then(|d| d.1.clone())))),
             HopKind::Deliver => None,
         };
         let Some(est) = est else {
@@ -231,8 +316,7 @@ fn place(
                     end: h.end.map(|e| to_broker(e, off)),
                     bound_nanos: est.bound_nanos,
                 });
-                let c1 = h.parent.as_ref().and_then(|k| delivery_sent.get(k));
-                if let (Some(c1), Some(c2)) = (c1, received_at(h)) {
+                if let (Some((c1, _)), Some(c2)) = (deliver, received_at(h)) {
                     h.arrival_nanos = Some(arrival(*c1, to_broker(c2, off)));
                     h.arrival_bound_nanos = Some(est.bound_nanos);
                 }

@@ -1,6 +1,11 @@
 //! The plain-words account of a trajectory: one clause per step, in the order things
 //! happened, joined by `; `. Runs last, on the finished [`Trajectory`] (hops, groups, state
 //! and failure), and again when [`Trajectory::set_same_request`] names other uploads.
+//!
+//! Times are the broker's where a client's clock offset is known: a client's time is moved
+//! onto the broker's clock (`≈ 12:00:01.003 ± 1.1 ms`), and a duration between a client's
+//! time and a broker's says how uncertain it is (`≈ 4.0 ms ± 1.0 ms`). Without an offset the
+//! raw times are used, as recorded.
 
 use super::model::{HopKind, HopSpan, HopStatus, MessageState, Trajectory};
 use crate::ids::MessageId;
@@ -79,16 +84,45 @@ pub(super) fn diagnose(t: &Trajectory) -> String {
     }
 }
 
-/// Sent (by whom, how often), duplicates, the same request stored again, stored.
+/// The producer's send start on the broker's clock and its bound, when the producer's
+/// clock offset is known (the send hop is placed on the broker's clock).
+fn send_on_broker_clock(t: &Trajectory) -> Option<(u64, u64)> {
+    let send = t.hop("send").filter(|s| !s.synthesized)?;
+    send.on_broker_clock.map(|c| (c.start, c.bound_nanos))
+}
+
+/// A time of a client's clock moved onto the broker's, in words: `≈ 12:00:01.003 ± 1.1 ms`.
+fn corrected_clock_words(at: u64, bound: u64) -> String {
+    format!("≈ {} ± {}", clock_words(at), latency_words(bound))
+}
+
+/// A duration between a client's time (corrected, right within `bound`) and a broker's, in
+/// words: `≈ 4.0 ms ± 1.0 ms`; exact when the bound is zero.
+fn uncertain_duration_words(nanos: u64, bound: u64) -> String {
+    if bound == 0 {
+        latency_words(nanos)
+    } else {
+        format!("≈ {} ± {}", latency_words(nanos), latency_words(bound))
+    }
+}
+
+/// Sent (by whom, how often), duplicates, the same request stored again, stored. The send
+/// time is the producer's moved onto the broker's clock when its offset is known (then the
+/// time to storing is a duration on one clock, uncertain by the offset's bound); else the
+/// producer's raw time.
 fn upload_clauses(t: &Trajectory, parts: &mut Vec<String>) {
     let send = t.hop("send");
+    let corrected = send_on_broker_clock(t);
     if let Some(send) = send.filter(|s| !s.synthesized) {
         let who = t.producer.as_ref().map(|p| format!(" by {p}"));
         let tries = (t.upload_attempts > 1).then(|| format!(" ({} attempts)", t.upload_attempts));
+        let when = match corrected {
+            Some((at, bound)) => corrected_clock_words(at, bound),
+            None => clock_words(send.start),
+        };
         parts.push(format!(
-            "sent{} {}{}",
+            "sent{} {when}{}",
             who.unwrap_or_default(),
-            clock_words(send.start),
             tries.unwrap_or_default()
         ));
     }
@@ -100,7 +134,12 @@ fn upload_clauses(t: &Trajectory, parts: &mut Vec<String>) {
         (Some(st), _) => match st.end {
             Some(end) => {
                 let lat = send.filter(|s| !s.synthesized).map(|s| {
-                    let l = latency_words(end.saturating_sub(s.start));
+                    let l = match corrected {
+                        Some((at, bound)) => {
+                            uncertain_duration_words(end.saturating_sub(at), bound)
+                        }
+                        None => latency_words(end.saturating_sub(s.start)),
+                    };
                     format!(" ({l} after sending)")
                 });
                 parts.push(format!(
@@ -121,6 +160,7 @@ fn upload_clauses(t: &Trajectory, parts: &mut Vec<String>) {
 /// One delivery: to whom and when, the processing's trouble, the ack or why not, and the
 /// group's end-to-end time after its last delivery.
 fn delivery_clauses(t: &Trajectory, d: &HopSpan, last_of_group: bool, parts: &mut Vec<String>) {
+    let corrected = send_on_broker_clock(t);
     let g = d.group.as_ref().map(|g| g.as_str()).unwrap_or("?");
     let c = d.consumer.as_ref().map(|c| c.as_str()).unwrap_or("?");
     let a = d.attempt.unwrap_or(1);
@@ -154,6 +194,14 @@ fn delivery_clauses(t: &Trajectory, d: &HopSpan, last_of_group: bool, parts: &mu
         .iter()
         .find(|s| Some(&s.group) == d.group.as_ref() && s.by_id == d.by_id);
     if let (true, Some(e)) = (last_of_group, summary.and_then(|s| s.end_to_end_nanos)) {
-        parts.push(format!("group {g} done {} end to end", latency_words(e)));
+        // From the producer's send (its clock) to the broker's ack: on one clock when the
+        // producer's offset is known.
+        let words = match (corrected, summary.and_then(|s| s.acked_at)) {
+            (Some((at, bound)), Some(acked)) => {
+                uncertain_duration_words(acked.saturating_sub(at), bound)
+            }
+            _ => latency_words(e),
+        };
+        parts.push(format!("group {g} done {words} end to end"));
     }
 }

@@ -74,17 +74,24 @@ fn exchange_of<'t>(t: &'t Trajectory, h: &HopSpan) -> Vec<&'t HopSpan> {
         .collect()
 }
 
+/// Whether `hops` hold a reported (not recovered) record of each stage of `quad`, and the
+/// broker-written ones name at most one broker instance.
+fn exchange_complete(hops: &[&HopSpan], quad: &[Stage; 4]) -> bool {
+    let reported: Vec<&crate::record::StageRecord> = hops
+        .iter()
+        .flat_map(|h| h.events.iter())
+        .filter(|r| quad.contains(&r.stage) && !r.is_recovered())
+        .collect();
+    let mut instances = reported.iter().filter_map(|r| r.broker.as_ref());
+    let first = instances.next();
+    quad.iter().all(|s| reported.iter().any(|r| r.stage == *s))
+        && instances.all(|b| Some(b) == first)
+}
+
 /// Hops whose exchange's four timestamps were all reported (by the broker and the client,
-/// none recovered) but that carry no clock estimate.
+/// none recovered, the broker's by one broker instance) but that carry no clock estimate.
 pub fn missing_clock_bounds(t: &Trajectory) -> Vec<String> {
-    let complete = |hops: &[&HopSpan]| {
-        EXCHANGES.iter().any(|quad| {
-            quad.iter().all(|s| {
-                hops.iter()
-                    .any(|h| h.events.iter().any(|r| r.stage == *s && !r.is_recovered()))
-            })
-        })
-    };
+    let complete = |hops: &[&HopSpan]| EXCHANGES.iter().any(|quad| exchange_complete(hops, quad));
     t.hops
         .iter()
         .filter(|h| h.clock.is_none() && !h.synthesized && h.impossible.is_none())

@@ -26,8 +26,9 @@
 //! ## Causal order
 //! A message is deliverable once JetStream stored it, which can be before the broker hears
 //! the PubAck (its P3). The `store` hop ends at the PubAck unless a delivery started before
-//! it; then it ends when the message was deliverable: JetStream's stored time
-//! ([`HopSpan::stored_at`], from a recovered P3) when known, else the first delivery's start.
+//! it, or the P3 is missing while a delivery exists; then it ends when the message was
+//! deliverable: JetStream's stored time ([`HopSpan::stored_at`], from a recovered P3 or the
+//! `stored_at` the broker puts on a C1/C5) when known, else the first delivery's start.
 //! The PubAck stays an event. So no delivery starts before the message was deliverable in
 //! what is shown. A hop that would still end before it starts (clocks that disagree) is
 //! flagged ([`HopSpan::impossible`]) and shows no latency. The state history only moves
@@ -53,6 +54,8 @@
 mod assembly;
 mod clock;
 mod diagnosis;
+#[cfg(test)]
+mod fidelity_tests;
 pub mod invariants;
 mod latency;
 pub mod model;

@@ -2,7 +2,7 @@
 //! listener's API, `msgtrail trace`, the OpenTelemetry bridge) consumes. Pure data, serializable
 //! as JSON; the only logic here is naming (hop keys, state and segment names).
 
-use crate::ids::{ClientId, MessageId, RequestId};
+use crate::ids::{BrokerInstance, ClientId, MessageId, RequestId};
 use crate::record::StageRecord;
 use crate::trace_ids::{self, Hop, HopKeyError};
 use serde::{Deserialize, Serialize};
@@ -119,6 +119,10 @@ pub struct HopSpan {
     pub by_id: bool,
     /// The `service.name` of the party that did the work, from the hop's records.
     pub service: Option<String>,
+    /// `store` and `deliver` hops: the broker instance of the hop's first broker-written
+    /// record (its clock is the one the hop's broker times are on).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub broker: Option<BrokerInstance>,
     /// When the hop started, Unix nanoseconds.
     pub start: u64,
     /// When the hop ended, Unix nanoseconds; `None` while it is open.
@@ -396,8 +400,9 @@ pub struct Trajectory {
     pub diagnosis: String,
     /// Records that belong to no hop (channel and no-match records, for instance).
     pub other_records: Vec<StageRecord>,
-    /// Per client (producer and consumers) whose exchanges with the broker the trajectory
-    /// holds, its best clock estimate (smallest round trip), sorted by client.
+    /// Per client (producer and consumers) and broker instance whose exchanges the
+    /// trajectory holds, the best clock estimate (smallest round trip), sorted by client
+    /// then instance. Exchanges with different broker instances never mix.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub clocks: Vec<ClockEstimate>,
     /// How many distinct records the trajectory was built from.
@@ -424,6 +429,11 @@ pub struct ClockEstimate {
     /// How many exchanges of the client the trajectory holds (1 for a hop's own estimate);
     /// the best one (smallest round trip) is kept.
     pub samples: u32,
+    /// The broker instance whose clock the client's is measured against: the instance on
+    /// the broker-written records of the exchange (P2/P3, C1/C4, C5/C8), which must agree.
+    /// Absent for records of brokers that predate instances.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub broker: Option<BrokerInstance>,
 }
 
 /// A client-clock hop placed on the broker's clock.

@@ -4,18 +4,18 @@ use super::*;
 use crate::ids::{ClientId, RequestId};
 use crate::stage::Stage;
 
-const T0: u64 = 1_796_126_401_000_000_000;
-const MS: u64 = 1_000_000;
+pub(super) const T0: u64 = 1_796_126_401_000_000_000;
+pub(super) const MS: u64 = 1_000_000;
 
-fn rec(stage: Stage, at_ms: u64) -> StageRecord {
+pub(super) fn rec(stage: Stage, at_ms: u64) -> StageRecord {
     StageRecord::at(stage, T0 + at_ms * MS)
 }
 
-fn id() -> MessageId {
+pub(super) fn id() -> MessageId {
     "0193a5f2-7c1e-7b2a-9f10-3c4d5e6f7a8b".parse().unwrap()
 }
 
-fn up(stage: Stage, at_ms: u64, with_id: bool) -> StageRecord {
+pub(super) fn up(stage: Stage, at_ms: u64, with_id: bool) -> StageRecord {
     let mut r = rec(stage, at_ms);
     r.request_id = Some(RequestId::new("req-1").unwrap());
     r.producer = Some(ClientId::new("shop").unwrap());
@@ -26,7 +26,13 @@ fn up(stage: Stage, at_ms: u64, with_id: bool) -> StageRecord {
     r
 }
 
-fn dl(stage: Stage, at_ms: u64, group: &str, consumer: &str, attempt: u32) -> StageRecord {
+pub(super) fn dl(
+    stage: Stage,
+    at_ms: u64,
+    group: &str,
+    consumer: &str,
+    attempt: u32,
+) -> StageRecord {
     let mut r = rec(stage, at_ms);
     r.message_id = Some(id());
     r.group = Some(ClientId::new(group).unwrap());
@@ -35,7 +41,7 @@ fn dl(stage: Stage, at_ms: u64, group: &str, consumer: &str, attempt: u32) -> St
     r
 }
 
-fn with_outcome(mut r: StageRecord, o: &str, detail: Option<&str>) -> StageRecord {
+pub(super) fn with_outcome(mut r: StageRecord, o: &str, detail: Option<&str>) -> StageRecord {
     r.outcome = Some(o.into());
     r.detail = detail.map(Into::into);
     r

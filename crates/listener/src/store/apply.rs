@@ -13,15 +13,17 @@
 //! The transaction commits after the passes; the cache gets the touched messages back only
 //! then (see [`crate::cache`]).
 
-use super::{client_events, nearest, orphan_key, records, Links, MessageKey, Sets, Store, Tables};
+use super::tables::{nearest, orphan_key, Tables};
+use super::{client_events, records, MessageKey, Store};
 use crate::cache::{Cache, Cached};
 use crate::counters::{Counter, CounterKey, FunnelStep};
 use crate::error::StoreError;
 use crate::store::ApplyOutcome;
 use crate::summary::{new_latencies, topic_state, MessageSummary};
+use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 use msgtrail_core::outcome::{ChannelOutcome, RedeliveryOutcome};
 use msgtrail_core::{MessageId, Stage, StageRecord};
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 
 /// What pass 1 found.
 #[derive(Debug, Default)]
@@ -65,8 +67,6 @@ pub(super) struct Pass<'a, 't> {
     tx: &'t redb::WriteTransaction,
     t: &'a mut Tables<'t>,
     cache: &'a mut Cache,
-    links: Links,
-    sets: Sets,
     /// Message IDs formatted as keys, once per batch.
     keys: HashMap<MessageId, String>,
     pub(super) out: ApplyOutcome,
@@ -86,8 +86,6 @@ impl<'a, 't> Pass<'a, 't> {
             tx,
             t,
             cache,
-            links: Links::new(),
-            sets: Sets::new(),
             keys: HashMap::new(),
             out: ApplyOutcome::default(),
             now,
@@ -117,6 +115,7 @@ impl<'a, 't> Pass<'a, 't> {
             staged.push(self.update_message(key, fresh, &mut moves)?);
         }
         self.count_reuploads(&linking.again, &staged)?;
+        self.t.flush_requests()?;
         self.t
             .count_states(&self.out.state_changes, &mut self.out.counters)?;
         self.t.flush(&self.out.counters)?;
@@ -147,9 +146,9 @@ impl<'a, 't> Pass<'a, 't> {
             let (q, p) = (q.as_str(), p.as_str());
             // Read before the link may change (a store older than the table has only the
             // link).
-            let set = self.t.messages_of(&mut self.sets, &mut self.links, q, p)?;
+            let set = self.t.messages_of(q, p)?;
             let (known, first) = (set.contains(m), set.first().copied());
-            let cur = self.t.link(&mut self.links, q, p)?;
+            let cur = self.t.link(q, p)?;
             let mkey = self.key(*m);
             match cur {
                 Some(c) if c == mkey => {}
@@ -160,7 +159,7 @@ impl<'a, 't> Pass<'a, 't> {
                     if let Some(orphan) = other {
                         l.merges.entry(mkey.clone()).or_default().insert(orphan);
                     }
-                    self.t.set_link(&mut self.links, q, p, mkey.clone())?;
+                    self.t.set_link(q, p, mkey.clone())?;
                 }
             }
             if !known {
@@ -171,7 +170,7 @@ impl<'a, 't> Pass<'a, 't> {
                         .push(if *m > first { mkey } else { first.to_string() });
                     l.regroup.insert((q.to_owned(), p.to_owned()));
                 }
-                self.t.add_message(&mut self.sets, q, p, *m)?;
+                self.t.add_message(q, p, *m)?;
             }
         }
         Ok(l)
@@ -183,9 +182,17 @@ impl<'a, 't> Pass<'a, 't> {
         records: Vec<StageRecord>,
     ) -> Result<BTreeMap<String, Vec<StageRecord>>, StoreError> {
         let mut by_key: BTreeMap<String, Vec<StageRecord>> = BTreeMap::new();
+        // Most records name their message: those gather by ID first, so that each message's
+        // key is formatted and ordered once rather than once per record.
+        let mut by_id: HashMap<MessageId, Vec<StageRecord>> = HashMap::new();
         for mut r in records {
             let key = match (&r.message_id, &r.producer, &r.request_id) {
-                (Some(m), _, _) => self.key(*m),
+                (Some(m), _, _) => {
+                    let m = *m;
+                    self.store.trim_payload(&mut r);
+                    by_id.entry(m).or_default().push(r);
+                    continue;
+                }
                 (None, Some(p), Some(q)) => {
                     let (p, q) = (p.as_str().to_owned(), q.as_str().to_owned());
                     self.key_without_id(&p, &q, r.at)?
@@ -198,21 +205,24 @@ impl<'a, 't> Pass<'a, 't> {
             self.store.trim_payload(&mut r);
             by_key.entry(key).or_default().push(r);
         }
+        for (m, recs) in by_id {
+            by_key.entry(self.key(m)).or_default().extend(recs);
+        }
         Ok(by_key)
     }
 
     /// The key of a record without message ID (a P1): the nearest message of its request
     /// ID, else the key its request ID is linked to, else a new orphan key.
     fn key_without_id(&mut self, p: &str, q: &str, at: u64) -> Result<String, StoreError> {
-        let set = self.t.messages_of(&mut self.sets, &mut self.links, q, p)?;
+        let set = self.t.messages_of(q, p)?;
         if let Some(m) = nearest(set, at) {
             return Ok(self.key(m));
         }
-        match self.t.link(&mut self.links, q, p)? {
+        match self.t.link(q, p)? {
             Some(k) => Ok(k),
             None => {
                 let k = orphan_key(p, q);
-                self.t.set_link(&mut self.links, q, p, k.clone())?;
+                self.t.set_link(q, p, k.clone())?;
                 Ok(k)
             }
         }
@@ -264,15 +274,9 @@ impl<'a, 't> Pass<'a, 't> {
                 }
                 for r in orecs {
                     let home = match (&r.producer, &r.request_id) {
-                        (Some(p), Some(q)) => nearest(
-                            self.t.messages_of(
-                                &mut self.sets,
-                                &mut self.links,
-                                q.as_str(),
-                                p.as_str(),
-                            )?,
-                            r.at,
-                        ),
+                        (Some(p), Some(q)) => {
+                            nearest(self.t.messages_of(q.as_str(), p.as_str())?, r.at)
+                        }
                         _ => None,
                     };
                     let home = match home {
@@ -294,10 +298,7 @@ impl<'a, 't> Pass<'a, 't> {
         moves: &mut Moves,
     ) -> Result<(), StoreError> {
         for (q, p) in regroup {
-            let set = self
-                .t
-                .messages_of(&mut self.sets, &mut self.links, q, p)?
-                .clone();
+            let set = self.t.messages_of(q, p)?.clone();
             for m in &set {
                 let key = self.key(*m);
                 let mut c = self.take_message(&key, &mut moves.taken)?;

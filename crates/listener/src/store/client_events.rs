@@ -11,7 +11,8 @@
 //! newest first; [`prune`] drops events older than the retention age (called by
 //! [`super::Store::enforce_retention`]). The stored form is the record's JSON.
 
-use super::{corrupt, Store};
+use super::tables::corrupt;
+use super::Store;
 use crate::error::StoreError;
 use msgtrail_core::stage::Stage;
 use msgtrail_core::StageRecord;

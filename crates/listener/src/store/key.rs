@@ -1,7 +1,11 @@
 //! The key a message's records and summary are stored under: its message ID, or — for an
-//! upload the broker has not (yet) answered — its producer and request ID. Stored as text
-//! (`<message-id>` or `orphan/<producer>/<request-id>`: neither a client ID nor a message ID
-//! contains `/`, so the two forms cannot be confused).
+//! upload the broker has not (yet) answered — its producer and request ID.
+//!
+//! Two forms: the text the API and the cache use (`<message-id>` or
+//! `orphan/<producer>/<request-id>`: neither a client ID nor a message ID contains `/`, so the
+//! two cannot be confused), and the binary form the tables use ([`StoredKey`]: a tag byte,
+//! then the message ID's 16 bytes big-endian — so stored keys sort by time as the IDs do —
+//! or the orphan's `<producer>/<request-id>`).
 
 use msgtrail_core::MessageId;
 use std::fmt;
@@ -51,6 +55,93 @@ impl fmt::Display for MessageKey {
     }
 }
 
+/// Tag byte of a stored message ID.
+const TAG_MESSAGE: u8 = 1;
+/// Tag byte of a stored orphan key.
+const TAG_ORPHAN: u8 = 2;
+
+/// A message key in the tables' binary form (see the module doc). A message ID's form
+/// needs no allocation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoredKey {
+    /// The tag and the 16 bytes of a message ID.
+    Message([u8; 17]),
+    /// The tag and `<producer>/<request-id>`.
+    Orphan(Vec<u8>),
+}
+
+impl StoredKey {
+    /// The bytes a table holds.
+    pub fn as_bytes(&self) -> &[u8] {
+        match self {
+            StoredKey::Message(b) => b,
+            StoredKey::Orphan(b) => b,
+        }
+    }
+
+    /// The stored form of a message ID.
+    pub fn of_message(m: MessageId) -> StoredKey {
+        let mut b = [TAG_MESSAGE; 17];
+        b[1..].copy_from_slice(m.as_bytes());
+        StoredKey::Message(b)
+    }
+
+    /// The stored form of a key in its text form.
+    pub fn parse(text: &str) -> Result<StoredKey, KeyError> {
+        // The common case first: a message ID.
+        if let Ok(m) = text.parse::<MessageId>() {
+            return Ok(StoredKey::of_message(m));
+        }
+        text.parse::<MessageKey>().map(|k| k.to_stored())
+    }
+
+    /// The text form of a stored key.
+    pub fn text(bytes: &[u8]) -> Result<String, KeyError> {
+        MessageKey::from_stored(bytes).map(|k| k.to_string())
+    }
+}
+
+impl MessageKey {
+    /// The tables' binary form.
+    pub fn to_stored(&self) -> StoredKey {
+        match self {
+            MessageKey::Message(m) => StoredKey::of_message(*m),
+            MessageKey::Orphan {
+                producer,
+                request_id,
+            } => {
+                let mut b = Vec::with_capacity(2 + producer.len() + request_id.len());
+                b.push(TAG_ORPHAN);
+                b.extend_from_slice(producer.as_bytes());
+                b.push(b'/');
+                b.extend_from_slice(request_id.as_bytes());
+                StoredKey::Orphan(b)
+            }
+        }
+    }
+
+    /// Reads the tables' binary form.
+    pub fn from_stored(bytes: &[u8]) -> Result<MessageKey, KeyError> {
+        let bad = || KeyError(format!("stored key {bytes:02x?}"));
+        match bytes.split_first() {
+            Some((&TAG_MESSAGE, id)) => {
+                let raw: [u8; 16] = id.try_into().map_err(|_| bad())?;
+                MessageId::from_u128(u128::from_be_bytes(raw))
+                    .map(MessageKey::Message)
+                    .map_err(|_| bad())
+            }
+            Some((&TAG_ORPHAN, rest)) => {
+                let text = std::str::from_utf8(rest).map_err(|_| bad())?;
+                match text.split_once('/') {
+                    Some((p, q)) if !p.is_empty() && !q.is_empty() => Ok(MessageKey::orphan(p, q)),
+                    _ => Err(bad()),
+                }
+            }
+            _ => Err(bad()),
+        }
+    }
+}
+
 /// Why a stored key did not parse.
 #[derive(Debug, thiserror::Error)]
 #[error("{0:?} is neither a message ID nor orphan/<producer>/<request-id>")]
@@ -75,6 +166,29 @@ impl FromStr for MessageKey {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stored_forms_round_trip_and_sort_by_time() {
+        let a = MessageId::new();
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        let b = MessageId::new();
+        for key in [
+            MessageKey::Message(a),
+            MessageKey::orphan("shop", "order-1"),
+        ] {
+            let stored = key.to_stored();
+            assert_eq!(MessageKey::from_stored(stored.as_bytes()).unwrap(), key);
+            assert_eq!(StoredKey::parse(&key.to_string()).unwrap(), stored);
+            assert_eq!(StoredKey::text(stored.as_bytes()).unwrap(), key.to_string());
+        }
+        let (sa, sb) = (StoredKey::of_message(a), StoredKey::of_message(b));
+        assert!(sa.as_bytes() < sb.as_bytes());
+        assert_eq!(sa.as_bytes().len(), 17);
+        for bad in [&b""[..], &[1, 2, 3], &[2, b'x'], &[9; 17]] {
+            assert!(MessageKey::from_stored(bad).is_err(), "{bad:?}");
+        }
+        assert!(StoredKey::parse("nonsense").is_err());
+    }
 
     #[test]
     fn both_forms_round_trip() {

@@ -17,7 +17,7 @@
 //! guess: a value that does not decode is corruption, which the store reports as such.
 
 use crate::codec::{CodecError, Reader as Bytes, Writer as Out};
-use msgtrail_core::{ClientId, MessageId, RequestId, Stage, StageRecord};
+use msgtrail_core::{BrokerInstance, ClientId, MessageId, RequestId, Stage, StageRecord};
 
 /// The version byte of the stored form.
 const VERSION: u8 = 1;
@@ -41,6 +41,10 @@ const F_PAYLOAD_HEAD: u32 = 1 << 14;
 const F_OTHER_MESSAGE_ID: u32 = 1 << 15;
 /// A delivery fetched by message ID (no value bytes).
 const F_BY_ID: u32 = 1 << 16;
+/// The broker instance that wrote the record (a string index, after every older field).
+const F_BROKER: u32 = 1 << 17;
+/// JetStream's stored time of a delivery (a signed varint offset from the base time).
+const F_STORED_AT: u32 = 1 << 18;
 
 /// The records being written: their bytes, and the string table they refer to.
 struct Writer<'a> {
@@ -126,6 +130,8 @@ fn write_record<'a>(w: &mut Writer<'a>, r: &'a StageRecord, id: Option<MessageId
     set(r.payload_size.is_some(), F_PAYLOAD_SIZE);
     set(r.payload_head.is_some(), F_PAYLOAD_HEAD);
     set(r.by_id, F_BY_ID);
+    set(r.broker.is_some(), F_BROKER);
+    set(r.stored_at.is_some(), F_STORED_AT);
     w.body.u8(msgtrail_core::frame::stage_byte(r.stage));
     w.body.zigzag(r.at.wrapping_sub(base) as i64);
     w.body.varint(u64::from(bits));
@@ -175,6 +181,12 @@ fn write_record<'a>(w: &mut Writer<'a>, r: &'a StageRecord, id: Option<MessageId
     }
     if let Some(v) = &r.payload_head {
         w.string(v);
+    }
+    if let Some(v) = &r.broker {
+        w.string(v.as_str());
+    }
+    if let Some(v) = r.stored_at {
+        w.body.zigzag(v.wrapping_sub(base) as i64);
     }
 }
 
@@ -306,15 +318,26 @@ fn read_record(
     if has(F_PAYLOAD_HEAD) {
         rec.payload_head = Some(r.string()?.to_owned());
     }
+    if has(F_BROKER) {
+        let s = r.string()?;
+        rec.broker = Some(BrokerInstance::new(s).or_else(|e| r.fail(e.to_string()))?);
+    }
+    if has(F_STORED_AT) {
+        rec.stored_at = Some(base.wrapping_add(r.bytes.zigzag()? as u64));
+    }
     Ok(rec)
 }
 
 /// A 64-bit fingerprint of a record's [`StageRecord::dedup_key`]: the store keeps these per
 /// message to skip records it already holds (a redelivered batch), without the key strings.
 pub fn dedup_hash(r: &StageRecord) -> u64 {
-    use std::hash::{Hash, Hasher};
-    // SipHash with fixed keys: the same fingerprint in every process and after restarts.
-    let mut h = std::hash::DefaultHasher::new();
+    use std::hash::{BuildHasher, Hash, Hasher};
+    // Fingerprints live in memory only (a message's are recomputed from its records when it
+    // is loaded), so the seed is per process: which records collide cannot be planned from
+    // outside.
+    static SEED: std::sync::LazyLock<foldhash::quality::RandomState> =
+        std::sync::LazyLock::new(foldhash::quality::RandomState::default);
+    let mut h = SEED.build_hasher();
     msgtrail_core::frame::stage_byte(r.stage).hash(&mut h);
     r.at.hash(&mut h);
     r.message_id.map(|m| m.as_u128()).hash(&mut h);
@@ -347,6 +370,11 @@ mod tests {
         p2.payload_size = Some(128);
         p2.payload_head = Some("aGVsbG8=".into());
         p2.service = Some("msgtrail-broker".into());
+        p2.broker = Some(BrokerInstance::new("b-1a2b3c4d").unwrap());
+        let mut c5 = StageRecord::at(Stage::PullSent, 1_000_000_000_000_900);
+        c5.message_id = Some(m);
+        c5.broker = p2.broker.clone();
+        c5.stored_at = Some(999_999_999_999_000); // before the base time: negative
         let mut x2 = StageRecord::at(Stage::ProcessFinished, u64::MAX);
         x2.message_id = Some(m);
         x2.consumer = Some(ClientId::new("billing-1").unwrap());
@@ -358,7 +386,7 @@ mod tests {
         let mut other = StageRecord::at(Stage::Stored, 0);
         other.message_id = Some(MessageId::new());
         other.stream_seq = Some(u64::MAX);
-        vec![p1, p2, x2, other]
+        vec![p1, p2, c5, x2, other]
     }
 
     #[test]

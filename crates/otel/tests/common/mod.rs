@@ -3,7 +3,10 @@
 #![allow(dead_code)]
 
 use msgtrail_core::trajectory::{AssembleOptions, Trajectory};
-use msgtrail_core::{ClientId, MessageId, RequestId, Stage, StageRecord};
+use msgtrail_core::{BrokerInstance, ClientId, MessageId, RequestId, Stage, StageRecord};
+
+/// The broker instance on the broker's records.
+pub const BROKER: &str = "b-1a2b3c4d";
 
 /// 2026-12-01T12:00:00Z in Unix nanoseconds.
 pub const T0: u64 = 1_796_126_400_000_000_000;
@@ -47,6 +50,8 @@ pub fn upload(with_producer: bool) -> Vec<StageRecord> {
         }
         if by_producer {
             r.service = Some("shop-frontend".into());
+        } else {
+            r.broker = Some(BrokerInstance::new(BROKER).unwrap());
         }
         match stage {
             Stage::UploadSent => {
@@ -74,6 +79,8 @@ pub fn delivery(attempt: u32, at: u64, ok: bool) -> Vec<StageRecord> {
         r.attempt = Some(attempt);
         if consumer_side {
             r.service = Some("billing".into());
+        } else {
+            r.broker = Some(BrokerInstance::new(BROKER).unwrap());
         }
         r
     };

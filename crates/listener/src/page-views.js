@@ -1,0 +1,86 @@
+// The listener page's views beside a trajectory (served as /page-views.js after page.js,
+// whose helpers it uses): consumer groups, one group, dead letters, a client's events.
+"use strict";
+// ---- views beside a trajectory: consumer groups, one group, dead letters, a client's events ----
+// Addressed as #/groups, #/groups/<group>, #/dead-letters, #/clients/<client>.
+let view = null, viewJson = "", viewSeq = 0;
+function showView(kind, arg) {
+  view = { kind, arg }; viewJson = "";
+  current = null; clearTimeout(followTimer); traceSeq++; markSelected();
+  $("trace").hidden = true; $("view").hidden = false; $("viewBody").textContent = "loading…";
+  markNav(); drawView();
+}
+function hideView() { if (!view) return; view = null; $("view").hidden = true; $("trace").hidden = false; markNav(); }
+function markNav() {
+  for (const [id, kind] of [["nav-groups", "groups"], ["nav-dead", "dead"]]) {
+    if (view && view.kind === kind) $(id).setAttribute("aria-current", "page"); else $(id).removeAttribute("aria-current");
+  }
+}
+const VIEWS = {
+  groups: { title: () => "Consumer groups", path: () => "/api/groups", draw: groupsHtml },
+  group: { title: g => `Consumer group ${g}`, path: g => "/api/groups/" + enc(g), draw: groupHtml },
+  dead: { title: () => "Dead letters", path: () => "/api/dead-letters", draw: deadHtml },
+  client: { title: c => `Client ${c}`, path: c => "/api/clients/" + enc(c) + "/events", draw: clientHtml },
+};
+async function drawView() {
+  if (!view) return;
+  const v = VIEWS[view.kind], arg = view.arg, seq = ++viewSeq;
+  $("viewTitle").textContent = v.title(arg);
+  let body;
+  try { body = await api(v.path(arg)); }
+  catch (err) {
+    if (seq !== viewSeq || err.network) return;
+    viewJson = "";
+    $("viewBody").innerHTML = err.status === 404 ? `<b>Not found</b>: ${esc(err.message)}` : `<b class="error">Query failed</b>: ${esc(err.message)}`;
+    return;
+  }
+  const json = JSON.stringify(body);
+  if (seq !== viewSeq || json === viewJson) return; // unchanged: the view stays under the cursor
+  viewJson = json;
+  $("viewBody").className = "";
+  $("viewBody").innerHTML = v.draw(body, arg);
+}
+const num = (n, label, title = "") => `<div data-n="${n[0]}" title="${esc(title)}"><b>${n[1]}</b>${label}</div>`;
+function groupsHtml(o) {
+  const rows = o.groups.map(g => `<tr class="group" data-group="${esc(g.group)}"><td>${groupLink(g.group)}</td><td class="n">${g.messages}</td><td class="n">${g.in_flight}</td>
+    <td class="n">${g.backlog}</td><td class="n">${g.consumed}</td><td class="n">${g.ack_rate_per_sec.toFixed(2)}/s</td><td class="n">${g.dead_letters}</td><td>${[...g.topics].map(esc).join(" ")}</td></tr>`).join("");
+  return `<p class="dim">Messages first seen since ${dateTime(o.from)}${o.truncated ? ` (the newest ${o.scanned} only)` : ""}; a group appears once it got a delivery.</p>
+    ${rows ? `<table id="groups"><thead><tr><th>group</th><th class="n">messages</th><th class="n">in flight</th><th class="n">backlog</th><th class="n">consumed</th><th class="n">ack rate</th><th class="n">dead letters</th><th>topics</th></tr></thead><tbody>${rows}</tbody></table>` : "<p>No group got a message in this window.</p>"}`;
+}
+function groupHtml(d, name) {
+  const c = d.counts;
+  const states = STATES.filter(k => c.states[k]).map(k => `<span class="${k}">${k} ${c.states[k]}</span>`).join(" · ");
+  const members = d.members.map(m => `<tr><td>${clientLink(m.consumer)}</td><td class="n">${m.deliveries}</td><td>${dateTime(m.last_seen)}</td></tr>`).join("");
+  const segs = d.segments.map(p => `<tr data-segment="${p.segment}"><td>${p.segment.replace(/_/g, " ")}</td><td class="n">${p.count}</td><td class="n">${p.p50_ms.toFixed(2)} ms</td><td class="n">${p.p99_ms.toFixed(2)} ms</td><td class="n">${p.max_ms.toFixed(2)} ms</td></tr>`).join("");
+  return `<div class="nums">${num(["messages", c.messages], "messages")}${num(["in_flight", c.in_flight], "in flight", "delivered, not settled")}
+    ${num(["backlog", c.backlog], "backlog", "not settled, or not delivered yet as far as the listener knows")}${num(["not_delivered", c.not_delivered], "not delivered yet")}
+    ${num(["consumed", c.consumed], "consumed")}${num(["ack_rate", c.ack_rate_per_sec.toFixed(2) + "/s"], "ack rate")}
+    ${num(["redeliveries", d.redeliveries], "redeliveries", `in its newest ${d.sample} messages`)}${num(["dead_letters", c.dead_letters], "dead letters")}</div>
+    <div>${states}</div><p class="dim">Topics ${[...c.topics].map(esc).join(", ")}. Members, redeliveries and latencies: its newest ${d.sample} message(s).
+    <a href="#" class="link" data-list-group="${esc(name)}">List its messages</a></p>
+    <h3>Members</h3>${members ? `<table id="members"><tr><th>consumer</th><th class="n">deliveries</th><th>last seen</th></tr>${members}</table>` : "<p class='dim'>none seen</p>"}
+    <h3>Latency per hop segment</h3>${segs ? `<table id="segments"><tr><th>segment</th><th class="n">samples</th><th class="n">p50</th><th class="n">p99</th><th class="n">max</th></tr>${segs}</table>` : "<p class='dim'>no sample yet</p>"}`;
+}
+function deadHtml(list) {
+  const rows = list.map(d => {
+    const id = d.message_id || d.request_id || d.key;
+    return `<tr class="dl" data-id="${esc(id)}"><td class="t">${dateTime(d.at)}</td><td>${esc(d.topic)}</td><td>${groupLink(d.group)}</td>
+      <td>${clientLink(d.consumer)}${d.attempt ? ` #${d.attempt}` : ""}</td><td>${esc(d.reason || "—")}${d.last_error ? `<div class="dim">last error: ${esc(d.last_error)}</div>` : ""}</td>
+      <td><a class="link mono open" href="#${esc(enc(id))}" title="${esc(id)}">${esc(String(id).slice(0, 18))}…</a></td></tr>`;
+  }).join("");
+  return rows ? `<table id="dead"><thead><tr><th>dead-lettered</th><th>topic</th><th>group</th><th>consumer, attempt</th><th>why</th><th>message</th></tr></thead><tbody>${rows}</tbody></table>`
+    : "<p>No dead-lettered message.</p>";
+}
+function clientHtml(c, id) {
+  const rows = c.events.map(r => `<tr class="ev"><td class="t">${dateTime(r.at)}</td><td>${esc(describe(r))}</td>
+    <td>${r.group ? "group " + groupLink(r.group) : ""}${r.topic ? " topic " + esc(r.topic) : ""}</td></tr>`).join("");
+  return `<p class="dim">Its channel events (A1) and no-match notices (N1), newest first. <a href="#" class="link" data-list-producer="${esc(id)}">List the messages it produced</a></p>
+    ${rows ? `<table id="events">${rows}</table>` : "<p>No channel event or no-match notice of this client.</p>"}`;
+}
+$("viewBody").addEventListener("click", e => {
+  const a = e.target.closest("a[data-list-group], a[data-list-producer]"); if (!a) return;
+  e.preventDefault();
+  $("f-group").value = a.dataset.listGroup || ""; $("f-producer").value = a.dataset.listProducer || "";
+  loadList(true);
+});
+
