@@ -34,15 +34,15 @@ const SUBJECTS: &[&str] = &[
 
 /// A small xorshift generator: no dependency, reproducible from its seed.
 #[derive(Debug, Clone)]
-pub struct Rng(u64);
+pub(crate) struct Rng(u64);
 
 impl Rng {
     /// A generator from `seed` (0 is replaced).
-    pub fn new(seed: u64) -> Self {
+    pub(crate) fn new(seed: u64) -> Self {
         Rng(seed.max(1))
     }
     /// The next number.
-    pub fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         let mut x = self.0;
         x ^= x << 13;
         x ^= x >> 7;
@@ -51,11 +51,11 @@ impl Rng {
         x
     }
     /// A number below `n`.
-    pub fn below(&mut self, n: usize) -> usize {
+    pub(crate) fn below(&mut self, n: usize) -> usize {
         (self.next() % n as u64) as usize
     }
     /// `n` random bytes.
-    pub fn bytes(&mut self, n: usize) -> Vec<u8> {
+    pub(crate) fn bytes(&mut self, n: usize) -> Vec<u8> {
         (0..n).map(|_| self.next() as u8).collect()
     }
 }
@@ -198,7 +198,7 @@ fn garbage(rng: &mut Rng) -> (String, async_nats::HeaderMap, Bytes, &'static str
 }
 
 /// A running flood.
-pub struct Flood {
+pub(crate) struct Flood {
     stop_sending: Arc<AtomicBool>,
     stop_receiving: Arc<AtomicBool>,
     sent: Arc<AtomicU64>,
@@ -211,7 +211,7 @@ pub struct Flood {
 
 /// What a flood did.
 #[derive(Debug, Clone, Copy)]
-pub struct FloodStats {
+pub(crate) struct FloodStats {
     /// Garbage requests sent.
     pub sent: u64,
     /// Replies received.
@@ -225,7 +225,12 @@ pub struct FloodStats {
 impl Flood {
     /// Starts `tasks` flooders sending `rate` garbage requests per second in all, on their
     /// own connection.
-    pub async fn start(client: async_nats::Client, rate: u64, tasks: usize, seed: u64) -> Flood {
+    pub(crate) async fn start(
+        client: async_nats::Client,
+        rate: u64,
+        tasks: usize,
+        seed: u64,
+    ) -> Flood {
         let stop_sending = Arc::new(AtomicBool::new(false));
         let stop_receiving = Arc::new(AtomicBool::new(false));
         let sent = Arc::new(AtomicU64::new(0));
@@ -310,12 +315,12 @@ impl Flood {
     }
 
     /// Garbage requests sent so far.
-    pub fn sent(&self) -> u64 {
+    pub(crate) fn sent(&self) -> u64 {
         self.sent.load(Ordering::Relaxed)
     }
 
     /// Stops the flood and returns what it did (replies still in flight get 1 s).
-    pub async fn stop(self) -> FloodStats {
+    pub(crate) async fn stop(self) -> FloodStats {
         self.stop_sending.store(true, Ordering::SeqCst);
         for t in self.senders {
             let _ = t.await;

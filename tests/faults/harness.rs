@@ -30,20 +30,20 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// The topic every workload message goes to.
-pub const TOPIC: &str = "faults.orders";
+pub(crate) const TOPIC: &str = "faults.orders";
 /// The consumer group of the workload's consumer.
-pub const GROUP: &str = "faults-billing";
+pub(crate) const GROUP: &str = "faults-billing";
 /// Ack wait of the brokers: a delivery lost with a broker comes back this soon.
-pub const ACK_WAIT: &str = "2s";
+pub(crate) const ACK_WAIT: &str = "2s";
 
 /// One scenario is serialised with the others: they measure latencies and recovery times,
 /// and two of them on two shared cores would measure each other.
-pub static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+pub(crate) static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// How big a run is: the short variant in `cargo test`, the long one with
 /// `MSGTRAIL_FAULTS_LONG=1`.
 #[derive(Debug, Clone, Copy)]
-pub struct Scale {
+pub(crate) struct Scale {
     /// Messages per run.
     pub messages: usize,
     /// Repetitions.
@@ -54,7 +54,7 @@ pub struct Scale {
 
 impl Scale {
     /// `short` messages once, or with `MSGTRAIL_FAULTS_LONG=1` `long` messages three times.
-    pub fn pick(short: usize, long: usize) -> Scale {
+    pub(crate) fn pick(short: usize, long: usize) -> Scale {
         let is_long = std::env::var("MSGTRAIL_FAULTS_LONG").is_ok_and(|v| v == "1");
         if is_long {
             Scale {
@@ -72,7 +72,7 @@ impl Scale {
     }
 
     /// `short` or `long`.
-    pub fn variant(&self) -> &'static str {
+    pub(crate) fn variant(&self) -> &'static str {
         if self.long {
             "long"
         } else {
@@ -82,7 +82,7 @@ impl Scale {
 }
 
 /// Milliseconds since `t0`, as a float.
-pub fn ms_since(t0: Instant, t: Instant) -> f64 {
+pub(crate) fn ms_since(t0: Instant, t: Instant) -> f64 {
     t.saturating_duration_since(t0).as_secs_f64() * 1000.0
 }
 
@@ -92,7 +92,7 @@ fn round1(x: f64) -> f64 {
 
 /// The commit under test: `git rev-parse --short HEAD`, with `+dirty` when the tree has
 /// changes.
-pub fn commit() -> String {
+pub(crate) fn commit() -> String {
     let root = msgtrail_test_support::process::workspace_root();
     let run = |args: &[&str]| {
         std::process::Command::new("git")
@@ -119,7 +119,7 @@ pub fn commit() -> String {
 
 /// The NATS side of a system.
 #[derive(Debug)]
-pub enum Nats {
+pub(crate) enum Nats {
     /// One node, restartable on the same port and store.
     Single(Box<NatsNode>),
     /// A cluster of nodes.
@@ -128,7 +128,7 @@ pub enum Nats {
 
 impl Nats {
     /// Every client URL.
-    pub fn urls(&self) -> Vec<String> {
+    pub(crate) fn urls(&self) -> Vec<String> {
         match self {
             Nats::Single(n) => vec![n.url().to_owned()],
             Nats::Cluster(c) => c.urls(),
@@ -136,7 +136,7 @@ impl Nats {
     }
 
     /// The logs of every node.
-    pub fn logs(&self) -> String {
+    pub(crate) fn logs(&self) -> String {
         match self {
             Nats::Single(n) => n.logs(),
             Nats::Cluster(c) => c.logs(),
@@ -146,7 +146,7 @@ impl Nats {
 
 /// How to start a [`System`].
 #[derive(Debug, Clone)]
-pub struct SystemOptions {
+pub(crate) struct SystemOptions {
     /// A 3-node cluster with R3 streams instead of one node.
     pub cluster: bool,
     /// Broker processes.
@@ -187,7 +187,7 @@ impl Default for SystemOptions {
 }
 
 /// nats-server, brokers and a listener as real processes, and the test's clients.
-pub struct System {
+pub(crate) struct System {
     /// The NATS node or cluster.
     pub nats: Nats,
     /// The broker processes, in start order.
@@ -214,7 +214,7 @@ fn id(s: &str) -> ClientId {
 
 /// A NATS user of deploy/nats/accounts.conf, with the inbox prefix it must use.
 #[derive(Debug, Clone)]
-pub struct NatsUser {
+pub(crate) struct NatsUser {
     /// The user name.
     pub user: &'static str,
     /// Its password (the suite's own, handed to nats-server as the config's variables).
@@ -225,22 +225,23 @@ pub struct NatsUser {
 
 /// The public key of deploy's demo producer `shop` (deploy/msgtrail/clients.json), a NATS
 /// nkey user of the CLIENTS account with the inbox prefix `_INBOX_CLIENT.shop`.
-pub const DEMO_SHOP_PUBLIC_KEY: &str = "UCDCVLQXCRQX2PV7XTBYNHKMAMZXHZTPO4GQWK7GQWZVEVL6DQQLF6ZX";
+pub(crate) const DEMO_SHOP_PUBLIC_KEY: &str =
+    "UCDCVLQXCRQX2PV7XTBYNHKMAMZXHZTPO4GQWK7GQWZVEVL6DQQLF6ZX";
 
 /// The brokers' user.
-pub const BROKER_USER: NatsUser = NatsUser {
+pub(crate) const BROKER_USER: NatsUser = NatsUser {
     user: "broker",
     password: "faults-broker-secret",
     inbox_prefix: None,
 };
 /// The listener's user.
-pub const LISTENER_USER: NatsUser = NatsUser {
+pub(crate) const LISTENER_USER: NatsUser = NatsUser {
     user: "listener",
     password: "faults-listener-secret",
     inbox_prefix: None,
 };
 /// The password client of the CLIENTS account, on its own inbox prefix.
-pub const CLIENT_USER: NatsUser = NatsUser {
+pub(crate) const CLIENT_USER: NatsUser = NatsUser {
     user: "client",
     password: "faults-client-secret",
     inbox_prefix: Some("_INBOX_CLIENT.client"),
@@ -249,7 +250,7 @@ pub const CLIENT_USER: NatsUser = NatsUser {
 /// deploy/nats/accounts.conf as nats-server configuration text, its password variables
 /// defined before it (nats-server's `include` takes no absolute path, so the file's text is
 /// appended as it is).
-pub fn deploy_accounts_config() -> String {
+pub(crate) fn deploy_accounts_config() -> String {
     let path = msgtrail_test_support::process::workspace_root().join("deploy/nats/accounts.conf");
     let accounts =
         std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
@@ -263,13 +264,13 @@ pub fn deploy_accounts_config() -> String {
 }
 
 /// Connects to every URL of `urls` (each a seed), retrying until `within` passes.
-pub async fn connect(urls: &[String]) -> async_nats::Client {
+pub(crate) async fn connect(urls: &[String]) -> async_nats::Client {
     connect_as(urls, None).await
 }
 
 /// Connects to every URL of `urls` as `user` (`None`: no authentication), retrying for up
 /// to 20 s.
-pub async fn connect_as(urls: &[String], user: Option<&NatsUser>) -> async_nats::Client {
+pub(crate) async fn connect_as(urls: &[String], user: Option<&NatsUser>) -> async_nats::Client {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let addrs: Vec<async_nats::ServerAddr> = urls.iter().map(|u| u.parse().unwrap()).collect();
@@ -296,7 +297,7 @@ pub async fn connect_as(urls: &[String], user: Option<&NatsUser>) -> async_nats:
 impl System {
     /// Starts nats-server (or a cluster), the brokers and (if asked) the listener, and waits
     /// until every broker answers service discovery and the listener answers `/healthz`.
-    pub async fn start(options: SystemOptions) -> System {
+    pub(crate) async fn start(options: SystemOptions) -> System {
         let dir = tempfile::Builder::new()
             .prefix("msgtrail-faults-")
             .tempdir()
@@ -397,12 +398,12 @@ impl System {
     }
 
     /// The NATS user of the test's own clients (`None` without deploy's accounts).
-    pub fn client_user(&self) -> Option<&'static NatsUser> {
+    pub(crate) fn client_user(&self) -> Option<&'static NatsUser> {
         self.options.user(&CLIENT_USER)
     }
 
     /// Starts one more broker process (`broker-<n>`) and returns its index; does not wait.
-    pub fn spawn_broker(&mut self) -> usize {
+    pub(crate) fn spawn_broker(&mut self) -> usize {
         let n = self.brokers.len() + 1;
         let name = format!("broker-{n}");
         let mut args: Vec<String> = vec![
@@ -429,7 +430,7 @@ impl System {
     }
 
     /// How many brokers answer the NATS service discovery ping of service `msgtrail`.
-    pub async fn broker_instances(&self) -> usize {
+    pub(crate) async fn broker_instances(&self) -> usize {
         let inbox = self.admin.new_inbox();
         let Ok(mut sub) = self.admin.subscribe(inbox.clone()).await else {
             return 0;
@@ -455,7 +456,7 @@ impl System {
 
     /// Waits until `n` brokers answer service discovery; a broker process that exited (it
     /// may race a cluster's JetStream election at startup) is started again.
-    pub async fn wait_brokers(&mut self, n: usize, within: Duration) {
+    pub(crate) async fn wait_brokers(&mut self, n: usize, within: Duration) {
         let deadline = Instant::now() + within;
         loop {
             for b in &mut self.brokers {
@@ -478,7 +479,7 @@ impl System {
 
     /// Starts the listener process (or starts it again: same store, same durable, same
     /// address); does not wait.
-    pub fn spawn_listener(&mut self) {
+    pub(crate) fn spawn_listener(&mut self) {
         if let Some(l) = &mut self.listener {
             l.restart().expect("listener restarts");
             return;
@@ -501,7 +502,7 @@ impl System {
     /// Starts a second listener process `name` with its own store, durable consumers
     /// (`name`, `name-stored`) and address, and more arguments (`--no-store-evidence`);
     /// waits until it answers `/healthz`.
-    pub async fn extra_listener(
+    pub(crate) async fn extra_listener(
         &self,
         name: &str,
         args: &[&str],
@@ -535,7 +536,7 @@ impl System {
     }
 
     /// Waits until the listener answers `/healthz`.
-    pub async fn wait_listener(&mut self, within: Duration) {
+    pub(crate) async fn wait_listener(&mut self, within: Duration) {
         let deadline = Instant::now() + within;
         let client = self.listener_client();
         loop {
@@ -551,13 +552,13 @@ impl System {
     }
 
     /// A client of the listener's HTTP API.
-    pub fn listener_client(&self) -> ListenerClient {
+    pub(crate) fn listener_client(&self) -> ListenerClient {
         ListenerClient::new(&format!("http://{}", self.listener_addr), None).unwrap()
     }
 
     /// A producer on its own NATS connection (every URL a seed), with a short request timeout
     /// so that a dead broker costs a retry, not a long wait.
-    pub async fn producer(&self) -> Producer {
+    pub(crate) async fn producer(&self) -> Producer {
         let nats = connect_as(&self.nats.urls(), self.client_user()).await;
         let options = ProducerOptions {
             timeout: Duration::from_secs(2),
@@ -570,7 +571,7 @@ impl System {
     }
 
     /// A consumer on its own NATS connection.
-    pub async fn consumer(&self) -> Consumer {
+    pub(crate) async fn consumer(&self) -> Consumer {
         let nats = connect_as(&self.nats.urls(), self.client_user()).await;
         retry_open(|| {
             Consumer::connect_with(
@@ -586,7 +587,7 @@ impl System {
     /// The warnings and errors the brokers and the listener logged (`WARN`/`ERROR` lines,
     /// without timestamps and colours, `field=<number>` as `field=N`), by text with their
     /// counts, the most frequent first (at most `n` texts).
-    pub fn logged_warnings(&self, n: usize) -> Vec<(String, usize)> {
+    pub(crate) fn logged_warnings(&self, n: usize) -> Vec<(String, usize)> {
         let mut counts: HashMap<String, usize> = HashMap::new();
         let procs = self.brokers.iter().chain(self.listener.iter());
         for p in procs {
@@ -611,7 +612,7 @@ impl System {
     }
 
     /// The tail of every process log, for failure messages.
-    pub fn diagnostics(&self) -> String {
+    pub(crate) fn diagnostics(&self) -> String {
         let mut out = String::new();
         for b in &self.brokers {
             out.push_str(&format!("---- {} ----\n{}\n", b.name(), b.log_tail(30)));
@@ -689,7 +690,7 @@ where
 
 /// What a client call came to.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// It was done.
     Ok,
     /// It was definitely not done (the broker refused it for good).
@@ -700,7 +701,7 @@ pub enum Outcome {
 
 /// One client call.
 #[derive(Debug, Clone)]
-pub struct Op {
+pub(crate) struct Op {
     /// `send`, `fetch` or `ack`.
     pub kind: &'static str,
     /// The request ID (send) or message ID (ack).
@@ -715,7 +716,7 @@ pub struct Op {
 
 /// Every client call of a run.
 #[derive(Debug)]
-pub struct History {
+pub(crate) struct History {
     /// When the run started.
     pub t0: Instant,
     /// The same moment, Unix nanoseconds (hook events carry Unix times).
@@ -727,7 +728,7 @@ pub struct History {
 
 impl History {
     /// An empty history starting now.
-    pub fn new() -> Arc<Self> {
+    pub(crate) fn new() -> Arc<Self> {
         Arc::new(History {
             t0: Instant::now(),
             t0_unix: msgtrail_core::time::now_nanos(),
@@ -742,7 +743,7 @@ impl History {
 
     /// Records every upload attempt of `producer` (the SDK retries inside one call) as an
     /// `attempt` op, from its hook events.
-    pub fn watch_attempts(self: &Arc<Self>, producer: &Producer) {
+    pub(crate) fn watch_attempts(self: &Arc<Self>, producer: &Producer) {
         let me = self.clone();
         producer.hooks().register_with_capacity(
             &[HookKind::BeforeSend, HookKind::AfterSend],
@@ -790,12 +791,12 @@ impl History {
     }
 
     /// Now, in ms since the start.
-    pub fn now_ms(&self) -> f64 {
+    pub(crate) fn now_ms(&self) -> f64 {
         ms_since(self.t0, Instant::now())
     }
 
     /// Records a call of `kind` on `key` that started at `start` and ends now.
-    pub fn record(&self, kind: &'static str, key: String, start: Instant, outcome: Outcome) {
+    pub(crate) fn record(&self, kind: &'static str, key: String, start: Instant, outcome: Outcome) {
         self.push(kind, key, start, outcome);
     }
 
@@ -811,12 +812,12 @@ impl History {
     }
 
     /// A copy of every op so far.
-    pub fn ops(&self) -> Vec<Op> {
+    pub(crate) fn ops(&self) -> Vec<Op> {
         self.ops.lock().unwrap().clone()
     }
 
     /// Counts of `kind` ops by outcome: (ok, fail, unknown).
-    pub fn counts(&self, kind: &str) -> (usize, usize, usize) {
+    pub(crate) fn counts(&self, kind: &str) -> (usize, usize, usize) {
         let ops = self.ops.lock().unwrap();
         let mut c = (0, 0, 0);
         for o in ops.iter().filter(|o| o.kind == kind) {
@@ -832,7 +833,7 @@ impl History {
     /// Time from `fault_ms` until the last upload disturbed by it was acknowledged: an upload
     /// that was in flight at the fault or had a failed call or attempt after it. 0 when none
     /// was.
-    pub fn recovery_ms(&self, fault_ms: f64) -> f64 {
+    pub(crate) fn recovery_ms(&self, fault_ms: f64) -> f64 {
         let ops = self.ops();
         let mut by_key: HashMap<&str, Vec<&Op>> = HashMap::new();
         for o in ops
@@ -864,7 +865,7 @@ impl History {
     }
 
     /// Latencies of the successful `send` calls, ms.
-    pub fn send_latencies(&self) -> Vec<f64> {
+    pub(crate) fn send_latencies(&self) -> Vec<f64> {
         self.ops()
             .iter()
             .filter(|o| o.kind == "send" && o.outcome == Outcome::Ok)
@@ -874,7 +875,7 @@ impl History {
 
     /// Writes every op as a JSON line to `<dir>/<name>.jsonl` when `$MSGTRAIL_FAULTS_HISTORY`
     /// names a directory (for a look at a run's history after the fact).
-    pub fn dump(&self, name: &str) {
+    pub(crate) fn dump(&self, name: &str) {
         let Some(dir) = std::env::var_os("MSGTRAIL_FAULTS_HISTORY") else {
             return;
         };
@@ -897,7 +898,7 @@ impl History {
 
     /// The failed and unknown calls by kind and error text, with their counts (at most `n`
     /// texts, the most frequent first), for the report.
-    pub fn error_counts(&self, n: usize) -> Vec<(String, usize)> {
+    pub(crate) fn error_counts(&self, n: usize) -> Vec<(String, usize)> {
         let mut counts: HashMap<String, usize> = HashMap::new();
         for o in self.ops() {
             let text = match &o.outcome {
@@ -915,7 +916,7 @@ impl History {
 }
 
 /// Percentile `p` (0–100) of `xs` (sorted here), ms.
-pub fn percentile(xs: &[f64], p: f64) -> f64 {
+pub(crate) fn percentile(xs: &[f64], p: f64) -> f64 {
     if xs.is_empty() {
         return 0.0;
     }
@@ -939,7 +940,7 @@ fn classify(e: &msgtrail_client::ClientError) -> Outcome {
 
 /// What [`run_load`] does.
 #[derive(Debug, Clone)]
-pub struct Load {
+pub(crate) struct Load {
     /// Messages to upload.
     pub messages: usize,
     /// Producer tasks (sends in flight at once).
@@ -955,7 +956,7 @@ pub struct Load {
 impl Load {
     /// `messages` uploads by 8 tasks, 2 ms apart each (so that requests are always in
     /// flight when the fault comes), consumed alongside, 90 s at most.
-    pub fn new(messages: usize) -> Self {
+    pub(crate) fn new(messages: usize) -> Self {
         Load {
             messages,
             concurrency: 8,
@@ -968,7 +969,7 @@ impl Load {
 
 /// One acknowledged upload.
 #[derive(Debug, Clone)]
-pub struct Acked {
+pub(crate) struct Acked {
     /// The message ID the broker answered with.
     pub message_id: MessageId,
     /// Whether the broker said it was a duplicate of an earlier upload.
@@ -977,7 +978,7 @@ pub struct Acked {
 
 /// Shared state of a running load, readable while it runs.
 #[derive(Debug, Default)]
-pub struct Progress {
+pub(crate) struct Progress {
     /// Uploads acknowledged so far.
     pub acked: AtomicUsize,
     /// Deliveries acknowledged so far.
@@ -999,7 +1000,7 @@ pub struct Progress {
 
 impl Progress {
     /// Waits until `n` uploads are acked (or `within` passes).
-    pub async fn wait_acked(&self, n: usize, within: Duration) {
+    pub(crate) async fn wait_acked(&self, n: usize, within: Duration) {
         let deadline = Instant::now() + within;
         while self.acked.load(Ordering::SeqCst) < n && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(5)).await;
@@ -1008,7 +1009,7 @@ impl Progress {
 }
 
 /// A running load: its progress, and the tasks to await.
-pub struct Running {
+pub(crate) struct Running {
     /// Progress, shared with the tasks.
     pub progress: Arc<Progress>,
     /// The history of every call.
@@ -1023,7 +1024,7 @@ pub struct Running {
 
 /// Uploads `msg` with request ID `rid` until acked or `deadline`, each SDK call in the
 /// history (the SDK itself retries timeouts with the same request ID).
-pub async fn send_until_acked(
+pub(crate) async fn send_until_acked(
     producer: &Producer,
     history: &History,
     rid: &RequestId,
@@ -1057,7 +1058,7 @@ pub async fn send_until_acked(
 }
 
 /// Starts a load on `sys`: producers (and a consumer) as tasks; returns at once.
-pub async fn run_load(sys: &System, load: Load) -> Running {
+pub(crate) async fn run_load(sys: &System, load: Load) -> Running {
     let history = History::new();
     let progress = Arc::new(Progress::default());
     let producer = sys.producer().await;
@@ -1122,7 +1123,7 @@ pub async fn run_load(sys: &System, load: Load) -> Running {
 }
 
 /// The subscription of the workload's consumer group.
-pub fn subscription() -> Subscription {
+pub(crate) fn subscription() -> Subscription {
     Subscription {
         group: id(GROUP),
         topic: "faults.>".into(),
@@ -1199,7 +1200,7 @@ async fn consume(c: Consumer, history: Arc<History>, progress: Arc<Progress>, de
 impl Running {
     /// Waits for the producers, then for the consumer (until it consumed every acked
     /// upload, or its deadline), and flushes both clients' stage reports.
-    pub async fn finish(self) -> Finished {
+    pub(crate) async fn finish(self) -> Finished {
         for p in self.producers {
             p.await.expect("producer task");
         }
@@ -1218,7 +1219,7 @@ impl Running {
 }
 
 /// A finished load.
-pub struct Finished {
+pub(crate) struct Finished {
     /// What it did.
     pub progress: Arc<Progress>,
     /// Every call.
@@ -1231,7 +1232,7 @@ pub struct Finished {
 
 /// A message found in `MSGTRAIL_MESSAGES`.
 #[derive(Debug, Clone)]
-pub struct StoredMessage {
+pub(crate) struct StoredMessage {
     /// `Msgtrail-Request-Id`.
     pub request_id: String,
     /// `Msgtrail-Message-Id`.
@@ -1242,7 +1243,7 @@ pub struct StoredMessage {
 
 /// Reads every message of `MSGTRAIL_MESSAGES` with a fresh ordered consumer (headers only),
 /// independently of the brokers and the listener.
-pub async fn drain_messages(client: &async_nats::Client) -> Vec<StoredMessage> {
+pub(crate) async fn drain_messages(client: &async_nats::Client) -> Vec<StoredMessage> {
     use async_nats::jetstream::consumer::pull::OrderedConfig;
     use msgtrail_core::headers as h;
     let js = async_nats::jetstream::new(client.clone());
@@ -1300,7 +1301,7 @@ pub async fn drain_messages(client: &async_nats::Client) -> Vec<StoredMessage> {
 
 /// What the store says about the acked uploads.
 #[derive(Debug, Clone, Default)]
-pub struct StreamVerdict {
+pub(crate) struct StreamVerdict {
     /// Acked uploads with no stored message of their request ID.
     pub lost: Vec<String>,
     /// Extra stored copies of a request ID (a request stored three times counts 2).
@@ -1316,7 +1317,10 @@ pub struct StreamVerdict {
 }
 
 /// Compares the acked uploads with the stored messages.
-pub fn judge_stream(uploads: &BTreeMap<String, Acked>, stored: &[StoredMessage]) -> StreamVerdict {
+pub(crate) fn judge_stream(
+    uploads: &BTreeMap<String, Acked>,
+    stored: &[StoredMessage],
+) -> StreamVerdict {
     let mut by_rid: HashMap<&str, Vec<&StoredMessage>> = HashMap::new();
     for m in stored {
         by_rid.entry(m.request_id.as_str()).or_default().push(m);
@@ -1352,7 +1356,7 @@ pub fn judge_stream(uploads: &BTreeMap<String, Acked>, stored: &[StoredMessage])
 /// What is missing from a trajectory, in words (empty: complete). Complete means a store
 /// hop built from real P2 and P3 records (not inferred from a later delivery) and, when the
 /// workload's consumer acked the message, the group's acknowledged delivery (C4/C8 ack).
-pub fn missing(t: &Trajectory, consumed: bool) -> Vec<String> {
+pub(crate) fn missing(t: &Trajectory, consumed: bool) -> Vec<String> {
     let mut out = Vec::new();
     match t.hop("store") {
         None => out.push("no store hop".to_owned()),
@@ -1392,7 +1396,7 @@ pub fn missing(t: &Trajectory, consumed: bool) -> Vec<String> {
 
 /// The trajectories of acked messages, as the listener serves them.
 #[derive(Debug, Clone, Default)]
-pub struct TrajectoryVerdict {
+pub(crate) struct TrajectoryVerdict {
     /// Message IDs whose trajectory is still incomplete at the deadline, with what is missing.
     pub incomplete: BTreeMap<String, Vec<String>>,
     /// How long until every trajectory was complete (or the deadline), ms.
@@ -1403,7 +1407,7 @@ pub struct TrajectoryVerdict {
 
 /// Polls `GET /api/messages/<id>` for every acked message until each is complete (consumed
 /// ones with their delivery) or `within` passes.
-pub async fn judge_trajectories(
+pub(crate) async fn judge_trajectories(
     client: &ListenerClient,
     uploads: &BTreeMap<String, Acked>,
     consumed: &HashSet<MessageId>,
@@ -1451,14 +1455,14 @@ pub async fn judge_trajectories(
 
 /// One scenario's figures: printed as one JSON line, and asserted on.
 #[derive(Debug, Clone)]
-pub struct Report {
+pub(crate) struct Report {
     /// The JSON object.
     pub json: serde_json::Map<String, Value>,
 }
 
 impl Report {
     /// A report with only the scenario's name, variant, repetition and commit.
-    pub fn bare(scenario: &str, scale: &Scale, rep: usize) -> Report {
+    pub(crate) fn bare(scenario: &str, scale: &Scale, rep: usize) -> Report {
         let mut json = serde_json::Map::new();
         json.insert("scenario".into(), json!(scenario));
         json.insert("variant".into(), json!(scale.variant()));
@@ -1469,7 +1473,7 @@ impl Report {
 
     /// The common figures of a scenario run.
     #[allow(clippy::too_many_arguments)]
-    pub fn new(
+    pub(crate) fn new(
         scenario: &str,
         scale: &Scale,
         rep: usize,
@@ -1559,18 +1563,18 @@ impl Report {
     }
 
     /// Adds a figure.
-    pub fn set(&mut self, key: &str, value: Value) -> &mut Self {
+    pub(crate) fn set(&mut self, key: &str, value: Value) -> &mut Self {
         self.json.insert(key.to_owned(), value);
         self
     }
 
     /// A figure as u64 (0 when absent).
-    pub fn n(&self, key: &str) -> u64 {
+    pub(crate) fn n(&self, key: &str) -> u64 {
         self.json.get(key).and_then(Value::as_u64).unwrap_or(0)
     }
 
     /// Prints the JSON line on stdout (and appends it to `$MSGTRAIL_FAULTS_REPORT` if set).
-    pub fn print(&self) {
+    pub(crate) fn print(&self) {
         let line = Value::Object(self.json.clone()).to_string();
         println!("{line}");
         if let Some(path) = std::env::var_os("MSGTRAIL_FAULTS_REPORT") {
@@ -1587,7 +1591,7 @@ impl Report {
 
     /// Asserts lost 0, duplicated 0 and (when `complete`) incomplete 0, with the figures and
     /// the processes' logs in the message.
-    pub fn assert_sound(&self, complete: bool, sys: &System) {
+    pub(crate) fn assert_sound(&self, complete: bool, sys: &System) {
         let line = Value::Object(self.json.clone()).to_string();
         assert_eq!(
             self.n("lost"),

@@ -21,7 +21,7 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The endpoint the listener exports to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Endpoint {
+pub(crate) enum Endpoint {
     /// Accepts TCP connections, reads nothing, answers nothing, closes nothing.
     BlackHole,
     /// A port nothing listens on: every connection is refused.
@@ -177,7 +177,7 @@ fn rss_kib(pid: Option<u32>) -> Option<u64> {
 
 /// Runs the standard load with the listener exporting to `endpoint`; checks the oracle, the
 /// API's answers, the export counters and the queue bound.
-pub async fn otlp_endpoint_down(scenario: &str, endpoint: Endpoint) {
+pub(crate) async fn otlp_endpoint_down(scenario: &str, endpoint: Endpoint) {
     let scale = Scale::pick(300, 2000);
     for rep in 1..=scale.reps {
         let hole = match endpoint {

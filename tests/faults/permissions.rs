@@ -235,7 +235,7 @@ async fn broker_attempts(sys: &System, out: &mut Attempts) {
 }
 
 /// The scenario.
-pub async fn bypass_attempts_under_load(scenario: &str) {
+pub(crate) async fn bypass_attempts_under_load(scenario: &str) {
     let scale = Scale::pick(300, 2000);
     for rep in 1..=scale.reps {
         let sys = System::start(SystemOptions {

@@ -268,7 +268,7 @@ fn judge(t: &Trajectory, seen: &Seen) -> Vec<String> {
 
 /// The scenario: uploads first (no consumer), then two slow consumers until every message
 /// was settled and nothing came back for [`QUIET`].
-pub async fn slower_than_ack_wait(scenario: &str) {
+pub(crate) async fn slower_than_ack_wait(scenario: &str) {
     let scale = Scale::pick(60, 300);
     for rep in 1..=scale.reps {
         let sys = System::start(SystemOptions {

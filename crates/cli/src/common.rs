@@ -8,11 +8,11 @@ use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
 /// Environment variable of the dev identity file's location.
-pub const DEV_FILE_ENV: &str = "MSGTRAIL_DEV_FILE";
+pub(crate) const DEV_FILE_ENV: &str = "MSGTRAIL_DEV_FILE";
 
 /// NATS connection options.
 #[derive(Debug, Clone, Args)]
-pub struct NatsArgs {
+pub(crate) struct NatsArgs {
     /// NATS server URL(s), comma-separated. Defaults to the dev system's, then
     /// nats://127.0.0.1:4222 (`msgtrail_nats::DEFAULT_URL`).
     #[arg(long, env = "NATS_URL", global = true)]
@@ -50,7 +50,7 @@ pub struct NatsArgs {
 
 impl NatsArgs {
     /// The connection options, falling back to the dev system's URL.
-    pub fn options(&self) -> anyhow::Result<NatsOptions> {
+    pub(crate) fn options(&self) -> anyhow::Result<NatsOptions> {
         let url = match &self.nats_url {
             Some(u) => u.clone(),
             None => DevFile::load()
@@ -95,7 +95,7 @@ impl NatsArgs {
 
 /// Who the client is.
 #[derive(Debug, Clone, Args)]
-pub struct IdentityArgs {
+pub(crate) struct IdentityArgs {
     /// Client ID configured on the broker. Defaults to the dev system's identity.
     #[arg(long, env = "MSGTRAIL_CLIENT_ID")]
     pub client_id: Option<String>,
@@ -109,7 +109,7 @@ pub struct IdentityArgs {
 
 impl IdentityArgs {
     /// The identity; `dev_role` picks the dev identity when none is given.
-    pub fn identity(&self, dev_producer: bool) -> anyhow::Result<Identity> {
+    pub(crate) fn identity(&self, dev_producer: bool) -> anyhow::Result<Identity> {
         let identity = match (&self.client_id, &self.seed_file) {
             (Some(id), Some(path)) => {
                 let seed = std::fs::read_to_string(path)
@@ -138,7 +138,7 @@ impl IdentityArgs {
 
 /// One dev identity.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct DevIdentity {
+pub(crate) struct DevIdentity {
     /// Client ID.
     pub id: String,
     /// nkey seed.
@@ -147,7 +147,7 @@ pub struct DevIdentity {
 
 /// What `msgtrail dev` writes so that the other commands work with no setup.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct DevFile {
+pub(crate) struct DevFile {
     /// The dev nats-server's URL.
     pub nats_url: String,
     /// The dev producer.
@@ -162,7 +162,7 @@ pub struct DevFile {
 impl DevFile {
     /// Where the dev file lives: `$MSGTRAIL_DEV_FILE`, else
     /// `$XDG_CONFIG_HOME/msgtrail/dev.json`, else `~/.config/msgtrail/dev.json`.
-    pub fn path() -> PathBuf {
+    pub(crate) fn path() -> PathBuf {
         if let Some(p) = std::env::var_os(DEV_FILE_ENV) {
             return PathBuf::from(p);
         }
@@ -174,7 +174,7 @@ impl DevFile {
     }
 
     /// Reads the dev file.
-    pub fn load() -> anyhow::Result<DevFile> {
+    pub(crate) fn load() -> anyhow::Result<DevFile> {
         let path = Self::path();
         let text = std::fs::read_to_string(&path)
             .with_context(|| format!("reading {}", path.display()))?;
@@ -182,7 +182,7 @@ impl DevFile {
     }
 
     /// Writes the dev file (mode 0600: it holds seeds).
-    pub fn save(&self) -> anyhow::Result<PathBuf> {
+    pub(crate) fn save(&self) -> anyhow::Result<PathBuf> {
         use std::os::unix::fs::OpenOptionsExt;
         let path = Self::path();
         if let Some(dir) = path.parent() {
@@ -200,7 +200,7 @@ impl DevFile {
 }
 
 /// Parses `k=v`.
-pub fn parse_kv(s: &str) -> Result<(String, String), String> {
+pub(crate) fn parse_kv(s: &str) -> Result<(String, String), String> {
     s.split_once('=')
         .map(|(k, v)| (k.trim().to_owned(), v.to_owned()))
         .filter(|(k, _)| !k.is_empty())
@@ -213,7 +213,7 @@ const VAGUE_UNITS: &[&str] = &["M", "month", "months", "y", "year", "years"];
 /// Parses a duration in humantime's grammar (`500ms`, `30s`, `5m`, `12h`, `7d`, `1h 30m`;
 /// a bare number is seconds), up to days and weeks. Every duration option of every command
 /// goes through it, and shows its default in the same grammar.
-pub fn duration_arg(s: &str) -> Result<humantime::Duration, String> {
+pub(crate) fn duration_arg(s: &str) -> Result<humantime::Duration, String> {
     let s = s.trim();
     if let Ok(secs) = s.parse::<u64>() {
         return Ok(std::time::Duration::from_secs(secs).into());
@@ -231,13 +231,13 @@ pub fn duration_arg(s: &str) -> Result<humantime::Duration, String> {
 }
 
 /// [`duration_arg`] as a plain `Duration`.
-pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+pub(crate) fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
     duration_arg(s).map(Into::into)
 }
 
 /// Parses a size: `500`, `64KiB`, `100MiB`, `2GiB` (also KB/MB/GB as powers of 1000), in
 /// bytesize's grammar, which is also how the defaults are shown.
-pub fn size_arg(s: &str) -> Result<bytesize::ByteSize, String> {
+pub(crate) fn size_arg(s: &str) -> Result<bytesize::ByteSize, String> {
     s.trim()
         .parse::<bytesize::ByteSize>()
         .map_err(|e| format!("invalid size {s:?}: {e} (use e.g. 500MiB or 2GiB)"))

@@ -3,16 +3,16 @@
 //! read is the reader's business.
 
 /// A latency in words for humans: `0.8 ms`, `41 ms`, `2.97 s` (the diagnosis's wording).
-pub use msgtrail_core::time::format_duration as format_latency;
+pub(crate) use msgtrail_core::time::format_duration as format_latency;
 
 /// A signed duration in words: `+250 ms`, `-40 ms`, `0.3 ms`.
-pub fn format_signed(nanos: i64) -> String {
+pub(crate) fn format_signed(nanos: i64) -> String {
     let sign = if nanos < 0 { "-" } else { "+" };
     format!("{sign}{}", format_latency(nanos.unsigned_abs()))
 }
 
 /// A measurement with its error bound: `4.1 ms ± 0.3 ms` (negative values keep their sign).
-pub fn format_bounded(nanos: i64, bound_nanos: u64) -> String {
+pub(crate) fn format_bounded(nanos: i64, bound_nanos: u64) -> String {
     let value = if nanos < 0 {
         format_signed(nanos)
     } else {
@@ -22,7 +22,7 @@ pub fn format_bounded(nanos: i64, bound_nanos: u64) -> String {
 }
 
 /// The UTC time of day with milliseconds: `12:00:01.003`.
-pub use msgtrail_core::time::format_time_of_day as format_clock;
+pub(crate) use msgtrail_core::time::format_time_of_day as format_clock;
 
 #[cfg(test)]
 mod tests {

@@ -3,7 +3,7 @@
 
 /// Resolves on SIGINT (Ctrl-C) or SIGTERM.
 #[cfg(unix)]
-pub async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .expect("SIGTERM handler installs");

@@ -128,7 +128,7 @@ pub(crate) struct Cache {
 }
 
 impl Cache {
-    pub fn new(capacity: usize) -> Self {
+    pub(crate) fn new(capacity: usize) -> Self {
         Cache {
             map: HashMap::new(),
             capacity,
@@ -140,7 +140,7 @@ impl Cache {
     }
 
     /// Takes a message out (to work on it); counts a hit or a miss.
-    pub fn take(&mut self, key: &str) -> Option<Cached> {
+    pub(crate) fn take(&mut self, key: &str) -> Option<Cached> {
         let e = self.remove(key);
         if e.is_some() {
             self.hits += 1;
@@ -151,22 +151,22 @@ impl Cache {
     }
 
     /// Takes a message out without counting (for housekeeping and merges).
-    pub fn remove(&mut self, key: &str) -> Option<Cached> {
+    pub(crate) fn remove(&mut self, key: &str) -> Option<Cached> {
         self.map.remove(key).and_then(|e| e.open(key))
     }
 
     /// Drops a message without reading it back (retention deleted it).
-    pub fn forget(&mut self, key: &str) {
+    pub(crate) fn forget(&mut self, key: &str) {
         self.map.remove(key);
     }
 
     /// A held message's working form, left in the cache.
-    pub fn peek(&self, key: &str) -> Option<Cached> {
+    pub(crate) fn peek(&self, key: &str) -> Option<Cached> {
         self.map.get(key).and_then(|e| e.open(key))
     }
 
     /// Replaces a held message's summary (after a commit that changed only it).
-    pub fn set_summary(&mut self, key: &str, summary: &MessageSummary) {
+    pub(crate) fn set_summary(&mut self, key: &str, summary: &MessageSummary) {
         if let Some(e) = self.map.get_mut(key) {
             e.done = summary.state.is_final();
             e.summary = Some(summary.encode().into_boxed_slice());
@@ -174,7 +174,7 @@ impl Cache {
     }
 
     /// Puts committed messages in, then evicts past the capacity.
-    pub fn put_all(&mut self, entries: impl IntoIterator<Item = (String, Cached)>) {
+    pub(crate) fn put_all(&mut self, entries: impl IntoIterator<Item = (String, Cached)>) {
         self.clock += 1;
         for (k, c) in entries {
             let e = Entry::of(c, self.clock);
@@ -218,7 +218,7 @@ impl Cache {
         (buckets * slot + heap) as u64
     }
 
-    pub fn stats(&self) -> CacheStats {
+    pub(crate) fn stats(&self) -> CacheStats {
         CacheStats {
             messages: self.map.len(),
             capacity: self.capacity,

@@ -596,7 +596,7 @@ struct TraceLabel {
 struct TraceHex(MessageId);
 
 impl EncodeLabelValue for TraceHex {
-    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+    fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> Result<(), std::fmt::Error> {
         use std::fmt::Write as _;
         write!(encoder, "{:032x}", self.0.as_u128())
     }

@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 
 /// Options of `msgtrail audit`.
 #[derive(Debug, ClapArgs)]
-pub struct Args {
+pub(crate) struct Args {
     /// Check the messages whose first record is at most this many seconds old.
     #[arg(long, default_value_t = 3600)]
     pub since_secs: u64,
@@ -30,7 +30,7 @@ pub struct Args {
 
 /// What the audit found.
 #[derive(Debug, Default, Serialize)]
-pub struct Report {
+pub(crate) struct Report {
     /// Trajectories checked.
     pub checked: u64,
     /// Hops in them.
@@ -49,7 +49,7 @@ pub struct Report {
 const PAGE: usize = 10_000;
 
 /// Runs the audit; errs (non-zero exit) when a violation was found.
-pub async fn run(args: Args) -> anyhow::Result<()> {
+pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
     let client = args.listener.client()?;
     let messages = list(&client, args.since_secs).await?;
     let mut report = Report::default();
@@ -139,7 +139,7 @@ fn kind_of(v: &str) -> String {
 }
 
 /// The report in words.
-pub fn render(r: &Report) -> String {
+pub(crate) fn render(r: &Report) -> String {
     let mut o = format!(
         "checked {} trajectories ({} hops, {} with a clock bound); {} unreadable\n",
         r.checked, r.hops, r.hops_with_clock_bound, r.unreadable

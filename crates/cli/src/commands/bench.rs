@@ -8,7 +8,7 @@ use msgtrail_bench::BenchConfig;
 
 /// Options of `msgtrail bench`.
 #[derive(Debug, ClapArgs)]
-pub struct Args {
+pub(crate) struct Args {
     /// Small counts: every scenario, well under a minute.
     #[arg(long)]
     pub quick: bool,
@@ -58,7 +58,7 @@ pub struct Args {
 
 /// Runs the benchmark and prints the report. Only an explicit `--nats-url` (or `NATS_URL`)
 /// points it at an existing server; otherwise it starts its own.
-pub async fn run(nats: &NatsArgs, args: Args) -> anyhow::Result<()> {
+pub(crate) async fn run(nats: &NatsArgs, args: Args) -> anyhow::Result<()> {
     let mut config = if args.quick {
         BenchConfig::quick()
     } else {

@@ -13,7 +13,7 @@ fn defaults() -> BrokerConfig {
 
 /// Options of `msgtrail broker`.
 #[derive(Debug, Args)]
-pub struct BrokerArgs {
+pub(crate) struct BrokerArgs {
     /// The clients file (JSON; see the README).
     #[arg(long, env = "MSGTRAIL_CLIENTS")]
     pub clients: PathBuf,
@@ -48,7 +48,7 @@ pub struct BrokerArgs {
 }
 
 /// Runs the broker until a signal.
-pub async fn run(nats: &NatsArgs, args: BrokerArgs) -> anyhow::Result<()> {
+pub(crate) async fn run(nats: &NatsArgs, args: BrokerArgs) -> anyhow::Result<()> {
     let clients = ClientRegistry::load(&args.clients)?;
     let config = BrokerConfig {
         nats: nats.options()?,

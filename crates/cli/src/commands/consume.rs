@@ -11,7 +11,7 @@ use std::time::Duration;
 
 /// Options of `msgtrail consume`.
 #[derive(Debug, Args)]
-pub struct ConsumeArgs {
+pub(crate) struct ConsumeArgs {
     /// Topic filter (NATS wildcards allowed: orders.*, orders.>).
     #[arg(long)]
     pub topic: String,
@@ -104,7 +104,7 @@ async fn handle(consumer: &Consumer, m: Received, args: &ConsumeArgs) -> anyhow:
 }
 
 /// Consumes until `--max` messages or Ctrl-C.
-pub async fn run(nats: &NatsArgs, args: ConsumeArgs) -> anyhow::Result<()> {
+pub(crate) async fn run(nats: &NatsArgs, args: ConsumeArgs) -> anyhow::Result<()> {
     if !(0.0..=1.0).contains(&args.fail_rate) {
         anyhow::bail!("--fail-rate must be between 0 and 1");
     }

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 /// Options of `msgtrail dev`.
 #[derive(Debug, Args)]
-pub struct DevArgs {
+pub(crate) struct DevArgs {
     /// Also run a demo load.
     #[arg(long)]
     pub demo: bool,
@@ -36,7 +36,7 @@ fn ids(name: &str) -> anyhow::Result<ClientId> {
 }
 
 /// Runs the dev system until Ctrl-C.
-pub async fn run(args: DevArgs) -> anyhow::Result<()> {
+pub(crate) async fn run(args: DevArgs) -> anyhow::Result<()> {
     let server = NatsServer::start().context("starting nats-server")?;
     let producer = Identity::generate(ids("dev-producer")?).with_service_name("dev-producer");
     let consumer = Identity::generate(ids("dev-consumer")?).with_service_name("dev-consumer");

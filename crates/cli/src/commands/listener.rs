@@ -32,7 +32,7 @@ fn deadline(pick: fn(&Deadlines) -> u64) -> humantime::Duration {
 
 /// Options of `msgtrail listener`.
 #[derive(Debug, ClapArgs)]
-pub struct Args {
+pub(crate) struct Args {
     /// Directory of the listener's store.
     #[arg(long, env = ENV_DATA_DIR, default_value_os_t = defaults().data_dir)]
     pub data_dir: PathBuf,
@@ -90,7 +90,7 @@ pub struct Args {
 
 impl Args {
     /// The listener configuration these options describe.
-    pub fn config(&self, nats: NatsOptions) -> ListenerConfig {
+    pub(crate) fn config(&self, nats: NatsOptions) -> ListenerConfig {
         let ms = |d: humantime::Duration| Duration::from(d).as_millis() as u64;
         let retention_max_age = Duration::from(self.retention_max_age);
         let retention_max_size = self.retention_max_size.as_u64();
@@ -120,7 +120,7 @@ impl Args {
 }
 
 /// Runs a listener until a signal.
-pub async fn run(nats: &NatsArgs, args: Args) -> anyhow::Result<()> {
+pub(crate) async fn run(nats: &NatsArgs, args: Args) -> anyhow::Result<()> {
     let opts = nats.options()?;
     let mut config = args.config(opts.clone());
     if msgtrail_otel::export_requested() {

@@ -1,11 +1,11 @@
 //! One module per subcommand, each with its `Args` and `run`.
 
-pub mod audit;
-pub mod bench;
-pub mod broker;
-pub mod consume;
-pub mod dev;
-pub mod listener;
-pub mod send;
-pub mod stats;
-pub mod trace;
+pub(crate) mod audit;
+pub(crate) mod bench;
+pub(crate) mod broker;
+pub(crate) mod consume;
+pub(crate) mod dev;
+pub(crate) mod listener;
+pub(crate) mod send;
+pub(crate) mod stats;
+pub(crate) mod trace;

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 /// Options of `msgtrail send`.
 #[derive(Debug, Args)]
-pub struct SendArgs {
+pub(crate) struct SendArgs {
     /// Topic to send to.
     #[arg(long)]
     pub topic: String,
@@ -37,7 +37,7 @@ pub struct SendArgs {
 }
 
 /// Sends the message and prints its ID.
-pub async fn run(nats: &NatsArgs, args: SendArgs) -> anyhow::Result<()> {
+pub(crate) async fn run(nats: &NatsArgs, args: SendArgs) -> anyhow::Result<()> {
     let payload = match (&args.data, &args.file) {
         (Some(d), _) => d.clone().into_bytes(),
         (None, Some(f)) => std::fs::read(f).with_context(|| format!("reading {}", f.display()))?,

@@ -10,7 +10,7 @@ use msgtrail_listener::StatsSnapshot;
 
 /// Options of `msgtrail stats`.
 #[derive(Debug, ClapArgs)]
-pub struct Args {
+pub(crate) struct Args {
     /// Only the latencies of this topic.
     #[arg(long)]
     pub topic: Option<String>,
@@ -23,7 +23,7 @@ pub struct Args {
 }
 
 /// Fetches and prints the statistics.
-pub async fn run(args: Args) -> anyhow::Result<()> {
+pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
     let client = args.listener.client()?;
     let s = client
         .stats(args.topic.as_deref())
@@ -62,7 +62,7 @@ fn row(topic: &str, segment: &str, l: &LatencyStats) -> String {
 }
 
 /// The statistics as printed by `msgtrail stats`.
-pub fn render(s: &StatsSnapshot) -> String {
+pub(crate) fn render(s: &StatsSnapshot) -> String {
     let mut o = String::new();
     if let Some(t) = &s.topic {
         o.push_str(&format!(

@@ -23,7 +23,7 @@ use std::io::IsTerminal;
 
 /// Where the listener's API is.
 #[derive(Debug, Clone, ClapArgs)]
-pub struct ListenerArgs {
+pub(crate) struct ListenerArgs {
     /// The listener's base URL. Defaults to the dev system's listener, then http://127.0.0.1:7380.
     #[arg(long, env = ENV_LISTENER_URL)]
     pub listener_url: Option<String>,
@@ -34,7 +34,7 @@ pub struct ListenerArgs {
 
 impl ListenerArgs {
     /// A client of the listener.
-    pub fn client(&self) -> anyhow::Result<ListenerClient> {
+    pub(crate) fn client(&self) -> anyhow::Result<ListenerClient> {
         let url = match &self.listener_url {
             Some(u) => u.clone(),
             None => crate::common::DevFile::load()
@@ -48,7 +48,7 @@ impl ListenerArgs {
 
 /// When to colour the output.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum ColorChoice {
+pub(crate) enum ColorChoice {
     /// On a terminal, unless NO_COLOR is set.
     Auto,
     /// Always.
@@ -59,7 +59,7 @@ pub enum ColorChoice {
 
 impl ColorChoice {
     /// Whether to colour stdout.
-    pub fn enabled(self) -> bool {
+    pub(crate) fn enabled(self) -> bool {
         match self {
             ColorChoice::Always => true,
             ColorChoice::Never => false,
@@ -71,12 +71,12 @@ impl ColorChoice {
 }
 
 /// Exit status of `msgtrail trace` when nothing carries the ID (a failed query exits 1).
-pub const NOT_FOUND_EXIT: i32 = 2;
+pub(crate) const NOT_FOUND_EXIT: i32 = 2;
 
 /// Options of `msgtrail trace`. Exit status: 0 found (complete or not: the state says),
 /// 2 not found, 1 the query failed.
 #[derive(Debug, ClapArgs)]
-pub struct Args {
+pub(crate) struct Args {
     /// A message ID (UUIDv7) or a request ID.
     #[arg(required_unless_present = "client")]
     pub id: Option<String>,
@@ -102,7 +102,7 @@ pub struct Args {
 }
 
 /// Fetches and prints the trajectory.
-pub async fn run(args: Args) -> anyhow::Result<()> {
+pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
     let client = args.listener.client()?;
     if let Some(who) = &args.client {
         let events = client
@@ -151,7 +151,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
 
 /// A client's clock offsets over the listener's recent window, per broker instance, as
 /// `msgtrail trace --client` prints them before the events.
-pub fn render_client_clocks(c: &ClientClocks) -> String {
+pub(crate) fn render_client_clocks(c: &ClientClocks) -> String {
     let mut o = format!(
         "client {}: clock, best of the last {} s of exchanges (client minus broker)\n",
         c.client, c.window_secs
@@ -181,7 +181,7 @@ fn broker_words(b: Option<&msgtrail_core::BrokerInstance>) -> String {
 }
 
 /// A client's events (N1, A1), newest first, as `msgtrail trace --client` prints them.
-pub fn render_client_events(client: &str, events: &[StageRecord]) -> String {
+pub(crate) fn render_client_events(client: &str, events: &[StageRecord]) -> String {
     let mut o = format!("client {client}: {} event(s), newest first\n", events.len());
     if events.is_empty() {
         o.push_str("  no no-match notice or channel event recorded\n");
@@ -204,7 +204,7 @@ pub fn render_client_events(client: &str, events: &[StageRecord]) -> String {
 
 /// When `asked` was a request ID that names several messages (uploaded again after the
 /// dedup window): which one the answer is, and the others, in upload order.
-pub fn request_note(t: &Trajectory, asked: &str) -> Option<String> {
+pub(crate) fn request_note(t: &Trajectory, asked: &str) -> Option<String> {
     let own = t.message_id?;
     if t.same_request.is_empty() || asked.trim() == own.to_string() {
         return None;
@@ -312,7 +312,7 @@ fn hop_label(h: &HopSpan) -> String {
 }
 
 /// What a record says, in words.
-pub fn describe(r: &StageRecord) -> String {
+pub(crate) fn describe(r: &StageRecord) -> String {
     let base = match r.stage {
         Stage::UploadSent => "upload sent",
         Stage::UploadReceived => "broker received it, assigned the message id",
@@ -427,7 +427,7 @@ fn clocks_section(t: &Trajectory, st: &Style, o: &mut String) {
 }
 
 /// The timeline of a trajectory, as printed by `msgtrail trace`.
-pub fn render(t: &Trajectory, color: bool) -> String {
+pub(crate) fn render(t: &Trajectory, color: bool) -> String {
     let st = Style { on: color };
     let mut o = String::new();
     let title = match (&t.message_id, &t.request_id) {

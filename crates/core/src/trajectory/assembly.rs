@@ -28,7 +28,7 @@ pub(super) struct Ctx<'a> {
 impl Ctx<'_> {
     /// Whether a hop open since `since` has passed a deadline (never without
     /// [`AssembleOptions::now`]).
-    pub fn overdue(&self, since: u64, deadline_ms: u64) -> bool {
+    pub(super) fn overdue(&self, since: u64, deadline_ms: u64) -> bool {
         match self.opts.now {
             Some(now) => now.saturating_sub(since) > deadline_ms.saturating_mul(1_000_000),
             None => false,

@@ -20,10 +20,11 @@ use redb::{ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
 use std::hash::{Hash, Hasher};
 
 /// Client events by (client, time, fingerprint of the record): the record as JSON.
-pub(super) const EVENTS: TableDefinition<(&str, u64, u64), &[u8]> =
+pub(super) const EVENTS: TableDefinition<'static, (&str, u64, u64), &[u8]> =
     TableDefinition::new("client_events");
 /// How many events each client has in [`EVENTS`].
-pub(super) const SIZES: TableDefinition<&str, u64> = TableDefinition::new("client_event_counts");
+pub(super) const SIZES: TableDefinition<'static, &str, u64> =
+    TableDefinition::new("client_event_counts");
 
 /// The most events kept per client: older ones make room for new ones.
 pub const PER_CLIENT: u64 = 512;

@@ -23,20 +23,25 @@ use std::collections::BTreeMap;
 
 /// The records table of the first version: one JSON row per record, keyed by (message key,
 /// dedup key). [`super::Store::open`] moves what it finds there into the compact table.
-pub(super) const RECORDS_V1: TableDefinition<(&str, &str), &str> = TableDefinition::new("records");
+pub(super) const RECORDS_V1: TableDefinition<'static, (&str, &str), &str> =
+    TableDefinition::new("records");
 /// The summaries table of the first version (JSON), moved into the compact table on open.
-pub(super) const SUMMARIES_V1: TableDefinition<&str, &str> = TableDefinition::new("summaries");
+pub(super) const SUMMARIES_V1: TableDefinition<'static, &str, &str> =
+    TableDefinition::new("summaries");
 
 /// The second version's tables: the current ones under text keys.
-pub(super) const RECORDS_V2: TableDefinition<&str, &[u8]> = TableDefinition::new("message_records");
-pub(super) const SUMMARIES_V2: TableDefinition<&str, &[u8]> =
+pub(super) const RECORDS_V2: TableDefinition<'static, &str, &[u8]> =
+    TableDefinition::new("message_records");
+pub(super) const SUMMARIES_V2: TableDefinition<'static, &str, &[u8]> =
     TableDefinition::new("message_summaries");
-const REQUESTS_V2: TableDefinition<(&str, &str), &str> = TableDefinition::new("requests");
-const REQUEST_MESSAGES_V2: TableDefinition<(&str, &str, &str), ()> =
+const REQUESTS_V2: TableDefinition<'static, (&str, &str), &str> = TableDefinition::new("requests");
+const REQUEST_MESSAGES_V2: TableDefinition<'static, (&str, &str, &str), ()> =
     TableDefinition::new("request_messages");
-const BY_TOPIC_V2: TableDefinition<(&str, u64, &str), ()> = TableDefinition::new("by_topic");
-const BY_STATE_V2: TableDefinition<(&str, u64, &str), ()> = TableDefinition::new("by_state");
-const BY_TIME_V2: TableDefinition<(u64, &str), ()> = TableDefinition::new("by_time");
+const BY_TOPIC_V2: TableDefinition<'static, (&str, u64, &str), ()> =
+    TableDefinition::new("by_topic");
+const BY_STATE_V2: TableDefinition<'static, (&str, u64, &str), ()> =
+    TableDefinition::new("by_state");
+const BY_TIME_V2: TableDefinition<'static, (u64, &str), ()> = TableDefinition::new("by_time");
 
 /// Moves the records of a store written by the first version (one JSON row per record, in
 /// `records`) into the compact per-message form, in one transaction, and drops the old

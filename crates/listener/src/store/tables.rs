@@ -22,23 +22,26 @@ pub const COUNTER_BYTES: &str = "bytes";
 // a third of the text forms' size.
 
 /// Stored message key → the message's records, compact ([`records`]).
-pub(super) const RECORDS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("records_v3");
+pub(super) const RECORDS: TableDefinition<'static, &[u8], &[u8]> =
+    TableDefinition::new("records_v3");
 /// Stored message key → its summary, compact ([`MessageSummary::encode`]).
-pub(super) const SUMMARIES: TableDefinition<&[u8], &[u8]> = TableDefinition::new("summaries_v3");
+pub(super) const SUMMARIES: TableDefinition<'static, &[u8], &[u8]> =
+    TableDefinition::new("summaries_v3");
 /// (request ID, producer) → the key it is linked to and every message stored under it
 /// ([`RequestEntry`]).
-pub(super) const REQUESTS: TableDefinition<(&str, &str), &[u8]> =
+pub(super) const REQUESTS: TableDefinition<'static, (&str, &str), &[u8]> =
     TableDefinition::new("requests_v3");
 /// (topic, first time, stored key) → ().
-pub(super) const BY_TOPIC: TableDefinition<(&str, u64, &[u8]), ()> =
+pub(super) const BY_TOPIC: TableDefinition<'static, (&str, u64, &[u8]), ()> =
     TableDefinition::new("by_topic_v3");
 /// (state code, last time, stored key) → ().
-pub(super) const BY_STATE: TableDefinition<(u8, u64, &[u8]), ()> =
+pub(super) const BY_STATE: TableDefinition<'static, (u8, u64, &[u8]), ()> =
     TableDefinition::new("by_state_v3");
 /// (first time, stored key) → ().
-pub(super) const BY_TIME: TableDefinition<(u64, &[u8]), ()> = TableDefinition::new("by_time_v3");
+pub(super) const BY_TIME: TableDefinition<'static, (u64, &[u8]), ()> =
+    TableDefinition::new("by_time_v3");
 /// Counter name → value.
-pub(super) const COUNTERS: TableDefinition<&str, u64> = TableDefinition::new("counters");
+pub(super) const COUNTERS: TableDefinition<'static, &str, u64> = TableDefinition::new("counters");
 
 /// The stored form of a key the store itself wrote (its text form always parses).
 pub(super) fn stored(key: &str) -> Result<StoredKey, StoreError> {

@@ -9,21 +9,21 @@ use std::future::Future;
 use std::time::Duration;
 
 /// Now, Unix nanoseconds.
-pub fn now() -> u64 {
+pub(crate) fn now() -> u64 {
     msgtrail_core::time::now_nanos()
 }
 
 /// Deterministic xorshift, so a failing shuffle can be replayed.
-pub struct Rng(pub u64);
+pub(crate) struct Rng(pub u64);
 
 impl Rng {
-    pub fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
         self.0 ^= self.0 << 17;
         self.0
     }
-    pub fn shuffle<T>(&mut self, v: &mut [T]) {
+    pub(crate) fn shuffle<T>(&mut self, v: &mut [T]) {
         for i in (1..v.len()).rev() {
             let j = (self.next() % (i as u64 + 1)) as usize;
             v.swap(i, j);
@@ -32,13 +32,13 @@ impl Rng {
 }
 
 /// A JetStream context on `server`.
-pub async fn nats(server: &NatsServer) -> async_nats::jetstream::Context {
+pub(crate) async fn nats(server: &NatsServer) -> async_nats::jetstream::Context {
     let client = async_nats::connect(server.url()).await.unwrap();
     async_nats::jetstream::new(client)
 }
 
 /// Polls `f` every 25 ms until it gives a value; fails the test after 20 s naming `what`.
-pub async fn eventually<T, F, Fut>(what: &str, mut f: F) -> T
+pub(crate) async fn eventually<T, F, Fut>(what: &str, mut f: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
@@ -57,6 +57,6 @@ where
 }
 
 /// A client of the listener's HTTP API.
-pub fn client(h: &ListenerHandle) -> ListenerClient {
+pub(crate) fn client(h: &ListenerHandle) -> ListenerClient {
     ListenerClient::new(&format!("http://{}", h.http_addr()), None).unwrap()
 }

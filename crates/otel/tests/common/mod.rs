@@ -6,18 +6,18 @@ use msgtrail_core::trajectory::{AssembleOptions, Trajectory};
 use msgtrail_core::{BrokerInstance, ClientId, MessageId, RequestId, Stage, StageRecord};
 
 /// The broker instance on the broker's records.
-pub const BROKER: &str = "b-1a2b3c4d";
+pub(crate) const BROKER: &str = "b-1a2b3c4d";
 
 /// 2026-12-01T12:00:00Z in Unix nanoseconds.
-pub const T0: u64 = 1_796_126_400_000_000_000;
+pub(crate) const T0: u64 = 1_796_126_400_000_000_000;
 /// The producer's traceparent.
-pub const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+pub(crate) const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 
-pub fn ms(n: u64) -> u64 {
+pub(crate) fn ms(n: u64) -> u64 {
     T0 + n * 1_000_000
 }
 
-pub fn message_id() -> MessageId {
+pub(crate) fn message_id() -> MessageId {
     "0193a5f2-7c1e-7b2a-9f10-3c4d5e6f7a8b".parse().unwrap()
 }
 
@@ -28,7 +28,7 @@ fn rec(stage: Stage, at_ms: u64) -> StageRecord {
 }
 
 /// P1–P4 records; the producer's carry its service name and traceparent.
-pub fn upload(with_producer: bool) -> Vec<StageRecord> {
+pub(crate) fn upload(with_producer: bool) -> Vec<StageRecord> {
     let id = message_id();
     let req = RequestId::new("order-42").unwrap();
     let producer = ClientId::new("shop").unwrap();
@@ -69,7 +69,7 @@ pub fn upload(with_producer: bool) -> Vec<StageRecord> {
 
 /// One pull delivery attempt to billing/billing-1 starting at `at` ms; `ok` decides the
 /// processing outcome (failed → nack and a scheduled redelivery).
-pub fn delivery(attempt: u32, at: u64, ok: bool) -> Vec<StageRecord> {
+pub(crate) fn delivery(attempt: u32, at: u64, ok: bool) -> Vec<StageRecord> {
     let id = message_id();
     let mk = |stage, dt: u64, consumer_side: bool| {
         let mut r = rec(stage, at + dt);
@@ -109,7 +109,7 @@ pub fn delivery(attempt: u32, at: u64, ok: bool) -> Vec<StageRecord> {
     out
 }
 
-pub fn assemble(records: Vec<StageRecord>, now: Option<u64>) -> Trajectory {
+pub(crate) fn assemble(records: Vec<StageRecord>, now: Option<u64>) -> Trajectory {
     Trajectory::assemble(
         records,
         &AssembleOptions {
@@ -121,14 +121,14 @@ pub fn assemble(records: Vec<StageRecord>, now: Option<u64>) -> Trajectory {
 }
 
 /// Upload and one successful pull delivery.
-pub fn success() -> Trajectory {
+pub(crate) fn success() -> Trajectory {
     let mut r = upload(true);
     r.extend(delivery(1, 10, true));
     assemble(r, None)
 }
 
 /// Upload, a failed attempt (nack, redelivery), then a successful one.
-pub fn failure_then_success() -> Trajectory {
+pub(crate) fn failure_then_success() -> Trajectory {
     let mut r = upload(true);
     r.extend(delivery(1, 10, false));
     r.extend(delivery(2, 30, true));
@@ -136,14 +136,14 @@ pub fn failure_then_success() -> Trajectory {
 }
 
 /// A P1 that never reached the broker, closed by the store deadline.
-pub fn orphan() -> Trajectory {
+pub(crate) fn orphan() -> Trajectory {
     let mut r = upload(true);
     r.truncate(1);
     assemble(r, Some(ms(60_000)))
 }
 
 /// A raw NATS client uploaded: no producer record at all.
-pub fn synthesized_root() -> Trajectory {
+pub(crate) fn synthesized_root() -> Trajectory {
     let mut r = upload(false);
     r.extend(delivery(1, 10, true));
     assemble(r, None)
