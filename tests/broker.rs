@@ -1383,7 +1383,7 @@ async fn an_ack_jetstream_does_not_confirm_is_not_answered_ok() {
     let stream = js.get_stream(MESSAGE_STREAM).await.unwrap();
     assert!(
         stream
-            .delete_consumer(&msgtrail_broker::consume::durable_name(&subscription))
+            .delete_consumer(&msgtrail_broker::durable_name(&subscription))
             .await
             .unwrap()
             .success

@@ -769,7 +769,7 @@ impl Leaders {
     }
 }
 
-fn cluster_of(sys: &System) -> &msgtrail_test_support::nats_node::NatsCluster {
+fn cluster_of(sys: &System) -> &msgtrail_test_support::NatsCluster {
     match &sys.nats {
         Nats::Cluster(c) => c,
         Nats::Single(_) => unreachable!("a cluster scenario runs a cluster"),

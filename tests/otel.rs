@@ -10,7 +10,7 @@ use msgtrail_core::wire::Subscription;
 use msgtrail_core::{ClientId, MessageId, Stage, StageRecord};
 use msgtrail_e2e::{has_all, TestSystem};
 use msgtrail_otel::{trajectory_spans, ExportConfig, MappingOptions, Protocol, TraceExporter};
-use msgtrail_test_support::otlp_receiver::{OtlpProtocol, OtlpReceiver, ReceivedSpan};
+use msgtrail_test_support::{OtlpProtocol, OtlpReceiver, ReceivedSpan};
 use std::collections::BTreeMap;
 use std::time::Duration;
 

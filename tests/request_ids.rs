@@ -82,7 +82,7 @@ async fn a_request_id_stored_again_after_the_dedup_window_is_flagged() {
     );
 
     // `msgtrail trace <request-id>` prints both message IDs and says which one it shows.
-    let bin = msgtrail_test_support::process::msgtrail_binary().unwrap();
+    let bin = msgtrail_test_support::msgtrail_binary().unwrap();
     let out = std::process::Command::new(bin)
         .args(["trace", req.as_str(), "--color", "never", "--listener-url"])
         .arg(l.url())

@@ -10,7 +10,7 @@ use msgtrail_core::record::decode_batch;
 use msgtrail_core::subjects::STAGE_STREAM;
 use msgtrail_core::trajectory::{HopKind, Trajectory};
 use msgtrail_core::{ClientId, MessageId, Role, Stage, StageRecord};
-use msgtrail_listener::client::ListenerClient;
+use msgtrail_listener::ListenerClient;
 use msgtrail_listener::{ListenerConfig, ListenerHandle};
 use msgtrail_test_support::NatsServer;
 use std::time::Duration;

@@ -19,9 +19,9 @@ use msgtrail_client::{
 use msgtrail_core::trajectory::{HopKind, MessageState, Trajectory};
 use msgtrail_core::wire::Subscription;
 use msgtrail_core::{ClientId, MessageId, RequestId, Stage};
-use msgtrail_listener::client::ListenerClient;
-use msgtrail_test_support::nats_node::{NatsCluster, NatsNode};
-use msgtrail_test_support::process::{free_port, msgtrail_binary, ChildProcess, ProcessSpec};
+use msgtrail_listener::ListenerClient;
+use msgtrail_test_support::{free_port, msgtrail_binary, ChildProcess, ProcessSpec};
+use msgtrail_test_support::{NatsCluster, NatsNode};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
@@ -93,7 +93,7 @@ fn round1(x: f64) -> f64 {
 /// The commit under test: `git rev-parse --short HEAD`, with `+dirty` when the tree has
 /// changes.
 pub(crate) fn commit() -> String {
-    let root = msgtrail_test_support::process::workspace_root();
+    let root = msgtrail_test_support::workspace_root();
     let run = |args: &[&str]| {
         std::process::Command::new("git")
             .current_dir(&root)
@@ -251,7 +251,7 @@ pub(crate) const CLIENT_USER: NatsUser = NatsUser {
 /// defined before it (nats-server's `include` takes no absolute path, so the file's text is
 /// appended as it is).
 pub(crate) fn deploy_accounts_config() -> String {
-    let path = msgtrail_test_support::process::workspace_root().join("deploy/nats/accounts.conf");
+    let path = msgtrail_test_support::workspace_root().join("deploy/nats/accounts.conf");
     let accounts =
         std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     format!(

@@ -186,7 +186,7 @@ pub(crate) async fn otlp_endpoint_down(scenario: &str, endpoint: Endpoint) {
         };
         let port = match &hole {
             Some(h) => h.port,
-            None => msgtrail_test_support::process::free_port(),
+            None => msgtrail_test_support::free_port(),
         };
         let env = |k: &str, v: String| (k.to_owned(), v);
         let mut sys = System::start(SystemOptions {

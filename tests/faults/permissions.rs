@@ -29,8 +29,7 @@ type Errors = Arc<Mutex<Vec<String>>>;
 
 /// The demo producer's nkey seed (deploy/msgtrail/demo-keys/shop.nk).
 fn shop_seed() -> String {
-    let path =
-        msgtrail_test_support::process::workspace_root().join("deploy/msgtrail/demo-keys/shop.nk");
+    let path = msgtrail_test_support::workspace_root().join("deploy/msgtrail/demo-keys/shop.nk");
     std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
         .trim()

@@ -2,7 +2,7 @@
 //! (`perf record`, `valgrind --tool=callgrind`): `cargo run --release -p msgtrail-bench
 //! --example ingest_once -- [messages] [stage messages per transaction]`.
 
-use msgtrail_bench::synth::{stage_messages, Mix};
+use msgtrail_bench::{stage_messages, Mix};
 use std::time::Instant;
 
 #[global_allocator]

@@ -11,9 +11,7 @@
 //! payload bytes. Starts its own nats-server (not instrumented: valgrind does not follow
 //! children unless asked). Prints the run's figures as JSON.
 
-use msgtrail_bench::measure::Progress;
-use msgtrail_bench::pipeline::{self, ListenerTiming, PipelineParams};
-use msgtrail_bench::raw::Load;
+use msgtrail_bench::{run_pipeline, ListenerTiming, Load, PipelineParams, Progress};
 use msgtrail_devkit::NatsServer;
 use std::time::Duration;
 
@@ -56,7 +54,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         batch_messages: None,
         tag: if record { "s3_once" } else { "s2_once" }.into(),
     };
-    let result = pipeline::run(&params, &Progress::new(false)).await?;
+    let result = run_pipeline(&params, &Progress::new(false)).await?;
     println!("{}", serde_json::to_string_pretty(&result)?);
     Ok(())
 }

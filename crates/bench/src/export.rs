@@ -12,7 +12,7 @@ use crate::ingest::relabel;
 use crate::measure::{Latency, Progress, Recorder, Throughput};
 use msgtrail_core::trajectory::{AssembleOptions, Trajectory};
 use msgtrail_core::StageRecord;
-use msgtrail_devkit::otlp_receiver::{OtlpProtocol, OtlpReceiver};
+use msgtrail_devkit::{OtlpProtocol, OtlpReceiver};
 use msgtrail_otel::{
     trajectory_spans, ExportConfig, MappingOptions, Protocol, ServiceSpan, TraceExporter,
 };
@@ -65,7 +65,7 @@ pub struct ProtocolRun {
 }
 
 /// Runs S6.
-pub async fn run(
+pub(crate) async fn run(
     template: &[StageRecord],
     spans: u64,
     timeout: Duration,

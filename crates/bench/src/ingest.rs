@@ -8,7 +8,7 @@
 //!   other IDs (the real shape of this version's records);
 //! - memory per in-flight message is counted, not read from the resident set (which swings
 //!   with the allocator's arenas: 0.27 B one run, 1,137 B the next): the bytes the store's
-//!   in-memory state holds ([`msgtrail_listener::cache::CacheStats::bytes`], counted from
+//!   in-memory state holds ([`msgtrail_listener::CacheStats::bytes`], counted from
 //!   the sizes of what it holds) after applying uploaded-but-undelivered messages (P1–P3),
 //!   per message, as many messages as it keeps in memory. redb's page cache is bounded by
 //!   its own setting, not per message, and is not in the figure.
@@ -22,9 +22,9 @@ use crate::synth::{stage_messages, Mix};
 use bytes::Bytes;
 use msgtrail_core::record::{decode_batch, encode_batch};
 use msgtrail_core::{MessageId, RequestId, StageRecord};
-use msgtrail_listener::cache::DEFAULT_CACHE_MESSAGES;
-use msgtrail_listener::stats::Stats;
+use msgtrail_listener::Stats;
 use msgtrail_listener::Store;
+use msgtrail_listener::DEFAULT_CACHE_MESSAGES;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -70,7 +70,7 @@ pub struct IngestResult {
 
 /// Gives a record of copy `k` other IDs: the message ID with its low bits flipped (still a
 /// UUIDv7) and the request ID with a `.k` suffix. Copy 0 is left as it is.
-pub fn relabel(r: &mut StageRecord, k: u64) {
+pub(crate) fn relabel(r: &mut StageRecord, k: u64) {
     if k == 0 {
         return;
     }
@@ -87,7 +87,7 @@ pub fn relabel(r: &mut StageRecord, k: u64) {
 }
 
 /// Decodes recorded stage-stream messages (skipping undecodable ones).
-pub fn decode_all(batches: &[Bytes]) -> Vec<Vec<StageRecord>> {
+pub(crate) fn decode_all(batches: &[Bytes]) -> Vec<Vec<StageRecord>> {
     batches
         .iter()
         .filter_map(|b| decode_batch(b).ok())
@@ -95,7 +95,7 @@ pub fn decode_all(batches: &[Bytes]) -> Vec<Vec<StageRecord>> {
 }
 
 /// The recorded messages, `copies` times under other IDs, encoded again as stage messages.
-pub fn replay_set(recorded: &[Vec<StageRecord>], copies: u64) -> Vec<Vec<u8>> {
+pub(crate) fn replay_set(recorded: &[Vec<StageRecord>], copies: u64) -> Vec<Vec<u8>> {
     let mut out = Vec::with_capacity(recorded.len() * copies as usize);
     for k in 0..copies {
         for batch in recorded {
@@ -179,7 +179,7 @@ fn ingest(
 
 /// The synthetic workload as the stage stream holds it: encoded stage messages, one in a
 /// hundred delivered a second time a hundred stage messages later (a redelivery after a lost ack).
-pub fn synthetic_set(messages: u64) -> Vec<Vec<u8>> {
+pub(crate) fn synthetic_set(messages: u64) -> Vec<Vec<u8>> {
     let decoded = stage_messages(&Mix::realistic(messages), msgtrail_core::time::now_nanos());
     let encoded: Vec<Vec<u8>> = decoded
         .iter()
@@ -231,7 +231,7 @@ fn counted_inflight(n: u64, batch: usize) -> Result<(u64, f64), BenchError> {
 
 /// Runs S4 on the current thread (call it from a blocking thread): the synthetic mix of
 /// `messages` messages, then S3's recorded stage messages `copies` times.
-pub fn run(
+pub(crate) fn run(
     recorded: &[Bytes],
     messages: u64,
     copies: u64,

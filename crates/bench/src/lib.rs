@@ -27,19 +27,23 @@
 //! - [`run`](mod@run): the order of the scenarios and the nats-servers they run against.
 //! - [`error`]: the harness's error type, [`BenchError`].
 
-pub mod config;
-pub mod error;
-pub mod export;
-pub mod ingest;
-pub mod lookup;
-pub mod measure;
-pub mod pipeline;
-pub mod raw;
-pub mod report;
-pub mod run;
-pub mod synth;
+mod config;
+mod error;
+mod export;
+mod ingest;
+mod lookup;
+mod measure;
+mod pipeline;
+mod raw;
+mod report;
+mod run;
+mod synth;
 
 pub use config::BenchConfig;
 pub use error::BenchError;
+pub use measure::Progress;
+pub use pipeline::{run as run_pipeline, ListenerTiming, PipelineParams};
+pub use raw::Load;
 pub use report::Report;
 pub use run::run;
+pub use synth::{stage_messages, Mix};

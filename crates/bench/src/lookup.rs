@@ -35,7 +35,7 @@ pub struct LookupResult {
 }
 
 /// The records of the recorded message with the most records (a whole trajectory).
-pub fn template(recorded: &[Vec<StageRecord>]) -> Option<Vec<StageRecord>> {
+pub(crate) fn template(recorded: &[Vec<StageRecord>]) -> Option<Vec<StageRecord>> {
     let mut by_id: BTreeMap<MessageId, Vec<StageRecord>> = BTreeMap::new();
     for r in recorded.iter().flatten() {
         if let Some(m) = r.message_id {
@@ -68,7 +68,7 @@ fn next(state: &mut u64) -> u64 {
 }
 
 /// Runs S5 on the current thread (call it from a blocking thread).
-pub fn run(
+pub(crate) fn run(
     template: &[StageRecord],
     messages: u64,
     queries: u64,

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 /// A latency histogram in microseconds (3 significant digits, auto-resizing).
 #[derive(Debug, Clone)]
-pub struct Recorder(Histogram<u64>);
+pub(crate) struct Recorder(Histogram<u64>);
 
 impl Default for Recorder {
     fn default() -> Self {
@@ -23,29 +23,29 @@ impl Default for Recorder {
 
 impl Recorder {
     /// Records one latency.
-    pub fn record(&mut self, d: Duration) {
+    pub(crate) fn record(&mut self, d: Duration) {
         self.record_micros(d.as_micros().min(u128::from(u64::MAX)) as u64);
     }
 
     /// Records one latency in microseconds (at least 1, the histogram's floor).
-    pub fn record_micros(&mut self, us: u64) {
+    pub(crate) fn record_micros(&mut self, us: u64) {
         // Auto-resizing histograms only fail past u64 bucket arithmetic.
         let _ = self.0.record(us.max(1));
     }
 
     /// Records the time since `sent_nanos` (Unix nanoseconds, e.g. carried in a payload).
-    pub fn record_since_nanos(&mut self, sent_nanos: u64) {
+    pub(crate) fn record_since_nanos(&mut self, sent_nanos: u64) {
         let now = msgtrail_core::time::now_nanos();
         self.record_micros(now.saturating_sub(sent_nanos) / 1000);
     }
 
     /// Adds another recorder's samples.
-    pub fn merge(&mut self, other: &Recorder) {
+    pub(crate) fn merge(&mut self, other: &Recorder) {
         let _ = self.0.add(&other.0);
     }
 
     /// The percentiles.
-    pub fn summary(&self) -> Latency {
+    pub(crate) fn summary(&self) -> Latency {
         let h = &self.0;
         let ms = |v: u64| v as f64 / 1000.0;
         Latency {
@@ -192,19 +192,10 @@ impl Drop for Phase {
     }
 }
 
-/// Resident memory of this process, bytes (Linux `/proc/self/statm`); 0 where unknown.
-pub fn rss_bytes() -> u64 {
-    std::fs::read_to_string("/proc/self/statm")
-        .ok()
-        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
-        .map(|pages| pages * 4096)
-        .unwrap_or(0)
-}
-
 /// Counts done units towards a total, from many tasks, and notes when the last one was done:
 /// a consumer still waiting on an empty fetch must not stretch the measured time.
 #[derive(Debug, Clone)]
-pub struct Countdown {
+pub(crate) struct Countdown {
     done: Arc<AtomicU64>,
     total: u64,
     finished: Arc<std::sync::Mutex<Option<Instant>>>,
@@ -212,7 +203,7 @@ pub struct Countdown {
 
 impl Countdown {
     /// Counts into `done` (e.g. a [`Phase::counter`]) towards `total`.
-    pub fn new(done: Arc<AtomicU64>, total: u64) -> Self {
+    pub(crate) fn new(done: Arc<AtomicU64>, total: u64) -> Self {
         Countdown {
             done,
             total,
@@ -221,24 +212,24 @@ impl Countdown {
     }
 
     /// One more unit done.
-    pub fn one(&self) {
+    pub(crate) fn one(&self) {
         if self.done.fetch_add(1, Ordering::Relaxed) + 1 == self.total {
             *self.finished.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
         }
     }
 
     /// Units done so far.
-    pub fn done(&self) -> u64 {
+    pub(crate) fn done(&self) -> u64 {
         self.done.load(Ordering::Relaxed)
     }
 
     /// Whether the total is reached.
-    pub fn is_done(&self) -> bool {
+    pub(crate) fn is_done(&self) -> bool {
         self.done() >= self.total
     }
 
     /// When the last unit was done.
-    pub fn finished(&self) -> Option<Instant> {
+    pub(crate) fn finished(&self) -> Option<Instant> {
         *self.finished.lock().unwrap_or_else(|p| p.into_inner())
     }
 }

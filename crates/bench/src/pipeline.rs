@@ -553,7 +553,7 @@ async fn listener_catch_up(
 }
 
 /// Every stage-stream message now in the stream (the payloads, in order): what S4 replays.
-pub async fn stage_batches(client: &async_nats::Client) -> Result<Vec<Bytes>, BenchError> {
+pub(crate) async fn stage_batches(client: &async_nats::Client) -> Result<Vec<Bytes>, BenchError> {
     let js = jetstream::new(client.clone());
     let mut stream = js
         .get_stream(STAGE_STREAM)

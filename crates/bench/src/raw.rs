@@ -20,9 +20,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The stream S1 uses.
-pub const RAW_STREAM: &str = "BENCH_RAW";
+pub(crate) const RAW_STREAM: &str = "BENCH_RAW";
 /// Its subject.
-pub const RAW_SUBJECT: &str = "bench.raw.data";
+pub(crate) const RAW_SUBJECT: &str = "bench.raw.data";
 
 /// What S1 measured for one payload size.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -44,19 +44,19 @@ pub struct RawResult {
 }
 
 /// A payload of `size` bytes whose first 8 bytes are the send time (Unix nanoseconds).
-pub fn stamped_payload(size: usize) -> Bytes {
+pub(crate) fn stamped_payload(size: usize) -> Bytes {
     let mut v = vec![b'x'; size.max(8)];
     v[..8].copy_from_slice(&msgtrail_core::time::now_nanos().to_be_bytes());
     Bytes::from(v)
 }
 
 /// The send time a [`stamped_payload`] carries.
-pub fn payload_stamp(p: &[u8]) -> Option<u64> {
+pub(crate) fn payload_stamp(p: &[u8]) -> Option<u64> {
     Some(u64::from_be_bytes(p.get(..8)?.try_into().ok()?))
 }
 
 /// Shares `total` among `parts` as evenly as possible.
-pub fn share(total: u64, parts: usize, i: usize) -> u64 {
+pub(crate) fn share(total: u64, parts: usize, i: usize) -> u64 {
     let parts = parts as u64;
     total / parts + u64::from((i as u64) < total % parts)
 }
@@ -130,7 +130,7 @@ pub struct Paced {
 }
 
 /// Runs S1 for one payload size.
-pub async fn run(
+pub(crate) async fn run(
     client: &async_nats::Client,
     p: &Load,
     paced: &Load,

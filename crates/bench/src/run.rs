@@ -15,7 +15,7 @@ use msgtrail_devkit::{NatsServer, NatsServerOptions};
 use std::time::Instant;
 
 /// The JetStream block of the durable variant: every write fsynced before it is acked.
-pub fn durable_jetstream_config(store_dir: &std::path::Path) -> String {
+pub(crate) fn durable_jetstream_config(store_dir: &std::path::Path) -> String {
     format!(
         "jetstream {{ store_dir: {:?}, sync_interval: always }}",
         store_dir.display().to_string()

@@ -27,7 +27,7 @@ use std::time::Duration;
 
 /// An open channel.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Channel {
+pub(crate) struct OpenChannel {
     /// The channel ID.
     pub id: String,
     /// Producer or consumer.
@@ -46,7 +46,7 @@ const USED_NONCE: &[u8] = b"used";
 
 /// The channel registry shared by the request handlers of one broker.
 #[derive(Debug, Clone)]
-pub struct Channels {
+pub(crate) struct Channels {
     inner: Arc<Inner>,
 }
 
@@ -54,7 +54,7 @@ pub struct Channels {
 struct Inner {
     kv: Store,
     nonces: Store,
-    cache: RwLock<HashMap<String, Channel>>,
+    cache: RwLock<HashMap<String, OpenChannel>>,
     clients: ClientRegistry,
     ttl: Duration,
     sink: StageSink,
@@ -68,7 +68,7 @@ fn now_ms() -> u64 {
 
 impl Channels {
     /// Creates the registry and starts watching the channel bucket.
-    pub async fn start(
+    pub(crate) async fn start(
         kv: Store,
         nonces: Store,
         clients: ClientRegistry,
@@ -97,7 +97,7 @@ impl Channels {
                 let mut cache = inner.cache.write().expect("channel cache poisoned");
                 match entry.operation {
                     Operation::Put => {
-                        if let Ok(ch) = serde_json::from_slice::<Channel>(&entry.value) {
+                        if let Ok(ch) = serde_json::from_slice::<OpenChannel>(&entry.value) {
                             cache.insert(entry.key, ch);
                         }
                     }
@@ -112,7 +112,10 @@ impl Channels {
     }
 
     /// `channel.challenge`: issues a one-time nonce for `client_id`.
-    pub async fn challenge(&self, client_id: &ClientId) -> Result<ChallengeReply, WireError> {
+    pub(crate) async fn challenge(
+        &self,
+        client_id: &ClientId,
+    ) -> Result<ChallengeReply, WireError> {
         let nonce = format!(
             "{}{}",
             uuid::Uuid::new_v4().simple(),
@@ -129,7 +132,10 @@ impl Channels {
     }
 
     /// `channel.open`: verifies the signed nonce and opens a channel, recording A1 either way.
-    pub async fn open(&self, req: OpenRequest) -> Result<(Channel, OpenReply), WireError> {
+    pub(crate) async fn open(
+        &self,
+        req: OpenRequest,
+    ) -> Result<(OpenChannel, OpenReply), WireError> {
         let result = self.try_open(&req).await;
         let mut rec = StageRecord::now(Stage::Channel);
         match req.role {
@@ -152,7 +158,7 @@ impl Channels {
         result
     }
 
-    async fn try_open(&self, req: &OpenRequest) -> Result<(Channel, OpenReply), WireError> {
+    async fn try_open(&self, req: &OpenRequest) -> Result<(OpenChannel, OpenReply), WireError> {
         let inner = &self.inner;
         let entry = inner.clients.get(req.role, &req.client_id).ok_or_else(|| {
             WireError::new(
@@ -202,7 +208,7 @@ impl Channels {
             .update(&req.nonce, USED_NONCE.to_vec().into(), nonce_entry.revision)
             .await
             .map_err(|_| WireError::new(ErrorCode::BadNonce, "nonce already used"))?;
-        let channel = Channel {
+        let channel = OpenChannel {
             id: uuid::Uuid::new_v4().simple().to_string(),
             role: req.role,
             client_id: req.client_id.clone(),
@@ -224,7 +230,7 @@ impl Channels {
         Ok((channel, reply))
     }
 
-    async fn store(&self, channel: &Channel) -> Result<(), WireError> {
+    async fn store(&self, channel: &OpenChannel) -> Result<(), WireError> {
         let value = serde_json::to_vec(channel).expect("channel serializes");
         self.inner
             .kv
@@ -242,7 +248,7 @@ impl Channels {
     }
 
     /// Looks an open, unexpired channel up.
-    pub async fn lookup(&self, id: &str) -> Result<Channel, WireError> {
+    pub(crate) async fn lookup(&self, id: &str) -> Result<OpenChannel, WireError> {
         let unknown = || {
             WireError::new(
                 ErrorCode::UnknownChannel,
@@ -275,7 +281,7 @@ impl Channels {
         if entry.operation != Operation::Put {
             return Err(unknown());
         }
-        let ch: Channel = serde_json::from_slice(&entry.value).map_err(|_| unknown())?;
+        let ch: OpenChannel = serde_json::from_slice(&entry.value).map_err(|_| unknown())?;
         if ch.expires_at_ms <= now {
             return Err(unknown());
         }
@@ -283,7 +289,7 @@ impl Channels {
     }
 
     /// Looks a channel up and checks its role.
-    pub async fn lookup_role(&self, id: &str, role: Role) -> Result<Channel, WireError> {
+    pub(crate) async fn lookup_role(&self, id: &str, role: Role) -> Result<OpenChannel, WireError> {
         let ch = self.lookup(id).await?;
         if ch.role != role {
             return Err(WireError::new(
@@ -298,7 +304,7 @@ impl Channels {
     }
 
     /// `channel.keepalive`: extends the channel's life.
-    pub async fn keepalive(&self, id: &str) -> Result<KeepaliveReply, WireError> {
+    pub(crate) async fn keepalive(&self, id: &str) -> Result<KeepaliveReply, WireError> {
         let mut ch = self.lookup(id).await?;
         ch.expires_at_ms = now_ms() + self.inner.ttl.as_millis() as u64;
         self.store(&ch).await?;
@@ -308,7 +314,7 @@ impl Channels {
     }
 
     /// `channel.close`: closes the channel, recording A1 `closed`.
-    pub async fn close(&self, id: &str) -> Result<(), WireError> {
+    pub(crate) async fn close(&self, id: &str) -> Result<(), WireError> {
         let ch = self.lookup(id).await?;
         self.inner.kv.delete(id).await.map_err(|e| {
             WireError::new(ErrorCode::Unavailable, format!("cannot close channel: {e}"))
@@ -342,7 +348,7 @@ async fn sweep_expired(inner: std::sync::Weak<Inner>) {
         tokio::time::sleep(period).await;
         let Some(inner) = inner.upgrade() else { break };
         let now = now_ms();
-        let expired: Vec<Channel> = {
+        let expired: Vec<OpenChannel> = {
             let mut cache = inner.cache.write().expect("channel cache poisoned");
             let gone: Vec<String> = cache
                 .iter()

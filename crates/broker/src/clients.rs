@@ -124,13 +124,13 @@ impl ClientRegistry {
 }
 
 /// Whether a producer with `allowed` filters may upload to `topic`.
-pub fn may_publish(allowed: &[String], topic: &str) -> bool {
+pub(crate) fn may_publish(allowed: &[String], topic: &str) -> bool {
     allowed.iter().any(|f| topic_matches(f, topic))
 }
 
 /// Whether a consumer with `allowed` filters may subscribe with `filter`: every topic the
 /// filter matches must be matched by one allowed filter.
-pub fn may_subscribe(allowed: &[String], filter: &str) -> bool {
+pub(crate) fn may_subscribe(allowed: &[String], filter: &str) -> bool {
     allowed.iter().any(|a| filter_within(filter, a))
 }
 

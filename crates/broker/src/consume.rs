@@ -20,7 +20,7 @@
 //! and JetStream itself would answer an ack of a message it already dead-lettered as if it
 //! had taken it.
 
-use crate::channels::Channel;
+use crate::channels::OpenChannel;
 use crate::clients::may_subscribe;
 use crate::metrics::Metrics;
 use crate::shared::Shared;
@@ -46,9 +46,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// Longest a fetch may wait.
-pub const MAX_FETCH_WAIT: Duration = Duration::from_secs(30);
+pub(crate) const MAX_FETCH_WAIT: Duration = Duration::from_secs(30);
 /// Most messages one fetch may return.
-pub const MAX_FETCH: u32 = 1000;
+pub(crate) const MAX_FETCH: u32 = 1000;
 /// How far after a message ID's timestamp a fetch by ID searches the stream.
 const FIND_BY_ID_WINDOW_MS: u64 = 10_000;
 /// How long an idle group consumer is kept by JetStream.
@@ -56,7 +56,7 @@ const GROUP_INACTIVE: Duration = Duration::from_secs(7 * 24 * 3600);
 /// Longest a settle waits for JetStream's confirmation. Below the SDK's request timeouts
 /// (2 s in the fault suite, 5 s by default), so that a lost confirmation is answered
 /// `unavailable` (settle again) rather than left to the client's timeout.
-pub const SETTLE_CONFIRM_WAIT: Duration = Duration::from_millis(1500);
+pub(crate) const SETTLE_CONFIRM_WAIT: Duration = Duration::from_millis(1500);
 /// The most a delivery's settle deadline is set before JetStream's ack wait runs out: room
 /// for the broker's receipt of the delivery and the settle's trip to the NATS server, so that
 /// a settle the broker lets through reaches JetStream while the delivery is still its own.
@@ -64,7 +64,7 @@ const SETTLE_MARGIN_MAX: Duration = Duration::from_millis(50);
 
 /// Delivers messages to consumers and settles them.
 #[derive(Clone)]
-pub struct Deliverer {
+pub(crate) struct Deliverer {
     /// What every handler shares.
     pub shared: Arc<Shared>,
     /// The group consumers created or looked up so far, by durable name.
@@ -158,12 +158,12 @@ pub fn durable_name(sub: &Subscription) -> String {
 
 /// The durable consumer of a group's fetches by message ID of one message
 /// (`g-<group>-m<32 hex>`, docs/PROTOCOL.md §8.2).
-pub fn by_id_durable_name(group: &str, id: &MessageId) -> String {
+pub(crate) fn by_id_durable_name(group: &str, id: &MessageId) -> String {
     format!("g-{group}-m{}", id.trace_hex())
 }
 
 /// Whether a durable consumer name is one of fetches by message ID (`g-<group>-m<32 hex>`).
-pub fn is_by_id_durable(name: &str) -> bool {
+pub(crate) fn is_by_id_durable(name: &str) -> bool {
     name.strip_prefix("g-")
         .and_then(|s| s.rsplit_once('-'))
         .and_then(|(_, last)| last.strip_prefix('m'))
@@ -171,7 +171,7 @@ pub fn is_by_id_durable(name: &str) -> bool {
 }
 
 /// The group of a durable consumer name (`g-<group>-<hash>`).
-pub fn group_of_durable(name: &str) -> Option<&str> {
+pub(crate) fn group_of_durable(name: &str) -> Option<&str> {
     name.strip_prefix("g-")
         .and_then(|s| s.rsplit_once('-'))
         .map(|(g, _)| g)
@@ -185,7 +185,7 @@ impl Deliverer {
     /// Validates a subscription for a consumer channel.
     pub(crate) fn check_subscription(
         &self,
-        channel: &Channel,
+        channel: &OpenChannel,
         sub: &Subscription,
     ) -> Result<(), WireError> {
         validate_topic_filter(&sub.topic)
@@ -469,7 +469,7 @@ impl Deliverer {
 
     /// `fetch`: pull matching messages, or answer with a no-matching-message notice; the
     /// reply is a JSON [`FetchReply`] or a binary [`DeliveryBatch`], as the request asks.
-    pub async fn fetch(&self, req: FetchRequest) -> Result<Bytes, WireError> {
+    pub(crate) async fn fetch(&self, req: FetchRequest) -> Result<Bytes, WireError> {
         let channel = self
             .shared
             .channels
@@ -538,7 +538,7 @@ impl Deliverer {
     }
 
     /// Records N1 for a consume request that matched nothing.
-    pub(crate) fn no_match(&self, channel: &Channel, sub: &Subscription) {
+    pub(crate) fn no_match(&self, channel: &OpenChannel, sub: &Subscription) {
         Metrics::inc(&self.shared.metrics.no_match);
         let mut n1 = StageRecord::now(Stage::NoMatch);
         n1.consumer = Some(channel.client_id.clone());
@@ -640,7 +640,7 @@ impl Deliverer {
 
     /// `ack`: settles one delivery (ack, nack with optional delay, or term); returns the
     /// push subscription and sequence whose in-flight slot the settle frees, if any.
-    pub async fn ack(&self, req: AckRequest) -> Result<Option<(String, u64)>, WireError> {
+    pub(crate) async fn ack(&self, req: AckRequest) -> Result<Option<(String, u64)>, WireError> {
         let channel = self
             .shared
             .channels
@@ -867,7 +867,7 @@ impl Deliverer {
 
     /// Watches JetStream's max-deliveries advisories (ack timeouts on the last attempt) and
     /// dead-letters those messages. Brokers share the advisories through the queue group.
-    pub async fn watch_max_deliveries(self, shutdown: tokio_util::sync::CancellationToken) {
+    pub(crate) async fn watch_max_deliveries(self, shutdown: tokio_util::sync::CancellationToken) {
         let subject = format!("$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{MESSAGE_STREAM}.*");
         let mut sub = match self
             .shared

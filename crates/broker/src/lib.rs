@@ -30,24 +30,25 @@
 //! subscription a child of it), and requests in flight run on a `TaskTracker` the shutdown
 //! waits for, within the grace period.
 
-pub mod channels;
-pub mod clients;
-pub mod config;
-pub mod consume;
-pub mod error;
-pub mod metrics;
-pub mod push;
-pub mod relay;
-pub mod server;
-pub mod settle;
-pub mod shared;
-pub mod signing;
-pub mod stage_sink;
-pub mod streams;
-pub mod token;
-pub mod upload;
+mod channels;
+mod clients;
+mod config;
+mod consume;
+mod error;
+mod metrics;
+mod push;
+mod relay;
+mod server;
+mod settle;
+mod shared;
+mod signing;
+mod stage_sink;
+mod streams;
+mod token;
+mod upload;
 
 pub use clients::{ClientEntry, ClientRegistry, ClientsFile};
 pub use config::BrokerConfig;
+pub use consume::durable_name;
 pub use metrics::Metrics;
 pub use server::{run, start, BrokerError, RunningBroker};

@@ -25,13 +25,13 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 /// Prefix of the internal settle notifications.
-pub const SETTLED_PREFIX: &str = "msgtrail.internal.settled";
+pub(crate) const SETTLED_PREFIX: &str = "msgtrail.internal.settled";
 /// Prefix of the internal unsubscribe requests, for a subscription owned by another broker.
-pub const UNSUBSCRIBE_PREFIX: &str = "msgtrail.internal.unsubscribe";
+pub(crate) const UNSUBSCRIBE_PREFIX: &str = "msgtrail.internal.unsubscribe";
 /// Most unsettled deliveries one subscription may ask for.
-pub const MAX_INFLIGHT: u32 = 10_000;
+pub(crate) const MAX_INFLIGHT: u32 = 10_000;
 /// Shortest schedule period.
-pub const MIN_EVERY: Duration = Duration::from_millis(10);
+pub(crate) const MIN_EVERY: Duration = Duration::from_millis(10);
 /// How long an immediate subscription waits for messages in one pull.
 const LONG_POLL: Duration = Duration::from_secs(2);
 
@@ -45,7 +45,7 @@ struct Handle {
 
 /// The push subscriptions of this broker.
 #[derive(Debug, Clone)]
-pub struct PushManager {
+pub(crate) struct PushManager {
     deliverer: Deliverer,
     subs: Arc<Mutex<HashMap<String, Handle>>>,
     shutdown: CancellationToken,
@@ -65,7 +65,7 @@ fn valid_deliver_subject(s: &str) -> bool {
 
 impl PushManager {
     /// A manager delivering through `deliverer`.
-    pub fn new(deliverer: Deliverer, shutdown: CancellationToken) -> Self {
+    pub(crate) fn new(deliverer: Deliverer, shutdown: CancellationToken) -> Self {
         PushManager {
             deliverer,
             subs: Arc::new(Mutex::new(HashMap::new())),
@@ -73,18 +73,11 @@ impl PushManager {
         }
     }
 
-    /// Number of live subscriptions on this broker.
-    pub fn len(&self) -> usize {
-        self.subs.lock().expect("subscriptions poisoned").len()
-    }
-
-    /// Whether there is no live subscription on this broker.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// `subscribe`: validates and starts a subscription task.
-    pub async fn subscribe(&self, req: SubscribeRequest) -> Result<SubscribeReply, WireError> {
+    pub(crate) async fn subscribe(
+        &self,
+        req: SubscribeRequest,
+    ) -> Result<SubscribeReply, WireError> {
         let d = &self.deliverer;
         let channel = d
             .shared
@@ -171,7 +164,7 @@ impl PushManager {
 
     /// `unsubscribe`: stops a subscription of the caller's channel, here or on the broker
     /// that owns it.
-    pub async fn unsubscribe(&self, req: UnsubscribeRequest) -> Result<(), WireError> {
+    pub(crate) async fn unsubscribe(&self, req: UnsubscribeRequest) -> Result<(), WireError> {
         self.deliverer
             .shared
             .channels
@@ -264,7 +257,7 @@ impl PushManager {
     }
 
     /// Tells the owner of subscription `id` that the delivery at `seq` was settled.
-    pub async fn notify_settled(&self, id: &str, seq: u64) {
+    pub(crate) async fn notify_settled(&self, id: &str, seq: u64) {
         let _ = self
             .deliverer
             .shared

@@ -19,7 +19,7 @@
 //! JSON or as a binary report frame on `msgtrail.v1.stage`, or ride along upload and settle
 //! batches ([`Relay::relay_reported`]); all three take the same checks.
 
-use crate::channels::{Channel, Channels};
+use crate::channels::{Channels, OpenChannel};
 use crate::metrics::Metrics;
 use crate::signing::SigningKey;
 use crate::stage_sink::StageSink;
@@ -32,13 +32,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 /// Most records in one report.
-pub const MAX_REPORT_RECORDS: usize = 1000;
+pub(crate) const MAX_REPORT_RECORDS: usize = 1000;
 /// Largest report body.
-pub const MAX_REPORT_BYTES: usize = 1024 * 1024;
+pub(crate) const MAX_REPORT_BYTES: usize = 1024 * 1024;
 
 /// Checks and relays client stage reports.
 #[derive(Debug, Clone)]
-pub struct Relay {
+pub(crate) struct Relay {
     /// Channels.
     pub channels: Channels,
     /// The stage sink.
@@ -52,7 +52,7 @@ pub struct Relay {
 /// Ack tokens verified while handling one request, by their text: a delivery's token rides
 /// in its settle and in each of its stage records, and is checked once.
 #[derive(Debug, Default)]
-pub struct TokenCache(HashMap<String, Vec<(String, Arc<AckToken>)>>);
+pub(crate) struct TokenCache(HashMap<String, Vec<(String, Arc<AckToken>)>>);
 
 /// Characters of a token's end that key the cache: the end of its HMAC tag, so hashing
 /// ~16 bytes instead of the ~200 of the whole token (the full text is still compared).
@@ -60,13 +60,13 @@ const CACHE_KEY_CHARS: usize = 16;
 
 impl TokenCache {
     /// An empty cache.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
     /// The token `text` verified for `consumer` ([`AckToken::decode_for`]), from the cache
     /// when it was verified before in this request.
-    pub fn decode(
+    pub(crate) fn decode(
         &mut self,
         text: &str,
         consumer: &msgtrail_core::ClientId,
@@ -156,7 +156,7 @@ fn parse_json_report(payload: &[u8]) -> Result<Vec<ReportedRecord>, WireError> {
 impl Relay {
     /// Handles one `stage` report (newline-delimited JSON, or a binary report frame);
     /// returns how many records were accepted.
-    pub async fn handle(&self, msg: &async_nats::Message) -> Result<usize, WireError> {
+    pub(crate) async fn handle(&self, msg: &async_nats::Message) -> Result<usize, WireError> {
         let headers = msg.headers.as_ref().ok_or_else(|| {
             WireError::new(
                 ErrorCode::BadRequest,
@@ -185,9 +185,9 @@ impl Relay {
 
     /// Checks and relays the records that rode along an upload or settle batch. They are
     /// accepted whole or refused whole; a refusal never fails the request they rode on.
-    pub async fn relay_reported(
+    pub(crate) async fn relay_reported(
         &self,
-        channel: &Channel,
+        channel: &OpenChannel,
         reported: Vec<ReportedRecord>,
         invalid: Option<String>,
         tokens: &mut TokenCache,
@@ -233,7 +233,7 @@ impl Relay {
     /// by several records (a delivery's C6, X1, X2, C7) is verified once.
     fn check_all(
         &self,
-        channel: &Channel,
+        channel: &OpenChannel,
         reported: Vec<ReportedRecord>,
         tokens: &mut TokenCache,
     ) -> Result<Vec<StageRecord>, WireError> {
@@ -258,7 +258,7 @@ impl Relay {
         n: usize,
         r: &mut StageRecord,
         token: Option<&str>,
-        channel: &Channel,
+        channel: &OpenChannel,
         tokens: &mut TokenCache,
     ) -> Result<(), WireError> {
         if !r.stage.reportable_by(channel.role) {

@@ -11,7 +11,7 @@
 //! are stored in the stage stream ([`STORED_WAIT`] at most): a broker killed right after
 //! answering loses no record of what it answered.
 
-use crate::channels::Channel;
+use crate::channels::OpenChannel;
 use crate::consume::Deliverer;
 use crate::push::PushManager;
 use crate::relay::{Relay, TokenCache};
@@ -24,11 +24,11 @@ use msgtrail_core::{ErrorCode, Role, WireError};
 
 /// Longest a settle waits for its stage records to be stored before answering anyway (the
 /// writer keeps retrying them): about a stage-stream leader election.
-pub const STORED_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+pub(crate) const STORED_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Handles settle batches.
 #[derive(Debug, Clone)]
-pub struct Settler {
+pub(crate) struct Settler {
     /// Settles deliveries.
     pub deliverer: Deliverer,
     /// Frees push subscriptions' in-flight slots.
@@ -39,7 +39,7 @@ pub struct Settler {
 
 impl Settler {
     /// Handles one settle request, binary or JSON.
-    pub async fn handle(&self, msg: &async_nats::Message) -> Result<Bytes, WireError> {
+    pub(crate) async fn handle(&self, msg: &async_nats::Message) -> Result<Bytes, WireError> {
         if frame::frame_kind(&msg.payload) == Some(frame::FrameKind::SettleBatch) {
             let headers = msg.headers.as_ref().ok_or_else(|| {
                 WireError::new(
@@ -102,7 +102,7 @@ impl Settler {
         }
     }
 
-    async fn consumer_channel(&self, id: &str) -> Result<Channel, WireError> {
+    async fn consumer_channel(&self, id: &str) -> Result<OpenChannel, WireError> {
         self.deliverer
             .shared
             .channels
@@ -116,7 +116,7 @@ impl Settler {
     /// one per delivery.
     async fn settle_all(
         &self,
-        channel: &Channel,
+        channel: &OpenChannel,
         entries: &[SettleEntry],
         tokens: &mut TokenCache,
     ) -> Vec<Result<(), WireError>> {

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 /// The broker's shared parts, built once at startup.
 #[derive(Debug, Clone)]
-pub struct Shared {
+pub(crate) struct Shared {
     /// JetStream.
     pub js: jetstream::Context,
     /// The message stream (direct gets, consumers).

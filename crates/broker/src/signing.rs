@@ -15,12 +15,12 @@ use ring::hmac;
 use ring::rand::{SecureRandom, SystemRandom};
 
 /// The bucket of broker-wide settings.
-pub const BROKER_BUCKET: &str = "msgtrail_broker";
+pub(crate) const BROKER_BUCKET: &str = "msgtrail_broker";
 const KEY_NAME: &str = "token-key";
 
 /// The shared signing key.
 #[derive(Clone)]
-pub struct SigningKey(hmac::Key);
+pub(crate) struct SigningKey(hmac::Key);
 
 impl std::fmt::Debug for SigningKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -30,17 +30,18 @@ impl std::fmt::Debug for SigningKey {
 
 impl SigningKey {
     /// A key from raw bytes.
-    pub fn from_bytes(bytes: &[u8]) -> Self {
+    pub(crate) fn from_bytes(bytes: &[u8]) -> Self {
         SigningKey(hmac::Key::new(hmac::HMAC_SHA256, bytes))
     }
 
     /// A fresh random key (for tests and single-broker use).
-    pub fn random() -> Self {
+    #[cfg(test)]
+    pub(crate) fn random() -> Self {
         Self::from_bytes(&random_bytes())
     }
 
     /// Loads the deployment's key, creating it if this is the first broker.
-    pub async fn load_or_create(
+    pub(crate) async fn load_or_create(
         js: &jetstream::Context,
         replicas: usize,
     ) -> Result<Self, async_nats::Error> {
@@ -69,12 +70,12 @@ impl SigningKey {
     }
 
     /// The base64url tag of `data`.
-    pub fn tag(&self, data: &[u8]) -> String {
+    pub(crate) fn tag(&self, data: &[u8]) -> String {
         URL_SAFE_NO_PAD.encode(hmac::sign(&self.0, data).as_ref())
     }
 
     /// Whether `tag` is the tag of `data` (constant time).
-    pub fn verify(&self, data: &[u8], tag: &str) -> bool {
+    pub(crate) fn verify(&self, data: &[u8], tag: &str) -> bool {
         URL_SAFE_NO_PAD
             .decode(tag)
             .map(|t| hmac::verify(&self.0, data, &t).is_ok())
@@ -83,7 +84,7 @@ impl SigningKey {
 
     /// The receipt of an upload: proof that `message_id` was assigned to `producer`'s
     /// `request_id`.
-    pub fn receipt(
+    pub(crate) fn receipt(
         &self,
         producer: &ClientId,
         request_id: &RequestId,
@@ -93,7 +94,7 @@ impl SigningKey {
     }
 
     /// Checks an upload receipt.
-    pub fn verify_receipt(
+    pub(crate) fn verify_receipt(
         &self,
         producer: &ClientId,
         request_id: &RequestId,

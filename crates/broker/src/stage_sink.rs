@@ -43,7 +43,7 @@ enum Item {
 
 /// A cheap handle to hand stage records to the writer.
 #[derive(Debug, Clone)]
-pub struct StageSink {
+pub(crate) struct StageSink {
     tx: Option<mpsc::Sender<Item>>,
     /// This broker process, stamped on the records it times itself.
     instance: BrokerInstance,
@@ -53,7 +53,7 @@ pub struct StageSink {
 impl StageSink {
     /// Starts the writer task; it ends after every sink clone is dropped and the buffer is
     /// flushed. With `enabled` false, records are only traced, never written.
-    pub fn start(
+    pub(crate) fn start(
         js: async_nats::jetstream::Context,
         instance: BrokerInstance,
         metrics: Arc<Metrics>,
@@ -82,11 +82,6 @@ impl StageSink {
         )
     }
 
-    /// The broker instance this sink stamps on the records it writes.
-    pub fn instance(&self) -> &BrokerInstance {
-        &self.instance
-    }
-
     /// Resolves once every record handed to this sink before the call is stored in the stage
     /// stream, or after `within` (false then; the writer keeps retrying in the background).
     /// Without recording it resolves at once. The writer publishes at once, without its
@@ -96,7 +91,7 @@ impl StageSink {
     /// ride-along C6/X1/X2/C7) wait in its memory loses them when it is killed right after
     /// its reply; settles wait for them to be stored, uploads do not (a stored message
     /// carries its own store evidence, and P1/P4 losses leave the trajectory complete).
-    pub async fn stored(&self, within: Duration) -> bool {
+    pub(crate) async fn stored(&self, within: Duration) -> bool {
         let Some(tx) = &self.tx else { return true };
         let (done, wait) = oneshot::channel();
         if tx.try_send(Item::Stored(done)).is_err() {
@@ -106,7 +101,7 @@ impl StageSink {
     }
 
     /// Whether records are written at all (stage recording is on).
-    pub fn enabled(&self) -> bool {
+    pub(crate) fn enabled(&self) -> bool {
         self.tx.is_some()
     }
 
@@ -114,7 +109,7 @@ impl StageSink {
     /// clock) gets this broker's instance; a client's record (relayed, or a P1 written from
     /// an upload entry's `sent_at`) keeps none: its time is on the client's clock, and an
     /// offset pairs it with the broker-written records of its exchange (docs/PROTOCOL.md §12).
-    pub fn record(&self, mut rec: StageRecord) {
+    pub(crate) fn record(&self, mut rec: StageRecord) {
         rec.broker = (rec.stage.emitter() == Emitter::Broker).then(|| self.instance.clone());
         tracing::debug!(
             target: "msgtrail::stage",

@@ -6,7 +6,7 @@ use msgtrail_core::subjects as s;
 
 /// Handles to what [`ensure`] created or found.
 #[derive(Debug, Clone)]
-pub struct Storage {
+pub(crate) struct Storage {
     /// The message stream.
     pub messages: stream::Stream,
     /// The channel bucket.
@@ -16,7 +16,7 @@ pub struct Storage {
 }
 
 /// The stage stream's configuration; the listener creates it the same way if it starts first.
-pub fn stage_stream_config(replicas: usize, max_age: std::time::Duration) -> stream::Config {
+pub(crate) fn stage_stream_config(replicas: usize, max_age: std::time::Duration) -> stream::Config {
     stream::Config {
         name: s::STAGE_STREAM.to_owned(),
         subjects: vec![s::STAGE_SUBJECT.to_owned()],
@@ -30,7 +30,7 @@ pub fn stage_stream_config(replicas: usize, max_age: std::time::Duration) -> str
 }
 
 /// Creates the streams and buckets if they do not exist.
-pub async fn ensure(
+pub(crate) async fn ensure(
     js: &jetstream::Context,
     config: &BrokerConfig,
 ) -> Result<Storage, async_nats::Error> {

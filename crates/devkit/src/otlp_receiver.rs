@@ -12,7 +12,7 @@
 //!
 //! ```no_run
 //! # async fn demo() -> std::io::Result<()> {
-//! use msgtrail_devkit::otlp_receiver::OtlpReceiver;
+//! use msgtrail_devkit::OtlpReceiver;
 //! use std::time::Duration;
 //!
 //! let mut receiver = OtlpReceiver::start_grpc().await?;
@@ -90,7 +90,7 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 /// A string rendering of the attribute `key` (strings as they are, other scalars formatted).
-pub fn attr_string(attrs: &[KeyValue], key: &str) -> Option<String> {
+pub(crate) fn attr_string(attrs: &[KeyValue], key: &str) -> Option<String> {
     let v = attrs.iter().find(|kv| kv.key == key)?.value.as_ref()?;
     Some(match v.value.as_ref()? {
         AnyValue::StringValue(s) => s.clone(),

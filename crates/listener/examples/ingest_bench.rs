@@ -13,7 +13,7 @@ use msgtrail_core::record::encode_batch;
 use msgtrail_core::stage::Stage;
 use msgtrail_core::subjects::STAGE_SUBJECT;
 use msgtrail_core::{ClientId, MessageId, RequestId, StageRecord};
-use msgtrail_listener::client::ListenerClient;
+use msgtrail_listener::ListenerClient;
 use msgtrail_listener::ListenerConfig;
 use msgtrail_test_support::NatsServer;
 use std::time::{Duration, Instant};
@@ -75,7 +75,7 @@ async fn main() {
     let dir = tempfile::tempdir().unwrap();
     let client = async_nats::connect(server.url()).await.unwrap();
     let js = async_nats::jetstream::new(client);
-    js.get_or_create_stream(msgtrail_listener::ingest::stage_stream_config())
+    js.get_or_create_stream(msgtrail_listener::stage_stream_config())
         .await
         .unwrap();
 

@@ -25,7 +25,7 @@ pub const ENV_LISTENER_URL: &str = "MSGTRAIL_LISTENER_URL";
 /// Why a call failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum ClientError {
+pub enum ListenerClientError {
     /// The URL is not `http://host:port[/prefix]`.
     #[error("invalid listener url {url:?}: expected http://host:port")]
     Url {
@@ -64,12 +64,12 @@ pub enum ClientError {
     },
 }
 
-impl ClientError {
+impl ListenerClientError {
     fn protocol(
         context: impl Into<String>,
         source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
     ) -> Self {
-        ClientError::Protocol {
+        ListenerClientError::Protocol {
             context: context.into(),
             source: source.into(),
         }
@@ -77,7 +77,7 @@ impl ClientError {
 
     /// Whether the listener said "not found" (as opposed to failing).
     pub fn is_not_found(&self) -> bool {
-        matches!(self, ClientError::Api { status: 404, .. })
+        matches!(self, ListenerClientError::Api { status: 404, .. })
     }
 }
 
@@ -119,12 +119,12 @@ pub fn encode(s: &str) -> String {
 
 impl ListenerClient {
     /// A client of the listener at `url` (`http://host:port`, optionally with a path prefix).
-    pub fn new(url: &str, token: Option<String>) -> Result<Self, ClientError> {
-        let bad = || ClientError::Url {
+    pub fn new(url: &str, token: Option<String>) -> Result<Self, ListenerClientError> {
+        let bad = || ListenerClientError::Url {
             url: url.to_owned(),
             source: None,
         };
-        let parsed = url::Url::parse(url.trim()).map_err(|e| ClientError::Url {
+        let parsed = url::Url::parse(url.trim()).map_err(|e| ListenerClientError::Url {
             url: url.to_owned(),
             source: Some(e),
         })?;
@@ -152,10 +152,10 @@ impl ListenerClient {
     }
 
     /// GETs `path` (starting with `/`) and returns the status and body.
-    pub async fn get_raw(&self, path: &str) -> Result<(u16, Vec<u8>), ClientError> {
+    pub async fn get_raw(&self, path: &str) -> Result<(u16, Vec<u8>), ListenerClientError> {
         let uri: hyper::Uri = format!("{}{path}", self.base)
             .parse()
-            .map_err(|e| ClientError::protocol(format!("bad request path {path:?}"), e))?;
+            .map_err(|e| ListenerClientError::protocol(format!("bad request path {path:?}"), e))?;
         let mut req = hyper::Request::get(uri).header(hyper::header::ACCEPT, "application/json");
         if let Some(t) = &self.token {
             let bearer = format!("Bearer {}", t.expose_secret());
@@ -163,13 +163,13 @@ impl ListenerClient {
         }
         let req = req
             .body(Empty::new())
-            .map_err(|e| ClientError::protocol("building the request", e))?;
+            .map_err(|e| ListenerClientError::protocol("building the request", e))?;
         let fut = async {
             let resp = self
                 .http
                 .request(req)
                 .await
-                .map_err(|e| ClientError::Connect {
+                .map_err(|e| ListenerClientError::Connect {
                     addr: self.host_port.clone(),
                     reason: error_chain(&e),
                     source: Some(e),
@@ -179,13 +179,13 @@ impl ListenerClient {
                 .into_body()
                 .collect()
                 .await
-                .map_err(|e| ClientError::protocol("reading the answer", e))?
+                .map_err(|e| ListenerClientError::protocol("reading the answer", e))?
                 .to_bytes();
             Ok((status, body.to_vec()))
         };
         tokio::time::timeout(self.timeout, fut)
             .await
-            .map_err(|_| ClientError::Connect {
+            .map_err(|_| ListenerClientError::Connect {
                 addr: self.host_port.clone(),
                 reason: format!("no answer within {:?}", self.timeout),
                 source: None,
@@ -193,18 +193,21 @@ impl ListenerClient {
     }
 
     /// GETs `path` and decodes a JSON answer, or the API error.
-    pub async fn get_json<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
+    pub async fn get_json<T: DeserializeOwned>(
+        &self,
+        path: &str,
+    ) -> Result<T, ListenerClientError> {
         let (status, body) = self.get_raw(path).await?;
         if (200..300).contains(&status) {
             serde_json::from_slice(&body)
-                .map_err(|e| ClientError::protocol("decoding the answer", e))
+                .map_err(|e| ListenerClientError::protocol("decoding the answer", e))
         } else {
             let body = serde_json::from_slice(&body).unwrap_or_else(|_| ApiError {
                 error: String::from_utf8_lossy(&body).trim().to_owned(),
                 kind: "http".to_owned(),
                 producers: vec![],
             });
-            Err(ClientError::Api { status, body })
+            Err(ListenerClientError::Api { status, body })
         }
     }
 
@@ -213,7 +216,7 @@ impl ListenerClient {
         &self,
         id: &str,
         producer: Option<&str>,
-    ) -> Result<Trajectory, ClientError> {
+    ) -> Result<Trajectory, ListenerClientError> {
         let mut path = format!("/api/messages/{}", encode(id));
         if let Some(p) = producer {
             path.push_str(&format!("?producer={}", encode(p)));
@@ -226,7 +229,7 @@ impl ListenerClient {
         &self,
         client: &str,
         limit: usize,
-    ) -> Result<crate::http::ClientEvents, ClientError> {
+    ) -> Result<crate::http::ClientEvents, ListenerClientError> {
         self.get_json(&format!(
             "/api/clients/{}/events?limit={limit}",
             encode(client)
@@ -238,13 +241,13 @@ impl ListenerClient {
     pub async fn client_clocks(
         &self,
         client: &str,
-    ) -> Result<crate::clocks::ClientClocks, ClientError> {
+    ) -> Result<crate::clocks::ClientClocks, ListenerClientError> {
         self.get_json(&format!("/api/clients/{}", encode(client)))
             .await
     }
 
     /// The statistics, optionally of one topic.
-    pub async fn stats(&self, topic: Option<&str>) -> Result<StatsSnapshot, ClientError> {
+    pub async fn stats(&self, topic: Option<&str>) -> Result<StatsSnapshot, ListenerClientError> {
         match topic {
             Some(t) => {
                 self.get_json(&format!("/api/stats?topic={}", encode(t)))
@@ -255,7 +258,7 @@ impl ListenerClient {
     }
 
     /// A search; `query` is the query string without `?` (e.g. `state=stuck&since_secs=3600`).
-    pub async fn search(&self, query: &str) -> Result<Vec<MessageSummary>, ClientError> {
+    pub async fn search(&self, query: &str) -> Result<Vec<MessageSummary>, ListenerClientError> {
         if query.is_empty() {
             self.get_json("/api/messages").await
         } else {
@@ -313,7 +316,7 @@ mod tests {
         let c = ListenerClient::new(&format!("http://127.0.0.1:{port}"), None).unwrap();
         let err = c.get_raw("/api/stats").await.unwrap_err();
         let text = err.to_string();
-        assert!(matches!(err, ClientError::Connect { .. }), "{text}");
+        assert!(matches!(err, ListenerClientError::Connect { .. }), "{text}");
         assert!(text.contains(&format!("127.0.0.1:{port}")), "{text}");
         assert!(text.to_lowercase().contains("refused"), "{text}");
     }

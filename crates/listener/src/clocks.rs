@@ -35,15 +35,15 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 /// How far back (by record time) a client's exchanges count towards its window estimate.
-pub const WINDOW: Duration = Duration::from_secs(60);
+pub(crate) const WINDOW: Duration = Duration::from_secs(60);
 /// Most (client, broker instance) pairs kept; beyond it the least recently updated goes.
-pub const MAX_PAIRS: usize = 1024;
+pub(crate) const MAX_PAIRS: usize = 1024;
 /// Most exchanges waiting for the rest of their four records.
-pub const MAX_PENDING: usize = 65_536;
+pub(crate) const MAX_PENDING: usize = 65_536;
 /// How long (listener time) an exchange may wait for the rest of its records.
-pub const PENDING_FOR: Duration = Duration::from_secs(120);
+pub(crate) const PENDING_FOR: Duration = Duration::from_secs(120);
 /// Most candidate samples kept per pair.
-pub const MAX_CANDIDATES: usize = 64;
+pub(crate) const MAX_CANDIDATES: usize = 64;
 
 /// One client's window estimates: the body of `GET /api/clients/{id}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -214,20 +214,20 @@ struct Inner {
 
 /// The per-client window estimates; shared by ingest (which feeds it) and the HTTP API.
 #[derive(Debug, Default)]
-pub struct ClockWindow {
+pub(crate) struct ClockWindow {
     // One short lock per stage batch; the HTTP reader takes it for one client's pairs.
     inner: Mutex<Inner>,
 }
 
 impl ClockWindow {
     /// An empty window.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
     /// Takes the exchange records of a batch (any others are skipped); `now` is the
     /// listener's time, Unix nanoseconds.
-    pub fn observe<'a>(&self, records: impl IntoIterator<Item = &'a StageRecord>, now: u64) {
+    pub(crate) fn observe<'a>(&self, records: impl IntoIterator<Item = &'a StageRecord>, now: u64) {
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         for r in records {
             let Some((i, earliest)) = slot(r.stage) else {
@@ -242,7 +242,7 @@ impl ClockWindow {
     }
 
     /// The window estimates of `client`, sorted by broker instance.
-    pub fn client(&self, client: &str) -> ClientClocks {
+    pub(crate) fn client(&self, client: &str) -> ClientClocks {
         let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let mut clocks: Vec<WindowEstimate> = inner
             .pairs
@@ -259,7 +259,8 @@ impl ClockWindow {
     }
 
     /// How many exchanges wait for records, and how many (client, instance) pairs are kept.
-    pub fn sizes(&self) -> (usize, usize) {
+    #[cfg(test)]
+    fn sizes(&self) -> (usize, usize) {
         let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         (inner.pending.len(), inner.pairs.len())
     }

@@ -18,25 +18,25 @@ pub struct CodecError {
 
 /// Appends primitives to a buffer.
 #[derive(Debug, Default)]
-pub struct Writer {
+pub(crate) struct Writer {
     buf: Vec<u8>,
 }
 
 impl Writer {
     /// An empty writer with room for `n` bytes.
-    pub fn with_capacity(n: usize) -> Self {
+    pub(crate) fn with_capacity(n: usize) -> Self {
         Writer {
             buf: Vec::with_capacity(n),
         }
     }
 
     /// One byte.
-    pub fn u8(&mut self, v: u8) {
+    pub(crate) fn u8(&mut self, v: u8) {
         self.buf.push(v);
     }
 
     /// An unsigned LEB128 varint.
-    pub fn varint(&mut self, mut v: u64) {
+    pub(crate) fn varint(&mut self, mut v: u64) {
         while v >= 0x80 {
             self.buf.push((v as u8) | 0x80);
             v >>= 7;
@@ -45,23 +45,23 @@ impl Writer {
     }
 
     /// A signed value as a zigzag varint (small magnitudes take few bytes either way).
-    pub fn zigzag(&mut self, v: i64) {
+    pub(crate) fn zigzag(&mut self, v: i64) {
         self.varint(((v << 1) ^ (v >> 63)) as u64);
     }
 
     /// Raw bytes.
-    pub fn bytes(&mut self, b: &[u8]) {
+    pub(crate) fn bytes(&mut self, b: &[u8]) {
         self.buf.extend_from_slice(b);
     }
 
     /// A string: its length as a varint, then its bytes.
-    pub fn str(&mut self, s: &str) {
+    pub(crate) fn str(&mut self, s: &str) {
         self.varint(s.len() as u64);
         self.bytes(s.as_bytes());
     }
 
     /// An optional string: a presence byte, then the string.
-    pub fn opt_str(&mut self, s: Option<&str>) {
+    pub(crate) fn opt_str(&mut self, s: Option<&str>) {
         match s {
             Some(s) => {
                 self.u8(1);
@@ -72,36 +72,31 @@ impl Writer {
     }
 
     /// Bytes written so far.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.buf.len()
     }
 
-    /// Whether nothing was written.
-    pub fn is_empty(&self) -> bool {
-        self.buf.is_empty()
-    }
-
     /// The bytes.
-    pub fn finish(self) -> Vec<u8> {
+    pub(crate) fn finish(self) -> Vec<u8> {
         self.buf
     }
 }
 
 /// Reads primitives from a slice, checking every length.
 #[derive(Debug)]
-pub struct Reader<'a> {
+pub(crate) struct Reader<'a> {
     bytes: &'a [u8],
     pos: usize,
 }
 
 impl<'a> Reader<'a> {
     /// A reader at the start of `bytes`.
-    pub fn new(bytes: &'a [u8]) -> Self {
+    pub(crate) fn new(bytes: &'a [u8]) -> Self {
         Reader { bytes, pos: 0 }
     }
 
     /// An error at the current offset.
-    pub fn fail<T>(&self, what: impl Into<String>) -> Result<T, CodecError> {
+    pub(crate) fn fail<T>(&self, what: impl Into<String>) -> Result<T, CodecError> {
         Err(CodecError {
             at: self.pos,
             what: what.into(),
@@ -109,7 +104,7 @@ impl<'a> Reader<'a> {
     }
 
     /// One byte.
-    pub fn u8(&mut self) -> Result<u8, CodecError> {
+    pub(crate) fn u8(&mut self) -> Result<u8, CodecError> {
         match self.bytes.get(self.pos) {
             Some(b) => {
                 self.pos += 1;
@@ -120,7 +115,7 @@ impl<'a> Reader<'a> {
     }
 
     /// `n` raw bytes.
-    pub fn take(&mut self, n: usize) -> Result<&'a [u8], CodecError> {
+    pub(crate) fn take(&mut self, n: usize) -> Result<&'a [u8], CodecError> {
         match self.bytes.get(self.pos..self.pos.saturating_add(n)) {
             Some(s) => {
                 self.pos += n;
@@ -131,7 +126,7 @@ impl<'a> Reader<'a> {
     }
 
     /// An unsigned LEB128 varint.
-    pub fn varint(&mut self) -> Result<u64, CodecError> {
+    pub(crate) fn varint(&mut self) -> Result<u64, CodecError> {
         let mut v = 0u64;
         for shift in (0..64).step_by(7) {
             let b = self.u8()?;
@@ -144,14 +139,14 @@ impl<'a> Reader<'a> {
     }
 
     /// A zigzag varint.
-    pub fn zigzag(&mut self) -> Result<i64, CodecError> {
+    pub(crate) fn zigzag(&mut self) -> Result<i64, CodecError> {
         let z = self.varint()?;
         Ok(((z >> 1) as i64) ^ -((z & 1) as i64))
     }
 
     /// A count of items that each take at least one byte: more than the bytes left is a
     /// lie, refused before anything is allocated for it.
-    pub fn count(&mut self) -> Result<usize, CodecError> {
+    pub(crate) fn count(&mut self) -> Result<usize, CodecError> {
         let n = self.varint()?;
         if n > (self.bytes.len() - self.pos) as u64 {
             return self.fail(format!(
@@ -163,14 +158,14 @@ impl<'a> Reader<'a> {
     }
 
     /// A string written by [`Writer::str`].
-    pub fn str(&mut self) -> Result<&'a str, CodecError> {
+    pub(crate) fn str(&mut self) -> Result<&'a str, CodecError> {
         let n = self.count()?;
         let raw = self.take(n)?;
         std::str::from_utf8(raw).or_else(|e| self.fail(e.to_string()))
     }
 
     /// An optional string written by [`Writer::opt_str`].
-    pub fn opt_str(&mut self) -> Result<Option<&'a str>, CodecError> {
+    pub(crate) fn opt_str(&mut self) -> Result<Option<&'a str>, CodecError> {
         match self.u8()? {
             0 => Ok(None),
             1 => self.str().map(Some),
@@ -179,13 +174,13 @@ impl<'a> Reader<'a> {
     }
 
     /// A message ID (16 bytes, big-endian), checked to be a UUIDv7.
-    pub fn message_id(&mut self) -> Result<MessageId, CodecError> {
+    pub(crate) fn message_id(&mut self) -> Result<MessageId, CodecError> {
         let raw: [u8; 16] = self.take(16)?.try_into().expect("16 bytes");
         MessageId::from_u128(u128::from_be_bytes(raw)).or_else(|e| self.fail(e.to_string()))
     }
 
     /// Fails unless every byte was read.
-    pub fn end(&self) -> Result<(), CodecError> {
+    pub(crate) fn end(&self) -> Result<(), CodecError> {
         if self.pos != self.bytes.len() {
             return self.fail("bytes after the end");
         }

@@ -8,8 +8,6 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// NATS server URL (the same variable the broker and the CLI read).
-pub const ENV_NATS_URL: &str = "NATS_URL";
 /// Directory of the listener's store.
 pub const ENV_DATA_DIR: &str = "MSGTRAIL_LISTENER_DATA_DIR";
 /// Address the HTTP API binds (`127.0.0.1:7380` by default; port 0 picks a free one).

@@ -93,14 +93,14 @@ impl fmt::Display for Counter {
 }
 
 /// Prefix of the per-stage counters' names (`stage.P1`, `stage.P2.recovered`).
-pub const STAGE_PREFIX: &str = "stage.";
+pub(crate) const STAGE_PREFIX: &str = "stage.";
 /// Prefix of the funnel counters' names (`funnel.sent` …).
-pub const FUNNEL_PREFIX: &str = "funnel.";
+pub(crate) const FUNNEL_PREFIX: &str = "funnel.";
 /// Prefix of the per-topic counters' names: `topic/<topic>/<counter>` (`/` is not in the
 /// topic grammar, so a per-topic name cannot be mistaken for a global one).
-pub const TOPIC_PREFIX: &str = "topic/";
+pub(crate) const TOPIC_PREFIX: &str = "topic/";
 /// Prefix of the state counters' names, after the topic (`topic/<topic>/state.<state>`).
-pub const STATE_PREFIX: &str = "state.";
+pub(crate) const STATE_PREFIX: &str = "state.";
 
 /// A counter, over all topics or within one.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -127,7 +127,7 @@ impl From<Counter> for CounterKey {
 }
 
 /// The name of a counter within a topic: `topic/<topic>/<name>`.
-pub fn topic_counter(topic: &str, counter: Counter) -> String {
+pub(crate) fn topic_counter(topic: &str, counter: Counter) -> String {
     CounterKey::Topic(topic.to_owned(), counter).to_string()
 }
 

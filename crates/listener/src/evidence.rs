@@ -46,7 +46,6 @@ use futures::StreamExt;
 use msgtrail_core::headers as h;
 use msgtrail_core::outcome::StoreOutcome;
 use msgtrail_core::subjects::{topic_of_subject, MESSAGE_STREAM, MESSAGE_SUBJECT_PREFIX};
-pub use msgtrail_core::trajectory::RECOVERED;
 use msgtrail_core::{ClientId, MessageId, RequestId, Stage, StageRecord};
 use std::sync::Arc;
 use std::time::Duration;
@@ -54,13 +53,13 @@ use tokio_util::sync::CancellationToken;
 
 /// Header JetStream adds to a message delivered by a headers-only consumer: the size of the
 /// payload it left out, in bytes.
-pub const NATS_MSG_SIZE: &str = "Nats-Msg-Size";
+pub(crate) const NATS_MSG_SIZE: &str = "Nats-Msg-Size";
 
 /// Suffix of the store-evidence consumer's name: `<durable_name>-stored`.
-pub const CONSUMER_SUFFIX: &str = "-stored";
+pub(crate) const CONSUMER_SUFFIX: &str = "-stored";
 
 /// How often [`run`] looks for the message stream while it does not exist.
-pub const STREAM_RETRY: Duration = Duration::from_secs(1);
+pub(crate) const STREAM_RETRY: Duration = Duration::from_secs(1);
 
 /// The name of the store-evidence consumer of a listener whose stage-stream consumer is
 /// `durable`.
@@ -70,7 +69,7 @@ pub fn consumer_name(durable: &str) -> String {
 
 /// The store-evidence consumer: every stored message (`msgtrail.msg.>`) from the start of
 /// the stream, headers only, each acknowledged explicitly once its records are committed.
-pub fn consumer_config(
+pub(crate) fn consumer_config(
     name: &str,
     batch_size: usize,
     ack_wait: Duration,
@@ -91,7 +90,7 @@ pub fn consumer_config(
 /// Why a stored message with a `Msgtrail-Received-At` header gave no record.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("stored message {stream_seq}: {reason}")]
-pub struct EvidenceError {
+pub(crate) struct EvidenceError {
     /// Its sequence in the message stream.
     pub stream_seq: u64,
     /// What was wrong with its headers.
@@ -100,7 +99,7 @@ pub struct EvidenceError {
 
 /// What JetStream says about a stored message besides its headers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StoredAt<'a> {
+pub(crate) struct StoredAt<'a> {
     /// Its subject, `msgtrail.msg.<topic>` (the topic when `Msgtrail-Topic` is missing).
     pub subject: &'a str,
     /// Its sequence in the message stream.
@@ -130,7 +129,7 @@ fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
 /// lowercase), `traceparent`, payload size (`Nats-Msg-Size`) and payload head
 /// (`Msgtrail-Payload-Head`); P3 is at the stored time with the stream sequence. Optional
 /// headers that do not parse are left out.
-pub fn records_of(
+pub(crate) fn records_of(
     headers: &HeaderMap,
     at: StoredAt<'_>,
 ) -> Result<Option<[StageRecord; 2]>, EvidenceError> {
@@ -253,7 +252,7 @@ enum Ended {
 
 /// Everything [`run`] needs.
 #[derive(Debug, Clone)]
-pub struct EvidenceSource {
+pub(crate) struct EvidenceSource {
     /// JetStream of the listener's connection.
     pub js: jetstream::Context,
     /// The consumer's name (see [`consumer_name`]).
@@ -269,7 +268,7 @@ pub struct EvidenceSource {
 /// Applies the store evidence of stored messages until `stop` is cancelled. Never fails for a
 /// missing message stream: it waits for it (retrying every [`STREAM_RETRY`]), and goes back
 /// to waiting when the stream or the consumer is deleted.
-pub async fn run(
+pub(crate) async fn run(
     source: EvidenceSource,
     store: Arc<Store>,
     stats: Arc<Stats>,
@@ -400,6 +399,7 @@ async fn read(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use msgtrail_core::trajectory::RECOVERED;
 
     const SEQ: u64 = 17;
     const STORED: u64 = 1_700_000_000_123_456_789;

@@ -26,7 +26,7 @@ const DRAIN: Duration = Duration::from_secs(5);
 
 /// The ingest side: hands trajectories to the export task without waiting.
 #[derive(Debug, Clone)]
-pub struct ExportSender {
+pub(crate) struct ExportSender {
     tx: mpsc::Sender<Trajectory>,
     dropped: Arc<AtomicU64>,
     exporter: msgtrail_otel::ExportHandle,
@@ -34,7 +34,7 @@ pub struct ExportSender {
 
 impl ExportSender {
     /// Offers trajectories; those that do not fit are counted as dropped.
-    pub fn offer(&self, ts: Vec<Trajectory>) {
+    pub(crate) fn offer(&self, ts: Vec<Trajectory>) {
         for t in ts {
             if self.tx.try_send(t).is_err() {
                 self.dropped.fetch_add(1, Ordering::Relaxed);
@@ -43,13 +43,13 @@ impl ExportSender {
     }
 
     /// Trajectories dropped because the export task was behind.
-    pub fn dropped(&self) -> u64 {
+    pub(crate) fn dropped(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)
     }
 
     /// Adds the exporter's counters and `msgtrail_listener_export_dropped_total` to a
     /// metrics registry (one scrape of `GET /metrics`).
-    pub fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
+    pub(crate) fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
         self.exporter.snapshot().register(registry);
         let dropped = prometheus_client::metrics::counter::Counter::<u64>::default();
         dropped.inc_by(self.dropped());
@@ -62,7 +62,7 @@ impl ExportSender {
 }
 
 /// Starts the pipeline (within the runtime) and returns the sender and the task.
-pub fn spawn(
+pub(crate) fn spawn(
     config: PipelineConfig,
     stop: CancellationToken,
 ) -> Result<

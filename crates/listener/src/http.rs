@@ -97,7 +97,7 @@ struct AppState {
 
 /// What the page needs to know about this listener.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct UiConfig {
+pub(crate) struct UiConfig {
     /// A link to a trace with `{trace_id}` in place of the 32 hex digits, when a tracing UI
     /// is configured.
     pub trace_ui_template: Option<String>,
@@ -149,7 +149,7 @@ async fn blocking<T: Send + 'static>(
 }
 
 /// Builds the router over a store, its statistics and the trace exporter (if any).
-pub fn router(
+pub(crate) fn router(
     store: Arc<Store>,
     stats: Arc<Stats>,
     clocks: Arc<ClockWindow>,

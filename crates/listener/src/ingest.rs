@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 /// How long the stage stream keeps records when the listener is the one that creates it:
 /// the broker's default (`stage_max_age`, 7 days), so that a stream created by either is the
 /// same.
-pub const STAGE_STREAM_MAX_AGE: Duration = Duration::from_secs(7 * 24 * 3600);
+pub(crate) const STAGE_STREAM_MAX_AGE: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// The stage stream's configuration, as the broker creates it (single replica, default
 /// maximum age); whoever starts first creates it, the other gets it as it is.
@@ -44,7 +44,7 @@ pub fn stage_stream_config() -> stream::Config {
 }
 
 /// Creates (or gets) the stage stream and the listener's durable consumer on it.
-pub async fn consumer(
+pub(crate) async fn consumer(
     js: &jetstream::Context,
     durable: &str,
     batch_size: usize,
@@ -71,7 +71,7 @@ pub async fn consumer(
 /// Gets or creates a durable pull consumer, and brings the ack wait of an existing one to
 /// `config`'s: a listener started with a shorter ack wait than the consumer was created
 /// with would otherwise still wait the old one out after a crash.
-pub async fn durable_consumer(
+pub(crate) async fn durable_consumer(
     stream: &jetstream::stream::Stream,
     config: consumer::pull::Config,
 ) -> Result<consumer::PullConsumer, async_nats::Error> {
@@ -88,7 +88,7 @@ pub async fn durable_consumer(
 /// Where the stage stream's batches go: the store (with its statistics and the export),
 /// and the per-client clock window, which sees each batch before the store does.
 #[derive(Debug, Clone)]
-pub struct Sinks {
+pub(crate) struct Sinks {
     /// The store.
     pub store: Arc<Store>,
     /// The statistics.
@@ -100,7 +100,7 @@ pub struct Sinks {
 }
 
 /// Applies stage-stream messages until `stop` is cancelled.
-pub async fn run(
+pub(crate) async fn run(
     consumer: consumer::PullConsumer,
     sinks: Sinks,
     batch_size: usize,
@@ -150,11 +150,11 @@ pub async fn run(
 
 /// How often a store transaction still running tells JetStream its messages are in
 /// progress; well under the shortest ack wait the configuration allows (1 s).
-pub const PROGRESS_EVERY: Duration = Duration::from_millis(400);
+pub(crate) const PROGRESS_EVERY: Duration = Duration::from_millis(400);
 
 /// Where a [`Batch`] comes from, for the statistics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Source {
+pub(crate) enum Source {
     /// Stage-stream messages (batches of records the broker wrote).
     Stages,
     /// Stored messages of the message stream, their P2/P3 recovered by
@@ -169,7 +169,7 @@ pub enum Source {
 /// they came from, acknowledged only once the transaction committed. Both ingest sources
 /// (the stage stream here, the message stream in [`crate::evidence`]) end in [`apply`].
 #[derive(Debug)]
-pub struct Batch {
+pub(crate) struct Batch {
     /// Where the messages come from.
     pub source: Source,
     /// The records, in any order.
@@ -182,7 +182,7 @@ pub struct Batch {
 
 impl Batch {
     /// An empty batch from `source`.
-    pub fn new(source: Source) -> Self {
+    pub(crate) fn new(source: Source) -> Self {
         Batch {
             source,
             records: Vec::new(),
@@ -192,7 +192,7 @@ impl Batch {
     }
 
     /// Adds a message to acknowledge after the commit, noting its stored time.
-    pub fn ack_after_commit(&mut self, m: jetstream::Message) {
+    pub(crate) fn ack_after_commit(&mut self, m: jetstream::Message) {
         if let Ok(info) = m.info() {
             let p = info.published.unix_timestamp_nanos();
             self.oldest_published = Some(self.oldest_published.map_or(p, |o| o.min(p)));
@@ -228,7 +228,7 @@ async fn decode_stage_messages(msgs: Vec<jetstream::Message>, stats: &Stats) -> 
 /// the store skips the records it already holds). When the store fails the messages are
 /// nak'd and come back a second later.
 #[tracing::instrument(skip_all, fields(messages = batch.acks.len(), records = batch.records.len()))]
-pub async fn apply(
+pub(crate) async fn apply(
     batch: Batch,
     store: &Arc<Store>,
     stats: &Arc<Stats>,

@@ -73,30 +73,41 @@
 //!
 //! Trajectory assembly itself is pure and lives in `msgtrail_core::trajectory`.
 
-pub mod cache;
-pub mod client;
-pub mod clocks;
-pub mod codec;
-pub mod config;
-pub mod counters;
-pub mod error;
-pub mod evidence;
-pub mod export;
-pub mod http;
-pub mod ingest;
-pub mod search;
-pub mod stats;
-pub mod store;
-pub mod summary;
-pub mod views;
+mod cache;
+mod client;
+mod clocks;
+mod codec;
+mod config;
+mod counters;
+mod error;
+mod evidence;
+mod export;
+mod http;
+mod ingest;
+mod search;
+mod stats;
+mod store;
+mod summary;
+mod views;
 
-pub use config::ListenerConfig;
+pub use cache::{CacheStats, DEFAULT_CACHE_MESSAGES};
+pub use client::{
+    encode as encode_component, ListenerClient, ListenerClientError, DEFAULT_URL, ENV_LISTENER_URL,
+};
+pub use clocks::{ClientClocks, WindowEstimate};
+pub use config::{
+    ListenerConfig, DEFAULT_DURABLE, DEFAULT_HTTP_ADDR, ENV_DATA_DIR, ENV_DURABLE, ENV_HTTP_ADDR,
+    ENV_TOKEN,
+};
 pub use error::{ConfigError, ListenerError, QueryError, StoreError};
-pub use stats::StatsSnapshot;
-pub use store::{MessageSummary, SearchQuery, StorageReport, Store, TableUsage};
+pub use evidence::consumer_name as evidence_consumer_name;
+pub use ingest::stage_stream_config;
+pub use search::{had_failure, redelivered};
+pub use stats::{Funnel, LatencyRow, LatencyStats, Stats, StatsSnapshot};
+pub use store::{SearchQuery, StorageReport, Store, TableUsage};
+pub use summary::MessageSummary;
 
 use msgtrail_core::time::now_nanos;
-use stats::Stats;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -12,7 +12,7 @@ use msgtrail_core::Stage;
 
 /// Whether a NATS-style pattern matches a topic: `*` matches one token, a final `>` one or
 /// more; other tokens match themselves.
-pub fn topic_matches(pattern: &str, topic: &str) -> bool {
+pub(crate) fn topic_matches(pattern: &str, topic: &str) -> bool {
     let mut t = topic.split('.');
     let mut p = pattern.split('.').peekable();
     while let Some(pt) = p.next() {
@@ -28,13 +28,13 @@ pub fn topic_matches(pattern: &str, topic: &str) -> bool {
 }
 
 /// Whether a topic filter is a pattern (holds a wildcard token) rather than one topic.
-pub fn is_pattern(topic: &str) -> bool {
+pub(crate) fn is_pattern(topic: &str) -> bool {
     topic.split('.').any(|t| t == "*" || t == ">")
 }
 
 /// How long a message took end to end: its slowest group's (first send → that group's
 /// final ack), or first → last record while no group has finished.
-pub fn end_to_end(s: &MessageSummary) -> u64 {
+pub(crate) fn end_to_end(s: &MessageSummary) -> u64 {
     s.segments
         .iter()
         .filter(|(seg, _)| *seg == Segment::EndToEnd)
@@ -44,7 +44,7 @@ pub fn end_to_end(s: &MessageSummary) -> u64 {
 }
 
 /// A failed, dead-lettered, stuck or lost state.
-pub fn bad(st: MessageState) -> bool {
+pub(crate) fn bad(st: MessageState) -> bool {
     matches!(
         st,
         MessageState::Failed
@@ -74,7 +74,7 @@ pub fn redelivered(t: &Trajectory) -> bool {
 }
 
 /// Whether some group dead-lettered the message.
-pub fn dead_lettered(s: &MessageSummary) -> bool {
+pub(crate) fn dead_lettered(s: &MessageSummary) -> bool {
     s.dead_lettered
         || s.state == MessageState::DeadLettered
         || s.groups.values().any(|g| *g == MessageState::DeadLettered)

@@ -680,7 +680,7 @@ fn messages_by_state(s: &StatsSnapshot) -> Family<Labels, Gauge> {
 
 /// Adds a snapshot's counters and gauges to `r`, under the names the deploy/ dashboard and
 /// docs/API.md name (a counter's `_total` is added by the encoder).
-pub fn register_snapshot(s: &StatsSnapshot, r: &mut Registry) {
+pub(crate) fn register_snapshot(s: &StatsSnapshot, r: &mut Registry) {
     r.register(
         "msgtrail_messages",
         "Shadow messages by topic and state",
@@ -786,7 +786,7 @@ pub fn register_snapshot(s: &StatsSnapshot, r: &mut Registry) {
 
 /// The two text formats `/metrics` serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Exposition {
+pub(crate) enum Exposition {
     /// The Prometheus text format, version 0.0.4: what a scraper gets unless it asks for
     /// OpenMetrics. No exemplars.
     Prometheus,
@@ -798,7 +798,7 @@ impl Exposition {
     /// The format an `Accept` header asks for: OpenMetrics when it names
     /// `application/openmetrics-text` with a quality above 0 and at least that of
     /// `text/plain` (Prometheus asks for OpenMetrics first), otherwise Prometheus text.
-    pub fn negotiate(accept: Option<&str>) -> Exposition {
+    pub(crate) fn negotiate(accept: Option<&str>) -> Exposition {
         let (mut openmetrics, mut plain) = (0.0_f64, 0.0_f64);
         for range in accept.unwrap_or("").split(',') {
             let mut parts = range.split(';');
@@ -821,7 +821,7 @@ impl Exposition {
     }
 
     /// The `Content-Type` of the format.
-    pub fn content_type(self) -> &'static str {
+    pub(crate) fn content_type(self) -> &'static str {
         match self {
             Exposition::Prometheus => prometheus_client::encoding::prometheus_text::CONTENT_TYPE,
             Exposition::OpenMetrics => "application/openmetrics-text; version=1.0.0; charset=utf-8",
@@ -829,7 +829,7 @@ impl Exposition {
     }
 
     /// Encodes a registry in the format (OpenMetrics ends with `# EOF`).
-    pub fn encode(self, registry: &Registry) -> Result<String, std::fmt::Error> {
+    pub(crate) fn encode(self, registry: &Registry) -> Result<String, std::fmt::Error> {
         let mut out = String::new();
         match self {
             Exposition::Prometheus => {

@@ -105,14 +105,14 @@ impl MessageSummary {
 }
 
 /// A message's topic (`""` when unknown) and state: what the counts by state are kept by.
-pub type TopicState = (String, MessageState);
+pub(crate) type TopicState = (String, MessageState);
 
 /// A shadow-message state change for the counts by state: (old, new); `None` for a message
 /// created or deleted.
-pub type StateDelta = (Option<TopicState>, Option<TopicState>);
+pub(crate) type StateDelta = (Option<TopicState>, Option<TopicState>);
 
 /// The (topic, state) a summary counts under.
-pub fn topic_state(s: &MessageSummary) -> TopicState {
+pub(crate) fn topic_state(s: &MessageSummary) -> TopicState {
     (s.topic.clone().unwrap_or_default(), s.state)
 }
 
@@ -129,7 +129,7 @@ fn funnel_flags(t: &Trajectory) -> [bool; 4] {
 /// The latency samples a change adds: per segment, as many samples as the segment gained
 /// (a segment whose value only moved — a late P1 moving the start — adds none, so counts
 /// stay exact whatever the arrival order), taken from the values that are new.
-pub fn new_latencies(old: &[(Segment, u64)], new: &[(Segment, u64)]) -> Vec<(Segment, u64)> {
+pub(crate) fn new_latencies(old: &[(Segment, u64)], new: &[(Segment, u64)]) -> Vec<(Segment, u64)> {
     let mut out = Vec::new();
     for seg in Segment::ALL {
         let mut o: Vec<u64> = old

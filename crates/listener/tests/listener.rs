@@ -7,7 +7,7 @@ use msgtrail_core::stage::Stage;
 use msgtrail_core::subjects::STAGE_SUBJECT;
 use msgtrail_core::trajectory::{AssembleOptions, HopStatus, MessageState, Trajectory};
 use msgtrail_core::{ClientId, MessageId, RequestId, StageRecord};
-use msgtrail_listener::client::ListenerClient;
+use msgtrail_listener::ListenerClient;
 use msgtrail_listener::ListenerConfig;
 use msgtrail_test_support::NatsServer;
 use std::collections::BTreeMap;
@@ -216,7 +216,7 @@ async fn setup() -> (
     let server = NatsServer::start().unwrap();
     let js = nats(&server).await;
     // As the broker would: the stream exists before any listener runs.
-    js.get_or_create_stream(msgtrail_listener::ingest::stage_stream_config())
+    js.get_or_create_stream(msgtrail_listener::stage_stream_config())
         .await
         .unwrap();
     (server, tempfile::tempdir().unwrap(), js)
@@ -337,7 +337,7 @@ async fn shuffled_batches_give_the_same_trajectories_as_in_order() {
     assert!(
         matches!(
             err,
-            msgtrail_listener::client::ClientError::Api { status: 409, .. }
+            msgtrail_listener::ListenerClientError::Api { status: 409, .. }
         ),
         "{err}"
     );
@@ -357,7 +357,7 @@ async fn shuffled_batches_give_the_same_trajectories_as_in_order() {
     assert!(
         matches!(
             err,
-            msgtrail_listener::client::ClientError::Api { status: 400, .. }
+            msgtrail_listener::ListenerClientError::Api { status: 400, .. }
         ),
         "{err}"
     );
@@ -401,7 +401,7 @@ async fn shuffled_batches_give_the_same_trajectories_as_in_order() {
     // Per topic: orders.us holds only the open delivery; orders.eu the other five.
     assert_eq!(
         only_us.funnel,
-        msgtrail_listener::stats::Funnel {
+        msgtrail_listener::Funnel {
             sent: 1,
             stored: 1,
             delivered: 1,
@@ -429,7 +429,7 @@ async fn shuffled_batches_give_the_same_trajectories_as_in_order() {
     let bad = c.search("state=nonsense").await.unwrap_err();
     assert!(matches!(
         bad,
-        msgtrail_listener::client::ClientError::Api { status: 400, .. }
+        msgtrail_listener::ListenerClientError::Api { status: 400, .. }
     ));
 
     // Prometheus text.
@@ -710,7 +710,7 @@ async fn a_token_guards_the_api_but_not_healthz() {
     let err = anon.stats(None).await.unwrap_err();
     assert!(matches!(
         err,
-        msgtrail_listener::client::ClientError::Api { status: 401, .. }
+        msgtrail_listener::ListenerClientError::Api { status: 401, .. }
     ));
     let wrong = ListenerClient::new(
         &format!("http://{}", handle.http_addr()),
@@ -800,7 +800,7 @@ fn statistics_do_not_depend_on_arrival_order() {
 #[tokio::test]
 async fn trajectories_are_exported_as_spans_once_per_hop() {
     use msgtrail_otel::{ExportConfig, PipelineConfig, Protocol};
-    use msgtrail_test_support::otlp_receiver::OtlpReceiver;
+    use msgtrail_test_support::OtlpReceiver;
     let (server, dir, js) = setup().await;
     let mut rx = OtlpReceiver::start_grpc().await.unwrap();
     let mut cfg = config(&server, dir.path());

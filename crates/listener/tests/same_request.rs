@@ -12,7 +12,7 @@ use msgtrail_core::stage::Stage;
 use msgtrail_core::subjects::STAGE_SUBJECT;
 use msgtrail_core::trajectory::{AssembleOptions, Trajectory};
 use msgtrail_core::{ClientId, MessageId, RequestId, StageRecord};
-use msgtrail_listener::client::ListenerClient;
+use msgtrail_listener::ListenerClient;
 use msgtrail_listener::ListenerConfig;
 use msgtrail_test_support::NatsServer;
 use serde_json::Value;
@@ -209,7 +209,7 @@ async fn a_request_id_stored_twice_names_every_message_in_any_order() {
     let server = NatsServer::start().unwrap();
     let nats = async_nats::connect(server.url()).await.unwrap();
     let js = async_nats::jetstream::new(nats);
-    js.get_or_create_stream(msgtrail_listener::ingest::stage_stream_config())
+    js.get_or_create_stream(msgtrail_listener::stage_stream_config())
         .await
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
@@ -349,7 +349,7 @@ async fn retention_of_one_upload_leaves_the_other_alone() {
     let server = NatsServer::start().unwrap();
     let nats = async_nats::connect(server.url()).await.unwrap();
     let js = async_nats::jetstream::new(nats);
-    js.get_or_create_stream(msgtrail_listener::ingest::stage_stream_config())
+    js.get_or_create_stream(msgtrail_listener::stage_stream_config())
         .await
         .unwrap();
     let dir = tempfile::tempdir().unwrap();

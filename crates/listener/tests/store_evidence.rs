@@ -11,8 +11,8 @@ use msgtrail_core::subjects::{
 };
 use msgtrail_core::trajectory::{AssembleOptions, HopStatus, MessageState, Trajectory, RECOVERED};
 use msgtrail_core::{ClientId, MessageId, RequestId, StageRecord};
-use msgtrail_listener::client::ListenerClient;
-use msgtrail_listener::evidence::consumer_name;
+use msgtrail_listener::evidence_consumer_name as consumer_name;
+use msgtrail_listener::ListenerClient;
 use msgtrail_listener::ListenerConfig;
 use msgtrail_test_support::NatsServer;
 use std::path::Path;

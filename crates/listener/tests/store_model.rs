@@ -6,10 +6,10 @@
 
 use msgtrail_core::trajectory::{AssembleOptions, Deadlines, MessageState, Trajectory};
 use msgtrail_core::{ClientId, MessageId, RequestId, Stage, StageRecord};
-use msgtrail_listener::search;
-use msgtrail_listener::store::Store;
-use msgtrail_listener::summary::MessageSummary;
+use msgtrail_listener::MessageSummary;
 use msgtrail_listener::SearchQuery;
+use msgtrail_listener::Store;
+use msgtrail_listener::{had_failure, redelivered};
 use proptest::prelude::*;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -221,11 +221,11 @@ proptest! {
         };
         prop_assert_eq!(
             keys(SearchQuery { failed: true, ..Default::default() }),
-            traj(&|t| search::had_failure(t))
+            traj(&|t| had_failure(t))
         );
         prop_assert_eq!(
             keys(SearchQuery { redelivered: true, ..Default::default() }),
-            traj(&|t| search::redelivered(t))
+            traj(&|t| redelivered(t))
         );
         prop_assert_eq!(
             keys(SearchQuery { dead_lettered: true, ..Default::default() }),

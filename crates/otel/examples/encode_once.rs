@@ -17,7 +17,7 @@
 #[path = "../tests/common/mod.rs"]
 mod common;
 
-use msgtrail_otel::otlp::{encode, Encoding, Resources};
+use msgtrail_otel::{encode_otlp as encode, Encoding, Resources};
 use msgtrail_otel::{trajectory_spans, ExportConfig, MappingOptions};
 
 /// The allocator of the `msgtrail` binary, so that counts match what it runs.

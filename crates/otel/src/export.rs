@@ -71,14 +71,10 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 
-/// `OTEL_EXPORTER_OTLP_PROTOCOL`.
-pub const ENV_PROTOCOL: &str = "OTEL_EXPORTER_OTLP_PROTOCOL";
-/// `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL` (wins over [`ENV_PROTOCOL`]).
-pub const ENV_TRACES_PROTOCOL: &str = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL";
 /// `OTEL_SERVICE_NAME`: the broker's `service.name`.
-pub const ENV_SERVICE_NAME: &str = "OTEL_SERVICE_NAME";
+pub(crate) const ENV_SERVICE_NAME: &str = "OTEL_SERVICE_NAME";
 /// Bound of the export queue, in spans.
-pub const ENV_QUEUE_CAPACITY: &str = "MSGTRAIL_OTEL_QUEUE_SPANS";
+pub(crate) const ENV_QUEUE_CAPACITY: &str = "MSGTRAIL_OTEL_QUEUE_SPANS";
 
 /// The OTLP transport.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -344,7 +340,7 @@ pub struct ExportStats {
 
 /// A copy of the counters at one moment.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct StatsSnapshot {
+pub struct ExportStatsSnapshot {
     /// See [`ExportStats::enqueued`].
     pub enqueued: u64,
     /// See [`ExportStats::exported`].
@@ -367,7 +363,7 @@ pub struct StatsSnapshot {
     pub in_flight: u64,
 }
 
-impl StatsSnapshot {
+impl ExportStatsSnapshot {
     /// Every dropped span, whatever the reason (sampling is not a drop).
     pub fn dropped(&self) -> u64 {
         self.dropped_queue_full + self.dropped_shutdown + self.dropped_retries + self.rejected
@@ -420,7 +416,7 @@ impl StatsSnapshot {
         );
     }
 
-    /// The counters of [`StatsSnapshot::register`] alone, in the Prometheus text format
+    /// The counters of [`ExportStatsSnapshot::register`] alone, in the Prometheus text format
     /// (version 0.0.4).
     pub fn render_prometheus(&self) -> String {
         let mut registry = Registry::default();
@@ -493,9 +489,9 @@ impl ExportHandle {
     }
 
     /// The counters now, with the queue length.
-    pub fn snapshot(&self) -> StatsSnapshot {
+    pub fn snapshot(&self) -> ExportStatsSnapshot {
         let s = &self.stats;
-        StatsSnapshot {
+        ExportStatsSnapshot {
             enqueued: s.enqueued.load(Ordering::Relaxed),
             exported: s.exported.load(Ordering::Relaxed),
             dropped_queue_full: s.dropped_queue_full.load(Ordering::Relaxed),
@@ -564,13 +560,13 @@ impl TraceExporter {
     }
 
     /// The counters now.
-    pub fn snapshot(&self) -> StatsSnapshot {
+    pub fn snapshot(&self) -> ExportStatsSnapshot {
         self.handle.snapshot()
     }
 
     /// Stops taking spans, sends what is queued (one attempt per request) within `grace`,
     /// and returns the final counters; see the contract in the module docs.
-    pub async fn shutdown(self, grace: Duration) -> StatsSnapshot {
+    pub async fn shutdown(self, grace: Duration) -> ExportStatsSnapshot {
         self.closing.cancel();
         let mut worker = self.worker;
         if tokio::time::timeout(grace, &mut worker).await.is_err() {

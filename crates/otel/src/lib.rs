@@ -25,23 +25,25 @@
 //! - [`links`]: links to a message's trace in Jaeger or Grafana/Tempo ([`TraceUi`]).
 //! - [`error`]: configuration errors ([`ConfigError`]).
 
-pub mod error;
-pub mod export;
-pub mod links;
-pub mod mapping;
-pub mod otlp;
-pub mod pipeline;
-pub mod sampling;
-pub mod transport;
+mod error;
+mod export;
+mod links;
+mod mapping;
+mod otlp;
+mod pipeline;
+mod sampling;
+mod transport;
 
 pub use error::ConfigError;
 pub use export::{
-    Compression, ExportConfig, ExportHandle, ExportStats, Protocol, StatsSnapshot, TraceExporter,
+    Compression, ExportConfig, ExportHandle, ExportStats, ExportStatsSnapshot, Protocol,
+    TraceExporter,
 };
 pub use links::TraceUi;
 pub use mapping::{
-    hop_span, parse_traceparent, process_span_context, trajectory_spans, MappingOptions,
-    ServiceSpan,
+    hop_span, orphan_send_span_id, parse_hop_key, parse_traceparent, process_span_context,
+    trajectory_spans, MappingOptions, ServiceSpan,
 };
-pub use pipeline::{export_requested, PipelineConfig, TracePipeline};
-pub use sampling::{Decision, KeepReason, SamplingPolicy, TailSampler};
+pub use otlp::{encode as encode_otlp, Encoding, Resources};
+pub use pipeline::{export_requested, export_requested_in, PipelineConfig, TracePipeline};
+pub use sampling::{in_ratio, Decision, KeepReason, SamplingPolicy, TailSampler};

@@ -14,11 +14,11 @@
 use msgtrail_core::MessageId;
 
 /// Base URL of the tracing UI.
-pub const ENV_TRACE_UI: &str = "MSGTRAIL_TRACE_UI_URL";
+pub(crate) const ENV_TRACE_UI: &str = "MSGTRAIL_TRACE_UI_URL";
 /// `jaeger` or `grafana`.
-pub const ENV_TRACE_UI_KIND: &str = "MSGTRAIL_TRACE_UI_KIND";
+pub(crate) const ENV_TRACE_UI_KIND: &str = "MSGTRAIL_TRACE_UI_KIND";
 /// UID of Grafana's Tempo datasource.
-pub const ENV_GRAFANA_DATASOURCE: &str = "MSGTRAIL_GRAFANA_TEMPO_UID";
+pub(crate) const ENV_GRAFANA_DATASOURCE: &str = "MSGTRAIL_GRAFANA_TEMPO_UID";
 
 /// Which UI a link opens.
 #[derive(Debug, Clone, PartialEq, Eq)]

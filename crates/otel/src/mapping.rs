@@ -52,20 +52,20 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// `msgtrail.hop.key`: the hop a span is (`send`, `store`, `deliver/<group>/<consumer>/<n>`,
 /// `process/…`). Not `msgtrail.hop`, which would be both an attribute and the prefix of
 /// `msgtrail.hop.status` (semconv/ defines every `msgtrail.*` attribute).
-pub const HOP_KEY: &str = "msgtrail.hop.key";
+pub(crate) const HOP_KEY: &str = "msgtrail.hop.key";
 
 /// `msgtrail.broker.instance`: on broker-side spans (store, deliver), the broker process
 /// whose records (and clock) the span's times come from.
-pub const BROKER_INSTANCE: &str = "msgtrail.broker.instance";
+pub(crate) const BROKER_INSTANCE: &str = "msgtrail.broker.instance";
 
 /// The instrumentation scope name of every span msgtrail emits.
-pub const SCOPE_NAME: &str = "msgtrail";
+pub(crate) const SCOPE_NAME: &str = "msgtrail";
 
 /// `messaging.system` of msgtrail spans.
-pub const MESSAGING_SYSTEM: &str = "msgtrail";
+pub(crate) const MESSAGING_SYSTEM: &str = "msgtrail";
 
 /// The broker's `service.name` when neither its records nor `OTEL_SERVICE_NAME` give one.
-pub const DEFAULT_BROKER_SERVICE: &str = "msgtrail-broker";
+pub(crate) const DEFAULT_BROKER_SERVICE: &str = "msgtrail-broker";
 
 /// How to map hops.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -98,7 +98,7 @@ pub struct ServiceSpan {
 }
 
 /// The trace ID of a trajectory: its message ID, or the orphan-upload hash.
-pub fn trajectory_trace_id(t: &Trajectory) -> Option<TraceId> {
+pub(crate) fn trajectory_trace_id(t: &Trajectory) -> Option<TraceId> {
     if let Some(m) = &t.message_id {
         return Some(TraceId::from_bytes(trace_ids::trace_id(m)));
     }
@@ -187,7 +187,7 @@ impl Extractor for OneHeader<'_> {
 }
 
 /// What each stage record means, for span event names.
-pub fn stage_label(stage: Stage) -> &'static str {
+pub(crate) fn stage_label(stage: Stage) -> &'static str {
     match stage {
         Stage::UploadSent => "upload sent",
         Stage::UploadReceived => "upload received, message ID assigned",
@@ -215,7 +215,7 @@ fn time(nanos: u64) -> SystemTime {
 }
 
 /// One stage record as a span event at its exact time.
-pub fn record_event(r: &StageRecord) -> Event {
+pub(crate) fn record_event(r: &StageRecord) -> Event {
     let mut attrs = vec![KeyValue::new("msgtrail.stage", r.stage.code())];
     let mut put = |k: &'static str, v: Option<String>| {
         if let Some(v) = v {

@@ -114,7 +114,7 @@ impl Resources {
 }
 
 /// One request with a resource per group and a scope per instrumentation scope.
-pub fn request(groups: Vec<Group>) -> ExportTraceServiceRequest {
+pub(crate) fn request(groups: Vec<Group>) -> ExportTraceServiceRequest {
     let resource_spans = groups
         .into_iter()
         .map(|g| {
@@ -208,7 +208,7 @@ fn gzip_bytes(raw: &[u8]) -> Result<Vec<u8>, std::io::Error> {
 }
 
 /// Spans in a request.
-pub fn span_count(req: &ExportTraceServiceRequest) -> usize {
+pub(crate) fn span_count(req: &ExportTraceServiceRequest) -> usize {
     req.resource_spans
         .iter()
         .flat_map(|r| &r.scope_spans)

@@ -24,7 +24,7 @@
 //! ```
 
 use crate::error::ConfigError;
-use crate::export::{ExportConfig, ExportHandle, StatsSnapshot, TraceExporter};
+use crate::export::{ExportConfig, ExportHandle, ExportStatsSnapshot, TraceExporter};
 use crate::mapping::{hop_span, trajectory_trace_id, MappingOptions};
 use crate::sampling::{Decision, SamplingPolicy, TailSampler};
 use msgtrail_core::trajectory::{HopStatus, Trajectory};
@@ -33,14 +33,14 @@ use std::time::Duration;
 
 /// How long after a hop ends it is exported, in milliseconds (stragglers: events that arrive
 /// late, such as a duplicate upload after the store-success notice).
-pub const ENV_GRACE_MS: &str = "MSGTRAIL_OTEL_GRACE_MS";
+pub(crate) const ENV_GRACE_MS: &str = "MSGTRAIL_OTEL_GRACE_MS";
 
 /// `OTEL_EXPORTER_OTLP_ENDPOINT`.
-pub const ENV_ENDPOINT: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
+pub(crate) const ENV_ENDPOINT: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
 /// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`.
-pub const ENV_TRACES_ENDPOINT: &str = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT";
+pub(crate) const ENV_TRACES_ENDPOINT: &str = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT";
 /// `OTEL_TRACES_EXPORTER`: `none` turns export off.
-pub const ENV_TRACES_EXPORTER: &str = "OTEL_TRACES_EXPORTER";
+pub(crate) const ENV_TRACES_EXPORTER: &str = "OTEL_TRACES_EXPORTER";
 
 /// Whether the environment asks for OTLP export: an OTLP endpoint is set and
 /// `OTEL_TRACES_EXPORTER` is not `none`. The listener exports only then.
@@ -359,13 +359,13 @@ impl TracePipeline {
     }
 
     /// The exporter's counters now.
-    pub fn snapshot(&self) -> StatsSnapshot {
+    pub fn snapshot(&self) -> ExportStatsSnapshot {
         self.handle.snapshot()
     }
 
     /// Exports what is still waiting for its grace (now rather than never), then drains the
     /// exporter within `grace` (see [`TraceExporter::shutdown`]).
-    pub async fn shutdown(mut self, grace: Duration) -> StatsSnapshot {
+    pub async fn shutdown(mut self, grace: Duration) -> ExportStatsSnapshot {
         self.due_order.clear();
         for (_, (t, _)) in std::mem::take(&mut self.waiting) {
             // At the end of the last grace, every ended hop is due.

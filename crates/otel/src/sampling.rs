@@ -26,11 +26,11 @@ use msgtrail_core::trajectory::{HopStatus, MessageState, Trajectory};
 use std::time::{Duration, Instant};
 
 /// Healthy-trajectory ratio, 0.0–1.0.
-pub const ENV_RATIO: &str = "MSGTRAIL_OTEL_SAMPLE_RATIO";
+pub(crate) const ENV_RATIO: &str = "MSGTRAIL_OTEL_SAMPLE_RATIO";
 /// Healthy spans per second.
-pub const ENV_BUDGET: &str = "MSGTRAIL_OTEL_SPANS_PER_SECOND";
+pub(crate) const ENV_BUDGET: &str = "MSGTRAIL_OTEL_SPANS_PER_SECOND";
 /// Slow threshold in milliseconds.
-pub const ENV_SLOW_MS: &str = "MSGTRAIL_OTEL_SLOW_MS";
+pub(crate) const ENV_SLOW_MS: &str = "MSGTRAIL_OTEL_SLOW_MS";
 
 /// The tail-sampling policy.
 #[derive(Debug, Clone, PartialEq)]
@@ -117,7 +117,7 @@ impl Decision {
 }
 
 /// Classifies a trajectory as error, slow or healthy (no budget, no ratio).
-pub fn classify(t: &Trajectory, slow_threshold: Duration) -> Option<KeepReason> {
+pub(crate) fn classify(t: &Trajectory, slow_threshold: Duration) -> Option<KeepReason> {
     let bad_state = matches!(
         t.state,
         MessageState::Failed

@@ -30,7 +30,7 @@ const GRPC_PATH: &str = "/opentelemetry.proto.collector.trace.v1.TraceService/Ex
 /// Why a request did not go through.
 #[derive(Debug, thiserror::Error)]
 #[error("{message}")]
-pub struct SendError {
+pub(crate) struct SendError {
     /// Whether the same request may succeed later.
     pub retryable: bool,
     /// What went wrong, with its cause.
@@ -55,7 +55,7 @@ impl SendError {
 
 /// A configured OTLP client; cheap to clone (the connection or pool is shared).
 #[derive(Debug, Clone)]
-pub enum Transport {
+pub(crate) enum Transport {
     /// OTLP/gRPC.
     Grpc {
         /// The lazily connected channel.
@@ -87,7 +87,7 @@ pub enum Transport {
 impl Transport {
     /// Builds the client of `config` (within a tokio runtime: the gRPC channel spawns its
     /// worker). Connecting is lazy: an endpoint that is down shows as retryable errors.
-    pub fn new(config: &ExportConfig) -> Result<Self, ConfigError> {
+    pub(crate) fn new(config: &ExportConfig) -> Result<Self, ConfigError> {
         let endpoint = config.endpoint_or_default();
         let timeout = config.timeout_or_default();
         let gzip = config.compression == Some(Compression::Gzip);
@@ -148,7 +148,7 @@ impl Transport {
 
     /// Sends one encoded request; returns the spans the receiver said it rejected (a partial
     /// success), 0 when it took them all.
-    pub async fn send(&self, body: Bytes) -> Result<u64, SendError> {
+    pub(crate) async fn send(&self, body: Bytes) -> Result<u64, SendError> {
         match self {
             Transport::Grpc {
                 channel,
@@ -291,15 +291,15 @@ fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
 /// A gRPC codec that sends an already encoded protobuf body as it is and decodes the
 /// response with prost.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct BytesCodec;
+pub(crate) struct BytesCodec;
 
 /// The encoding half of [`BytesCodec`].
 #[derive(Debug, Clone, Copy, Default)]
-pub struct BytesEncoder;
+pub(crate) struct BytesEncoder;
 
 /// The decoding half of [`BytesCodec`].
 #[derive(Debug, Clone, Copy, Default)]
-pub struct ResponseDecoder;
+pub(crate) struct ResponseDecoder;
 
 impl Codec for BytesCodec {
     type Encode = Bytes;

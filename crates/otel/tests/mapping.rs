@@ -7,8 +7,8 @@ mod common;
 use common::*;
 use msgtrail_core::trace_ids::{self, Hop};
 use msgtrail_core::{ClientId, RequestId};
-use msgtrail_otel::mapping::{orphan_send_span_id, parse_hop_key};
-use msgtrail_otel::sampling::in_ratio;
+use msgtrail_otel::in_ratio;
+use msgtrail_otel::{orphan_send_span_id, parse_hop_key};
 use msgtrail_otel::{
     process_span_context, trajectory_spans, Decision, KeepReason, MappingOptions, SamplingPolicy,
     ServiceSpan, TailSampler,

@@ -6,7 +6,7 @@ mod common;
 
 use common::*;
 use msgtrail_otel::{ExportConfig, PipelineConfig, Protocol, SamplingPolicy, TracePipeline};
-use msgtrail_test_support::otlp_receiver::{OtlpReceiver, ReceivedSpan};
+use msgtrail_test_support::{OtlpReceiver, ReceivedSpan};
 use std::collections::BTreeSet;
 use std::time::Duration;
 
@@ -121,7 +121,7 @@ async fn a_stuck_delivery_is_exported_as_an_error_at_the_watchdog_time() {
 
 #[test]
 fn export_is_requested_by_an_endpoint_variable() {
-    use msgtrail_otel::pipeline::export_requested_in;
+    use msgtrail_otel::export_requested_in;
     assert!(!export_requested_in(|_| None));
     assert!(export_requested_in(|k| {
         (k == "OTEL_EXPORTER_OTLP_ENDPOINT").then(|| "http://jaeger:4317".into())

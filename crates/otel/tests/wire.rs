@@ -10,7 +10,7 @@ use msgtrail_core::trace_ids::{self, Hop};
 use msgtrail_otel::{
     trajectory_spans, ExportConfig, MappingOptions, Protocol, ServiceSpan, TraceExporter,
 };
-use msgtrail_test_support::otlp_receiver::{OtlpProtocol, OtlpReceiver, ReceivedSpan};
+use msgtrail_test_support::{OtlpProtocol, OtlpReceiver, ReceivedSpan};
 use std::collections::BTreeSet;
 use std::time::Duration;
 

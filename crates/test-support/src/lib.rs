@@ -9,11 +9,12 @@
 //! - [`nats_node`]: nats-server nodes and clusters whose ports and stores outlive a kill.
 //! - [`process`]: the `msgtrail` binary and child processes a test can kill and restart.
 
-pub mod nats_node;
-pub mod process;
+mod nats_node;
+mod process;
 
 pub use msgtrail_devkit::{
     find_nats_server, NatsServer, NatsServerError, NatsServerOptions, OtlpProtocol, OtlpReceiver,
     ReceivedSpan,
 };
-pub use msgtrail_devkit::{nats_server, otlp_receiver};
+pub use nats_node::{NatsCluster, NatsNode};
+pub use process::{free_port, msgtrail_binary, workspace_root, ChildProcess, ProcessSpec};

@@ -12,8 +12,8 @@
 //! ([`NatsCluster::meta_leader`]): no JetStream API request names it without the system
 //! account, which these nodes do not configure.
 
-use crate::nats_server::{NatsServer, NatsServerError, NatsServerOptions};
 use crate::process::{free_port, free_ports};
+use crate::{NatsServer, NatsServerError, NatsServerOptions};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -156,7 +156,7 @@ pub struct NatsCluster {
 }
 
 /// The name of the cluster (as in deploy/nats/nats.conf).
-pub const CLUSTER_NAME: &str = "msgtrail";
+pub(crate) const CLUSTER_NAME: &str = "msgtrail";
 
 impl NatsCluster {
     /// Starts `n` nodes (3 for R3 streams) routed to each other, each with its own store.

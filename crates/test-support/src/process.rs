@@ -25,10 +25,11 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 /// Environment variable naming the `msgtrail` binary to use (skips the build).
-pub const MSGTRAIL_BIN_ENV: &str = "MSGTRAIL_BIN";
+pub(crate) const MSGTRAIL_BIN_ENV: &str = "MSGTRAIL_BIN";
 
 /// How to get the binary, for error messages.
-pub const MSGTRAIL_BIN_HINT: &str = "build it with `cargo build -p msgtrail-cli` (it lands in \
+pub(crate) const MSGTRAIL_BIN_HINT: &str =
+    "build it with `cargo build -p msgtrail-cli` (it lands in \
 target/debug/msgtrail), or set MSGTRAIL_BIN to the path of a msgtrail binary";
 
 /// Why a process could not be found, built or started.
@@ -201,7 +202,7 @@ pub fn free_port() -> u16 {
 
 /// `n` different free TCP ports on 127.0.0.1: each is held until all are chosen, so no two
 /// are the same (calls of [`free_port`] one after the other may return one port twice).
-pub fn free_ports(n: usize) -> Vec<u16> {
+pub(crate) fn free_ports(n: usize) -> Vec<u16> {
     let held: Vec<std::net::TcpListener> = (0..n)
         .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("a free loopback port"))
         .collect();

@@ -6,10 +6,10 @@ use anyhow::Context;
 use bytesize::ByteSize;
 use clap::Args as ClapArgs;
 use msgtrail_core::trajectory::Deadlines;
-use msgtrail_listener::config::{
+use msgtrail_listener::ListenerConfig;
+use msgtrail_listener::{
     DEFAULT_DURABLE, DEFAULT_HTTP_ADDR, ENV_DATA_DIR, ENV_DURABLE, ENV_HTTP_ADDR, ENV_TOKEN,
 };
-use msgtrail_listener::ListenerConfig;
 use msgtrail_nats::NatsOptions;
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -5,7 +5,7 @@ use crate::present::format_latency as ms;
 use anyhow::Context;
 use clap::Args as ClapArgs;
 use msgtrail_core::trajectory::MessageState;
-use msgtrail_listener::stats::LatencyStats;
+use msgtrail_listener::LatencyStats;
 use msgtrail_listener::StatsSnapshot;
 
 /// Options of `msgtrail stats`.
@@ -155,7 +155,7 @@ pub(crate) fn render(s: &StatsSnapshot) -> String {
 mod tests {
     use super::*;
     use msgtrail_core::trajectory::Segment;
-    use msgtrail_listener::stats::{Funnel, LatencyRow};
+    use msgtrail_listener::{Funnel, LatencyRow};
 
     #[test]
     fn table_shows_states_funnel_and_latencies() {

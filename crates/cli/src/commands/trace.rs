@@ -16,9 +16,9 @@ use msgtrail_core::trajectory::{
     DeliveryMode, HopKind, HopSpan, HopStatus, MessageState, Trajectory,
 };
 use msgtrail_core::StageRecord;
-use msgtrail_listener::client::{ListenerClient, DEFAULT_URL, ENV_LISTENER_URL};
-use msgtrail_listener::clocks::ClientClocks;
-use msgtrail_listener::config::ENV_TOKEN;
+use msgtrail_listener::ClientClocks;
+use msgtrail_listener::ENV_TOKEN;
+use msgtrail_listener::{ListenerClient, DEFAULT_URL, ENV_LISTENER_URL};
 use std::io::IsTerminal;
 
 /// Where the listener's API is.
@@ -702,7 +702,7 @@ mod tests {
         let window = ClientClocks {
             client: "shop".into(),
             window_secs: 60,
-            clocks: vec![msgtrail_listener::clocks::WindowEstimate {
+            clocks: vec![msgtrail_listener::WindowEstimate {
                 estimate: t.clocks[0].clone(),
                 measured_at: t0,
                 newest_at: t0,

@@ -27,13 +27,13 @@ pub(super) const SIZES: TableDefinition<'static, &str, u64> =
     TableDefinition::new("client_event_counts");
 
 /// The most events kept per client: older ones make room for new ones.
-pub const PER_CLIENT: u64 = 512;
+pub(crate) const PER_CLIENT: u64 = 512;
 
 /// The most events one query returns.
-pub const MAX_LIMIT: usize = 512;
+pub(crate) const MAX_LIMIT: usize = 512;
 
 /// Whether a record is a client event (N1 or A1).
-pub fn is_client_event(r: &StageRecord) -> bool {
+pub(crate) fn is_client_event(r: &StageRecord) -> bool {
     matches!(r.stage, Stage::NoMatch | Stage::Channel)
 }
 

@@ -16,7 +16,7 @@ const ORPHAN_PREFIX: &str = "orphan/";
 
 /// A message key, typed.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum MessageKey {
+pub(crate) enum MessageKey {
     /// A message the broker assigned an ID.
     Message(MessageId),
     /// An upload known only by its producer and request ID.
@@ -30,7 +30,7 @@ pub enum MessageKey {
 
 impl MessageKey {
     /// The key of an orphan upload.
-    pub fn orphan(producer: &str, request_id: &str) -> Self {
+    pub(crate) fn orphan(producer: &str, request_id: &str) -> Self {
         MessageKey::Orphan {
             producer: producer.to_owned(),
             request_id: request_id.to_owned(),
@@ -38,7 +38,7 @@ impl MessageKey {
     }
 
     /// Whether `key` (as stored) names an orphan upload.
-    pub fn is_orphan(key: &str) -> bool {
+    pub(crate) fn is_orphan(key: &str) -> bool {
         key.starts_with(ORPHAN_PREFIX)
     }
 }
@@ -63,7 +63,7 @@ const TAG_ORPHAN: u8 = 2;
 /// A message key in the tables' binary form (see the module doc). A message ID's form
 /// needs no allocation.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum StoredKey {
+pub(crate) enum StoredKey {
     /// The tag and the 16 bytes of a message ID.
     Message([u8; 17]),
     /// The tag and `<producer>/<request-id>`.
@@ -72,7 +72,7 @@ pub enum StoredKey {
 
 impl StoredKey {
     /// The bytes a table holds.
-    pub fn as_bytes(&self) -> &[u8] {
+    pub(crate) fn as_bytes(&self) -> &[u8] {
         match self {
             StoredKey::Message(b) => b,
             StoredKey::Orphan(b) => b,
@@ -80,14 +80,14 @@ impl StoredKey {
     }
 
     /// The stored form of a message ID.
-    pub fn of_message(m: MessageId) -> StoredKey {
+    pub(crate) fn of_message(m: MessageId) -> StoredKey {
         let mut b = [TAG_MESSAGE; 17];
         b[1..].copy_from_slice(m.as_bytes());
         StoredKey::Message(b)
     }
 
     /// The stored form of a key in its text form.
-    pub fn parse(text: &str) -> Result<StoredKey, KeyError> {
+    pub(crate) fn parse(text: &str) -> Result<StoredKey, KeyError> {
         // The common case first: a message ID.
         if let Ok(m) = text.parse::<MessageId>() {
             return Ok(StoredKey::of_message(m));
@@ -96,14 +96,14 @@ impl StoredKey {
     }
 
     /// The text form of a stored key.
-    pub fn text(bytes: &[u8]) -> Result<String, KeyError> {
+    pub(crate) fn text(bytes: &[u8]) -> Result<String, KeyError> {
         MessageKey::from_stored(bytes).map(|k| k.to_string())
     }
 }
 
 impl MessageKey {
     /// The tables' binary form.
-    pub fn to_stored(&self) -> StoredKey {
+    pub(crate) fn to_stored(&self) -> StoredKey {
         match self {
             MessageKey::Message(m) => StoredKey::of_message(*m),
             MessageKey::Orphan {
@@ -121,7 +121,7 @@ impl MessageKey {
     }
 
     /// Reads the tables' binary form.
-    pub fn from_stored(bytes: &[u8]) -> Result<MessageKey, KeyError> {
+    pub(crate) fn from_stored(bytes: &[u8]) -> Result<MessageKey, KeyError> {
         let bad = || KeyError(format!("stored key {bytes:02x?}"));
         match bytes.split_first() {
             Some((&TAG_MESSAGE, id)) => {
@@ -145,7 +145,7 @@ impl MessageKey {
 /// Why a stored key did not parse.
 #[derive(Debug, thiserror::Error)]
 #[error("{0:?} is neither a message ID nor orphan/<producer>/<request-id>")]
-pub struct KeyError(String);
+pub(crate) struct KeyError(String);
 
 impl FromStr for MessageKey {
     type Err = KeyError;

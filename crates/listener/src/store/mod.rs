@@ -45,9 +45,9 @@ use crate::cache::{Cache, CacheStats, DEFAULT_CACHE_MESSAGES};
 use crate::counters::{Counter, CounterKey};
 use crate::error::StoreError;
 use crate::summary::{state_code, topic_state};
-pub use crate::summary::{MessageSummary, StateDelta, TopicState};
+pub(crate) use crate::summary::{MessageSummary, StateDelta, TopicState};
 use base64::Engine;
-pub use key::MessageKey;
+pub(crate) use key::MessageKey;
 use msgtrail_core::trajectory::{AssembleOptions, Deadlines, MessageState, Segment, Trajectory};
 use msgtrail_core::{MessageId, StageRecord};
 use redb::{Database, ReadableDatabase, ReadableTable, TableHandle};
@@ -58,16 +58,16 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 mod apply;
-pub mod client_events;
-pub mod key;
+pub(crate) mod client_events;
+pub(crate) mod key;
 mod migrate;
 mod query;
-pub mod records;
+pub(crate) mod records;
 mod requests;
 mod tables;
 
 use tables::Tables;
-pub use tables::COUNTER_BYTES;
+pub(crate) use tables::COUNTER_BYTES;
 
 /// A search over the shadow messages. Every filter is optional; results are newest first.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -126,7 +126,7 @@ pub struct ApplyOutcome {
 }
 
 /// Counter increments by counter, gathered while a transaction works and written once.
-pub type Deltas = BTreeMap<CounterKey, i64>;
+pub(crate) type Deltas = BTreeMap<CounterKey, i64>;
 
 /// What a watchdog pass changed.
 #[derive(Debug, Default, Clone, PartialEq)]

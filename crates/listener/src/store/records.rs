@@ -74,7 +74,7 @@ fn common_id(records: &[StageRecord]) -> Option<MessageId> {
 }
 
 /// Encodes a message's records.
-pub fn encode(records: &[StageRecord]) -> Vec<u8> {
+pub(crate) fn encode(records: &[StageRecord]) -> Vec<u8> {
     let id = common_id(records);
     let base = records.iter().map(|r| r.at).min().unwrap_or(0);
     let mut w = Writer {
@@ -216,7 +216,7 @@ impl<'a> Reader<'a> {
 }
 
 /// Decodes what [`encode`] wrote.
-pub fn decode(bytes: &[u8]) -> Result<Vec<StageRecord>, CodecError> {
+pub(crate) fn decode(bytes: &[u8]) -> Result<Vec<StageRecord>, CodecError> {
     let mut r = Reader {
         bytes: Bytes::new(bytes),
         strings: Vec::new(),
@@ -330,7 +330,7 @@ fn read_record(
 
 /// A 64-bit fingerprint of a record's [`StageRecord::dedup_key`]: the store keeps these per
 /// message to skip records it already holds (a redelivered batch), without the key strings.
-pub fn dedup_hash(r: &StageRecord) -> u64 {
+pub(crate) fn dedup_hash(r: &StageRecord) -> u64 {
     use std::hash::{BuildHasher, Hash, Hasher};
     // Fingerprints live in memory only (a message's are recomputed from its records when it
     // is loaded), so the seed is per process: which records collide cannot be planned from

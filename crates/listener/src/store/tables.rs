@@ -15,7 +15,7 @@ use redb::{ReadableTable, Table, TableDefinition};
 use std::collections::BTreeSet;
 
 /// Counter name: bytes of stored records (keys and values), what size retention measures.
-pub const COUNTER_BYTES: &str = "bytes";
+pub(crate) const COUNTER_BYTES: &str = "bytes";
 
 // Message keys are in their stored form ([`StoredKey`]), states as their stored codes
 // ([`state_code`]), a request's messages as 16-byte IDs: fixed-width where they can be, and

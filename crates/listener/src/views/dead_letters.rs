@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 /// One dead letter: a message one group gave up on.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DeadLetter {
+pub(crate) struct DeadLetter {
     /// The message key (what `GET /api/messages/{id}` takes is `message_id`).
     pub key: String,
     /// The message ID.
@@ -36,7 +36,11 @@ pub struct DeadLetter {
 }
 
 /// The newest `limit` dead letters (one per message and group).
-pub fn dead_letters(store: &Store, now: u64, limit: usize) -> Result<Vec<DeadLetter>, StoreError> {
+pub(crate) fn dead_letters(
+    store: &Store,
+    now: u64,
+    limit: usize,
+) -> Result<Vec<DeadLetter>, StoreError> {
     let found = store.search(&SearchQuery {
         dead_lettered: true,
         limit: Some(limit),
@@ -59,7 +63,7 @@ fn is_dead_letter(r: &StageRecord) -> bool {
 
 /// A trajectory's dead letters: one per dead-lettered group, from its R1 record (or from
 /// the group's state alone when the record is not there).
-pub fn of_trajectory(key: &str, t: &Trajectory) -> Vec<DeadLetter> {
+pub(crate) fn of_trajectory(key: &str, t: &Trajectory) -> Vec<DeadLetter> {
     let records: Vec<&StageRecord> = t
         .hops
         .iter()

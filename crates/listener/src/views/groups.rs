@@ -14,13 +14,13 @@ use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// Most shadow messages one view reads (the newest of the window).
-pub const SCAN_MAX: usize = 10_000;
+pub(crate) const SCAN_MAX: usize = 10_000;
 /// Most trajectories the view of one group assembles (its newest messages).
-pub const SAMPLE_MAX: usize = 300;
+pub(crate) const SAMPLE_MAX: usize = 300;
 
 /// One consumer group's messages of the window, by what they are doing.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct GroupCounts {
+pub(crate) struct GroupCounts {
     /// The group.
     pub group: String,
     /// Messages the group got (a delivery at least).
@@ -49,7 +49,7 @@ pub struct GroupCounts {
 
 /// The body of `GET /api/groups`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct GroupsOverview {
+pub(crate) struct GroupsOverview {
     /// The window's start: messages first seen since then (Unix nanoseconds).
     pub from: u64,
     /// When this was computed (Unix nanoseconds).
@@ -64,7 +64,7 @@ pub struct GroupsOverview {
 
 /// A consumer of a group, as the sampled trajectories saw it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Member {
+pub(crate) struct Member {
     /// The consumer's client ID.
     pub consumer: String,
     /// Deliveries to it in the sample.
@@ -75,7 +75,7 @@ pub struct Member {
 
 /// The body of `GET /api/groups/{group}`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct GroupDetail {
+pub(crate) struct GroupDetail {
     /// The counts over the window, as in [`GroupsOverview`].
     pub counts: GroupCounts,
     /// How many of its newest messages the rest is about (at most [`SAMPLE_MAX`]).
@@ -105,7 +105,11 @@ fn window(
 }
 
 /// Every group's counts over the messages first seen in the last `since_secs`.
-pub fn groups(store: &Store, now: u64, since_secs: u64) -> Result<GroupsOverview, StoreError> {
+pub(crate) fn groups(
+    store: &Store,
+    now: u64,
+    since_secs: u64,
+) -> Result<GroupsOverview, StoreError> {
     let (from, found) = window(store, now, since_secs)?;
     Ok(GroupsOverview {
         from,
@@ -118,7 +122,7 @@ pub fn groups(store: &Store, now: u64, since_secs: u64) -> Result<GroupsOverview
 
 /// One group's counts, members, redeliveries and latencies; `None` when no message of the
 /// window reached it.
-pub fn group_detail(
+pub(crate) fn group_detail(
     store: &Store,
     group: &str,
     now: u64,
@@ -146,7 +150,7 @@ pub fn group_detail(
 }
 
 /// The counts per group of a window's summaries.
-pub fn count(summaries: &[MessageSummary], now: u64) -> Vec<GroupCounts> {
+pub(crate) fn count(summaries: &[MessageSummary], now: u64) -> Vec<GroupCounts> {
     let mut by: BTreeMap<&str, GroupCounts> = BTreeMap::new();
     for s in summaries {
         for (g, st) in &s.groups {
@@ -198,7 +202,7 @@ fn empty(group: &str) -> GroupCounts {
 
 /// Members, redeliveries and latencies of `group` in sampled trajectories (the counts are
 /// left empty).
-pub fn of_sample(group: &str, sample: &[Trajectory]) -> GroupDetail {
+pub(crate) fn of_sample(group: &str, sample: &[Trajectory]) -> GroupDetail {
     let mut redeliveries = 0u64;
     let mut members: BTreeMap<String, Member> = BTreeMap::new();
     let (mut wait, mut deliver, mut process, mut e2e) = (vec![], vec![], vec![], vec![]);

@@ -8,17 +8,17 @@
 //! - [`dead_letters`]: the dead-lettered messages, newest first, with the group, the
 //!   consumer and why, as the broker's R1 record says (`GET /api/dead-letters`).
 
-pub mod dead_letters;
-pub mod groups;
+pub(crate) mod dead_letters;
+pub(crate) mod groups;
 
-pub use dead_letters::{dead_letters, DeadLetter};
-pub use groups::{group_detail, groups, GroupCounts, GroupDetail, GroupsOverview, Member};
+pub(crate) use dead_letters::dead_letters;
+pub(crate) use groups::{group_detail, groups};
 
 use serde::{Deserialize, Serialize};
 
 /// Latency percentiles of one segment over a sample, in milliseconds.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Percentiles {
+pub(crate) struct Percentiles {
     /// The segment: `queue_wait`, `deliver`, `process` or `end_to_end`.
     pub segment: String,
     /// How many samples.
@@ -33,7 +33,7 @@ pub struct Percentiles {
 
 impl Percentiles {
     /// The percentiles of `nanos` (nearest rank); `None` for no sample.
-    pub fn of(segment: &str, mut nanos: Vec<u64>) -> Option<Percentiles> {
+    pub(crate) fn of(segment: &str, mut nanos: Vec<u64>) -> Option<Percentiles> {
         if nanos.is_empty() {
             return None;
         }

@@ -2,7 +2,7 @@
 //! context, waiting for a condition, an API client.
 #![allow(dead_code)]
 
-use msgtrail_listener::client::ListenerClient;
+use msgtrail_listener::ListenerClient;
 use msgtrail_listener::ListenerHandle;
 use msgtrail_test_support::NatsServer;
 use std::future::Future;
