@@ -16,7 +16,7 @@
 use futures::StreamExt;
 use msgtrail_broker::{BrokerConfig, ClientRegistry};
 use msgtrail_client::{Consumer, Identity, NatsOptions, Outgoing, Producer, PushOptions};
-use msgtrail_core::record::decode_batch;
+use msgtrail_core::decode_batch;
 use msgtrail_core::wire::{ChallengeReply, ChallengeRequest, OpenReply, OpenRequest, Subscription};
 use msgtrail_core::{ClientId, Role, Stage};
 use msgtrail_test_support::find_nats_server;

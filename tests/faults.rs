@@ -32,7 +32,7 @@ mod slow_consumer;
 use futures::StreamExt;
 use harness::*;
 use msgtrail_client::{Outgoing, ProducerOptions};
-use msgtrail_core::record::decode_batch;
+use msgtrail_core::decode_batch;
 use msgtrail_core::subjects::{self, MESSAGE_STREAM, STAGE_STREAM};
 use msgtrail_core::{RequestId, Stage};
 use serde_json::json;

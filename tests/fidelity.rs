@@ -180,7 +180,7 @@ async fn skewed_sdk_clocks_are_estimated_within_their_bounds() {
     assert_eq!(deliver.broker.as_ref(), Some(&instance));
     for h in &t.hops {
         for r in &h.events {
-            let by_broker = r.stage.emitter() == msgtrail_core::stage::Emitter::Broker;
+            let by_broker = r.stage.emitter() == msgtrail_core::Emitter::Broker;
             assert_eq!(r.broker.is_some(), by_broker, "{r:?}");
         }
     }

@@ -427,7 +427,7 @@ async fn clock_bounds_and_a_client_s_events() {
 /// disagree): its time shows as "?" with why, in the row and in its detail.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_impossible_hop_shows_a_question_mark_and_why() {
-    use msgtrail_core::record::encode_batch;
+    use msgtrail_core::encode_batch;
     use msgtrail_core::subjects::STAGE_SUBJECT;
     use msgtrail_core::{ClientId, MessageId, Stage, StageRecord};
     let sys = TestSystem::start().await;

@@ -11,11 +11,11 @@
 use bytes::Bytes;
 use msgtrail_broker::{BrokerConfig, ClientEntry, ClientRegistry};
 use msgtrail_client::{Identity, NatsOptions};
+use msgtrail_core::decode_batch;
 use msgtrail_core::frame::{
     self, FrameKind, ReportsOutcome, SettleResults, UploadBatch, UploadEntry, UploadResult,
     UploadResults,
 };
-use msgtrail_core::record::decode_batch;
 use msgtrail_core::subjects::{STAGE_STREAM, STAGE_SUBJECT};
 use msgtrail_core::{ClientId, ErrorCode, MessageId, Role, Stage, StageRecord, WireError};
 use msgtrail_test_support::NatsServer;

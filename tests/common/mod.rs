@@ -6,7 +6,7 @@ pub mod browser;
 use futures::StreamExt;
 use msgtrail_broker::{BrokerConfig, ClientEntry, ClientRegistry, RunningBroker};
 use msgtrail_client::{Consumer, Identity, NatsOptions, Producer};
-use msgtrail_core::record::decode_batch;
+use msgtrail_core::decode_batch;
 use msgtrail_core::subjects::STAGE_STREAM;
 use msgtrail_core::trajectory::{HopKind, Trajectory};
 use msgtrail_core::{ClientId, MessageId, Role, Stage, StageRecord};

@@ -27,7 +27,7 @@ fn main() {
     for chunk in set.chunks(per_tx) {
         let mut records = Vec::new();
         for m in chunk {
-            records.extend(msgtrail_core::record::decode_batch(m).expect("decodes"));
+            records.extend(msgtrail_core::decode_batch(m).expect("decodes"));
         }
         store
             .apply(records, msgtrail_core::time::now_nanos())

@@ -20,7 +20,7 @@ use crate::error::BenchError;
 use crate::measure::{Latency, Progress, Recorder, Throughput};
 use crate::synth::{stage_messages, Mix};
 use bytes::Bytes;
-use msgtrail_core::record::{decode_batch, encode_batch};
+use msgtrail_core::{decode_batch, encode_batch};
 use msgtrail_core::{MessageId, RequestId, StageRecord};
 use msgtrail_listener::Stats;
 use msgtrail_listener::Store;

@@ -13,7 +13,7 @@
 //! `topics` holds topic filters; a producer may upload to any topic one of them matches, a
 //! consumer may subscribe with any filter that lies within one of them. Absent means `>`.
 
-use msgtrail_core::ids::{topic_matches, validate_topic_filter};
+use msgtrail_core::{topic_matches, validate_topic_filter};
 use msgtrail_core::{ClientId, Role};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;

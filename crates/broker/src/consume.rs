@@ -31,11 +31,11 @@ use bytes::Bytes;
 use futures::StreamExt;
 use msgtrail_core::frame::{DeliveredMessage, DeliveryBatch};
 use msgtrail_core::headers as h;
-use msgtrail_core::ids::validate_topic_filter;
 use msgtrail_core::outcome::RedeliveryOutcome;
 use msgtrail_core::subjects::{
     dead_letter_subject, message_subject, topic_of_subject, MESSAGE_STREAM,
 };
+use msgtrail_core::validate_topic_filter;
 use msgtrail_core::wire::{
     AckKind, AckRequest, Delivery, FetchReply, FetchRequest, Format, Subscription,
     NO_MATCHING_MESSAGE,

@@ -384,7 +384,7 @@ async fn ensure_storage(
     js: &async_nats::jetstream::Context,
     config: &BrokerConfig,
 ) -> Result<(crate::streams::Storage, crate::signing::SigningKey), async_nats::Error> {
-    let mut backoff = msgtrail_core::backoff::Backoff::new(
+    let mut backoff = msgtrail_core::Backoff::new(
         std::time::Duration::from_millis(250),
         std::time::Duration::from_secs(5),
     );

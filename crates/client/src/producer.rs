@@ -473,8 +473,7 @@ impl Producer {
         prepared: Prepared,
         mut rx: oneshot::Receiver<Outcome>,
     ) -> Result<UploadReply, ClientError> {
-        let mut backoff =
-            msgtrail_core::backoff::Backoff::new(self.options.retry_backoff, Duration::MAX);
+        let mut backoff = msgtrail_core::Backoff::new(self.options.retry_backoff, Duration::MAX);
         let mut attempt = 1;
         loop {
             let result = rx.await.unwrap_or_else(|_| Err(batch::stopped()));

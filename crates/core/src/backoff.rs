@@ -61,7 +61,7 @@ impl Backoff {
 }
 
 /// `pause` less a random share of up to [`JITTER_PERCENT`] percent.
-pub fn jitter(pause: Duration) -> Duration {
+pub(crate) fn jitter(pause: Duration) -> Duration {
     // Each RandomState is seeded from the OS's randomness (then varied per instance): enough
     // to spread retries, and no random-number crate for it.
     let r = std::collections::hash_map::RandomState::new()

@@ -248,9 +248,9 @@ impl RequestId {
 pub struct Topic(String);
 
 /// Maximum number of tokens in a topic.
-pub const MAX_TOPIC_TOKENS: usize = 16;
+pub(crate) const MAX_TOPIC_TOKENS: usize = 16;
 /// Maximum length of a topic in bytes.
-pub const MAX_TOPIC_LEN: usize = 200;
+pub(crate) const MAX_TOPIC_LEN: usize = 200;
 const TOPIC_RULE: &str = "1 to 16 dot-separated tokens of A-Z a-z 0-9 _ -, at most 200 bytes";
 const FILTER_RULE: &str =
     "dot-separated tokens of A-Z a-z 0-9 _ -, or * for one token, or > as the last token";

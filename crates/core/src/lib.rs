@@ -4,14 +4,16 @@
 //! the listener and the OpenTelemetry bridge all depend on it and on nothing of each other.
 //!
 //! ## Layout
-//! - [`backoff`]: exponential backoff with jitter, for every retry loop.
-//! - [`config`]: [`ConfigError`], the one shape of a refused configuration.
-//! - [`ids`]: message IDs (UUIDv7), request IDs, client IDs, broker instances, topics and
-//!   their grammar.
+//! The root holds the shared values: [`Backoff`] (exponential backoff with jitter, for every
+//! retry loop), [`ConfigError`] (the one shape of a refused configuration), the IDs
+//! ([`MessageId`] as UUIDv7, [`RequestId`], [`ClientId`], [`BrokerInstance`], [`Topic`] and
+//! the topic grammar), the stage model ([`Stage`]: P1–P4, C1–C8, X1/X2, N1, A1, R1, D1) and
+//! a stage record with its JSON encoding ([`StageRecord`], [`encode_batch`]; stage stream
+//! version 1, reports). The protocol's vocabularies stay in namespaces of their own, because
+//! their names only make sense together (`frame::UploadBatch`, `wire::AckKind`,
+//! `subjects::MESSAGE_STREAM`):
 //! - [`trace_ids`]: the documented derivation of OpenTelemetry trace and span IDs from
 //!   message IDs, so every part computes the same IDs without propagating context.
-//! - [`stage`]: the stage model (P1–P4, C1–C8, X1/X2, N1, A1, R1, D1).
-//! - [`record`]: a stage record and its JSON encoding (stage stream version 1, reports).
 //! - [`outcome`]: the typed outcome of each stage (per-stage enums over the record's
 //!   outcome text).
 //! - [`frame`]: the binary frames of the batched message path and the compact stage-record
@@ -26,22 +28,26 @@
 //! docs/PROTOCOL.md at the repository root describes the same protocol for clients in
 //! other languages.
 
-pub mod backoff;
-pub mod config;
+mod backoff;
+mod config;
 pub mod frame;
 pub mod headers;
-pub mod ids;
+mod ids;
 pub mod outcome;
-pub mod record;
-pub mod stage;
+mod record;
+mod stage;
 pub mod subjects;
 pub mod time;
 pub mod trace_ids;
 pub mod trajectory;
 pub mod wire;
 
-pub use config::ConfigError;
-pub use ids::{BrokerInstance, ClientId, IdError, MessageId, RequestId, Topic};
-pub use record::{RecordError, StageRecord};
-pub use stage::{Role, Stage};
+pub use backoff::Backoff;
+pub use config::{BoxError, ConfigError};
+pub use ids::{
+    topic_matches, validate_topic_filter, BrokerInstance, ClientId, IdError, MessageId, RequestId,
+    Topic,
+};
+pub use record::{decode_batch, encode_batch, RecordError, StageRecord, RECOVERED};
+pub use stage::{Emitter, Role, Stage};
 pub use wire::{ErrorCode, WireError};

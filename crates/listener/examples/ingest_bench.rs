@@ -9,9 +9,9 @@
 //! cargo run --release -p msgtrail-listener --example ingest_bench [messages] [records-per-batch]
 //! ```
 
-use msgtrail_core::record::encode_batch;
-use msgtrail_core::stage::Stage;
+use msgtrail_core::encode_batch;
 use msgtrail_core::subjects::STAGE_SUBJECT;
+use msgtrail_core::Stage;
 use msgtrail_core::{ClientId, MessageId, RequestId, StageRecord};
 use msgtrail_listener::ListenerClient;
 use msgtrail_listener::ListenerConfig;
@@ -101,7 +101,7 @@ async fn main() {
     let start = Instant::now();
     let mut decoded = Vec::with_capacity(ordered.len());
     for b in &batches {
-        decoded.extend(msgtrail_core::record::decode_batch(b).unwrap());
+        decoded.extend(msgtrail_core::decode_batch(b).unwrap());
     }
     let took = start.elapsed();
     println!(

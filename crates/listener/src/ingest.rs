@@ -15,7 +15,7 @@ use crate::stats::Stats;
 use crate::store::Store;
 use async_nats::jetstream::{self, consumer, stream, AckKind};
 use futures::StreamExt;
-use msgtrail_core::record::decode_batch;
+use msgtrail_core::decode_batch;
 use msgtrail_core::subjects::{STAGE_STREAM, STAGE_SUBJECT};
 use msgtrail_core::StageRecord;
 use std::sync::Arc;

@@ -2,10 +2,10 @@
 //! by the test itself (in shuffled order, in random batches, some twice), and the answers
 //! are read back through the HTTP API.
 
-use msgtrail_core::record::encode_batch;
-use msgtrail_core::stage::Stage;
+use msgtrail_core::encode_batch;
 use msgtrail_core::subjects::STAGE_SUBJECT;
 use msgtrail_core::trajectory::{AssembleOptions, HopStatus, MessageState, Trajectory};
+use msgtrail_core::Stage;
 use msgtrail_core::{ClientId, MessageId, RequestId, StageRecord};
 use msgtrail_listener::ListenerClient;
 use msgtrail_listener::ListenerConfig;

@@ -7,10 +7,10 @@
 //!
 //! The new fields are read from the raw JSON, as any client of the API would.
 
-use msgtrail_core::record::encode_batch;
-use msgtrail_core::stage::Stage;
+use msgtrail_core::encode_batch;
 use msgtrail_core::subjects::STAGE_SUBJECT;
 use msgtrail_core::trajectory::{AssembleOptions, Trajectory};
+use msgtrail_core::Stage;
 use msgtrail_core::{ClientId, MessageId, RequestId, StageRecord};
 use msgtrail_listener::ListenerClient;
 use msgtrail_listener::ListenerConfig;

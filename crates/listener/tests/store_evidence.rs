@@ -3,13 +3,13 @@
 //! no P2/P3 on the stage stream; the listener must recover them from the stored messages.
 
 use base64::Engine;
+use msgtrail_core::encode_batch;
 use msgtrail_core::headers as h;
-use msgtrail_core::record::encode_batch;
-use msgtrail_core::stage::Stage;
 use msgtrail_core::subjects::{
     message_subject, MESSAGE_STREAM, MESSAGE_SUBJECT_PREFIX, STAGE_SUBJECT,
 };
 use msgtrail_core::trajectory::{AssembleOptions, HopStatus, MessageState, Trajectory, RECOVERED};
+use msgtrail_core::Stage;
 use msgtrail_core::{ClientId, MessageId, RequestId, StageRecord};
 use msgtrail_listener::evidence_consumer_name as consumer_name;
 use msgtrail_listener::ListenerClient;

@@ -8,17 +8,11 @@
 pub use msgtrail_core::ConfigError;
 
 /// An OTLP endpoint that cannot be used, with the reason.
-pub(crate) fn endpoint(
-    endpoint: &str,
-    source: impl Into<msgtrail_core::config::BoxError>,
-) -> ConfigError {
+pub(crate) fn endpoint(endpoint: &str, source: impl Into<msgtrail_core::BoxError>) -> ConfigError {
     ConfigError::unusable("OTLP endpoint", endpoint, source)
 }
 
 /// A header of `OTEL_EXPORTER_OTLP_HEADERS` that cannot be sent, with the reason.
-pub(crate) fn header(
-    name: &str,
-    source: impl Into<msgtrail_core::config::BoxError>,
-) -> ConfigError {
+pub(crate) fn header(name: &str, source: impl Into<msgtrail_core::BoxError>) -> ConfigError {
     ConfigError::unusable("OTLP header", name, source)
 }

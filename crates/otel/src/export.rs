@@ -59,7 +59,7 @@ use crate::error::ConfigError;
 use crate::mapping::{ServiceSpan, DEFAULT_BROKER_SERVICE};
 use crate::otlp::{Body, Encoding, Group, Resources};
 use crate::transport::Transport;
-use msgtrail_core::backoff::Backoff;
+use msgtrail_core::Backoff;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;

@@ -11,10 +11,10 @@ use crate::present::{
 use anyhow::Context;
 use clap::Args as ClapArgs;
 use msgtrail_core::outcome::RedeliveryOutcome;
-use msgtrail_core::stage::Stage;
 use msgtrail_core::trajectory::{
     DeliveryMode, HopKind, HopSpan, HopStatus, MessageState, Trajectory,
 };
+use msgtrail_core::Stage;
 use msgtrail_core::StageRecord;
 use msgtrail_listener::ClientClocks;
 use msgtrail_listener::ENV_TOKEN;

@@ -14,7 +14,7 @@
 use super::tables::corrupt;
 use super::Store;
 use crate::error::StoreError;
-use msgtrail_core::stage::Stage;
+use msgtrail_core::Stage;
 use msgtrail_core::StageRecord;
 use redb::{ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
 use std::hash::{Hash, Hasher};

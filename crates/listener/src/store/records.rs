@@ -436,7 +436,7 @@ mod tests {
         again.attempt = Some(2);
         assert_ne!(dedup_hash(&again), dedup_hash(&recs[0]));
         let mut recovered = recs[1].clone();
-        recovered.outcome = Some(msgtrail_core::record::RECOVERED.into());
+        recovered.outcome = Some(msgtrail_core::RECOVERED.into());
         assert_ne!(dedup_hash(&recovered), dedup_hash(&recs[1]));
     }
 }
