@@ -13,19 +13,19 @@
 //! ```
 //!
 //! ## Layout
-//! - [`config`]: [`BenchConfig`]: counts, payload sizes, producers and consumers; the
+//! - `config`: [`BenchConfig`]: counts, payload sizes, producers and consumers; the
 //!   `--quick` and `--large` presets.
-//! - [`measure`]: HDR latency summaries, throughput, and the progress line on stderr.
-//! - [`raw`]: S1, raw JetStream with async-nats (publish window, fetch + ack, both at once).
-//! - [`pipeline`]: S2 and S3, the msgtrail pipeline with stage recording off and on (with a
+//! - `measure`: HDR latency summaries, throughput, and the progress line on stderr.
+//! - `raw`: S1, raw JetStream with async-nats (publish window, fetch + ack, both at once).
+//! - `pipeline`: S2 and S3, the msgtrail pipeline with stage recording off and on (with a
 //!   listener running).
-//! - [`ingest`]: S4, listener ingest alone, replaying recorded stage records on one core.
-//! - [`lookup`]: S5, trajectory lookup latency with many stored messages.
-//! - [`export`]: S6, OTLP export of trajectory spans to a local receiver.
-//! - [`report`]: [`Report`], its ratios and target checks, the table and the JSON.
-//! - [`synth`]: a synthetic stage-record workload with a production mix, for S4.
-//! - [`run`](mod@run): the order of the scenarios and the nats-servers they run against.
-//! - [`error`]: the harness's error type, [`BenchError`].
+//! - `ingest`: S4, listener ingest alone, replaying recorded stage records on one core.
+//! - `lookup`: S5, trajectory lookup latency with many stored messages.
+//! - `export`: S6, OTLP export of trajectory spans to a local receiver.
+//! - `report`: [`Report`], its ratios and target checks, the table and the JSON.
+//! - `synth`: a synthetic stage-record workload with a production mix, for S4.
+//! - `run`(mod@run): the order of the scenarios and the nats-servers they run against.
+//! - `error`: the harness's error type, [`BenchError`].
 
 mod config;
 mod error;

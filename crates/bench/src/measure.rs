@@ -116,7 +116,7 @@ impl Progress {
         }
     }
 
-    /// Starts a phase of `total` units; count done units on the returned [`Phase`].
+    /// Starts a phase of `total` units; count done units on the returned `Phase`.
     pub fn phase(&self, name: &str, total: u64) -> Phase {
         let done = Arc::new(AtomicU64::new(0));
         let stop = Arc::new(AtomicBool::new(false));

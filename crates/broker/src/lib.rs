@@ -7,24 +7,24 @@
 //! writes. It knows nothing of OpenTelemetry: the listener turns the records into traces.
 //!
 //! ## Layout
-//! - [`shared`]: the parts every request handler shares.
-//! - [`server`]: the NATS service, request dispatch, startup and graceful shutdown.
-//! - [`config`]: [`BrokerConfig`] and its defaults.
-//! - [`error`]: [`BrokerError`], why the broker could not start.
-//! - [`clients`]: the configured clients (IDs, nkeys, topic permissions).
-//! - [`channels`]: nkey challenge–response, channel open/keepalive/close, shared in a KV bucket.
-//! - [`upload`]: single and batched uploads: validation, ID assignment, storage with all
+//! - `shared`: the parts every request handler shares.
+//! - `server`: the NATS service, request dispatch, startup and graceful shutdown.
+//! - `config`: [`BrokerConfig`] and its defaults.
+//! - `error`: [`BrokerError`], why the broker could not start.
+//! - `clients`: the configured clients (IDs, nkeys, topic permissions).
+//! - `channels`: nkey challenge–response, channel open/keepalive/close, shared in a KV bucket.
+//! - `upload`: single and batched uploads: validation, ID assignment, storage with all
 //!   JetStream acks of a batch in flight, deduplication, and the store evidence in headers.
-//! - [`consume`]: consumer groups, fetch (JSON or binary frames), settling, redelivery and
+//! - `consume`: consumer groups, fetch (JSON or binary frames), settling, redelivery and
 //!   dead letters.
-//! - [`settle`]: batched settles, with the consumer's stage records riding along.
-//! - [`push`]: push subscriptions, immediate or scheduled, with an in-flight bound.
-//! - [`token`]: signed, self-contained ack tokens, so any broker can settle any delivery.
-//! - [`signing`]: the deployment-wide HMAC key behind ack tokens and upload receipts.
-//! - [`relay`]: checking and relaying the clients' own stage records.
-//! - [`stage_sink`]: the bounded, batching, never-blocking writer of the stage stream.
-//! - [`streams`]: the streams and buckets, created if missing.
-//! - [`metrics`]: counters, also in the service stats.
+//! - `settle`: batched settles, with the consumer's stage records riding along.
+//! - `push`: push subscriptions, immediate or scheduled, with an in-flight bound.
+//! - `token`: signed, self-contained ack tokens, so any broker can settle any delivery.
+//! - `signing`: the deployment-wide HMAC key behind ack tokens and upload receipts.
+//! - `relay`: checking and relaying the clients' own stage records.
+//! - `stage_sink`: the bounded, batching, never-blocking writer of the stage stream.
+//! - `streams`: the streams and buckets, created if missing.
+//! - `metrics`: counters, also in the service stats.
 //!
 //! Every long-running task watches one `tokio_util::sync::CancellationToken` (a push
 //! subscription a child of it), and requests in flight run on a `TaskTracker` the shutdown

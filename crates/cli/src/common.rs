@@ -43,7 +43,7 @@ pub(crate) struct NatsArgs {
     pub tls_key: Option<PathBuf>,
     /// Inbox prefix of the connection instead of _INBOX: replies and pushed messages arrive
     /// under it. Required where the NATS user may subscribe only to its own prefix, such as
-    /// _INBOX_CLIENT.<id> in deploy/nats/accounts.conf.
+    /// `_INBOX_CLIENT.<id>` in deploy/nats/accounts.conf.
     #[arg(long, env = "NATS_INBOX_PREFIX", global = true)]
     pub inbox_prefix: Option<String>,
 }

@@ -7,8 +7,8 @@
 //! `msgtrail-test-support` crate, which re-exports this one.
 //!
 //! ## Layout
-//! - [`nats_server`]: finding the binary and running a server ([`NatsServer`]).
-//! - [`otlp_receiver`]: an OTLP trace receiver over gRPC and HTTP/protobuf that hands each
+//! - `nats_server`: finding the binary and running a server ([`NatsServer`]).
+//! - `otlp_receiver`: an OTLP trace receiver over gRPC and HTTP/protobuf that hands each
 //!   export request to its owner ([`OtlpReceiver`]); `examples/otlp_dump.rs` runs one that
 //!   prints every span, a stand-in for Jaeger on a machine without Docker.
 

@@ -50,7 +50,7 @@ pub(crate) const MAX_CANDIDATES: usize = 64;
 pub struct ClientClocks {
     /// The client asked about.
     pub client: String,
-    /// The window, seconds of record time ([`WINDOW`]).
+    /// The window, seconds of record time (`WINDOW`).
     pub window_secs: u64,
     /// Per broker instance the client exchanged with, the best estimate of the window,
     /// sorted by instance (records without an instance, from older brokers, last).

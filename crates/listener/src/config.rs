@@ -69,7 +69,7 @@ pub struct ListenerConfig {
     /// `MSGTRAIL_TRACE_UI_URL` (`msgtrail_otel::TraceUi::from_env`).
     pub trace_ui: Option<msgtrail_otel::TraceUi>,
     /// Recover P2/P3 of stored messages from the message stream itself (their headers and
-    /// JetStream's stored time; see [`crate::evidence`]). On by default: the broker's own P2/P3
+    /// JetStream's stored time; see `crate::evidence`). On by default: the broker's own P2/P3
     /// wait in its memory until they reach the stage stream, so a broker crash or a stage
     /// stream without a leader can lose them, the stored message never. Off, the listener
     /// reads the stage stream alone (`msgtrail listener --no-store-evidence`).

@@ -9,7 +9,7 @@
 //! Two ingest sources feed the store: the stage stream (every record the broker and the
 //! clients reported) and the message stream, whose stored messages carry the evidence of
 //! their own store hop — P2 and P3 are recovered from their headers and JetStream's stored
-//! time ([`evidence`]), so a broker crash between storing a message and writing its records
+//! time (`evidence`), so a broker crash between storing a message and writing its records
 //! loses nothing.
 //!
 //! ```no_run
@@ -37,9 +37,9 @@
 //! - **A request ID stored twice is said so**: an upload repeated after the broker's dedup
 //!   window is a second message; both trajectories name each other (`same_request`), the
 //!   statistics count it (`duplicates_after_window`), the request-ID lookup answers the
-//!   latest (see [`store`]).
+//!   latest (see `store`).
 //! - **Not found is not incomplete is not failed**: 404, 200 with the state and the open
-//!   hops, 5xx (see [`http`]).
+//!   hops, 5xx (see `http`).
 //!
 //! ## Running it
 //! `msgtrail listener` (see `--help`; `MSGTRAIL_LISTENER_*` variables), then
@@ -48,27 +48,27 @@
 //! set, trajectories also go out as traces.
 //!
 //! ## Layout
-//! - [`cache`]: the bounded in-memory cache of in-flight messages that ingest works from.
-//! - [`client`]: a small HTTP client of the API (used by `msgtrail trace` and `stats`).
-//! - [`clocks`]: per (client, broker instance) clock estimates over the last minute of
+//! - `cache`: the bounded in-memory cache of in-flight messages that ingest works from.
+//! - `client`: a small HTTP client of the API (used by `msgtrail trace` and `stats`).
+//! - `clocks`: per (client, broker instance) clock estimates over the last minute of
 //!   records, fed at ingest, outside the store (`GET /api/clients/{id}`).
-//! - [`config`]: [`ListenerConfig`], its defaults and environment variable names.
-//! - [`error`]: configuration, runtime, store and query errors.
-//! - [`export`]: changed trajectories to the OTLP pipeline of `msgtrail-otel`, never
+//! - `config`: [`ListenerConfig`], its defaults and environment variable names.
+//! - `error`: configuration, runtime, store and query errors.
+//! - `export`: changed trajectories to the OTLP pipeline of `msgtrail-otel`, never
 //!   blocking ingest.
-//! - [`ingest`]: the durable pull consumer on the stage stream; batches, ack after commit
-//!   ([`ingest::apply`], shared by both sources).
-//! - [`evidence`]: store evidence — the durable headers-only consumer on the message stream
+//! - `ingest`: the durable pull consumer on the stage stream; batches, ack after commit
+//!   (`ingest::apply`, shared by both sources).
+//! - `evidence`: store evidence — the durable headers-only consumer on the message stream
 //!   (`<durable_name>-stored`), P2/P3 recovered from each stored message, waiting for the
 //!   stream when the broker has not created it yet.
-//! - [`store`]: the embedded redb store: records per message, shadow-message summaries and
+//! - `store`: the embedded redb store: records per message, shadow-message summaries and
 //!   their indexes, counters, retention.
-//! - [`stats`]: HDR latency histograms, counts by state, funnel, lag; Prometheus text.
-//! - [`summary`]: the shadow message and its compact stored form; [`search`]: the filters
+//! - `stats`: HDR latency histograms, counts by state, funnel, lag; Prometheus text.
+//! - `summary`: the shadow message and its compact stored form; `search`: the filters
 //!   a search applies to it.
-//! - [`views`]: the consumer-group and dead-letter views, computed on demand from the
+//! - `views`: the consumer-group and dead-letter views, computed on demand from the
 //!   shadow messages and a bounded sample of trajectories.
-//! - [`http`]: the axum API (`/api/messages`, `/api/groups`, `/api/dead-letters`,
+//! - `http`: the axum API (`/api/messages`, `/api/groups`, `/api/dead-letters`,
 //!   `/api/stats`, `/metrics`, `/healthz`) and the page (`/`).
 //!
 //! Trajectory assembly itself is pure and lives in `msgtrail_core::trajectory`.

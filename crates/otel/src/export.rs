@@ -200,7 +200,7 @@ fn otlp_var(get: &impl Fn(&str) -> Option<String>, suffix: &str) -> Option<(Stri
 
 impl ExportConfig {
     /// The defaults overridden by the standard variables (see the module docs) and
-    /// [`ENV_QUEUE_CAPACITY`].
+    /// `ENV_QUEUE_CAPACITY`.
     pub fn from_env() -> Result<Self, ConfigError> {
         Self::from_lookup(|k| std::env::var(k).ok())
     }

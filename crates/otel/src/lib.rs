@@ -7,23 +7,23 @@
 //! trajectories.
 //!
 //! ## Layout
-//! - [`mapping`]: hop → [`SpanData`](opentelemetry_sdk::trace::SpanData) (names, kinds,
+//! - `mapping`: hop → [`SpanData`](opentelemetry_sdk::trace::SpanData) (names, kinds,
 //!   messaging semantic-convention attributes, events, links, status), and the span context a
 //!   consumer's handler can nest its own spans under ([`process_span_context`]).
-//! - [`sampling`]: tail sampling — errors, stuck and slow trajectories always, healthy ones
+//! - `sampling`: tail sampling — errors, stuck and slow trajectories always, healthy ones
 //!   at a ratio and under a spans-per-second budget ([`TailSampler`]).
-//! - [`export`]: a bounded, never-blocking queue in front of a worker that batches spans and
+//! - `export`: a bounded, never-blocking queue in front of a worker that batches spans and
 //!   keeps several OTLP requests in flight, over gRPC, HTTP/protobuf or HTTP/JSON, with
 //!   retry, backoff and drop counters ([`TraceExporter`]); its module docs hold the
 //!   exporter's contract and why the SDK's `BatchSpanProcessor` is not used.
-//! - [`otlp`]: spans → OTLP request bodies with `opentelemetry-proto`, one `ResourceSpans`
+//! - `otlp`: spans → OTLP request bodies with `opentelemetry-proto`, one `ResourceSpans`
 //!   per `service.name` in one request.
-//! - [`transport`]: one request on the wire (tonic for gRPC, hyper for HTTP).
-//! - [`pipeline`]: the listener's entry point — observe a trajectory whenever it changes and
+//! - `transport`: one request on the wire (tonic for gRPC, hyper for HTTP).
+//! - `pipeline`: the listener's entry point — observe a trajectory whenever it changes and
 //!   each hop is exported once, after a grace, sampled, with left-out hops brought back when
 //!   the trajectory turns bad ([`TracePipeline`]).
-//! - [`links`]: links to a message's trace in Jaeger or Grafana/Tempo ([`TraceUi`]).
-//! - [`error`]: configuration errors ([`ConfigError`]).
+//! - `links`: links to a message's trace in Jaeger or Grafana/Tempo ([`TraceUi`]).
+//! - `error`: configuration errors ([`ConfigError`]).
 
 mod error;
 mod export;

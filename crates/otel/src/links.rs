@@ -38,7 +38,7 @@ pub enum TraceUi {
 }
 
 impl TraceUi {
-    /// The UI configured in the environment, if [`ENV_TRACE_UI`] is set.
+    /// The UI configured in the environment, if `ENV_TRACE_UI` is set.
     pub fn from_env() -> Option<Self> {
         Self::from_lookup(|k| std::env::var(k).ok())
     }

@@ -71,7 +71,7 @@ pub(crate) const DEFAULT_BROKER_SERVICE: &str = "msgtrail-broker";
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MappingOptions {
     /// `service.name` of broker hops whose records name no service (`OTEL_SERVICE_NAME` of
-    /// the listener, by default [`DEFAULT_BROKER_SERVICE`]).
+    /// the listener, by default `DEFAULT_BROKER_SERVICE`).
     pub broker_service: String,
     /// The current time, Unix nanoseconds: the end of an errored hop that never ended (its
     /// deadline closed it). Without it, such a hop ends at its last event.

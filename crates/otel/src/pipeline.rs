@@ -85,7 +85,7 @@ impl Default for PipelineConfig {
 
 impl PipelineConfig {
     /// The defaults overridden by the environment ([`ExportConfig::from_env`],
-    /// [`SamplingPolicy::from_env`], [`ENV_GRACE_MS`]).
+    /// [`SamplingPolicy::from_env`], `ENV_GRACE_MS`).
     pub fn from_env() -> Result<Self, ConfigError> {
         Self::from_lookup(|k| std::env::var(k).ok())
     }

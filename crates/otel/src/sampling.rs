@@ -54,7 +54,7 @@ impl Default for SamplingPolicy {
 }
 
 impl SamplingPolicy {
-    /// The defaults overridden by [`ENV_RATIO`], [`ENV_BUDGET`] and [`ENV_SLOW_MS`].
+    /// The defaults overridden by `ENV_RATIO`, `ENV_BUDGET` and `ENV_SLOW_MS`.
     pub fn from_env() -> Result<Self, ConfigError> {
         Self::from_lookup(|k| std::env::var(k).ok())
     }

@@ -2,12 +2,14 @@
 //!
 //! Real parts for tests. The nats-server launcher and the OTLP receiver live in
 //! `msgtrail-devkit` (the `msgtrail dev` command uses them too, and a production binary
-//! should not depend on a test crate); they are re-exported here under their old paths.
+//! should not depend on a test crate); they are re-exported here ([`NatsServer`],
+//! [`OtlpReceiver`] and their options).
 //!
 //! ## Layout
-//! - [`nats_server`], [`otlp_receiver`]: re-exported from `msgtrail-devkit`.
-//! - [`nats_node`]: nats-server nodes and clusters whose ports and stores outlive a kill.
-//! - [`process`]: the `msgtrail` binary and child processes a test can kill and restart.
+//! - `nats_node`: nats-server nodes and clusters whose ports and stores outlive a kill
+//!   ([`NatsNode`], [`NatsCluster`]).
+//! - `process`: the `msgtrail` binary and child processes a test can kill and restart
+//!   ([`msgtrail_binary`], [`ChildProcess`], [`ProcessSpec`], [`free_port`]).
 
 mod nats_node;
 mod process;

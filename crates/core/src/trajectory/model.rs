@@ -1,4 +1,4 @@
-//! The data of a trajectory: what [`super::assembly`] produces and every reader (the
+//! The data of a trajectory: what `super::assembly` produces and every reader (the
 //! listener's API, `msgtrail trace`, the OpenTelemetry bridge) consumes. Pure data, serializable
 //! as JSON; the only logic here is naming (hop keys, state and segment names).
 

@@ -120,7 +120,7 @@ pub(super) fn prune(tx: &WriteTransaction, cutoff: u64) -> Result<u64, StoreErro
 
 impl Store {
     /// The client events (N1, A1) of `client`, newest first, at most `limit` (capped at
-    /// [`MAX_LIMIT`]).
+    /// `MAX_LIMIT`).
     pub fn client_events(
         &self,
         client: &str,
