@@ -1,0 +1,172 @@
+//! `ack`: settling a delivery (ack, nack, term), confirmed by JetStream before the broker
+//! answers, and refused as `delivery_expired` past the delivery's ack wait.
+
+use super::*;
+
+impl Deliverer {
+    /// `ack`: settles one delivery (ack, nack with optional delay, or term); returns the
+    /// push subscription and sequence whose in-flight slot the settle frees, if any.
+    pub(crate) async fn ack(&self, req: AckRequest) -> Result<Option<(String, u64)>, WireError> {
+        let channel = self
+            .shared
+            .channels
+            .lookup_role(&req.channel, Role::Consumer)
+            .await?;
+        let token = AckToken::decode_for(&req.token, &channel.client_id, &self.shared.key)?;
+        let freed = self
+            .settle(&token, req.kind, req.delay_ms, req.reason.as_deref())
+            .await?;
+        // As for settle batches: the reply waits for the settle's records to be stored.
+        let _ = self.shared.sink.stored(crate::settle::STORED_WAIT).await;
+        Ok(freed)
+    }
+
+    /// Settles one delivery whose token was verified for the settling consumer: refuses it
+    /// when its ack wait has run out, tells JetStream and waits for its confirmation, then
+    /// records C4/C8 (and R1 for a dead letter). Settles of a batch run concurrently: each
+    /// waits for its own confirmation, all of them in flight at once.
+    pub(crate) async fn settle(
+        &self,
+        token: &AckToken,
+        kind: AckKind,
+        delay_ms: Option<u64>,
+        reason: Option<&str>,
+    ) -> Result<Option<(String, u64)>, WireError> {
+        self.check_in_time(token, kind)?;
+        let (effective, payload) = self.jetstream_settle(token, kind, delay_ms);
+        self.confirm(token, effective, payload).await?;
+        self.settled(token, kind, effective, reason).await;
+        Ok(token.s.clone().map(|s| (s, token.q)))
+    }
+
+    /// Refuses a settle that comes after the delivery's ack wait ran out (counted in
+    /// `settles_expired`). Nothing goes to JetStream: the delivery is no longer this
+    /// consumer's, and an ack JetStream might still take would be one that it answers the same
+    /// way whether it took it or not (after a dead letter).
+    pub(super) fn check_in_time(&self, token: &AckToken, kind: AckKind) -> Result<(), WireError> {
+        let Some(late_ms) = token.expired_by(unix_ms()) else {
+            return Ok(());
+        };
+        Metrics::inc(&self.shared.metrics.settles_expired);
+        let next = if token.n >= self.shared.config.max_deliver {
+            "it was the last allowed attempt, so the message is dead-lettered"
+        } else {
+            "the message is delivered again"
+        };
+        Err(WireError::new(
+            ErrorCode::DeliveryExpired,
+            format!(
+                "{} of delivery attempt {} came {late_ms} ms after the delivery's ack wait ran out: \
+                 JetStream no longer holds this delivery ({next}); the {} was not applied",
+                kind.as_str(),
+                token.n,
+                kind.as_str(),
+            ),
+        ))
+    }
+
+    /// What to send JetStream: a nack of the last allowed attempt is a dead letter, so it is
+    /// sent as a term.
+    pub(super) fn jetstream_settle(
+        &self,
+        token: &AckToken,
+        kind: AckKind,
+        delay_ms: Option<u64>,
+    ) -> (AckKind, Bytes) {
+        let last_attempt = token.n >= self.shared.config.max_deliver;
+        match kind {
+            AckKind::Ack => (AckKind::Ack, Bytes::from_static(b"+ACK")),
+            AckKind::Nack if !last_attempt => match delay_ms {
+                Some(ms) => (
+                    AckKind::Nack,
+                    format!("-NAK {{\"delay\": {}}}", u128::from(ms) * 1_000_000).into(),
+                ),
+                None => (AckKind::Nack, Bytes::from_static(b"-NAK")),
+            },
+            AckKind::Nack | AckKind::Term => (AckKind::Term, Bytes::from_static(b"+TERM")),
+        }
+    }
+
+    /// Sends the settle to the delivery's ack subject as a request and waits for the
+    /// consumer's leader to answer (a double ack): an ok then means JetStream took it, not
+    /// only that it left this broker. In a cluster the leader answers once the ack is
+    /// replicated.
+    pub(super) async fn confirm(
+        &self,
+        token: &AckToken,
+        effective: AckKind,
+        payload: Bytes,
+    ) -> Result<(), WireError> {
+        let request = async_nats::Request::new()
+            .payload(payload)
+            .timeout(Some(SETTLE_CONFIRM_WAIT));
+        let answered = self
+            .shared
+            .client
+            .send_request(token.a.clone(), request)
+            .await;
+        answered.map(|_| ()).map_err(|e| {
+            use async_nats::RequestErrorKind as K;
+            let why = match e.kind() {
+                K::TimedOut => format!(
+                    "JetStream did not confirm the {} within {} ms",
+                    effective.as_str(),
+                    SETTLE_CONFIRM_WAIT.as_millis()
+                ),
+                K::NoResponders => format!(
+                    "no JetStream consumer answered the {} (its leader is being elected, or the \
+                     consumer is gone)",
+                    effective.as_str()
+                ),
+                _ => format!("JetStream did not take the {}: {e}", effective.as_str()),
+            };
+            WireError::new(
+                ErrorCode::Unavailable,
+                format!("{why}; settle again with the same token"),
+            )
+        })
+    }
+
+    /// Counts a confirmed settle and records C4/C8 (and R1 `dead_letter` for a term).
+    pub(super) async fn settled(
+        &self,
+        token: &AckToken,
+        kind: AckKind,
+        effective: AckKind,
+        reason: Option<&str>,
+    ) {
+        match effective {
+            AckKind::Ack => Metrics::inc(&self.shared.metrics.acks),
+            AckKind::Nack => Metrics::inc(&self.shared.metrics.nacks),
+            AckKind::Term => Metrics::inc(&self.shared.metrics.terms),
+        }
+        let stage = if token.p {
+            Stage::PushAckReceived
+        } else {
+            Stage::PullAckReceived
+        };
+        let mut settle = self.record(stage, token);
+        settle.set_outcome(kind);
+        settle.detail = reason.map(str::to_owned);
+        self.shared.sink.record(settle);
+        if effective == AckKind::Term {
+            let because = reason.map(|r| format!(": {r}")).unwrap_or_default();
+            let why = match kind {
+                AckKind::Nack => format!(
+                    "nacked on the last allowed delivery attempt ({} of {}){because}",
+                    token.n, self.shared.config.max_deliver,
+                ),
+                _ => format!("terminated by consumer {}{because}", token.c),
+            };
+            self.dead_letter(
+                token.q,
+                &token.g,
+                Some(&token.c),
+                token.n,
+                token.by_id(),
+                &why,
+            )
+            .await;
+        }
+    }
+}

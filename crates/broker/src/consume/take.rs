@@ -1,0 +1,291 @@
+//! Taking messages from a group's JetStream consumer: the subscription check, the group's
+//! durable consumer, the attribute filter, and the delivery records (C5/C1, R1 `redeliver`).
+
+use super::*;
+
+impl Deliverer {
+    /// Validates a subscription for a consumer channel.
+    pub(crate) fn check_subscription(
+        &self,
+        channel: &OpenChannel,
+        sub: &Subscription,
+    ) -> Result<(), WireError> {
+        validate_topic_filter(&sub.topic)
+            .map_err(|e| WireError::new(ErrorCode::InvalidTopic, e.to_string()))?;
+        if !may_subscribe(&channel.topics, &sub.topic) {
+            return Err(WireError::new(
+                ErrorCode::NotPermitted,
+                format!(
+                    "consumer {} may not consume topic filter {}",
+                    channel.client_id, sub.topic
+                ),
+            ));
+        }
+        if sub.filter.len() > h::MAX_ATTRIBUTES {
+            return Err(WireError::new(
+                ErrorCode::InvalidAttribute,
+                "too many attribute filters",
+            ));
+        }
+        for (k, v) in &sub.filter {
+            let key = h::validate_attr_key(k)
+                .map_err(|e| WireError::new(ErrorCode::InvalidAttribute, e))?;
+            if &key != k {
+                return Err(WireError::new(
+                    ErrorCode::InvalidAttribute,
+                    format!("attribute filter key {k:?} must be lowercase"),
+                ));
+            }
+            h::validate_attr_value(k, v)
+                .map_err(|e| WireError::new(ErrorCode::InvalidAttribute, e))?;
+        }
+        Ok(())
+    }
+
+    /// The group's durable consumer for a subscription, created on first use.
+    pub(crate) async fn group_consumer(
+        &self,
+        sub: &Subscription,
+    ) -> Result<jetstream::consumer::PullConsumer, WireError> {
+        let name = durable_name(sub);
+        if let Some(c) = self
+            .consumers
+            .lock()
+            .expect("consumer cache poisoned")
+            .get(&name)
+        {
+            return Ok(c.clone());
+        }
+        let config = pull::Config {
+            durable_name: Some(name.clone()),
+            filter_subject: message_subject(&sub.topic),
+            ack_policy: AckPolicy::Explicit,
+            ack_wait: self.shared.config.ack_wait,
+            max_deliver: i64::from(self.shared.config.max_deliver),
+            deliver_policy: DeliverPolicy::All,
+            inactive_threshold: GROUP_INACTIVE,
+            num_replicas: self.shared.config.replicas,
+            ..Default::default()
+        };
+        let consumer = self.create_consumer(config).await?;
+        self.consumers
+            .lock()
+            .expect("consumer cache poisoned")
+            .insert(name, consumer.clone());
+        Ok(consumer)
+    }
+
+    pub(super) async fn create_consumer(
+        &self,
+        config: pull::Config,
+    ) -> Result<jetstream::consumer::PullConsumer, WireError> {
+        let name = config.durable_name.clone().unwrap_or_default();
+        self.shared
+            .stream
+            .get_or_create_consumer::<pull::Config>(&name, config)
+            .await
+            .map_err(|e| {
+                WireError::new(
+                    ErrorCode::Unavailable,
+                    format!("cannot create consumer {name}: {e}"),
+                )
+            })
+    }
+
+    /// Takes up to `max` messages from `consumer`, waiting up to `wait` for the first.
+    /// Messages not matching `filter` are acked and skipped.
+    pub(crate) async fn take(
+        &self,
+        consumer: &jetstream::consumer::PullConsumer,
+        filter: &BTreeMap<String, String>,
+        only: Option<(MessageId, u64)>,
+        max: usize,
+        wait: Duration,
+    ) -> Result<Vec<Taken>, WireError> {
+        let unavailable = |e: &dyn std::fmt::Display| {
+            WireError::new(ErrorCode::Unavailable, format!("fetch failed: {e}"))
+        };
+        let deadline = tokio::time::Instant::now() + wait;
+        // The consumer's own ack wait: it may have been created by a broker configured otherwise.
+        let ack_wait = consumer.cached_info().config.ack_wait;
+        let mut out = Vec::new();
+        // A consumer JetStream has just created (or moved, on a cluster) can answer 503 for a
+        // moment: until the deadline that is a reason to pull again, not to fail the fetch.
+        let transient = |e: &dyn std::fmt::Display| {
+            let text = e.to_string();
+            text.contains("503") || text.contains("no responders")
+        };
+        loop {
+            // Whatever is there now, without waiting.
+            let mut got = 0;
+            let pulled = async {
+                let mut batch = consumer
+                    .fetch()
+                    .max_messages(max - out.len())
+                    .messages()
+                    .await?;
+                while let Some(m) = batch.next().await {
+                    let m = m?;
+                    got += 1;
+                    if let Some(t) = self.accept(m, filter, only, ack_wait).await {
+                        out.push(t);
+                    }
+                }
+                Ok::<_, async_nats::Error>(())
+            }
+            .await;
+            if let Err(e) = pulled {
+                if !out.is_empty() {
+                    return Ok(out);
+                }
+                if transient(&e) && tokio::time::Instant::now() < deadline {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+                return Err(unavailable(&e));
+            }
+            if !out.is_empty() {
+                return Ok(out);
+            }
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                return Ok(out);
+            }
+            if got > 0 {
+                continue;
+            }
+            // Nothing there: wait for one message, up to the deadline.
+            let remaining = (deadline - now).max(Duration::from_millis(10));
+            let mut one = consumer
+                .batch()
+                .max_messages(1)
+                .expires(remaining)
+                .messages()
+                .await
+                .map_err(|e| unavailable(&e))?;
+            let mut woke = false;
+            while let Some(m) = one.next().await {
+                let m = m.map_err(|e| unavailable(&e))?;
+                woke = true;
+                if let Some(t) = self.accept(m, filter, only, ack_wait).await {
+                    out.push(t);
+                }
+            }
+            if !out.is_empty() || (!woke && tokio::time::Instant::now() >= deadline) {
+                return Ok(out);
+            }
+        }
+    }
+
+    /// Parses a JetStream message; acks and drops it if it is not for this subscription.
+    pub(super) async fn accept(
+        &self,
+        m: jetstream::Message,
+        filter: &BTreeMap<String, String>,
+        only: Option<(MessageId, u64)>,
+        ack_wait: Duration,
+    ) -> Option<Taken> {
+        let settle_by_ms = settle_deadline_ms(unix_ms(), ack_wait);
+        let info = m.info().ok()?;
+        let (seq, attempt) = (info.stream_sequence, info.delivered.max(1) as u32);
+        let stored_at = u64::try_from(info.published.unix_timestamp_nanos()).ok();
+        let ack_subject = m.reply.as_ref()?.to_string();
+        // Read in place: a clone of the header map is an allocation per header.
+        let parsed = m.headers.as_ref().and_then(|hs| {
+            let get = |n: &str| hs.get(n).map(|v| v.as_str());
+            let message_id: MessageId = get(h::MESSAGE_ID)?.parse().ok()?;
+            let producer = ClientId::new(get(h::PRODUCER)?).ok()?;
+            let topic = topic_of_subject(m.subject.as_str())?.to_owned();
+            let mut attrs = BTreeMap::new();
+            for (name, values) in hs.iter() {
+                let name: &str = name.as_ref();
+                if let Some(k) = name.strip_prefix(h::ATTR_PREFIX) {
+                    if let Some(v) = values.first() {
+                        attrs.insert(k.to_owned(), v.as_str().to_owned());
+                    }
+                }
+            }
+            Some((message_id, producer, topic, attrs))
+        });
+        let wanted = match (&parsed, only) {
+            (Some((id, ..)), Some((want, want_seq))) => *id == want && seq == want_seq,
+            (Some((.., attrs)), None) => matches_filter(filter, attrs),
+            (None, _) => false,
+        };
+        if !wanted {
+            // Not for this subscription (or not a msgtrail message): settle it for the group.
+            let _ = m.ack().await;
+            return None;
+        }
+        let (message_id, producer, topic, attrs) = parsed?;
+        Some(Taken {
+            message_id,
+            topic,
+            producer,
+            attrs,
+            payload: m.payload.clone(),
+            attempt,
+            stream_seq: seq,
+            ack_subject,
+            settle_by_ms,
+            stored_at,
+        })
+    }
+
+    /// Records the delivery (C1 or C5, and R1 for a redelivery) and builds its token.
+    pub(crate) fn delivered(
+        &self,
+        t: &Taken,
+        group: &ClientId,
+        consumer: &ClientId,
+        push: Option<&str>,
+    ) -> String {
+        Metrics::inc(&self.shared.metrics.deliveries);
+        let token = AckToken {
+            m: t.message_id,
+            g: group.clone(),
+            c: consumer.clone(),
+            n: t.attempt,
+            q: t.stream_seq,
+            t: t.topic.clone(),
+            p: push.is_some(),
+            s: push.map(str::to_owned),
+            a: t.ack_subject.clone(),
+            e: Some(t.settle_by_ms),
+        };
+        if t.attempt > 1 {
+            Metrics::inc(&self.shared.metrics.redeliveries);
+            let mut r1 = self.record(Stage::Redelivery, &token);
+            r1.set_outcome(RedeliveryOutcome::Redeliver);
+            r1.detail = Some(format!(
+                "delivery attempt {} of {}: the previous delivery was nacked or not acked within the ack wait ({} ms)",
+                t.attempt,
+                self.shared.config.max_deliver,
+                self.shared.config.ack_wait.as_millis()
+            ));
+            self.shared.sink.record(r1);
+        }
+        let stage = if push.is_some() {
+            Stage::PushSent
+        } else {
+            Stage::PullSent
+        };
+        let mut sent = self.record(stage, &token);
+        sent.stored_at = t.stored_at;
+        self.shared.sink.record(sent);
+        token.encode(&self.shared.key)
+    }
+
+    pub(super) fn record(&self, stage: Stage, token: &AckToken) -> StageRecord {
+        let mut r = StageRecord::now(stage);
+        r.message_id = Some(token.m);
+        r.consumer = Some(token.c.clone());
+        r.group = Some(token.g.clone());
+        r.attempt = Some(token.n);
+        r.topic = Some(token.t.clone());
+        r.stream_seq = Some(token.q);
+        r.service = Some(self.shared.config.service_name.clone());
+        r.by_id = token.by_id();
+        r
+    }
+}
