@@ -1,0 +1,354 @@
+//! Statistics: latency histograms per topic and segment (HDR, over a sliding window and
+//! since start), counts by state, the completeness funnel, event counters, ingest lag, and
+//! their metrics for `GET /metrics`.
+//!
+//! Counters and state counts are persistent (they come from the store at start); latency
+//! histograms live in memory and are refilled at start from the stored messages of the last
+//! window (each message's summary keeps its completed segments), so a restart keeps the
+//! window's percentiles; "since start" then also covers that window.
+//!
+//! ## How the metrics are made
+//!
+//! [`Stats::record_batch`] gets each completed latency with its message ID from the store
+//! ([`ApplyOutcome::latencies`]) and also observes it in a Prometheus histogram per (topic,
+//! segment), `msgtrail_hop_latency_seconds` ([`prometheus_client`]'s histogram with
+//! exemplars): each bucket keeps the last sample that fell in it as an OpenMetrics exemplar
+//! labelled `trace_id` = the message ID in hex, which is the trace ID of the message's
+//! OpenTelemetry trace, so a dashboard can open the trace of a slow bucket. That histogram
+//! counts since the process started (a restart resets it, as Prometheus expects of
+//! counters; [`Stats::seed`] refills only the HDR windows).
+//!
+//! For each scrape, [`Stats::register_metrics`] adds a snapshot's counters and gauges and
+//! the live histograms to a fresh [`Registry`] (the HTTP layer adds the exporter's), and
+//! [`Exposition`] encodes it: OpenMetrics 1.0 (with exemplars) when the scraper's `Accept`
+//! asks for `application/openmetrics-text`, otherwise the Prometheus text format 0.0.4
+//! (no exemplars).
+//!
+//! The parts: `snapshot` (the types a snapshot is made of), `window` (one sliding-window
+//! histogram), [`Stats`] here (recording and snapshots), `metrics` (the Prometheus side).
+
+use crate::counters::{topic_counter, Counter, CounterKey, FunnelStep, STAGE_PREFIX};
+use crate::store::{ApplyOutcome, TopicState};
+use hdrhistogram::Histogram;
+use msgtrail_core::trajectory::{MessageState, Segment};
+use msgtrail_core::MessageId;
+use msgtrail_core::Stage;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
+use prometheus_client::metrics::counter::Counter as PromCounter;
+use prometheus_client::metrics::exemplar::HistogramWithExemplars;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::{Registry, Unit};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::AtomicU64;
+use std::sync::Mutex;
+use std::time::{Duration, UNIX_EPOCH};
+
+mod metrics;
+mod snapshot;
+mod window;
+pub(crate) use metrics::*;
+pub use snapshot::*;
+use window::*;
+#[cfg(test)]
+mod tests;
+
+/// How many slots the sliding window is cut into.
+const SLOTS: u64 = 5;
+
+struct Inner {
+    hists: BTreeMap<(String, Segment), Windowed>,
+    states: BTreeMap<TopicState, u64>,
+    counters: BTreeMap<String, u64>,
+    ingest: IngestCounts,
+    lag: IngestLag,
+}
+
+/// The live statistics of a listener. Shared behind an `Arc`; every method takes a short
+/// lock and never does I/O.
+pub struct Stats {
+    window: Duration,
+    started_at: u64,
+    inner: Mutex<Inner>,
+    /// `msgtrail_hop_latency_seconds`: since start, with exemplars (locks of its own).
+    hop_latency: HopLatency,
+}
+
+impl std::fmt::Debug for Stats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stats")
+            .field("window", &self.window)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Stats {
+    /// Statistics starting from the persistent counters and state counts of the store.
+    pub fn new(
+        window: Duration,
+        started_at: u64,
+        counters: BTreeMap<String, u64>,
+        states: BTreeMap<TopicState, u64>,
+    ) -> Self {
+        Stats {
+            window,
+            started_at,
+            inner: Mutex::new(Inner {
+                hists: BTreeMap::new(),
+                states,
+                counters,
+                ingest: IngestCounts::default(),
+                lag: IngestLag::default(),
+            }),
+            hop_latency: Family::new_with_constructor(hop_histogram),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        // A panic while holding the lock leaves plain counters behind: keep serving them.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Applies state changes to the counts by state.
+    pub fn apply_state_changes(&self, changes: &[crate::store::StateDelta]) {
+        let mut g = self.lock();
+        for (old, new) in changes {
+            if let Some(o) = old {
+                let e = g.states.entry(o.clone()).or_default();
+                *e = e.saturating_sub(1);
+            }
+            if let Some(n) = new {
+                *g.states.entry(n.clone()).or_default() += 1;
+            }
+        }
+        g.states.retain(|_, v| *v > 0);
+    }
+
+    /// Records what a batch of stage-stream messages changed.
+    pub fn record_batch(&self, batches: u64, outcome: &ApplyOutcome, now: u64) {
+        self.lock().ingest.batches += batches;
+        self.record_outcome(outcome, now);
+    }
+
+    /// Records what a batch of stored messages (store evidence) changed; `outcome` is `None`
+    /// when none of them carried evidence, so that no transaction was needed.
+    pub fn record_stored_batch(
+        &self,
+        messages: u64,
+        without_evidence: u64,
+        outcome: Option<&ApplyOutcome>,
+        now: u64,
+    ) {
+        {
+            let mut g = self.lock();
+            g.ingest.stored_messages += messages;
+            g.ingest.stored_without_evidence += without_evidence;
+        }
+        if let Some(o) = outcome {
+            self.record_outcome(o, now);
+        }
+    }
+
+    /// Records what one store transaction changed.
+    fn record_outcome(&self, outcome: &ApplyOutcome, now: u64) {
+        self.apply_state_changes(&outcome.state_changes);
+        let mut g = self.lock();
+        g.ingest.transactions += 1;
+        g.ingest.repeated_records += outcome.repeated_records;
+        for (k, v) in &outcome.counters {
+            let e = g.counters.entry(k.to_string()).or_default();
+            *e = e.saturating_add_signed(*v);
+        }
+        let window = self.window;
+        for (topic, seg, nanos, _) in &outcome.latencies {
+            g.hists
+                .entry((topic.clone(), *seg))
+                .or_insert_with(|| Windowed::new(window))
+                .record(now, nanos / 1000);
+        }
+        drop(g);
+        self.observe_latencies(&outcome.latencies, now);
+    }
+
+    /// Observes latency samples in the Prometheus histograms, each with its message's trace
+    /// ID as the exemplar of the bucket it falls in.
+    fn observe_latencies(&self, latencies: &[(String, Segment, u64, Option<MessageId>)], now: u64) {
+        let at = UNIX_EPOCH + Duration::from_nanos(now);
+        for (topic, seg, nanos, id) in latencies {
+            let labels = HopLabels {
+                topic: topic.clone(),
+                segment: seg.as_str(),
+            };
+            let exemplar = id.map(|id| TraceLabel {
+                trace_id: TraceHex(id),
+            });
+            self.hop_latency.get_or_create(&labels).observe(
+                *nanos as f64 / 1e9,
+                exemplar,
+                Some(at),
+            );
+        }
+    }
+
+    /// Adds the metrics of a snapshot taken now (counters and gauges) and the live latency
+    /// histograms (`msgtrail_hop_latency_seconds`, with exemplars) to `registry`.
+    pub fn register_metrics(&self, registry: &mut Registry, now: u64) {
+        register_snapshot(&self.snapshot(None, now), registry);
+        registry.register_with_unit(
+            "msgtrail_hop_latency",
+            "Latency per topic and segment since the listener started; exemplars carry the trace ID (the message ID in hex) of the last sample in each bucket",
+            Unit::Seconds,
+            self.hop_latency.clone(),
+        );
+    }
+
+    /// Refills the latency histograms from stored summaries (oldest first), each sample at
+    /// its message's last record time, so that a restart keeps the sliding window.
+    pub fn seed(&self, summaries: &[crate::store::MessageSummary]) {
+        let mut g = self.lock();
+        let window = self.window;
+        for s in summaries {
+            let topic = s.topic.clone().unwrap_or_default();
+            for (seg, nanos) in &s.segments {
+                g.hists
+                    .entry((topic.clone(), *seg))
+                    .or_insert_with(|| Windowed::new(window))
+                    .record(s.last_at, nanos / 1000);
+            }
+        }
+    }
+
+    /// Counts a stage-stream message that could not be decoded.
+    pub fn decode_error(&self) {
+        self.lock().ingest.decode_errors += 1;
+    }
+
+    /// Counts a batch the store could not apply.
+    pub fn store_error(&self) {
+        self.lock().ingest.store_errors += 1;
+    }
+
+    /// Adds to a persistent counter mirror (retention).
+    pub fn add_counter(&self, counter: Counter, by: u64) {
+        let name = CounterKey::Global(counter).to_string();
+        *self.lock().counters.entry(name).or_default() += by;
+    }
+
+    /// Sets the consumer-side lag figures.
+    pub fn set_pending(&self, pending: u64, ack_pending: u64, now: u64) {
+        let mut g = self.lock();
+        g.lag.pending = pending;
+        g.lag.ack_pending = ack_pending;
+        g.lag.polled_at = Some(now);
+    }
+
+    /// Sets the age of the last applied stage-stream message.
+    pub fn set_last_lag(&self, lag_ms: f64) {
+        self.lock().lag.last_lag_ms = Some(lag_ms);
+    }
+
+    /// Sets the lag figures of the store-evidence consumer on the message stream.
+    pub fn set_stored_pending(&self, pending: u64, ack_pending: u64, now: u64) {
+        let mut g = self.lock();
+        g.lag.stored_pending = pending;
+        g.lag.stored_ack_pending = ack_pending;
+        g.lag.stored_polled_at = Some(now);
+    }
+
+    /// Sets the age of the last applied stored message.
+    pub fn set_stored_last_lag(&self, lag_ms: f64) {
+        self.lock().lag.stored_last_lag_ms = Some(lag_ms);
+    }
+
+    /// A snapshot, optionally of one topic's latencies only.
+    pub fn snapshot(&self, topic: Option<&str>, now: u64) -> StatsSnapshot {
+        let mut g = self.lock();
+        let named = |name: &str| g.counters.get(name).copied().unwrap_or(0);
+        let c = |counter: Counter| named(&CounterKey::Global(counter).to_string());
+        // Funnel, duplicates, redeliveries, dead letters and states are kept per topic too.
+        let scoped = |counter: Counter| match topic {
+            Some(t) => named(&topic_counter(t, counter)),
+            None => c(counter),
+        };
+        let step = |s: FunnelStep| scoped(Counter::Funnel(s));
+        let funnel = Funnel {
+            sent: step(FunnelStep::Sent),
+            stored: step(FunnelStep::Stored),
+            delivered: step(FunnelStep::Delivered),
+            acked: step(FunnelStep::Acked),
+        };
+        let events = EventCounts {
+            duplicates: match topic {
+                Some(t) => named(&topic_counter(t, Counter::Duplicates)),
+                None => c(Counter::Stage(Stage::Duplicate)),
+            },
+            duplicates_after_window: scoped(Counter::DuplicatesAfterWindow),
+            redeliveries: scoped(Counter::Redeliveries),
+            dead_letters: scoped(Counter::DeadLetters),
+            no_match: c(Counter::Stage(Stage::NoMatch)),
+            channels_refused: c(Counter::ChannelsRefused),
+            retention_deleted: c(Counter::RetentionDeleted),
+        };
+        let stages: BTreeMap<String, u64> = g
+            .counters
+            .iter()
+            .filter_map(|(k, v)| k.strip_prefix(STAGE_PREFIX).map(|s| (s.to_owned(), *v)))
+            .collect();
+        let records = stages
+            .values()
+            .sum::<u64>()
+            .saturating_sub(c(Counter::Unkeyed));
+        let mut ingest = g.ingest.clone();
+        ingest.records = records;
+        ingest.unkeyed_records = c(Counter::Unkeyed);
+        let window_secs = self.window.as_secs_f64();
+        let uptime = (now.saturating_sub(self.started_at) as f64 / 1e9).max(1e-9);
+        let wsecs = window_secs.min(uptime);
+        let mut latency = Vec::new();
+        let mut states: BTreeMap<MessageState, u64> = BTreeMap::new();
+        for ((t, st), n) in &g.states {
+            if topic.is_none_or(|want| want == t) && *n > 0 {
+                *states.entry(*st).or_default() += n;
+            }
+        }
+        let topics: BTreeMap<String, BTreeMap<MessageState, u64>> = if topic.is_none() {
+            let mut m: BTreeMap<String, BTreeMap<MessageState, u64>> = BTreeMap::new();
+            for ((t, st), n) in &g.states {
+                if *n > 0 {
+                    *m.entry(t.clone()).or_default().entry(*st).or_default() += n;
+                }
+            }
+            m
+        } else {
+            BTreeMap::new()
+        };
+        let lag = g.lag.clone();
+        for ((t, seg), w) in g.hists.iter_mut() {
+            if topic.is_some_and(|want| want != t) {
+                continue;
+            }
+            let win = w.window(now);
+            latency.push(LatencyRow {
+                topic: t.clone(),
+                segment: *seg,
+                window: summarize(&win, wsecs),
+                total: summarize(&w.total, uptime),
+            });
+        }
+        StatsSnapshot {
+            topic: topic.map(str::to_owned),
+            topics,
+            generated_at: now,
+            started_at: self.started_at,
+            window_secs: self.window.as_secs(),
+            states,
+            funnel,
+            events,
+            stages,
+            ingest,
+            lag,
+            latency,
+        }
+    }
+}
