@@ -275,12 +275,17 @@ struct WindowParams {
     since_secs: Option<u64>,
 }
 
+/// The window a group view covers, in seconds: the query's `since_secs` or 15 minutes.
+fn window(p: Result<Query<WindowParams>, QueryRejection>) -> Result<u64, QueryError> {
+    Ok(params(p)?.since_secs.unwrap_or(GROUP_WINDOW_SECS))
+}
+
 async fn groups(
     State(st): State<AppState>,
     p: Result<Query<WindowParams>, QueryRejection>,
 ) -> Response {
-    let since = match params(p) {
-        Ok(p) => p.since_secs.unwrap_or(GROUP_WINDOW_SECS),
+    let since = match window(p) {
+        Ok(since) => since,
         Err(e) => return e.into_response(),
     };
     let store = st.store.clone();
@@ -295,8 +300,8 @@ async fn group(
     Path(group): Path<String>,
     p: Result<Query<WindowParams>, QueryRejection>,
 ) -> Response {
-    let since = match params(p) {
-        Ok(p) => p.since_secs.unwrap_or(GROUP_WINDOW_SECS),
+    let since = match window(p) {
+        Ok(since) => since,
         Err(e) => return e.into_response(),
     };
     let store = st.store.clone();

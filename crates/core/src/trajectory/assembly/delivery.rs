@@ -32,31 +32,13 @@ pub(super) fn attempt_hop(
 ) -> HopSpan {
     let d = id.delivery().expect("an attempt hop names its delivery");
     HopSpan {
-        kind: id.kind(),
-        key: id.to_string(),
         parent: Some(parent.to_string()),
-        span_id: ctx.span(&id),
         group: ClientId::new(d.group.clone()).ok(),
         consumer: ClientId::new(d.consumer.clone()).ok(),
         attempt: Some(d.attempt),
         mode,
         by_id: d.by_id,
-        service: None,
-        broker: None,
-        start: 0,
-        end: None,
-        latency_nanos: None,
-        status: HopStatus::Incomplete,
-        reason: None,
-        synthesized: false,
-        inferred: false,
-        impossible: None,
-        stored_at: None,
-        clock: None,
-        on_broker_clock: None,
-        arrival_nanos: None,
-        arrival_bound_nanos: None,
-        events: Vec::new(),
+        ..blank_hop(ctx, &id)
     }
 }
 

@@ -401,3 +401,35 @@ fn upload_times(part: &Partition) -> UploadTimes {
         js_stored_at: None,
     }
 }
+
+/// A hop of `id` with nothing known yet: no group, consumer or attempt, no times, status
+/// incomplete. The hop builders fill in what they know over it.
+fn blank_hop(ctx: &Ctx<'_>, id: &HopId) -> HopSpan {
+    HopSpan {
+        kind: id.kind(),
+        key: id.to_string(),
+        parent: None,
+        span_id: ctx.span(id),
+        group: None,
+        consumer: None,
+        attempt: None,
+        mode: None,
+        by_id: false,
+        service: None,
+        broker: None,
+        start: 0,
+        end: None,
+        latency_nanos: None,
+        status: HopStatus::Incomplete,
+        reason: None,
+        synthesized: false,
+        inferred: false,
+        impossible: None,
+        stored_at: None,
+        clock: None,
+        on_broker_clock: None,
+        arrival_nanos: None,
+        arrival_bound_nanos: None,
+        events: Vec::new(),
+    }
+}

@@ -6,31 +6,12 @@ use super::*;
 /// A hop with no group, consumer or attempt.
 pub(super) fn upload_hop(ctx: &Ctx<'_>, id: HopId, start: u64, end: Option<u64>) -> HopSpan {
     HopSpan {
-        kind: id.kind(),
-        key: id.to_string(),
         parent: (id == HopId::Store).then(|| HopId::Send.to_string()),
-        span_id: ctx.span(&id),
-        group: None,
-        consumer: None,
-        attempt: None,
-        mode: None,
-        by_id: false,
-        service: None,
-        broker: None,
         start,
         end,
         latency_nanos: end.map(|e| e.saturating_sub(start)),
         status: HopStatus::Ok,
-        reason: None,
-        synthesized: false,
-        inferred: false,
-        impossible: None,
-        stored_at: None,
-        clock: None,
-        on_broker_clock: None,
-        arrival_nanos: None,
-        arrival_bound_nanos: None,
-        events: Vec::new(),
+        ..blank_hop(ctx, &id)
     }
 }
 
