@@ -354,6 +354,62 @@ pub fn hop_span(t: &Trajectory, hop: &HopSpan, opts: &MappingOptions) -> Option<
         None => op_name.to_owned(),
     };
 
+    let mut attrs = common_attributes(t, hop, op_name, op_type);
+    match hop.kind {
+        HopKind::Send | HopKind::Store => producer_attributes(t, hop, &mut attrs),
+        HopKind::Deliver | HopKind::Process => consumer_attributes(hop, &mut attrs),
+    }
+    detail_attributes(hop, &mut attrs);
+    let status = match hop.status {
+        HopStatus::Error => {
+            attrs.push(KeyValue::new(attribute::ERROR_TYPE, error_type(hop)));
+            Status::error(hop.reason.clone().unwrap_or_else(|| "failed".to_owned()))
+        }
+        HopStatus::Ok | HopStatus::Incomplete => Status::Unset,
+    };
+
+    let (events, links) = events_and_links(t, hop);
+    let end = span_end(hop, opts);
+
+    let mut span_events = SpanEvents::default();
+    span_events.events = events;
+    let mut span_links = SpanLinks::default();
+    span_links.links = links;
+    let span = SpanData {
+        span_context: SpanContext::new(
+            trace_id,
+            span_id,
+            TraceFlags::SAMPLED,
+            false,
+            TraceState::NONE,
+        ),
+        parent_span_id: parent_span_id(t, hop),
+        parent_span_is_remote: false,
+        span_kind: kind,
+        name: name.into(),
+        start_time: time(hop.start),
+        end_time: time(end),
+        attributes: attrs,
+        dropped_attributes_count: 0,
+        events: span_events,
+        links: span_links,
+        status,
+        instrumentation_scope: scope(),
+    };
+    Some(ServiceSpan {
+        service_name: service_name(t, hop, opts),
+        span,
+    })
+}
+
+/// The attributes every hop's span has: messaging system and operation, hop key and status,
+/// topic, message ID (or `msgtrail.orphan`) and request ID.
+fn common_attributes(
+    t: &Trajectory,
+    hop: &HopSpan,
+    op_name: &'static str,
+    op_type: &'static str,
+) -> Vec<KeyValue> {
     let mut attrs = vec![
         KeyValue::new(attribute::MESSAGING_SYSTEM, MESSAGING_SYSTEM),
         KeyValue::new(attribute::MESSAGING_OPERATION_NAME, op_name),
@@ -388,55 +444,65 @@ pub fn hop_span(t: &Trajectory, hop: &HopSpan, opts: &MappingOptions) -> Option<
             r.to_string(),
         ));
     }
-    match hop.kind {
-        HopKind::Send | HopKind::Store => {
-            if let Some(p) = &t.producer {
-                attrs.push(KeyValue::new(attribute::MESSAGING_CLIENT_ID, p.to_string()));
-            }
-            if let Some(size) = t.payload_size {
-                attrs.push(KeyValue::new(
-                    attribute::MESSAGING_MESSAGE_BODY_SIZE,
-                    size as i64,
-                ));
-            }
-            if hop.kind == HopKind::Send {
-                attrs.push(KeyValue::new(
-                    "msgtrail.upload.attempts",
-                    i64::from(t.upload_attempts),
-                ));
-                if t.duplicates > 0 {
-                    attrs.push(KeyValue::new(
-                        "msgtrail.upload.duplicates",
-                        i64::from(t.duplicates),
-                    ));
-                }
-            }
-            if let Some(seq) = hop.events.iter().find_map(|r| r.stream_seq) {
-                attrs.push(KeyValue::new("msgtrail.stream_seq", seq as i64));
-            }
-        }
-        HopKind::Deliver | HopKind::Process => {
-            if let Some(g) = &hop.group {
-                attrs.push(KeyValue::new(
-                    attribute::MESSAGING_CONSUMER_GROUP_NAME,
-                    g.to_string(),
-                ));
-            }
-            if let Some(c) = &hop.consumer {
-                attrs.push(KeyValue::new(attribute::MESSAGING_CLIENT_ID, c.to_string()));
-            }
-            if let Some(a) = hop.attempt {
-                attrs.push(KeyValue::new("msgtrail.attempt", i64::from(a)));
-            }
-            if let Some(m) = hop.mode {
-                let mode = match m {
-                    DeliveryMode::Push => "push",
-                    DeliveryMode::Pull => "pull",
-                };
-                attrs.push(KeyValue::new("msgtrail.delivery.mode", mode));
-            }
+    attrs
+}
+
+/// The producer side's attributes (send and store hops): client ID, body size, upload
+/// attempts and duplicates, stream sequence.
+fn producer_attributes(t: &Trajectory, hop: &HopSpan, attrs: &mut Vec<KeyValue>) {
+    if let Some(p) = &t.producer {
+        attrs.push(KeyValue::new(attribute::MESSAGING_CLIENT_ID, p.to_string()));
+    }
+    if let Some(size) = t.payload_size {
+        attrs.push(KeyValue::new(
+            attribute::MESSAGING_MESSAGE_BODY_SIZE,
+            size as i64,
+        ));
+    }
+    if hop.kind == HopKind::Send {
+        attrs.push(KeyValue::new(
+            "msgtrail.upload.attempts",
+            i64::from(t.upload_attempts),
+        ));
+        if t.duplicates > 0 {
+            attrs.push(KeyValue::new(
+                "msgtrail.upload.duplicates",
+                i64::from(t.duplicates),
+            ));
         }
     }
+    if let Some(seq) = hop.events.iter().find_map(|r| r.stream_seq) {
+        attrs.push(KeyValue::new("msgtrail.stream_seq", seq as i64));
+    }
+}
+
+/// The consumer side's attributes (deliver and process hops): group, consumer, attempt and
+/// delivery mode.
+fn consumer_attributes(hop: &HopSpan, attrs: &mut Vec<KeyValue>) {
+    if let Some(g) = &hop.group {
+        attrs.push(KeyValue::new(
+            attribute::MESSAGING_CONSUMER_GROUP_NAME,
+            g.to_string(),
+        ));
+    }
+    if let Some(c) = &hop.consumer {
+        attrs.push(KeyValue::new(attribute::MESSAGING_CLIENT_ID, c.to_string()));
+    }
+    if let Some(a) = hop.attempt {
+        attrs.push(KeyValue::new("msgtrail.attempt", i64::from(a)));
+    }
+    if let Some(m) = hop.mode {
+        let mode = match m {
+            DeliveryMode::Push => "push",
+            DeliveryMode::Pull => "pull",
+        };
+        attrs.push(KeyValue::new("msgtrail.delivery.mode", mode));
+    }
+}
+
+/// What a hop says of itself: synthesized, the broker that timed it, its clock estimate,
+/// impossible timestamps, the reason.
+fn detail_attributes(hop: &HopSpan, attrs: &mut Vec<KeyValue>) {
     if hop.synthesized {
         attrs.push(KeyValue::new("msgtrail.synthesized", true));
     }
@@ -457,14 +523,11 @@ pub fn hop_span(t: &Trajectory, hop: &HopSpan, opts: &MappingOptions) -> Option<
     if let Some(reason) = &hop.reason {
         attrs.push(KeyValue::new("msgtrail.reason", reason.clone()));
     }
-    let status = match hop.status {
-        HopStatus::Error => {
-            attrs.push(KeyValue::new(attribute::ERROR_TYPE, error_type(hop)));
-            Status::error(hop.reason.clone().unwrap_or_else(|| "failed".to_owned()))
-        }
-        HopStatus::Ok | HopStatus::Incomplete => Status::Unset,
-    };
+}
 
+/// The span's events (its records, and for the send hop the records of no hop) in time order,
+/// and its links (the producer's traceparent, on the send hop).
+fn events_and_links(t: &Trajectory, hop: &HopSpan) -> (Vec<Event>, Vec<Link>) {
     let mut events: Vec<Event> = hop.events.iter().map(record_event).collect();
     let mut links = Vec::new();
     if hop.kind == HopKind::Send {
@@ -485,45 +548,20 @@ pub fn hop_span(t: &Trajectory, hop: &HopSpan, opts: &MappingOptions) -> Option<
     }
     events.sort_by_key(|e| e.timestamp);
 
+    (events, links)
+}
+
+/// Where the span ends: the hop's end, else (failed hops) now, else its last record; never
+/// before it starts.
+fn span_end(hop: &HopSpan, opts: &MappingOptions) -> u64 {
     let last_event = hop.events.iter().map(|r| r.at).max();
-    let end = hop
-        .end
+    hop.end
         .or(match hop.status {
             HopStatus::Error => opts.now.or(last_event),
             _ => last_event,
         })
         .unwrap_or(hop.start)
-        .max(hop.start);
-
-    let mut span_events = SpanEvents::default();
-    span_events.events = events;
-    let mut span_links = SpanLinks::default();
-    span_links.links = links;
-    let span = SpanData {
-        span_context: SpanContext::new(
-            trace_id,
-            span_id,
-            TraceFlags::SAMPLED,
-            false,
-            TraceState::NONE,
-        ),
-        parent_span_id: parent_span_id(t, hop),
-        parent_span_is_remote: false,
-        span_kind: kind,
-        name: name.into(),
-        start_time: time(hop.start),
-        end_time: time(end),
-        attributes: attrs,
-        dropped_attributes_count: 0,
-        events: span_events,
-        links: span_links,
-        status,
-        instrumentation_scope: scope(),
-    };
-    Some(ServiceSpan {
-        service_name: service_name(t, hop, opts),
-        span,
-    })
+        .max(hop.start)
 }
 
 fn scope() -> InstrumentationScope {
