@@ -227,7 +227,7 @@ pub async fn start(config: BrokerConfig) -> Result<RunningBroker, BrokerError> {
     let config = Arc::new(config);
     let client = config.nats.connect().await?;
     let js = async_nats::jetstream::new(client.clone());
-    let (storage, key) = ensure_storage(&js, &config)
+    let storage = ensure_storage(&js, &config)
         .await
         .map_err(|e| BrokerError::setup("streams and signing key", e))?;
     let metrics = Arc::new(Metrics::default());
@@ -246,6 +246,42 @@ pub async fn start(config: BrokerConfig) -> Result<RunningBroker, BrokerError> {
         config.record_stages,
     );
     let shutdown = CancellationToken::new();
+    let (handlers, deliverer) =
+        build_handlers(&config, &client, js, storage, sink, &metrics, &shutdown).await?;
+    let (service, endpoints) = start_service(&client, &metrics, &instance).await?;
+    let advisories = tokio::spawn(deliverer.watch_max_deliveries(shutdown.clone()));
+    let serving = Serving {
+        endpoints,
+        handlers,
+        max_concurrent: config.max_concurrent_requests,
+        grace: config.shutdown_grace,
+        signal: shutdown.clone(),
+        advisories,
+        service,
+        writer,
+        client,
+    };
+    let task = tokio::spawn(serving.run());
+    Ok(RunningBroker {
+        metrics,
+        instance,
+        shutdown,
+        task,
+    })
+}
+
+/// Builds the request handlers over one shared state; returns them and the deliverer (whose
+/// advisory watch the caller starts). The stage sink is dropped here: from then on only the
+/// handlers hold it, so the writer ends when they do.
+async fn build_handlers(
+    config: &Arc<BrokerConfig>,
+    client: &async_nats::Client,
+    js: async_nats::jetstream::Context,
+    (storage, key): (crate::streams::Storage, crate::signing::SigningKey),
+    sink: StageSink,
+    metrics: &Arc<Metrics>,
+    shutdown: &CancellationToken,
+) -> Result<(Arc<Handlers>, Deliverer), BrokerError> {
     let channels = Channels::start(
         storage.channels.clone(),
         storage.nonces.clone(),
@@ -258,7 +294,7 @@ pub async fn start(config: BrokerConfig) -> Result<RunningBroker, BrokerError> {
     .await
     .map_err(|e| BrokerError::setup("channels bucket", e))?;
     let shared = Arc::new(crate::shared::Shared {
-        js: js.clone(),
+        js,
         stream: storage.messages.clone(),
         client: client.clone(),
         channels: channels.clone(),
@@ -297,7 +333,16 @@ pub async fn start(config: BrokerConfig) -> Result<RunningBroker, BrokerError> {
         metrics: metrics.clone(),
     });
     drop(sink);
+    Ok((handlers, deliverer))
+}
 
+/// Starts the NATS service (queue group, stats handler with the instance) and adds one
+/// endpoint per request kind.
+async fn start_service(
+    client: &async_nats::Client,
+    metrics: &Arc<Metrics>,
+    instance: &BrokerInstance,
+) -> Result<(service::Service, Vec<(Kind, service::endpoint::Endpoint)>), BrokerError> {
     let stats_metrics = metrics.clone();
     let stats_instance = instance.clone();
     let service = client
@@ -322,30 +367,47 @@ pub async fn start(config: BrokerConfig) -> Result<RunningBroker, BrokerError> {
             .map_err(|e| BrokerError::setup("service endpoint", e))?;
         endpoints.push((*kind, ep));
     }
-    let advisories = tokio::spawn(deliverer.watch_max_deliveries(shutdown.clone()));
+    Ok((service, endpoints))
+}
 
-    // Every request handler runs on the tracker, so the shutdown can wait for those in flight.
-    let in_flight = TaskTracker::new();
-    let max_concurrent = config.max_concurrent_requests;
-    let permits = Arc::new(Semaphore::new(max_concurrent));
-    let grace = config.shutdown_grace;
-    let signal = shutdown.clone();
-    let task = tokio::spawn(async move {
-        let loops: Vec<_> = endpoints
+/// What the broker's background task serves with, until its shutdown signal.
+struct Serving {
+    endpoints: Vec<(Kind, service::endpoint::Endpoint)>,
+    handlers: Arc<Handlers>,
+    max_concurrent: usize,
+    grace: std::time::Duration,
+    signal: CancellationToken,
+    advisories: JoinHandle<()>,
+    service: service::Service,
+    writer: JoinHandle<()>,
+    client: async_nats::Client,
+}
+
+impl Serving {
+    /// Serves every endpoint until the signal, then waits for the requests in flight (up to
+    /// the grace period), the advisory watch, the service's stop, the stage writer's flush
+    /// and the client's, each bounded by the grace period.
+    async fn run(self) {
+        // Every request handler runs on the tracker, so the shutdown can wait for those in flight.
+        let in_flight = TaskTracker::new();
+        let permits = Arc::new(Semaphore::new(self.max_concurrent));
+        let grace = self.grace;
+        let loops: Vec<_> = self
+            .endpoints
             .into_iter()
             .map(|(kind, ep)| {
                 tokio::spawn(serve(
                     kind,
                     ep,
-                    handlers.clone(),
+                    self.handlers.clone(),
                     in_flight.clone(),
                     permits.clone(),
-                    max_concurrent,
-                    signal.clone(),
+                    self.max_concurrent,
+                    self.signal.clone(),
                 ))
             })
             .collect();
-        drop(handlers);
+        drop(self.handlers);
         for l in loops {
             let _ = l.await;
         }
@@ -357,21 +419,15 @@ pub async fn start(config: BrokerConfig) -> Result<RunningBroker, BrokerError> {
                 "requests still in flight after the grace period"
             );
         }
-        let _ = advisories.await;
+        let _ = self.advisories.await;
         // Each step is bounded: when NATS is already gone (a Ctrl-C reaches nats-server too),
         // stopping the service or flushing would otherwise wait for a reconnect forever.
-        let _ = tokio::time::timeout(grace, service.stop()).await;
+        let _ = tokio::time::timeout(grace, self.service.stop()).await;
         // The handlers are gone, so every sink clone is dropped: the writer flushes and ends.
-        let _ = tokio::time::timeout(grace, writer).await;
-        let _ = tokio::time::timeout(grace, client.flush()).await;
+        let _ = tokio::time::timeout(grace, self.writer).await;
+        let _ = tokio::time::timeout(grace, self.client.flush()).await;
         tracing::info!("broker stopped");
-    });
-    Ok(RunningBroker {
-        metrics,
-        instance,
-        shutdown,
-        task,
-    })
+    }
 }
 
 /// Attempts at creating streams and buckets before giving up.
