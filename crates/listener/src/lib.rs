@@ -235,34 +235,8 @@ pub async fn start_with_client(
 ) -> Result<ListenerHandle, ListenerError> {
     config.validate()?;
     let started_at = now_nanos();
-    let cfg = config.clone();
-    let store = tokio::task::spawn_blocking(move || {
-        Store::open(&cfg.data_dir, cfg.payload_head_bytes, cfg.deadlines).map(|s| {
-            s.emit_trajectories(cfg.otel.is_some())
-                .cache_capacity(cfg.cache_messages)
-        })
-    })
-    .await
-    .map_err(ListenerError::Task)??;
-    let store = Arc::new(store);
-    let st = store.clone();
-    let since = started_at.saturating_sub(config.stats_window.as_nanos() as u64);
-    let (counters, states, recent) = tokio::task::spawn_blocking(move || {
-        Ok::<_, StoreError>((
-            st.counters()?,
-            st.state_counts()?,
-            st.recent_summaries(since, RESEED_MAX)?,
-        ))
-    })
-    .await
-    .map_err(ListenerError::Task)??;
-    let stats = Arc::new(Stats::new(
-        config.stats_window,
-        started_at,
-        counters,
-        states,
-    ));
-    stats.seed(&recent);
+    let store = open_store(&config).await?;
+    let stats = load_stats(&config, &store, started_at).await?;
     let js = async_nats::jetstream::new(client);
     let consumer = ingest::consumer(
         &js,
@@ -272,18 +246,7 @@ pub async fn start_with_client(
     )
     .await?;
 
-    let listener = tokio::net::TcpListener::bind(config.http_addr)
-        .await
-        .map_err(|source| ListenerError::Bind {
-            addr: config.http_addr,
-            source,
-        })?;
-    let http_addr = listener
-        .local_addr()
-        .map_err(|source| ListenerError::Bind {
-            addr: config.http_addr,
-            source,
-        })?;
+    let (listener, http_addr) = bind(config.http_addr).await?;
 
     let stop = CancellationToken::new();
     let mut tasks = JoinSet::new();
@@ -338,15 +301,7 @@ pub async fn start_with_client(
         config.token.clone(),
         config.trace_ui.as_ref(),
     );
-    let http_stop = stop.clone();
-    tasks.spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                http_stop.cancelled().await;
-            })
-            .await
-            .map_err(ListenerError::Http)
-    });
+    tasks.spawn(serve_http(listener, app, stop.clone()));
     tracing::info!(%http_addr, data_dir = %config.data_dir.display(), "listener started");
     Ok(ListenerHandle {
         http_addr,
@@ -355,6 +310,73 @@ pub async fn start_with_client(
         store,
         stats,
     })
+}
+
+/// Opens the store in the data directory (on a blocking thread: redb reads its file).
+async fn open_store(config: &ListenerConfig) -> Result<Arc<Store>, ListenerError> {
+    let cfg = config.clone();
+    let store = tokio::task::spawn_blocking(move || {
+        Store::open(&cfg.data_dir, cfg.payload_head_bytes, cfg.deadlines).map(|s| {
+            s.emit_trajectories(cfg.otel.is_some())
+                .cache_capacity(cfg.cache_messages)
+        })
+    })
+    .await
+    .map_err(ListenerError::Task)??;
+    Ok(Arc::new(store))
+}
+
+/// The statistics as the store left them: persistent counters and state counts, and the
+/// latency window refilled from the messages of its last `stats_window`.
+async fn load_stats(
+    config: &ListenerConfig,
+    store: &Arc<Store>,
+    started_at: u64,
+) -> Result<Arc<Stats>, ListenerError> {
+    let st = store.clone();
+    let since = started_at.saturating_sub(config.stats_window.as_nanos() as u64);
+    let (counters, states, recent) = tokio::task::spawn_blocking(move || {
+        Ok::<_, StoreError>((
+            st.counters()?,
+            st.state_counts()?,
+            st.recent_summaries(since, RESEED_MAX)?,
+        ))
+    })
+    .await
+    .map_err(ListenerError::Task)??;
+    let stats = Arc::new(Stats::new(
+        config.stats_window,
+        started_at,
+        counters,
+        states,
+    ));
+    stats.seed(&recent);
+    Ok(stats)
+}
+
+/// Binds the HTTP address; returns the listener and the address it got (port 0 picks one).
+async fn bind(addr: SocketAddr) -> Result<(tokio::net::TcpListener, SocketAddr), ListenerError> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| ListenerError::Bind { addr, source })?;
+    let http_addr = listener
+        .local_addr()
+        .map_err(|source| ListenerError::Bind { addr, source })?;
+    Ok((listener, http_addr))
+}
+
+/// Serves the API and the page until `stop`.
+async fn serve_http(
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+    stop: CancellationToken,
+) -> Result<(), ListenerError> {
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move {
+            stop.cancelled().await;
+        })
+        .await
+        .map_err(ListenerError::Http)
 }
 
 /// Runs the listener until `shutdown` completes (or a task fails), then drains and stops.
