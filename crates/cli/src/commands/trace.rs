@@ -426,10 +426,21 @@ fn clocks_section(t: &Trajectory, st: &Style, o: &mut String) {
     }
 }
 
-/// The timeline of a trajectory, as printed by `msgtrail trace`.
+/// The timeline of a trajectory, as printed by `msgtrail trace`: the header, one line per
+/// hop with its records, the clocks, the consumer groups and the diagnosis.
 pub(crate) fn render(t: &Trajectory, color: bool) -> String {
     let st = Style { on: color };
     let mut o = String::new();
+    header_section(t, &st, &mut o);
+    timeline_section(t, &st, &mut o);
+    clocks_section(t, &st, &mut o);
+    groups_section(t, &st, &mut o);
+    diagnosis_section(t, &st, &mut o);
+    o
+}
+
+/// The title, the message's facts, a same-request note, its attributes and its state.
+fn header_section(t: &Trajectory, st: &Style, o: &mut String) {
     let title = match (&t.message_id, &t.request_id) {
         (Some(m), _) => format!("message {m}"),
         (None, Some(r)) => format!("upload {r} (no message id: the broker never answered)"),
@@ -471,7 +482,11 @@ pub(crate) fn render(t: &Trajectory, color: bool) -> String {
         o.push('\n');
     }
     o.push_str(&format!("state {}\n\n", st.state(t.state)));
+}
 
+/// One line per hop (time, offset, latency, a bar on the common time axis, status), with
+/// its clock notes and records under it.
+fn timeline_section(t: &Trajectory, st: &Style, o: &mut String) {
     let t0 = t.first_at;
     let t_end = t
         .hops
@@ -529,7 +544,10 @@ pub(crate) fn render(t: &Trajectory, color: bool) -> String {
             )));
         }
     }
-    clocks_section(t, &st, &mut o);
+}
+
+/// Each consumer group's state, attempts, end-to-end latency and last error.
+fn groups_section(t: &Trajectory, st: &Style, o: &mut String) {
     if !t.groups.is_empty() {
         o.push('\n');
         o.push_str(&st.bold("consumer groups"));
@@ -552,6 +570,10 @@ pub(crate) fn render(t: &Trajectory, color: bool) -> String {
             ));
         }
     }
+}
+
+/// The diagnosis in words, and the failure point when there is one.
+fn diagnosis_section(t: &Trajectory, st: &Style, o: &mut String) {
     o.push('\n');
     o.push_str(&st.bold("diagnosis"));
     o.push_str(": ");
@@ -561,7 +583,6 @@ pub(crate) fn render(t: &Trajectory, color: bool) -> String {
         o.push_str(&st.paint("31;1", &format!("failure point: {f}")));
         o.push('\n');
     }
-    o
 }
 
 #[cfg(test)]
