@@ -266,26 +266,7 @@ async fn write_batches(
                 }
             }
         }
-        let deadline = tokio::time::Instant::now() + linger;
-        while batch.len() < batch_max {
-            // What is already there, without a timer per record; then wait out the linger
-            // (unless someone waits for these records to be stored).
-            while batch.len() < batch_max {
-                match rx.try_recv() {
-                    Ok(Item::Record(r)) => batch.push(r),
-                    Ok(Item::Stored(w)) => urgent.push(w),
-                    Err(_) => break,
-                }
-            }
-            if batch.len() >= batch_max || !urgent.is_empty() {
-                break;
-            }
-            match tokio::time::timeout_at(deadline, rx.recv()).await {
-                Ok(Some(Item::Record(r))) => batch.push(r),
-                Ok(Some(Item::Stored(w))) => urgent.push(w),
-                _ => break,
-            }
-        }
+        fill_batch(&mut rx, &mut batch, &mut urgent, batch_max, linger).await;
         if !batch.is_empty() {
             sent += 1;
             let pending = Pending {
@@ -316,6 +297,42 @@ async fn write_batches(
             }
         }
     }
+    report_lost(&metrics, &retry);
+}
+
+/// Adds to `batch` what is already queued, then waits out the linger for more: until the
+/// batch is full, the linger is over, or someone waits for the records to be stored.
+async fn fill_batch(
+    rx: &mut mpsc::Receiver<Item>,
+    batch: &mut Vec<StageRecord>,
+    urgent: &mut Vec<oneshot::Sender<()>>,
+    batch_max: usize,
+    linger: Duration,
+) {
+    let deadline = tokio::time::Instant::now() + linger;
+    while batch.len() < batch_max {
+        // What is already there, without a timer per record; then wait out the linger
+        // (unless someone waits for these records to be stored).
+        while batch.len() < batch_max {
+            match rx.try_recv() {
+                Ok(Item::Record(r)) => batch.push(r),
+                Ok(Item::Stored(w)) => urgent.push(w),
+                Err(_) => break,
+            }
+        }
+        if batch.len() >= batch_max || !urgent.is_empty() {
+            break;
+        }
+        match tokio::time::timeout_at(deadline, rx.recv()).await {
+            Ok(Some(Item::Record(r))) => batch.push(r),
+            Ok(Some(Item::Stored(w))) => urgent.push(w),
+            _ => break,
+        }
+    }
+}
+
+/// Counts and logs the records still waiting for a retry when the writer stops.
+fn report_lost(metrics: &Metrics, retry: &VecDeque<(tokio::time::Instant, Pending)>) {
     let lost: u64 = retry.iter().map(|(_, p)| p.records).sum();
     if lost > 0 {
         metrics
