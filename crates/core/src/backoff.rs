@@ -16,7 +16,7 @@ const JITTER_PERCENT: u64 = 20;
 /// less a random share of up to a fifth.
 ///
 /// ```
-/// use msgtrail_core::backoff::Backoff;
+/// use msgtrail_core::Backoff;
 /// use std::time::Duration;
 ///
 /// let mut b = Backoff::new(Duration::from_millis(100), Duration::from_secs(1));

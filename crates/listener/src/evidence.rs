@@ -485,7 +485,7 @@ mod tests {
 
     #[test]
     fn p2_matches_the_brokers_own_p2() {
-        // What the broker writes to the stage stream (crates/broker/src/upload.rs): the same
+        // What the broker writes to the stage stream (crates/broker/src/upload/): the same
         // record but for the outcome, and a dedup key of its own, so the store keeps both and
         // the assembly prefers the broker's.
         let id = MessageId::new();

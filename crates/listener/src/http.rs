@@ -233,10 +233,7 @@ async fn message(
         Err(e) => return e.into_response(),
     };
     let store = st.store.clone();
-    match blocking(move || store.lookup(&id, p.producer.as_deref(), now_nanos())).await {
-        Ok(t) => Json(t).into_response(),
-        Err(e) => e.into_response(),
-    }
+    json(blocking(move || store.lookup(&id, p.producer.as_deref(), now_nanos())).await)
 }
 
 /// The body of `GET /api/clients/{id}/events`.
@@ -289,10 +286,7 @@ async fn groups(
         Err(e) => return e.into_response(),
     };
     let store = st.store.clone();
-    match blocking(move || Ok(crate::views::groups(&store, now_nanos(), since)?)).await {
-        Ok(v) => Json(v).into_response(),
-        Err(e) => e.into_response(),
-    }
+    json(blocking(move || Ok(crate::views::groups(&store, now_nanos(), since)?)).await)
 }
 
 async fn group(
@@ -313,10 +307,7 @@ async fn group(
         })
     })
     .await;
-    match found {
-        Ok(v) => Json(v).into_response(),
-        Err(e) => e.into_response(),
-    }
+    json(found)
 }
 
 #[derive(Debug, Deserialize)]
@@ -333,10 +324,7 @@ async fn dead_letters(
         Err(e) => return e.into_response(),
     };
     let store = st.store.clone();
-    match blocking(move || Ok(crate::views::dead_letters(&store, now_nanos(), limit)?)).await {
-        Ok(v) => Json(v).into_response(),
-        Err(e) => e.into_response(),
-    }
+    json(blocking(move || Ok(crate::views::dead_letters(&store, now_nanos(), limit)?)).await)
 }
 
 /// A client's clock estimates over the last minute of records, per broker instance
@@ -367,6 +355,14 @@ struct SearchParams {
 
 /// The query string's parameters, or the JSON error a bad one answers (never axum's plain
 /// text).
+/// The JSON of a result, or the error's response.
+fn json<T: serde::Serialize>(r: Result<T, QueryError>) -> Response {
+    match r {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
 fn params<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, QueryError> {
     q.map(|Query(p)| p)
         .map_err(|e| QueryError::BadRequest(e.body_text()))
@@ -433,10 +429,7 @@ async fn search(
     };
     let store = st.store.clone();
     let found = blocking(move || Ok(store.search(&q)?)).await;
-    match found {
-        Ok(v) => Json(v).into_response(),
-        Err(e) => e.into_response(),
-    }
+    json(found)
 }
 
 /// Any other `/api/…` path: the JSON 404 every API error is (other paths: a plain 404).

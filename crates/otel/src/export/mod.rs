@@ -21,7 +21,7 @@
 //!   in any order and in different requests.
 //! - A failed request is retried with exponential backoff ([`ExportConfig::initial_backoff`]
 //!   doubling to [`ExportConfig::max_backoff`], each pause less up to a fifth at random:
-//!   `msgtrail_core::backoff`); while the endpoint is down, spans pile up in
+//!   `msgtrail_core::Backoff`); while the endpoint is down, spans pile up in
 //!   the queue until the bound, then new ones are dropped with a count; when it returns, the
 //!   backlog goes out.
 //! - Memory is bounded: at most `queue_capacity` spans queued, plus
