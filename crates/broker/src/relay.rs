@@ -253,6 +253,9 @@ impl Relay {
         Ok(out)
     }
 
+    /// Checks one reported record against the channel that reports it and fills in what the
+    /// broker vouches for: owner and service always; for P4 the upload receipt; for a
+    /// consumer stage the delivery its ack token names.
     fn check(
         &self,
         n: usize,
@@ -294,66 +297,88 @@ impl Relay {
                     return Err(invalid(n, "stage P1 needs a request_id"));
                 }
             }
-            Stage::StoreConfirmed => {
-                let (Some(req), Some(msg)) = (&r.request_id, &r.message_id) else {
-                    return Err(invalid(n, "stage P4 needs a request_id and a message_id"));
-                };
-                let receipt = token.ok_or_else(|| {
-                    not_owned(n, "stage P4 needs token = the upload reply's receipt")
-                })?;
-                if !self
-                    .key
-                    .verify_receipt(&channel.client_id, req, msg, receipt)
-                {
-                    return Err(not_owned(
-                        n,
-                        format!(
-                            "receipt does not match {} / request {req} / message {msg}",
-                            channel.client_id
-                        ),
-                    ));
-                }
-            }
-            _ => {
-                let text = token.ok_or_else(|| {
-                    not_owned(
-                        n,
-                        format!("stage {} needs token = the delivery's ack token", r.stage),
-                    )
-                })?;
-                let t = tokens
-                    .decode(text, &channel.client_id, &self.key)
-                    .map_err(|e| not_owned(n, e.message))?;
-                let push_stage = matches!(r.stage, Stage::PushReceived | Stage::PushAckSent);
-                let pull_stage = matches!(r.stage, Stage::PullReceived | Stage::PullAckSent);
-                if (push_stage && !t.p) || (pull_stage && t.p) {
-                    return Err(not_owned(
-                        n,
-                        format!(
-                            "stage {} does not match a {} delivery",
-                            r.stage,
-                            if t.p { "push" } else { "pull" }
-                        ),
-                    ));
-                }
-                if r.message_id.is_some_and(|m| m != t.m)
-                    || r.group.as_ref().is_some_and(|g| *g != t.g)
-                    || r.attempt.is_some_and(|a| a != t.n)
-                    || r.topic.as_ref().is_some_and(|topic| *topic != t.t)
-                {
-                    return Err(not_owned(
-                        n,
-                        "record's message, group, attempt or topic differ from its delivery token",
-                    ));
-                }
-                r.message_id = Some(t.m);
-                r.group = Some(t.g.clone());
-                r.attempt = Some(t.n);
-                r.stream_seq = Some(t.q);
-                r.topic = Some(t.t.clone());
-                r.by_id = t.by_id();
-            }
+            Stage::StoreConfirmed => self.check_receipt(n, r, token, channel)?,
+            _ => self.check_delivery(n, r, token, channel, tokens)?,
         }
+        Ok(())
+    }
+
+    /// P4: the record's request and message must match the upload reply's receipt.
+    fn check_receipt(
+        &self,
+        n: usize,
+        r: &StageRecord,
+        token: Option<&str>,
+        channel: &OpenChannel,
+    ) -> Result<(), WireError> {
+        let (Some(req), Some(msg)) = (&r.request_id, &r.message_id) else {
+            return Err(invalid(n, "stage P4 needs a request_id and a message_id"));
+        };
+        let receipt = token
+            .ok_or_else(|| not_owned(n, "stage P4 needs token = the upload reply's receipt"))?;
+        if !self
+            .key
+            .verify_receipt(&channel.client_id, req, msg, receipt)
+        {
+            return Err(not_owned(
+                n,
+                format!(
+                    "receipt does not match {} / request {req} / message {msg}",
+                    channel.client_id
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// A consumer stage: the ack token must be one of this channel's deliveries, of the same
+    /// mode (push or pull), and the record must not contradict it; the record then takes
+    /// the delivery's message, group, attempt, sequence and topic.
+    fn check_delivery(
+        &self,
+        n: usize,
+        r: &mut StageRecord,
+        token: Option<&str>,
+        channel: &OpenChannel,
+        tokens: &mut TokenCache,
+    ) -> Result<(), WireError> {
+        let text = token.ok_or_else(|| {
+            not_owned(
+                n,
+                format!("stage {} needs token = the delivery's ack token", r.stage),
+            )
+        })?;
+        let t = tokens
+            .decode(text, &channel.client_id, &self.key)
+            .map_err(|e| not_owned(n, e.message))?;
+        let push_stage = matches!(r.stage, Stage::PushReceived | Stage::PushAckSent);
+        let pull_stage = matches!(r.stage, Stage::PullReceived | Stage::PullAckSent);
+        if (push_stage && !t.p) || (pull_stage && t.p) {
+            return Err(not_owned(
+                n,
+                format!(
+                    "stage {} does not match a {} delivery",
+                    r.stage,
+                    if t.p { "push" } else { "pull" }
+                ),
+            ));
+        }
+        if r.message_id.is_some_and(|m| m != t.m)
+            || r.group.as_ref().is_some_and(|g| *g != t.g)
+            || r.attempt.is_some_and(|a| a != t.n)
+            || r.topic.as_ref().is_some_and(|topic| *topic != t.t)
+        {
+            return Err(not_owned(
+                n,
+                "record's message, group, attempt or topic differ from its delivery token",
+            ));
+        }
+        r.message_id = Some(t.m);
+        r.group = Some(t.g.clone());
+        r.attempt = Some(t.n);
+        r.stream_seq = Some(t.q);
+        r.topic = Some(t.t.clone());
+        r.by_id = t.by_id();
         Ok(())
     }
 }
