@@ -130,7 +130,7 @@ pub struct DeliveryInfo {
     /// Topic.
     pub topic: String,
     /// Consumer group.
-    pub group: msgtrail_core::ClientId,
+    pub group: crate::GroupId,
     /// Delivery attempt.
     pub attempt: u32,
     /// Push (true) or pull (false).

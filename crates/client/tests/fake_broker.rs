@@ -280,9 +280,7 @@ impl Fake {
     async fn consumer(&self, options: ConsumerOptions) -> Consumer {
         let nats = async_nats::connect(self.url.as_str()).await.unwrap();
         let me = Identity::generate(ClientId::new("billing-1").unwrap());
-        Consumer::connect_with_options(nats, me, options)
-            .await
-            .unwrap()
+        Consumer::connect_with(nats, me, options).await.unwrap()
     }
 
     fn seen<T>(&self, f: impl FnOnce(&Seen) -> T) -> T {
@@ -417,11 +415,11 @@ async fn sends_coalesce_and_each_message_keeps_its_fate() {
 async fn one_message_per_request_and_no_records_without_reporting() {
     let f = fake().await;
     let p = f
-        .producer(ProducerOptions {
-            max_batch_messages: 1,
-            report_stages: false,
-            ..Default::default()
-        })
+        .producer(
+            ProducerOptions::default()
+                .max_batch_messages(1)
+                .report_stages(false),
+        )
         .await;
     let n = futures::future::join_all((0..40).map(|i| p.send("orders.eu", format!("m{i}"))))
         .await
@@ -439,11 +437,11 @@ async fn one_message_per_request_and_no_records_without_reporting() {
 async fn byte_bound_splits_batches() {
     let f = fake().await;
     let p = f
-        .producer(ProducerOptions {
-            max_batch_bytes: Some(10_000),
-            max_inflight_batches: 1,
-            ..Default::default()
-        })
+        .producer(
+            ProducerOptions::default()
+                .max_batch_bytes(10_000)
+                .max_inflight_batches(1),
+        )
         .await;
     let sends = (0..20).map(|_| p.send("orders.eu", vec![1u8; 3000]));
     for r in futures::future::join_all(sends).await {
@@ -458,10 +456,7 @@ async fn byte_bound_splits_batches() {
 async fn a_timed_out_batch_retries_and_a_forgotten_channel_reopens() {
     let f = fake().await;
     let p = f
-        .producer(ProducerOptions {
-            timeout: Duration::from_millis(300),
-            ..Default::default()
-        })
+        .producer(ProducerOptions::default().timeout(Duration::from_millis(300)))
         .await;
     let slow = RequestId::new("slow-1").unwrap();
     let reply = p
@@ -534,18 +529,18 @@ async fn binary_deliveries_batched_settles_and_refused_reports() {
     // Settles: each its own result, a forged token fails alone.
     let mut forged = got[1].clone();
     forged.ack_token = "forged".into();
-    let (a, b, x) = tokio::join!(c.ack(&got[0]), c.ack(&forged), c.nack(&pushed[0], None));
+    let (a, b, x) = tokio::join!(got[0].ack(), forged.ack(), pushed[0].nack(None));
     assert!(a.is_ok() && x.is_ok());
     assert_eq!(b.unwrap_err().code(), Some(ErrorCode::BadAckToken));
     // An ack too late for its delivery: refused for good, and said so.
     let mut late = got[0].clone();
     late.ack_token = "expired".into();
-    let e = c.ack(&late).await.unwrap_err();
+    let e = late.ack().await.unwrap_err();
     assert!(e.is_delivery_expired(), "{e}");
     assert!(!e.is_transient(), "{e}");
     assert!(e.to_string().contains("delivery_expired"), "{e}");
     let results = futures::future::join_all(
-        (0..50).map(|i| c.term(&pushed[2], if i % 2 == 0 { "poison" } else { "bad" })),
+        (0..50).map(|i| pushed[2].term(if i % 2 == 0 { "poison" } else { "bad" })),
     )
     .await;
     assert!(results.iter().all(Result::is_ok));

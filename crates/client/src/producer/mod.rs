@@ -35,7 +35,7 @@
 //! ```
 
 use crate::batch::{self, Flight, Job, Limits, Queue};
-use crate::channel::{frame_budget, Channel, DEFAULT_TIMEOUT};
+use crate::channel::{frame_budget, Channel};
 use crate::error::{Cause, ClientError};
 use crate::hooks::{HookEvent, Hooks};
 use crate::identity::Identity;
@@ -50,100 +50,13 @@ use msgtrail_core::subjects as s;
 use msgtrail_core::time::now_nanos;
 use msgtrail_core::wire::UploadReply;
 use msgtrail_core::{RequestId, Role, Topic};
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::oneshot;
 
-/// One message to send.
-#[derive(Debug, Clone)]
-pub struct Outgoing {
-    /// Topic.
-    pub topic: String,
-    /// Payload.
-    pub payload: Bytes,
-    /// Request ID; generated when `None`.
-    pub request_id: Option<RequestId>,
-    /// Attributes (`category=refund`).
-    pub attrs: BTreeMap<String, String>,
-    /// A W3C traceparent to link the message's trace to.
-    pub traceparent: Option<String>,
-}
+mod options;
 
-impl Outgoing {
-    /// A message with just a topic and payload.
-    pub fn new(topic: impl Into<String>, payload: impl Into<Bytes>) -> Self {
-        Outgoing {
-            topic: topic.into(),
-            payload: payload.into(),
-            request_id: None,
-            attrs: BTreeMap::new(),
-            traceparent: None,
-        }
-    }
-
-    /// Sets the request ID.
-    pub fn request_id(mut self, id: RequestId) -> Self {
-        self.request_id = Some(id);
-        self
-    }
-
-    /// Adds an attribute.
-    pub fn attr(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
-        self.attrs.insert(key.into(), value.into());
-        self
-    }
-}
-
-/// Producer settings; defaults in one place.
-#[derive(Debug, Clone)]
-pub struct ProducerOptions {
-    /// Timeout of one upload attempt (one batch request). Default 5 s.
-    pub timeout: Duration,
-    /// Attempts per message (1 = no retry). Default 3.
-    pub max_attempts: u32,
-    /// Pause before a retry (doubles each time, less up to a fifth at random:
-    /// `msgtrail_core::backoff`). Default 100 ms.
-    pub retry_backoff: Duration,
-    /// Report this producer's stage records: P1 (as each entry's send time) and P4. Default
-    /// true; false sends no record at all.
-    pub report_stages: bool,
-    /// Most messages in one upload batch request, 1 to 1024 (1 = one message per request).
-    /// Default 256.
-    pub max_batch_messages: usize,
-    /// Most bytes of messages (payload plus per-message fields) in one batch request; a
-    /// single larger message still goes, alone. `None` (the default) means 1 MiB or the NATS
-    /// server's `max_payload` if smaller, less 4 KiB; a value above that is cut to it.
-    pub max_batch_bytes: Option<usize>,
-    /// Most upload batch requests in flight at once; while that many are, new messages queue
-    /// for the next batch. Default 4.
-    pub max_inflight_batches: usize,
-    /// How long a batch that is not full waits for more messages before it is sent. Default
-    /// zero: an idle producer sends each message at once.
-    pub linger: Duration,
-    /// **Test only.** Shifts every time this SDK reports in its stage records (and the P1
-    /// send time of its uploads) by this many nanoseconds, as if its clock were that far
-    /// ahead (negative: behind). Lets tests check the listener's clock-offset estimates
-    /// against a known skew. Default 0; never set it in production.
-    #[doc(hidden)]
-    pub clock_offset_nanos: i64,
-}
-
-impl Default for ProducerOptions {
-    fn default() -> Self {
-        ProducerOptions {
-            timeout: DEFAULT_TIMEOUT,
-            max_attempts: 3,
-            retry_backoff: Duration::from_millis(100),
-            report_stages: true,
-            max_batch_messages: 256,
-            max_batch_bytes: None,
-            max_inflight_batches: 4,
-            linger: Duration::ZERO,
-            clock_offset_nanos: 0,
-        }
-    }
-}
+pub use options::{Outgoing, ProducerOptions};
 
 /// A producer; cheap to clone, and many sends may be in flight at once (they share one
 /// batcher).
