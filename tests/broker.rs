@@ -643,8 +643,7 @@ async fn oversized_payloads_and_malformed_headers_are_refused_precisely() {
         .unwrap_err();
     assert_eq!(refused(e), ErrorCode::PayloadTooLarge);
 
-    let mut bad_tp = Outgoing::new("orders.eu", "x");
-    bad_tp.traceparent = Some("00-nothex-01".into());
+    let bad_tp = Outgoing::new("orders.eu", "x").traceparent("00-nothex-01");
     assert_eq!(
         refused(producer.send_message(bad_tp).await.unwrap_err()),
         ErrorCode::BadRequest

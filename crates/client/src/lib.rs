@@ -56,6 +56,7 @@
 //! - [`connect`]: NATS connection options (URLs, user/password, token, creds, nkey, TLS).
 //! - `identity`: [`Identity`]: client ID, nkey and service name; signs channel nonces.
 //! - `group`: [`GroupId`], the name of a consumer group.
+//! - `topic`: [`ToTopic`], what the producer takes where a [`msgtrail_core::Topic`] is meant.
 //! - `channel`: open, keepalive, reopen, close; the request/reply helpers.
 //! - `producer`: [`Producer`]: batched sends with retries under one request ID;
 //!   [`ProducerOptions`] and [`Outgoing`] in `producer::options`.
@@ -77,6 +78,7 @@ mod hooks;
 mod identity;
 mod producer;
 mod reporter;
+mod topic;
 
 pub use consumer::{AckKind, Consumer, ConsumerOptions, PushOptions, PushStream, Received};
 pub use error::{BatcherStopped, Cause, ClientError, SharedError};
@@ -88,6 +90,7 @@ pub use msgtrail_nats as connect;
 pub use msgtrail_nats::{ConnectError, NatsOptions};
 pub use producer::{Outgoing, Producer, ProducerOptions};
 pub use reporter::Reporter;
+pub use topic::ToTopic;
 
 /// The README's Rust examples, compiled as doc tests so the front door stays true.
 #[cfg(doctest)]

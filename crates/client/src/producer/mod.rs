@@ -40,6 +40,7 @@ use crate::error::{Cause, ClientError};
 use crate::hooks::{HookEvent, Hooks};
 use crate::identity::Identity;
 use crate::reporter::{self, Outbox, Reporter, Reporting};
+use crate::topic::ToTopic;
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use msgtrail_core::frame::{
@@ -49,7 +50,7 @@ use msgtrail_core::headers as h;
 use msgtrail_core::subjects as s;
 use msgtrail_core::time::now_nanos;
 use msgtrail_core::wire::UploadReply;
-use msgtrail_core::{RequestId, Role, Topic};
+use msgtrail_core::{RequestId, Role};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::oneshot;
@@ -84,7 +85,7 @@ struct Prepared {
 impl Prepared {
     fn new(msg: Outgoing) -> Result<Self, ClientError> {
         let invalid = |e: String| ClientError::Invalid(Cause::new(e));
-        Topic::new(msg.topic.as_str()).map_err(|e| ClientError::Invalid(Cause::new(e)))?;
+        let topic = msg.topic.map_err(|e| ClientError::Invalid(Cause::new(e)))?;
         for (k, v) in &msg.attrs {
             h::validate_attr_key(k).map_err(invalid)?;
             h::validate_attr_value(k, v).map_err(invalid)?;
@@ -92,7 +93,7 @@ impl Prepared {
         let request_id = msg.request_id.unwrap_or_else(RequestId::generate);
         let entry = UploadEntry {
             request_id: request_id.as_str().to_owned(),
-            topic: msg.topic,
+            topic: topic.into(),
             attempt: 0,
             sent_at: 0,
             traceparent: msg.traceparent.clone().unwrap_or_default(),
@@ -178,34 +179,13 @@ fn maybe_unseen(e: &ClientError) -> bool {
     )
 }
 
+/// One attempt in a batch request, waiting for its result: its request ID, the
+/// [`HookEvent::BeforeSend`] it was sent with, and where its result goes.
+type Pending = (RequestId, HookEvent, oneshot::Sender<Outcome>);
+
 impl Uploads {
     async fn upload(&self, batch: Vec<Job<Attempt, Outcome>>, spare_bytes: usize) {
-        let sent_at = now_nanos();
-        let mut entries = Vec::with_capacity(batch.len());
-        let mut pending = Vec::with_capacity(batch.len());
-        for job in batch {
-            let Attempt {
-                request_id,
-                mut entry,
-                traceparent,
-            } = job.item;
-            let before = HookEvent::BeforeSend {
-                request_id: request_id.clone(),
-                topic: entry.topic.clone(),
-                attempt: entry.attempt,
-                traceparent,
-                at: sent_at,
-            };
-            // P1 rides as the entry's send time; without reporting there is none.
-            entry.sent_at = if self.outbox.is_some() {
-                crate::reporter::shifted(sent_at, self.clock_offset_nanos)
-            } else {
-                0
-            };
-            entries.push(entry);
-            self.hooks.emit(before.clone());
-            pending.push((request_id, before, job.reply));
-        }
+        let (entries, pending) = self.stamp(batch);
         let (reports, ticket) = reporter::ride_along(
             self.outbox.as_ref(),
             spare_bytes.saturating_sub(UPLOAD_FRAME_OVERHEAD),
@@ -226,25 +206,68 @@ impl Uploads {
             Ok((r.results, r.reports))
         });
         let results = reporter::batch_results(reply, pending.len(), ("upload", "messages"), ticket)
-            .inspect_err(|e| {
-                // The broker may never have seen these attempts, so it wrote no P1 for them:
-                // report them (a P1 it did write has the same dedup key).
-                if let (Some(outbox), true) = (&self.outbox, maybe_unseen(e)) {
-                    for (_, before, _) in &pending {
-                        if let Some(record) = reporter::record_of(before) {
-                            outbox.push(ReportedRecord {
-                                record,
-                                token: String::new(),
-                            });
-                        }
-                    }
+            .inspect_err(|e| self.report_unseen(e, &pending));
+        self.answer(pending, &results, at);
+    }
+
+    /// Stamps each attempt with its send time (P1 rides as the entry's `sent_at`; without
+    /// reporting there is none) and tells the hooks it leaves.
+    fn stamp(&self, batch: Vec<Job<Attempt, Outcome>>) -> (Vec<UploadEntry>, Vec<Pending>) {
+        let sent_at = now_nanos();
+        let mut entries = Vec::with_capacity(batch.len());
+        let mut pending = Vec::with_capacity(batch.len());
+        for job in batch {
+            let Attempt {
+                request_id,
+                mut entry,
+                traceparent,
+            } = job.item;
+            let before = HookEvent::BeforeSend {
+                request_id: request_id.clone(),
+                topic: entry.topic.clone(),
+                attempt: entry.attempt,
+                traceparent,
+                at: sent_at,
+            };
+            entry.sent_at = if self.outbox.is_some() {
+                crate::reporter::shifted(sent_at, self.clock_offset_nanos)
+            } else {
+                0
+            };
+            entries.push(entry);
+            self.hooks.emit(before.clone());
+            pending.push((request_id, before, job.reply));
+        }
+        (entries, pending)
+    }
+
+    /// The broker may never have seen the attempts of a failed request, so it wrote no P1
+    /// for them: report them (a P1 it did write has the same dedup key).
+    fn report_unseen(&self, e: &ClientError, pending: &[Pending]) {
+        if let (Some(outbox), true) = (&self.outbox, maybe_unseen(e)) {
+            for (_, before, _) in pending {
+                if let Some(record) = reporter::record_of(before) {
+                    outbox.push(ReportedRecord {
+                        record,
+                        token: String::new(),
+                    });
                 }
-            });
+            }
+        }
+    }
+
+    /// Gives each attempt its result, telling the hooks.
+    fn answer(
+        &self,
+        pending: Vec<Pending>,
+        results: &Result<Vec<UploadResult>, ClientError>,
+        at: u64,
+    ) {
         for (i, (request_id, before, reply)) in pending.into_iter().enumerate() {
             let HookEvent::BeforeSend { topic, attempt, .. } = before else {
-                unreachable!("built above")
+                unreachable!("built by stamp")
             };
-            let outcome = match &results {
+            let outcome = match results {
                 Ok(rs) => match &rs[i] {
                     UploadResult::Stored {
                         message_id,
@@ -344,7 +367,7 @@ impl Producer {
     /// Sends `payload` to `topic` with a generated request ID.
     pub async fn send(
         &self,
-        topic: &str,
+        topic: impl ToTopic,
         payload: impl Into<Bytes>,
     ) -> Result<UploadReply, ClientError> {
         self.send_message(Outgoing::new(topic, payload)).await
@@ -426,8 +449,7 @@ mod tests {
         let msg = Outgoing::new("orders.eu", vec![7u8; 1000])
             .attr("category", "refund")
             .attr("k", "é");
-        let mut msg = msg;
-        msg.traceparent = Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into());
+        let msg = msg.traceparent("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01");
         let p = Prepared::new(msg).unwrap();
         let (job, _rx) = p.job(2);
         let batch = UploadBatch {

@@ -2,8 +2,9 @@
 //! [`Outgoing`], one message to send.
 
 use crate::channel::DEFAULT_TIMEOUT;
+use crate::topic::ToTopic;
 use bytes::Bytes;
-use msgtrail_core::RequestId;
+use msgtrail_core::{IdError, RequestId, Topic};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -12,27 +13,24 @@ use std::time::Duration;
 /// ```
 /// use msgtrail_client::Outgoing;
 /// let msg = Outgoing::new("orders.eu", "hello").attr("category", "refund");
-/// # let _ = msg;
+/// assert_eq!(msg.topic().map(|t| t.as_str()), Some("orders.eu"));
 /// ```
 #[derive(Debug, Clone)]
 pub struct Outgoing {
-    /// Topic.
-    pub topic: String,
-    /// Payload.
-    pub payload: Bytes,
-    /// Request ID; generated when `None`.
-    pub request_id: Option<RequestId>,
-    /// Attributes (`category=refund`).
-    pub attrs: BTreeMap<String, String>,
-    /// A W3C traceparent to link the message's trace to.
-    pub traceparent: Option<String>,
+    /// The topic, or why the text given is not one (reported when the message is sent).
+    pub(crate) topic: Result<Topic, IdError>,
+    pub(crate) payload: Bytes,
+    pub(crate) request_id: Option<RequestId>,
+    pub(crate) attrs: BTreeMap<String, String>,
+    pub(crate) traceparent: Option<String>,
 }
 
 impl Outgoing {
-    /// A message with just a topic and payload.
-    pub fn new(topic: impl Into<String>, payload: impl Into<Bytes>) -> Self {
+    /// A message with just a topic and payload. A topic given as text that is not one fails
+    /// the send with [`crate::ClientError::Invalid`].
+    pub fn new(topic: impl ToTopic, payload: impl Into<Bytes>) -> Self {
         Outgoing {
-            topic: topic.into(),
+            topic: topic.to_topic(),
             payload: payload.into(),
             request_id: None,
             attrs: BTreeMap::new(),
@@ -40,13 +38,13 @@ impl Outgoing {
         }
     }
 
-    /// Sets the request ID.
+    /// Sets the request ID (generated when not set).
     pub fn request_id(mut self, id: RequestId) -> Self {
         self.request_id = Some(id);
         self
     }
 
-    /// Adds an attribute.
+    /// Adds an attribute (`category=refund`).
     pub fn attr(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.attrs.insert(key.into(), value.into());
         self
@@ -56,6 +54,16 @@ impl Outgoing {
     pub fn traceparent(mut self, traceparent: impl Into<String>) -> Self {
         self.traceparent = Some(traceparent.into());
         self
+    }
+
+    /// The topic, if the one given is valid.
+    pub fn topic(&self) -> Option<&Topic> {
+        self.topic.as_ref().ok()
+    }
+
+    /// The payload.
+    pub fn payload(&self) -> &Bytes {
+        &self.payload
     }
 }
 
