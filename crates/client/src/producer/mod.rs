@@ -50,7 +50,7 @@ use msgtrail_core::headers as h;
 use msgtrail_core::subjects as s;
 use msgtrail_core::time::now_nanos;
 use msgtrail_core::wire::UploadReply;
-use msgtrail_core::{RequestId, Role};
+use msgtrail_core::{RequestId, Role, Topic};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::oneshot;
@@ -77,6 +77,7 @@ type Outcome = Result<UploadReply, ClientError>;
 #[derive(Debug)]
 struct Prepared {
     request_id: RequestId,
+    topic: Topic,
     /// The entry, its attempt and send time filled in per attempt.
     entry: UploadEntry,
     traceparent: Option<String>,
@@ -93,7 +94,7 @@ impl Prepared {
         let request_id = msg.request_id.unwrap_or_else(RequestId::generate);
         let entry = UploadEntry {
             request_id: request_id.as_str().to_owned(),
-            topic: topic.into(),
+            topic: topic.as_str().to_owned(),
             attempt: 0,
             sent_at: 0,
             traceparent: msg.traceparent.clone().unwrap_or_default(),
@@ -102,6 +103,7 @@ impl Prepared {
         };
         Ok(Prepared {
             request_id,
+            topic,
             entry,
             traceparent: msg.traceparent,
         })
@@ -115,6 +117,7 @@ impl Prepared {
         Job::new(
             Attempt {
                 request_id: self.request_id.clone(),
+                topic: self.topic.clone(),
                 entry,
                 traceparent: self.traceparent.clone(),
             },
@@ -143,6 +146,7 @@ const UPLOAD_FRAME_OVERHEAD: usize = 4 + 2 + 2;
 #[derive(Debug)]
 struct Attempt {
     request_id: RequestId,
+    topic: Topic,
     entry: UploadEntry,
     traceparent: Option<String>,
 }
@@ -219,12 +223,13 @@ impl Uploads {
         for job in batch {
             let Attempt {
                 request_id,
+                topic,
                 mut entry,
                 traceparent,
             } = job.item;
             let before = HookEvent::BeforeSend {
                 request_id: request_id.clone(),
-                topic: entry.topic.clone(),
+                topic,
                 attempt: entry.attempt,
                 traceparent,
                 at: sent_at,

@@ -19,7 +19,7 @@ pub(crate) fn record_of(event: &HookEvent) -> Option<StageRecord> {
         } => {
             let mut r = StageRecord::at(Stage::UploadSent, *at);
             r.request_id = Some(request_id.clone());
-            r.topic = Some(topic.clone());
+            r.topic = Some(topic.to_string());
             r.attempt = Some(*attempt);
             r.traceparent = traceparent.clone();
             r
@@ -176,7 +176,7 @@ mod tests {
     fn p1_does_not_ride_in_the_outbox_and_p4_needs_its_receipt() {
         let before = HookEvent::BeforeSend {
             request_id: RequestId::new("r").unwrap(),
-            topic: "t".into(),
+            topic: msgtrail_core::Topic::new("t").unwrap(),
             attempt: 1,
             traceparent: None,
             at: 1,
