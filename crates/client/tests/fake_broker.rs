@@ -5,8 +5,8 @@
 use bytes::Bytes;
 use futures::StreamExt;
 use msgtrail_client::{
-    ClientError, Consumer, ConsumerOptions, HookEvent, HookKind, Identity, Outgoing, Producer,
-    ProducerOptions, PushOptions,
+    AckKind, ClientError, Consumer, ConsumerOptions, HookEvent, HookKind, Identity, Outgoing,
+    Producer, ProducerOptions, PushOptions,
 };
 use msgtrail_core::frame::{
     self, DeliveredMessage, DeliveryBatch, ReportedRecord, ReportsOutcome, SettleBatch,
@@ -28,6 +28,8 @@ struct Seen {
     entries: Vec<(String, u32, u64)>,
     /// Settles per settle batch.
     settle_batches: Vec<usize>,
+    /// (token, kind, delay in ms, reason) of every settle.
+    settles: Vec<(String, &'static str, Option<u64>, String)>,
     /// Records accepted (riding along or reported alone).
     records: Vec<ReportedRecord>,
     /// Records reported alone on the stage subject.
@@ -208,12 +210,14 @@ async fn serve(client: async_nats::Client, script: Arc<Script>) {
                 }
                 s::SETTLE => {
                     let batch = SettleBatch::decode(&m.payload).unwrap();
-                    script
-                        .seen
-                        .lock()
-                        .unwrap()
-                        .settle_batches
-                        .push(batch.entries.len());
+                    {
+                        let mut seen = script.seen.lock().unwrap();
+                        seen.settle_batches.push(batch.entries.len());
+                        seen.settles.extend(batch.entries.iter().map(|e| {
+                            let kind = e.kind.as_str();
+                            (e.token.clone(), kind, e.delay_ms, e.reason.clone())
+                        }));
+                    }
                     let results = batch
                         .entries
                         .iter()
@@ -571,6 +575,49 @@ async fn binary_deliveries_batched_settles_and_refused_reports() {
         // C6 ×2, C2 ×3, C7 ×3 (the late ack's too: it was sent) + C3 ×51, X1 + X2 + C3 for
         // the processed one.
         2 + 3 + 3 + 51 + 3
+    );
+}
+
+/// A message settles through its own methods, with any [`AckKind`], even after the consumer
+/// handle that fetched it is gone: it holds a share of the consumer's settle path.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_settles_itself_after_its_consumer_is_dropped() {
+    let f = fake().await;
+    let c = f.consumer(ConsumerOptions::default()).await;
+    let sub = Subscription {
+        group: ClientId::new("billing").unwrap(),
+        topic: "orders.*".into(),
+        filter: Default::default(),
+        message_id: None,
+    };
+    let got = c.fetch(&sub, 10, Duration::from_millis(10)).await.unwrap();
+    assert_eq!(got.len(), 2);
+    assert_eq!(got[0].group, "billing");
+    drop(c);
+    got[0].settle(AckKind::Ack).await.unwrap();
+    got[1]
+        .settle(AckKind::Nack {
+            delay: Some(Duration::from_millis(5)),
+        })
+        .await
+        .unwrap();
+    got[1]
+        .settle(AckKind::Term {
+            reason: Some("poison".into()),
+        })
+        .await
+        .unwrap();
+    let settles = f.seen(|s| s.settles.clone());
+    let t0 = got[0].ack_token.clone();
+    let t1 = got[1].ack_token.clone();
+    assert_eq!(
+        settles,
+        [
+            (t0, "ack", None, String::new()),
+            (t1.clone(), "nack", Some(5), String::new()),
+            (t1, "term", None, "poison".to_owned()),
+        ],
+        "every settle reached the broker as its kind said"
     );
 }
 

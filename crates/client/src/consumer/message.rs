@@ -144,3 +144,32 @@ impl Received {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_kind_becomes_its_wire_kind_delay_and_reason() {
+        let d = Duration::from_millis(250);
+        assert_eq!(
+            AckKind::Ack.into_parts(),
+            (WireKind::Ack, None, String::new())
+        );
+        assert_eq!(
+            AckKind::Nack { delay: Some(d) }.into_parts(),
+            (WireKind::Nack, Some(d), String::new())
+        );
+        assert_eq!(
+            AckKind::Term {
+                reason: Some("poison".into())
+            }
+            .into_parts(),
+            (WireKind::Term, None, "poison".to_owned())
+        );
+        assert_eq!(
+            AckKind::Term { reason: None }.into_parts(),
+            (WireKind::Term, None, String::new())
+        );
+    }
+}
