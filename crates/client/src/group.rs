@@ -1,5 +1,6 @@
 //! [`GroupId`]: the name of a consumer group.
 
+use msgtrail_core::wire::Subscription;
 use msgtrail_core::{ClientId, IdError};
 use std::fmt;
 
@@ -26,6 +27,26 @@ impl GroupId {
     /// The name.
     pub fn as_str(&self) -> &str {
         self.0.as_str()
+    }
+
+    /// A subscription of this group to the topics matching `topic_filter` (NATS wildcards:
+    /// `orders.*`, `orders.>`), for [`crate::Consumer::fetch`] and
+    /// [`crate::Consumer::subscribe`]; add attribute filters to its `filter`. The broker
+    /// checks the filter.
+    ///
+    /// ```
+    /// use msgtrail_client::GroupId;
+    /// let sub = GroupId::new("billing")?.subscription("orders.*");
+    /// assert_eq!((sub.group.as_str(), sub.topic.as_str()), ("billing", "orders.*"));
+    /// # Ok::<(), msgtrail_core::IdError>(())
+    /// ```
+    pub fn subscription(&self, topic_filter: impl Into<String>) -> Subscription {
+        Subscription {
+            group: self.0.clone(),
+            topic: topic_filter.into(),
+            filter: Default::default(),
+            message_id: None,
+        }
     }
 
     /// The name as the wire types ([`msgtrail_core::wire::Subscription::group`], stage

@@ -13,8 +13,8 @@
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! use msgtrail_client::{Consumer, ConsumerOptions, Identity, Producer};
-//! use msgtrail_core::{wire::Subscription, ClientId};
+//! use msgtrail_client::{Consumer, ConsumerOptions, GroupId, Identity, Producer};
+//! use msgtrail_core::ClientId;
 //! use std::time::Duration;
 //! let nats = async_nats::connect("nats://127.0.0.1:4222").await?;
 //! let producer = Producer::connect(nats.clone(), Identity::generate(ClientId::new("shop")?)).await?;
@@ -23,8 +23,7 @@
 //! let options = ConsumerOptions::default().timeout(Duration::from_secs(10));
 //! let me = Identity::generate(ClientId::new("billing-1")?);
 //! let consumer = Consumer::connect_with(nats, me, options).await?;
-//! let sub = Subscription { group: ClientId::new("billing")?, topic: "orders.*".into(),
-//!                          filter: Default::default(), message_id: None };
+//! let sub = GroupId::new("billing")?.subscription("orders.*");
 //! for msg in consumer.fetch(&sub, 10, Duration::from_secs(1)).await? {
 //!     msg.ack().await?;
 //! }

@@ -35,11 +35,9 @@
 //! ```no_run
 //! # async fn demo(nats: async_nats::Client, me: msgtrail_client::Identity) -> Result<(), Box<dyn std::error::Error>> {
 //! use futures::StreamExt;
-//! use msgtrail_client::{Consumer, PushOptions};
-//! use msgtrail_core::{wire::Subscription, ClientId};
+//! use msgtrail_client::{Consumer, GroupId, PushOptions};
 //! let consumer = Consumer::connect(nats, me).await?;
-//! let sub = Subscription { group: ClientId::new("billing")?, topic: "orders.*".into(),
-//!                          filter: Default::default(), message_id: None };
+//! let sub = GroupId::new("billing")?.subscription("orders.*");
 //! let mut stream = consumer.subscribe(&sub, PushOptions::default()).await?;
 //! while let Some(msg) = stream.next().await {
 //!     if msg.attributes.get("category").is_some_and(|c| c == "spam") {
