@@ -67,7 +67,7 @@ async fn send_store_pull_ack_records_p1_to_p4_and_c5_to_c8() {
     );
     assert_eq!(m.delivery_attempt, 1);
     assert_eq!(m.producer.as_str(), "shop");
-    consumer.ack(m).await.unwrap();
+    m.ack().await.unwrap();
 
     let want = [
         Stage::UploadReceived,
@@ -183,10 +183,7 @@ async fn push_on_a_schedule_delivers_in_batches() {
     let mut stream = consumer
         .subscribe(
             &sub("billing", "batch"),
-            PushOptions {
-                every: Some(every),
-                max_inflight: 100,
-            },
+            PushOptions::default().every(every).max_inflight(100),
         )
         .await
         .unwrap();
@@ -213,7 +210,7 @@ async fn push_on_a_schedule_delivers_in_batches() {
         s
     });
     for m in &got {
-        consumer.ack(m).await.unwrap();
+        m.ack().await.unwrap();
     }
 }
 
@@ -228,10 +225,7 @@ async fn push_respects_max_inflight() {
     let mut stream = consumer
         .subscribe(
             &sub("billing", "inflight"),
-            PushOptions {
-                every: None,
-                max_inflight: 2,
-            },
+            PushOptions::default().max_inflight(2),
         )
         .await
         .unwrap();
@@ -242,7 +236,7 @@ async fn push_respects_max_inflight() {
         "no more than max_inflight unsettled deliveries"
     );
     for m in &first {
-        consumer.ack(m).await.unwrap();
+        m.ack().await.unwrap();
     }
     let next = collect(&mut stream, 2, Duration::from_secs(5)).await;
     assert_eq!(next.len(), 2, "settling frees the slots");
@@ -353,7 +347,7 @@ async fn fetch_by_message_id() {
     assert_eq!(got.len(), 1);
     assert_eq!(got[0].message_id, target.message_id);
     assert_eq!(&got[0].payload[..], b"m2");
-    consumer.ack(&got[0]).await.unwrap();
+    got[0].ack().await.unwrap();
     // An unknown (but well-formed) ID gets the no-match notice.
     s.message_id = Some(msgtrail_core::MessageId::new());
     assert!(consumer
@@ -390,7 +384,7 @@ async fn a_fetch_by_id_and_a_subscription_delivery_are_different_hops() {
     assert_eq!(again[0].message_id, sent.message_id);
     assert!(!again[0].by_id);
     assert_ne!(fetched[0].process_span_ids(), again[0].process_span_ids());
-    consumer.ack(&again[0]).await.unwrap();
+    again[0].ack().await.unwrap();
     let recs = sys
         .records_for(sent.message_id, |r| {
             r.iter()
@@ -481,7 +475,7 @@ async fn an_unacked_delivery_is_redelivered_after_the_ack_wait() {
     assert_eq!(again.len(), 1);
     assert_eq!(again[0].message_id, reply.message_id);
     assert_eq!(again[0].delivery_attempt, 2);
-    consumer.ack(&again[0]).await.unwrap();
+    again[0].ack().await.unwrap();
     let recs = sys
         .records_for(reply.message_id, |r| {
             count(r, Stage::Redelivery) == 1 && count(r, Stage::PullAckReceived) == 1
@@ -508,7 +502,7 @@ async fn failures_up_to_max_deliveries_dead_letter_the_message() {
         assert_eq!(got[0].delivery_attempt, attempt);
         let outcome = consumer
             .process(got[0].clone(), |_| async {
-                Err::<(), _>("insufficient funds")
+                Err::<(), _>("insufficient funds".to_string())
             })
             .await
             .unwrap();
@@ -554,8 +548,8 @@ async fn nack_with_delay_redelivers_later() {
         .fetch(&sub("billing", "orders.*"), 1, WAIT)
         .await
         .unwrap();
-    consumer
-        .nack(&got[0], Some(Duration::from_millis(2000)))
+    got[0]
+        .nack(Some(Duration::from_millis(2000)))
         .await
         .unwrap();
     assert!(
@@ -649,8 +643,7 @@ async fn oversized_payloads_and_malformed_headers_are_refused_precisely() {
         .unwrap_err();
     assert_eq!(refused(e), ErrorCode::PayloadTooLarge);
 
-    let mut bad_tp = Outgoing::new("orders.eu", "x");
-    bad_tp.traceparent = Some("00-nothex-01".into());
+    let bad_tp = Outgoing::new("orders.eu", "x").traceparent("00-nothex-01");
     assert_eq!(
         refused(producer.send_message(bad_tp).await.unwrap_err()),
         ErrorCode::BadRequest
@@ -952,7 +945,7 @@ async fn a_consumer_cannot_settle_another_consumers_delivery() {
         "bad_ack_token"
     );
     // The delivery is still billing-1's to settle.
-    b1.ack(&got[0]).await.unwrap();
+    got[0].ack().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1032,7 +1025,7 @@ async fn two_brokers_share_the_work_and_unsubscribe_reaches_the_owner() {
         let got = collect(s, 1, Duration::from_secs(10)).await;
         assert_eq!(got.len(), 1);
         assert_eq!(got[0].message_id, reply.message_id);
-        consumer.ack(&got[0]).await.unwrap();
+        got[0].ack().await.unwrap();
     }
     let channel = raw_channel(&sys, "consumer", "billing-1").await;
     // Unsubscribing needs the subscription's own channel, wherever the request lands.
@@ -1173,7 +1166,7 @@ async fn term_dead_letters_at_once_with_the_reason() {
         .fetch(&sub("billing", "orders.*"), 1, WAIT)
         .await
         .unwrap();
-    consumer.term(&got[0], "malformed order").await.unwrap();
+    got[0].term("malformed order").await.unwrap();
     assert!(consumer
         .fetch(&sub("billing", "orders.*"), 1, ACK_WAIT * 2)
         .await
@@ -1225,7 +1218,7 @@ async fn reports_survive_dropping_the_producer_and_consumer_right_away() {
             .fetch(&sub("billing", "orders.*"), 1, WAIT)
             .await
             .unwrap();
-        consumer.ack(&got[0]).await.unwrap();
+        got[0].ack().await.unwrap();
     }
     let recs = sys
         .records_for(reply.message_id, |r| {
@@ -1277,7 +1270,7 @@ async fn a_settle_after_the_ack_wait_is_refused_as_delivery_expired() {
         .unwrap();
     assert_eq!(first[0].delivery_attempt, 1);
     tokio::time::sleep(ACK_WAIT + Duration::from_millis(200)).await;
-    let late = consumer.ack(&first[0]).await.unwrap_err();
+    let late = first[0].ack().await.unwrap_err();
     assert!(late.is_delivery_expired(), "{late}");
     assert!(!late.is_transient(), "{late}");
     assert!(
@@ -1293,7 +1286,7 @@ async fn a_settle_after_the_ack_wait_is_refused_as_delivery_expired() {
     assert_eq!(again.len(), 1);
     assert_eq!(again[0].message_id, reply.message_id);
     assert_eq!(again[0].delivery_attempt, 2);
-    consumer.ack(&again[0]).await.unwrap();
+    again[0].ack().await.unwrap();
     let metrics = &sys.broker.as_ref().unwrap().metrics;
     assert_eq!(
         metrics
@@ -1348,7 +1341,7 @@ async fn an_ack_after_the_dead_letter_is_refused_and_not_recorded() {
     assert_eq!(dead.attempt, Some(MAX_DELIVER));
     // The hung handler finishes now and acks every delivery it got: all refused.
     for d in &deliveries {
-        let e = consumer.ack(d).await.unwrap_err();
+        let e = d.ack().await.unwrap_err();
         assert!(
             e.is_delivery_expired(),
             "attempt {}: {e}",
@@ -1356,7 +1349,7 @@ async fn an_ack_after_the_dead_letter_is_refused_and_not_recorded() {
         );
     }
     let last = deliveries.last().unwrap();
-    let e = consumer.ack(last).await.unwrap_err();
+    let e = last.ack().await.unwrap_err();
     assert!(
         e.to_string().contains("last allowed attempt"),
         "the error says the message was dead-lettered: {e}"
@@ -1388,7 +1381,7 @@ async fn an_ack_jetstream_does_not_confirm_is_not_answered_ok() {
             .unwrap()
             .success
     );
-    let e = consumer.ack(&got[0]).await.unwrap_err();
+    let e = got[0].ack().await.unwrap_err();
     assert_eq!(e.code(), Some(ErrorCode::Unavailable), "{e}");
     assert!(e.is_transient(), "{e}");
     assert!(e.to_string().contains("settle again"), "{e}");

@@ -897,7 +897,7 @@ async fn two_brokers_and_nkey_clients_work_within_the_deploy_permissions() {
             .await
             .expect("pushed messages in time")
             .expect("a pushed message");
-        consumer.ack(&m).await.expect("ack of a push");
+        m.ack().await.expect("ack of a push");
         pushed.push(m.message_id);
     }
     assert!(pushed.contains(&reply.message_id), "{pushed:?}");
@@ -1130,7 +1130,7 @@ async fn a_client_cannot_read_another_clients_replies() {
         .expect("fetch on its prefix");
     assert_eq!(got.len(), 1);
     assert_eq!(got[0].message_id, first.message_id);
-    consumer.ack(&got[0]).await.expect("ack on its prefix");
+    got[0].ack().await.expect("ack on its prefix");
     let mut push = consumer
         .subscribe(
             &Subscription {
@@ -1151,7 +1151,7 @@ async fn a_client_cannot_read_another_clients_replies() {
             .await
             .expect("pushed messages in time")
             .expect("a pushed message");
-        consumer.ack(&m).await.expect("ack of a push");
+        m.ack().await.expect("ack of a push");
         pushed.push(m.message_id);
     }
     assert!(pushed.contains(&first.message_id) && pushed.contains(&second.message_id));

@@ -205,10 +205,7 @@ async fn s2_broker_kill_9_the_moment_its_ok_reply_arrives() {
             let producer = msgtrail_client::Producer::connect_with(
                 nats.clone(),
                 sys.producer_id.clone(),
-                ProducerOptions {
-                    max_attempts: 1,
-                    ..Default::default()
-                },
+                ProducerOptions::default().max_attempts(1),
             )
             .await
             .expect("producer channel");

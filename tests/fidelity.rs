@@ -75,20 +75,14 @@ async fn skewed_sdk_clocks_are_estimated_within_their_bounds() {
     let producer = Producer::connect_with(
         sys.nats.clone(),
         sys.identity("shop"),
-        ProducerOptions {
-            clock_offset_nanos: PRODUCER_AHEAD,
-            ..Default::default()
-        },
+        ProducerOptions::default().clock_offset_nanos(PRODUCER_AHEAD),
     )
     .await
     .unwrap();
-    let consumer = Consumer::connect_with_options(
+    let consumer = Consumer::connect_with(
         sys.nats.clone(),
         sys.identity("billing-1"),
-        ConsumerOptions {
-            clock_offset_nanos: CONSUMER_AHEAD,
-            ..Default::default()
-        },
+        ConsumerOptions::default().clock_offset_nanos(CONSUMER_AHEAD),
     )
     .await
     .unwrap();

@@ -95,7 +95,9 @@ fn assert_state_order(t: &Trajectory, want: &[MessageState]) {
 /// failure): the handler fails with `fail` if given.
 async fn handle(consumer: &Consumer, m: &Received, fail: Option<&'static str>) {
     let outcome = consumer
-        .process(m.clone(), move |_| async move { fail.map_or(Ok(()), Err) })
+        .process(m.clone(), move |_| async move {
+            fail.map_or(Ok(()), |e| Err(e.to_owned()))
+        })
         .await
         .unwrap();
     assert_eq!(outcome, fail.map_or(Ok(()), |e| Err(e.to_owned())));

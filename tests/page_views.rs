@@ -186,7 +186,7 @@ async fn the_dead_letter_view_opens_the_trajectory() {
         .fetch(&sub("billing", "orders.*"), 1, Duration::from_secs(3))
         .await
         .unwrap();
-    billing.term(&got[0], "unreadable order").await.unwrap();
+    got[0].term("unreadable order").await.unwrap();
     l.trajectory_when(&dead, |t| t.state == MessageState::DeadLettered)
         .await;
     let api = get_json(&l, "/api/dead-letters");

@@ -177,31 +177,43 @@ impl Browser {
 
     /// Clears the input matching `css` and types `text` into it.
     pub async fn type_into(&self, css: &str, text: &str) {
-        let e = self.client.find(Locator::Css(css)).await.unwrap();
-        e.clear().await.unwrap();
-        e.send_keys(text).await.unwrap();
+        for attempt in 1.. {
+            let e = self.client.find(Locator::Css(css)).await.unwrap();
+            let done = match e.clear().await {
+                Ok(()) => e.send_keys(text).await,
+                Err(err) => Err(err),
+            };
+            match done {
+                Ok(()) => return,
+                Err(err) => retry_if_stale(attempt, css, err).await,
+            }
+        }
     }
 
     /// Types `keys` into the focused element.
     pub async fn keys(&self, keys: &str) {
-        self.client
-            .active_element()
-            .await
-            .unwrap()
-            .send_keys(keys)
-            .await
-            .unwrap();
+        for attempt in 1.. {
+            let e = self.client.active_element().await.unwrap();
+            match e.send_keys(keys).await {
+                Ok(()) => return,
+                Err(err) => retry_if_stale(attempt, "the focused element", err).await,
+            }
+        }
     }
 
     /// Clicks the first element matching `css`.
     pub async fn click(&self, css: &str) {
-        self.client
-            .find(Locator::Css(css))
-            .await
-            .unwrap_or_else(|e| panic!("no {css}: {e}"))
-            .click()
-            .await
-            .unwrap();
+        for attempt in 1.. {
+            let e = self
+                .client
+                .find(Locator::Css(css))
+                .await
+                .unwrap_or_else(|e| panic!("no {css}: {e}"));
+            match e.click().await {
+                Ok(()) => return,
+                Err(err) => retry_if_stale(attempt, css, err).await,
+            }
+        }
     }
 
     /// Ends the session and its chromedriver.
@@ -261,4 +273,13 @@ pub fn http_get(l: &TestListener, path_and_query: &str) -> (u16, String, String)
         })
         .unwrap_or_default();
     (status, ctype, body.to_owned())
+}
+
+/// The page redraws what it shows (the list every few seconds, a trajectory when it
+/// changes): an element found just before a redraw is gone by the time it is used. Such a
+/// step is taken again, on the element as it is now, a few times; any other error fails.
+async fn retry_if_stale(attempt: u32, what: &str, err: fantoccini::error::CmdError) {
+    let stale = err.to_string().to_lowercase().contains("stale");
+    assert!(stale && attempt < 5, "{what}: {err} (attempt {attempt})");
+    tokio::time::sleep(Duration::from_millis(100)).await;
 }

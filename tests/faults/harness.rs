@@ -14,7 +14,7 @@
 
 use futures::StreamExt;
 use msgtrail_client::{
-    Consumer, HookEvent, HookKind, Identity, Outgoing, Producer, ProducerOptions,
+    Consumer, ConsumerOptions, HookEvent, HookKind, Identity, Outgoing, Producer, ProducerOptions,
 };
 use msgtrail_core::trajectory::{HopKind, MessageState, Trajectory};
 use msgtrail_core::wire::Subscription;
@@ -560,10 +560,7 @@ impl System {
     /// so that a dead broker costs a retry, not a long wait.
     pub(crate) async fn producer(&self) -> Producer {
         let nats = connect_as(&self.nats.urls(), self.client_user()).await;
-        let options = ProducerOptions {
-            timeout: Duration::from_secs(2),
-            ..Default::default()
-        };
+        let options = ProducerOptions::default().timeout(Duration::from_secs(2));
         retry_open(|| {
             Producer::connect_with(nats.clone(), self.producer_id.clone(), options.clone())
         })
@@ -577,8 +574,7 @@ impl System {
             Consumer::connect_with(
                 nats.clone(),
                 self.consumer_id.clone(),
-                Duration::from_secs(2),
-                true,
+                ConsumerOptions::default().timeout(Duration::from_secs(2)),
             )
         })
         .await
@@ -1185,7 +1181,7 @@ async fn consume(c: Consumer, history: Arc<History>, progress: Arc<Progress>, de
                 }
                 tries += 1;
                 tokio::time::sleep(Duration::from_millis(200)).await;
-                result = c.ack(&m).await;
+                result = m.ack().await;
             }
             if result.is_ok() {
                 history.push("ack", mid.to_string(), start, Outcome::Ok);

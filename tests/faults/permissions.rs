@@ -15,7 +15,7 @@
 use crate::harness::*;
 use crate::{oracle, stage_records, TRAJECTORY_WAIT};
 use futures::StreamExt;
-use msgtrail_client::{Consumer, Identity, Outgoing, Producer, ProducerOptions};
+use msgtrail_client::{Consumer, ConsumerOptions, Identity, Outgoing, Producer, ProducerOptions};
 use msgtrail_core::subjects::{self, STAGE_STREAM};
 use msgtrail_core::wire::ChallengeRequest;
 use msgtrail_core::ClientId;
@@ -183,11 +183,9 @@ async fn broker_attempts(sys: &System, out: &mut Attempts) {
             .await
             .expect("the demo nkey user connects")
     };
-    let options = ProducerOptions {
-        timeout: Duration::from_secs(2),
-        max_attempts: 1,
-        ..Default::default()
-    };
+    let options = ProducerOptions::default()
+        .timeout(Duration::from_secs(2))
+        .max_attempts(1);
     let as_id = |id: &str| Identity::from_seed(ClientId::new(id).unwrap(), &seed).unwrap();
     let mut note = |what: &str, result: Result<(), String>| {
         out.broker_level += 1;
@@ -206,16 +204,23 @@ async fn broker_attempts(sys: &System, out: &mut Attempts) {
     let r = Consumer::connect_with(
         nats().await,
         as_id("faults-billing-1"),
-        Duration::from_secs(2),
-        false,
+        ConsumerOptions::default()
+            .timeout(Duration::from_secs(2))
+            .report_stages(false),
     )
     .await;
     note(
         "open a consumer channel as faults-billing-1",
         r.map(|_| ()).map_err(|e| e.to_string()),
     );
-    let r =
-        Consumer::connect_with(nats().await, as_id("shop"), Duration::from_secs(2), false).await;
+    let r = Consumer::connect_with(
+        nats().await,
+        as_id("shop"),
+        ConsumerOptions::default()
+            .timeout(Duration::from_secs(2))
+            .report_stages(false),
+    )
+    .await;
     note(
         "open a consumer channel as itself (a producer)",
         r.map(|_| ()).map_err(|e| e.to_string()),

@@ -279,12 +279,10 @@ async fn run_with_broker(
         let nats = async_nats::connect(p.nats_url.as_str())
             .await
             .map_err(BenchError::nats)?;
-        let defaults = ProducerOptions::default();
-        let options = ProducerOptions {
-            report_stages: p.record_stages,
-            max_batch_messages: p.batch_messages.unwrap_or(defaults.max_batch_messages),
-            ..defaults
-        };
+        let mut options = ProducerOptions::default().report_stages(p.record_stages);
+        if let Some(n) = p.batch_messages {
+            options = options.max_batch_messages(n);
+        }
         producers.push(Producer::connect_with(nats, ident, options).await?);
     }
     let mut consumers = Vec::new();
@@ -292,7 +290,7 @@ async fn run_with_broker(
         let nats = async_nats::connect(p.nats_url.as_str())
             .await
             .map_err(BenchError::nats)?;
-        let c = Consumer::connect_with_options(nats, ident, consumer_options(p)).await?;
+        let c = Consumer::connect_with(nats, ident, consumer_options(p)).await?;
         // Creates the group's JetStream consumer before the clock starts.
         let warm = c.fetch(&sub, 1, Duration::ZERO).await?;
         if !warm.is_empty() {
@@ -341,12 +339,12 @@ async fn run_with_broker(
 
 /// The consumers' settings of a run: the SDK's defaults, or one settle per request.
 fn consumer_options(p: &PipelineParams) -> ConsumerOptions {
-    let defaults = ConsumerOptions::default();
-    ConsumerOptions {
-        timeout: Duration::from_secs(10),
-        report_stages: p.record_stages,
-        max_batch_messages: p.batch_messages.unwrap_or(defaults.max_batch_messages),
-        ..defaults
+    let options = ConsumerOptions::default()
+        .timeout(Duration::from_secs(10))
+        .report_stages(p.record_stages);
+    match p.batch_messages {
+        Some(n) => options.max_batch_messages(n),
+        None => options,
     }
 }
 

@@ -222,10 +222,7 @@ async fn trace_client_prints_the_window_clock_estimate() {
     let producer = msgtrail_client::Producer::connect_with(
         sys.nats.clone(),
         sys.identity("shop"),
-        msgtrail_client::ProducerOptions {
-            clock_offset_nanos: 250_000_000,
-            ..Default::default()
-        },
+        msgtrail_client::ProducerOptions::default().clock_offset_nanos(250_000_000),
     )
     .await
     .unwrap();

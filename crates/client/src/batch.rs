@@ -24,13 +24,13 @@ use tokio::time::Instant;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Limits {
     /// Most items in one batch (at least 1).
-    pub max_messages: usize,
+    pub(crate) max_messages: usize,
     /// Most encoded bytes of the items of one batch; a single larger item still goes, alone.
-    pub max_bytes: usize,
+    pub(crate) max_bytes: usize,
     /// Most batch requests in flight at once (at least 1).
-    pub max_inflight: usize,
+    pub(crate) max_inflight: usize,
     /// How long to wait for more after the oldest queued item; zero sends at once.
-    pub linger: Duration,
+    pub(crate) linger: Duration,
 }
 
 impl Limits {
@@ -103,13 +103,13 @@ pub(crate) fn decide(
 #[derive(Debug)]
 pub(crate) struct Job<I, O> {
     /// The item.
-    pub item: I,
+    pub(crate) item: I,
     /// Its encoded size, for the byte bound.
-    pub size: usize,
+    pub(crate) size: usize,
     /// When it was queued (for the linger).
-    pub queued_at: Instant,
+    pub(crate) queued_at: Instant,
     /// Its result.
-    pub reply: oneshot::Sender<O>,
+    pub(crate) reply: oneshot::Sender<O>,
 }
 
 impl<I, O> Job<I, O> {

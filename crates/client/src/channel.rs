@@ -17,13 +17,13 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 /// Default request timeout.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The largest frame the SDK builds by default: 1 MiB or NATS' `max_payload` if smaller,
 /// less [`FRAME_SLACK`].
-pub const MAX_FRAME_BYTES: usize = 1024 * 1024;
+pub(crate) const MAX_FRAME_BYTES: usize = 1024 * 1024;
 /// Room left in a request for its headers and the frame's own fields.
-pub const FRAME_SLACK: usize = 4 * 1024;
+pub(crate) const FRAME_SLACK: usize = 4 * 1024;
 
 /// The byte bound of one batch request on `client`: `wanted` (or [`MAX_FRAME_BYTES`]), at
 /// most the server's `max_payload`, less [`FRAME_SLACK`].
@@ -40,7 +40,7 @@ pub(crate) fn frame_budget(client: &async_nats::Client, wanted: Option<usize>) -
 
 /// An open channel, shared by a producer's or consumer's clones.
 #[derive(Debug)]
-pub struct Channel {
+pub(crate) struct Channel {
     pub(crate) client: async_nats::Client,
     pub(crate) identity: Identity,
     pub(crate) role: Role,
@@ -177,7 +177,7 @@ impl Channel {
     }
 
     /// The current channel ID.
-    pub fn id(&self) -> String {
+    pub(crate) fn id(&self) -> String {
         self.id.read().expect("channel id poisoned").clone()
     }
 
@@ -220,7 +220,7 @@ impl Channel {
     }
 
     /// Closes the channel on the broker.
-    pub async fn close(&self) -> Result<(), ClientError> {
+    pub(crate) async fn close(&self) -> Result<(), ClientError> {
         self.keepalive.abort();
         let _: serde_json::Value = request_json(
             &self.client,

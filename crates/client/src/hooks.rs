@@ -9,7 +9,7 @@
 //! ([`Hooks::register_with_capacity`]).
 
 use msgtrail_core::wire::{AckKind, UploadReply};
-use msgtrail_core::{MessageId, RequestId};
+use msgtrail_core::{MessageId, RequestId, Topic};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use tokio::sync::mpsc;
@@ -26,7 +26,7 @@ pub enum HookEvent {
         /// Request ID (the same for every attempt).
         request_id: RequestId,
         /// Topic.
-        topic: String,
+        topic: Topic,
         /// Attempt, from 1.
         attempt: u32,
         /// W3C traceparent sent along, if any.
@@ -39,7 +39,7 @@ pub enum HookEvent {
         /// Request ID.
         request_id: RequestId,
         /// Topic.
-        topic: String,
+        topic: Topic,
         /// Attempt.
         attempt: u32,
         /// The broker's reply, or the error in words.
@@ -130,7 +130,7 @@ pub struct DeliveryInfo {
     /// Topic.
     pub topic: String,
     /// Consumer group.
-    pub group: msgtrail_core::ClientId,
+    pub group: crate::GroupId,
     /// Delivery attempt.
     pub attempt: u32,
     /// Push (true) or pull (false).
@@ -300,7 +300,7 @@ mod tests {
     fn ev(attempt: u32) -> HookEvent {
         HookEvent::BeforeSend {
             request_id: RequestId::new("r").unwrap(),
-            topic: "t".into(),
+            topic: Topic::new("t").unwrap(),
             attempt,
             traceparent: None,
             at: 0,

@@ -5,9 +5,34 @@
 //! client's own stage records through its authenticated channel, built on the hook registry
 //! users can add their own functions to.
 //!
+//! The API reads like async-nats' JetStream: a [`Producer`] sends, a [`Consumer`] fetches or
+//! subscribes, and each [`Received`] message is settled through its own methods —
+//! [`Received::ack`], [`Received::nack`], [`Received::term`], or [`Received::settle`] with an
+//! [`AckKind`]. Settings are [`ProducerOptions`], [`ConsumerOptions`] and [`PushOptions`]:
+//! `Default` plus chainable setters.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use msgtrail_client::{Consumer, ConsumerOptions, GroupId, Identity, Producer};
+//! use msgtrail_core::ClientId;
+//! use std::time::Duration;
+//! let nats = async_nats::connect("nats://127.0.0.1:4222").await?;
+//! let producer = Producer::connect(nats.clone(), Identity::generate(ClientId::new("shop")?)).await?;
+//! producer.send("orders.eu", "hello").await?;
+//!
+//! let options = ConsumerOptions::default().timeout(Duration::from_secs(10));
+//! let me = Identity::generate(ClientId::new("billing-1")?);
+//! let consumer = Consumer::connect_with(nats, me, options).await?;
+//! let sub = GroupId::new("billing")?.subscription("orders.*");
+//! for msg in consumer.fetch(&sub, 10, Duration::from_secs(1)).await? {
+//!     msg.ack().await?;
+//! }
+//! # Ok(()) }
+//! ```
+//!
 //! ## The message path is batched
-//! The API is per message — [`Producer::send`] returns that message's reply, [`Consumer::ack`]
-//! that delivery's result — but the wire is batched (docs/PROTOCOL.md §18):
+//! The API is per message — [`Producer::send`] returns that message's reply,
+//! [`Received::ack`] that delivery's result — but the wire is batched (docs/PROTOCOL.md §18):
 //! - **uploads**: a producer's sends go through its batcher task to
 //!   `msgtrail.v1.upload.batch` as binary frames with raw payloads, one result per message;
 //! - **deliveries**: fetches and push subscriptions ask for binary delivery frames, so
@@ -26,33 +51,45 @@
 //! alone, and the same hook events as one request per message would give.
 //!
 //! ## Layout
+//! The modules are private; what they offer is re-exported here.
 //! - [`connect`]: NATS connection options (URLs, user/password, token, creds, nkey, TLS).
-//! - [`identity`]: client ID, nkey and service name; signs channel nonces.
-//! - [`channel`]: open, keepalive, reopen, close; the request/reply helpers.
-//! - [`producer`]: [`Producer`]: batched sends with retries under one request ID.
-//! - [`consumer`]: [`Consumer`]: pull, push stream, batched settles, and the processing wrapper.
-//! - [`hooks`]: [`Hooks`]: events of a message's life, each hook on its own bounded queue.
-//! - [`reporter`]: the stage-reporting hook and the outbox its records ride along from.
-//! - `batch` (internal): the adaptive batcher behind uploads and settles.
-//! - [`error`]: the error type, [`ClientError`].
+//! - `identity`: [`Identity`]: client ID, nkey and service name; signs channel nonces.
+//! - `group`: [`GroupId`], the name of a consumer group.
+//! - `topic`: [`ToTopic`], what the producer takes where a [`msgtrail_core::Topic`] is meant.
+//! - `channel`: open, keepalive, reopen, close; the request/reply helpers.
+//! - `producer`: [`Producer`]: batched sends with retries under one request ID;
+//!   [`ProducerOptions`] and [`Outgoing`] in `producer::options`.
+//! - `consumer`: [`Consumer`]: pull, push stream and the processing wrapper; `message`
+//!   ([`Received`], [`AckKind`]), `settle` (the settle batcher), `push` ([`PushStream`]),
+//!   `decode` (delivery frames), `options` ([`ConsumerOptions`], [`PushOptions`]).
+//! - `hooks`: [`Hooks`]: events of a message's life, each hook on its own bounded queue.
+//! - `reporter`: the stage-reporting hook ([`Reporter`] counters): `records` (the record of
+//!   each event), `outbox` (where records wait to ride along), `flush` (the lone reports).
+//! - `batch`: the adaptive batcher behind uploads and settles.
+//! - `error`: the error type, [`ClientError`], and its [`Cause`].
 
 mod batch;
-pub mod channel;
-pub mod consumer;
-pub mod error;
-pub mod hooks;
-pub mod identity;
-pub mod producer;
-pub mod reporter;
+mod channel;
+mod consumer;
+mod error;
+mod group;
+mod hooks;
+mod identity;
+mod producer;
+mod reporter;
+mod topic;
 
-pub use consumer::{Consumer, ConsumerOptions, PushOptions, PushStream, Received};
-pub use error::{BatcherStopped, Cause, ClientError};
-pub use hooks::{HookEvent, HookKind, Hooks};
+pub use consumer::{AckKind, Consumer, ConsumerOptions, PushOptions, PushStream, Received};
+pub use error::{BatcherStopped, Cause, ClientError, SharedError};
+pub use group::GroupId;
+pub use hooks::{DeliveryInfo, HookEvent, HookKind, Hooks, DEFAULT_HOOK_CAPACITY};
 pub use identity::Identity;
 /// Connecting to NATS: the options every msgtrail part shares (the `msgtrail-nats` crate).
 pub use msgtrail_nats as connect;
 pub use msgtrail_nats::{ConnectError, NatsOptions};
 pub use producer::{Outgoing, Producer, ProducerOptions};
+pub use reporter::Reporter;
+pub use topic::ToTopic;
 
 /// The README's Rust examples, compiled as doc tests so the front door stays true.
 #[cfg(doctest)]

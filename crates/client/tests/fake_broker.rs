@@ -5,8 +5,8 @@
 use bytes::Bytes;
 use futures::StreamExt;
 use msgtrail_client::{
-    ClientError, Consumer, ConsumerOptions, HookEvent, HookKind, Identity, Outgoing, Producer,
-    ProducerOptions, PushOptions,
+    AckKind, ClientError, Consumer, ConsumerOptions, HookEvent, HookKind, Identity, Outgoing,
+    Producer, ProducerOptions, PushOptions,
 };
 use msgtrail_core::frame::{
     self, DeliveredMessage, DeliveryBatch, ReportedRecord, ReportsOutcome, SettleBatch,
@@ -28,6 +28,8 @@ struct Seen {
     entries: Vec<(String, u32, u64)>,
     /// Settles per settle batch.
     settle_batches: Vec<usize>,
+    /// (token, kind, delay in ms, reason) of every settle.
+    settles: Vec<(String, &'static str, Option<u64>, String)>,
     /// Records accepted (riding along or reported alone).
     records: Vec<ReportedRecord>,
     /// Records reported alone on the stage subject.
@@ -208,12 +210,14 @@ async fn serve(client: async_nats::Client, script: Arc<Script>) {
                 }
                 s::SETTLE => {
                     let batch = SettleBatch::decode(&m.payload).unwrap();
-                    script
-                        .seen
-                        .lock()
-                        .unwrap()
-                        .settle_batches
-                        .push(batch.entries.len());
+                    {
+                        let mut seen = script.seen.lock().unwrap();
+                        seen.settle_batches.push(batch.entries.len());
+                        seen.settles.extend(batch.entries.iter().map(|e| {
+                            let kind = e.kind.as_str();
+                            (e.token.clone(), kind, e.delay_ms, e.reason.clone())
+                        }));
+                    }
                     let results = batch
                         .entries
                         .iter()
@@ -280,9 +284,7 @@ impl Fake {
     async fn consumer(&self, options: ConsumerOptions) -> Consumer {
         let nats = async_nats::connect(self.url.as_str()).await.unwrap();
         let me = Identity::generate(ClientId::new("billing-1").unwrap());
-        Consumer::connect_with_options(nats, me, options)
-            .await
-            .unwrap()
+        Consumer::connect_with(nats, me, options).await.unwrap()
     }
 
     fn seen<T>(&self, f: impl FnOnce(&Seen) -> T) -> T {
@@ -417,11 +419,11 @@ async fn sends_coalesce_and_each_message_keeps_its_fate() {
 async fn one_message_per_request_and_no_records_without_reporting() {
     let f = fake().await;
     let p = f
-        .producer(ProducerOptions {
-            max_batch_messages: 1,
-            report_stages: false,
-            ..Default::default()
-        })
+        .producer(
+            ProducerOptions::default()
+                .max_batch_messages(1)
+                .report_stages(false),
+        )
         .await;
     let n = futures::future::join_all((0..40).map(|i| p.send("orders.eu", format!("m{i}"))))
         .await
@@ -439,11 +441,11 @@ async fn one_message_per_request_and_no_records_without_reporting() {
 async fn byte_bound_splits_batches() {
     let f = fake().await;
     let p = f
-        .producer(ProducerOptions {
-            max_batch_bytes: Some(10_000),
-            max_inflight_batches: 1,
-            ..Default::default()
-        })
+        .producer(
+            ProducerOptions::default()
+                .max_batch_bytes(10_000)
+                .max_inflight_batches(1),
+        )
         .await;
     let sends = (0..20).map(|_| p.send("orders.eu", vec![1u8; 3000]));
     for r in futures::future::join_all(sends).await {
@@ -458,10 +460,7 @@ async fn byte_bound_splits_batches() {
 async fn a_timed_out_batch_retries_and_a_forgotten_channel_reopens() {
     let f = fake().await;
     let p = f
-        .producer(ProducerOptions {
-            timeout: Duration::from_millis(300),
-            ..Default::default()
-        })
+        .producer(ProducerOptions::default().timeout(Duration::from_millis(300)))
         .await;
     let slow = RequestId::new("slow-1").unwrap();
     let reply = p
@@ -534,18 +533,18 @@ async fn binary_deliveries_batched_settles_and_refused_reports() {
     // Settles: each its own result, a forged token fails alone.
     let mut forged = got[1].clone();
     forged.ack_token = "forged".into();
-    let (a, b, x) = tokio::join!(c.ack(&got[0]), c.ack(&forged), c.nack(&pushed[0], None));
+    let (a, b, x) = tokio::join!(got[0].ack(), forged.ack(), pushed[0].nack(None));
     assert!(a.is_ok() && x.is_ok());
     assert_eq!(b.unwrap_err().code(), Some(ErrorCode::BadAckToken));
     // An ack too late for its delivery: refused for good, and said so.
     let mut late = got[0].clone();
     late.ack_token = "expired".into();
-    let e = c.ack(&late).await.unwrap_err();
+    let e = late.ack().await.unwrap_err();
     assert!(e.is_delivery_expired(), "{e}");
     assert!(!e.is_transient(), "{e}");
     assert!(e.to_string().contains("delivery_expired"), "{e}");
     let results = futures::future::join_all(
-        (0..50).map(|i| c.term(&pushed[2], if i % 2 == 0 { "poison" } else { "bad" })),
+        (0..50).map(|i| pushed[2].term(if i % 2 == 0 { "poison" } else { "bad" })),
     )
     .await;
     assert!(results.iter().all(Result::is_ok));
@@ -576,6 +575,49 @@ async fn binary_deliveries_batched_settles_and_refused_reports() {
         // C6 ×2, C2 ×3, C7 ×3 (the late ack's too: it was sent) + C3 ×51, X1 + X2 + C3 for
         // the processed one.
         2 + 3 + 3 + 51 + 3
+    );
+}
+
+/// A message settles through its own methods, with any [`AckKind`], even after the consumer
+/// handle that fetched it is gone: it holds a share of the consumer's settle path.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_settles_itself_after_its_consumer_is_dropped() {
+    let f = fake().await;
+    let c = f.consumer(ConsumerOptions::default()).await;
+    let sub = Subscription {
+        group: ClientId::new("billing").unwrap(),
+        topic: "orders.*".into(),
+        filter: Default::default(),
+        message_id: None,
+    };
+    let got = c.fetch(&sub, 10, Duration::from_millis(10)).await.unwrap();
+    assert_eq!(got.len(), 2);
+    assert_eq!(got[0].group, "billing");
+    drop(c);
+    got[0].settle(AckKind::Ack).await.unwrap();
+    got[1]
+        .settle(AckKind::Nack {
+            delay: Some(Duration::from_millis(5)),
+        })
+        .await
+        .unwrap();
+    got[1]
+        .settle(AckKind::Term {
+            reason: Some("poison".into()),
+        })
+        .await
+        .unwrap();
+    let settles = f.seen(|s| s.settles.clone());
+    let t0 = got[0].ack_token.clone();
+    let t1 = got[1].ack_token.clone();
+    assert_eq!(
+        settles,
+        [
+            (t0, "ack", None, String::new()),
+            (t1.clone(), "nack", Some(5), String::new()),
+            (t1, "term", None, "poison".to_owned()),
+        ],
+        "every settle reached the broker as its kind said"
     );
 }
 

@@ -124,10 +124,11 @@ pub(crate) async fn run(nats: &NatsArgs, args: ConsumeArgs) -> anyhow::Result<()
         let mut stream = consumer
             .subscribe(
                 &sub,
-                PushOptions {
-                    every: args.every,
-                    max_inflight: 64,
-                },
+                match args.every {
+                    Some(every) => PushOptions::default().every(every),
+                    None => PushOptions::default(),
+                }
+                .max_inflight(64),
             )
             .await?;
         while done < limit {

@@ -215,7 +215,7 @@ async fn demo(
                 .await
             {
                 for m in batch {
-                    let _ = audit.ack(&m).await;
+                    let _ = m.ack().await;
                 }
             }
             tokio::time::sleep(Duration::from_secs(3)).await;

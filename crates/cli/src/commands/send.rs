@@ -53,10 +53,14 @@ pub(crate) async fn run(nats: &NatsArgs, args: SendArgs) -> anyhow::Result<()> {
     let producer = Producer::connect(client, args.identity.identity(true)?).await?;
     let mut msg = Outgoing::new(args.topic, payload);
     if let Some(r) = args.request_id {
-        msg.request_id = Some(RequestId::new(r)?);
+        msg = msg.request_id(RequestId::new(r)?);
     }
-    msg.attrs = args.attrs.into_iter().collect();
-    msg.traceparent = args.traceparent;
+    for (k, v) in args.attrs {
+        msg = msg.attr(k, v);
+    }
+    if let Some(tp) = args.traceparent {
+        msg = msg.traceparent(tp);
+    }
     let reply = producer.send_message(msg).await?;
     if args.json {
         println!("{}", serde_json::to_string(&reply)?);

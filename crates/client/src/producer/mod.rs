@@ -35,11 +35,12 @@
 //! ```
 
 use crate::batch::{self, Flight, Job, Limits, Queue};
-use crate::channel::{frame_budget, Channel, DEFAULT_TIMEOUT};
+use crate::channel::{frame_budget, Channel};
 use crate::error::{Cause, ClientError};
 use crate::hooks::{HookEvent, Hooks};
 use crate::identity::Identity;
 use crate::reporter::{self, Outbox, Reporter, Reporting};
+use crate::topic::ToTopic;
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use msgtrail_core::frame::{
@@ -50,100 +51,13 @@ use msgtrail_core::subjects as s;
 use msgtrail_core::time::now_nanos;
 use msgtrail_core::wire::UploadReply;
 use msgtrail_core::{RequestId, Role, Topic};
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::oneshot;
 
-/// One message to send.
-#[derive(Debug, Clone)]
-pub struct Outgoing {
-    /// Topic.
-    pub topic: String,
-    /// Payload.
-    pub payload: Bytes,
-    /// Request ID; generated when `None`.
-    pub request_id: Option<RequestId>,
-    /// Attributes (`category=refund`).
-    pub attrs: BTreeMap<String, String>,
-    /// A W3C traceparent to link the message's trace to.
-    pub traceparent: Option<String>,
-}
+mod options;
 
-impl Outgoing {
-    /// A message with just a topic and payload.
-    pub fn new(topic: impl Into<String>, payload: impl Into<Bytes>) -> Self {
-        Outgoing {
-            topic: topic.into(),
-            payload: payload.into(),
-            request_id: None,
-            attrs: BTreeMap::new(),
-            traceparent: None,
-        }
-    }
-
-    /// Sets the request ID.
-    pub fn request_id(mut self, id: RequestId) -> Self {
-        self.request_id = Some(id);
-        self
-    }
-
-    /// Adds an attribute.
-    pub fn attr(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
-        self.attrs.insert(key.into(), value.into());
-        self
-    }
-}
-
-/// Producer settings; defaults in one place.
-#[derive(Debug, Clone)]
-pub struct ProducerOptions {
-    /// Timeout of one upload attempt (one batch request). Default 5 s.
-    pub timeout: Duration,
-    /// Attempts per message (1 = no retry). Default 3.
-    pub max_attempts: u32,
-    /// Pause before a retry (doubles each time, less up to a fifth at random:
-    /// `msgtrail_core::backoff`). Default 100 ms.
-    pub retry_backoff: Duration,
-    /// Report this producer's stage records: P1 (as each entry's send time) and P4. Default
-    /// true; false sends no record at all.
-    pub report_stages: bool,
-    /// Most messages in one upload batch request, 1 to 1024 (1 = one message per request).
-    /// Default 256.
-    pub max_batch_messages: usize,
-    /// Most bytes of messages (payload plus per-message fields) in one batch request; a
-    /// single larger message still goes, alone. `None` (the default) means 1 MiB or the NATS
-    /// server's `max_payload` if smaller, less 4 KiB; a value above that is cut to it.
-    pub max_batch_bytes: Option<usize>,
-    /// Most upload batch requests in flight at once; while that many are, new messages queue
-    /// for the next batch. Default 4.
-    pub max_inflight_batches: usize,
-    /// How long a batch that is not full waits for more messages before it is sent. Default
-    /// zero: an idle producer sends each message at once.
-    pub linger: Duration,
-    /// **Test only.** Shifts every time this SDK reports in its stage records (and the P1
-    /// send time of its uploads) by this many nanoseconds, as if its clock were that far
-    /// ahead (negative: behind). Lets tests check the listener's clock-offset estimates
-    /// against a known skew. Default 0; never set it in production.
-    #[doc(hidden)]
-    pub clock_offset_nanos: i64,
-}
-
-impl Default for ProducerOptions {
-    fn default() -> Self {
-        ProducerOptions {
-            timeout: DEFAULT_TIMEOUT,
-            max_attempts: 3,
-            retry_backoff: Duration::from_millis(100),
-            report_stages: true,
-            max_batch_messages: 256,
-            max_batch_bytes: None,
-            max_inflight_batches: 4,
-            linger: Duration::ZERO,
-            clock_offset_nanos: 0,
-        }
-    }
-}
+pub use options::{Outgoing, ProducerOptions};
 
 /// A producer; cheap to clone, and many sends may be in flight at once (they share one
 /// batcher).
@@ -163,6 +77,7 @@ type Outcome = Result<UploadReply, ClientError>;
 #[derive(Debug)]
 struct Prepared {
     request_id: RequestId,
+    topic: Topic,
     /// The entry, its attempt and send time filled in per attempt.
     entry: UploadEntry,
     traceparent: Option<String>,
@@ -171,7 +86,7 @@ struct Prepared {
 impl Prepared {
     fn new(msg: Outgoing) -> Result<Self, ClientError> {
         let invalid = |e: String| ClientError::Invalid(Cause::new(e));
-        Topic::new(msg.topic.as_str()).map_err(|e| ClientError::Invalid(Cause::new(e)))?;
+        let topic = msg.topic.map_err(|e| ClientError::Invalid(Cause::new(e)))?;
         for (k, v) in &msg.attrs {
             h::validate_attr_key(k).map_err(invalid)?;
             h::validate_attr_value(k, v).map_err(invalid)?;
@@ -179,7 +94,7 @@ impl Prepared {
         let request_id = msg.request_id.unwrap_or_else(RequestId::generate);
         let entry = UploadEntry {
             request_id: request_id.as_str().to_owned(),
-            topic: msg.topic,
+            topic: topic.as_str().to_owned(),
             attempt: 0,
             sent_at: 0,
             traceparent: msg.traceparent.clone().unwrap_or_default(),
@@ -188,6 +103,7 @@ impl Prepared {
         };
         Ok(Prepared {
             request_id,
+            topic,
             entry,
             traceparent: msg.traceparent,
         })
@@ -201,6 +117,7 @@ impl Prepared {
         Job::new(
             Attempt {
                 request_id: self.request_id.clone(),
+                topic: self.topic.clone(),
                 entry,
                 traceparent: self.traceparent.clone(),
             },
@@ -229,6 +146,7 @@ const UPLOAD_FRAME_OVERHEAD: usize = 4 + 2 + 2;
 #[derive(Debug)]
 struct Attempt {
     request_id: RequestId,
+    topic: Topic,
     entry: UploadEntry,
     traceparent: Option<String>,
 }
@@ -265,34 +183,13 @@ fn maybe_unseen(e: &ClientError) -> bool {
     )
 }
 
+/// One attempt in a batch request, waiting for its result: its request ID, the
+/// [`HookEvent::BeforeSend`] it was sent with, and where its result goes.
+type Pending = (RequestId, HookEvent, oneshot::Sender<Outcome>);
+
 impl Uploads {
     async fn upload(&self, batch: Vec<Job<Attempt, Outcome>>, spare_bytes: usize) {
-        let sent_at = now_nanos();
-        let mut entries = Vec::with_capacity(batch.len());
-        let mut pending = Vec::with_capacity(batch.len());
-        for job in batch {
-            let Attempt {
-                request_id,
-                mut entry,
-                traceparent,
-            } = job.item;
-            let before = HookEvent::BeforeSend {
-                request_id: request_id.clone(),
-                topic: entry.topic.clone(),
-                attempt: entry.attempt,
-                traceparent,
-                at: sent_at,
-            };
-            // P1 rides as the entry's send time; without reporting there is none.
-            entry.sent_at = if self.outbox.is_some() {
-                crate::reporter::shifted(sent_at, self.clock_offset_nanos)
-            } else {
-                0
-            };
-            entries.push(entry);
-            self.hooks.emit(before.clone());
-            pending.push((request_id, before, job.reply));
-        }
+        let (entries, pending) = self.stamp(batch);
         let (reports, ticket) = reporter::ride_along(
             self.outbox.as_ref(),
             spare_bytes.saturating_sub(UPLOAD_FRAME_OVERHEAD),
@@ -313,25 +210,69 @@ impl Uploads {
             Ok((r.results, r.reports))
         });
         let results = reporter::batch_results(reply, pending.len(), ("upload", "messages"), ticket)
-            .inspect_err(|e| {
-                // The broker may never have seen these attempts, so it wrote no P1 for them:
-                // report them (a P1 it did write has the same dedup key).
-                if let (Some(outbox), true) = (&self.outbox, maybe_unseen(e)) {
-                    for (_, before, _) in &pending {
-                        if let Some(record) = reporter::record_of(before) {
-                            outbox.push(ReportedRecord {
-                                record,
-                                token: String::new(),
-                            });
-                        }
-                    }
+            .inspect_err(|e| self.report_unseen(e, &pending));
+        self.answer(pending, &results, at);
+    }
+
+    /// Stamps each attempt with its send time (P1 rides as the entry's `sent_at`; without
+    /// reporting there is none) and tells the hooks it leaves.
+    fn stamp(&self, batch: Vec<Job<Attempt, Outcome>>) -> (Vec<UploadEntry>, Vec<Pending>) {
+        let sent_at = now_nanos();
+        let mut entries = Vec::with_capacity(batch.len());
+        let mut pending = Vec::with_capacity(batch.len());
+        for job in batch {
+            let Attempt {
+                request_id,
+                topic,
+                mut entry,
+                traceparent,
+            } = job.item;
+            let before = HookEvent::BeforeSend {
+                request_id: request_id.clone(),
+                topic,
+                attempt: entry.attempt,
+                traceparent,
+                at: sent_at,
+            };
+            entry.sent_at = if self.outbox.is_some() {
+                crate::reporter::shifted(sent_at, self.clock_offset_nanos)
+            } else {
+                0
+            };
+            entries.push(entry);
+            self.hooks.emit(before.clone());
+            pending.push((request_id, before, job.reply));
+        }
+        (entries, pending)
+    }
+
+    /// The broker may never have seen the attempts of a failed request, so it wrote no P1
+    /// for them: report them (a P1 it did write has the same dedup key).
+    fn report_unseen(&self, e: &ClientError, pending: &[Pending]) {
+        if let (Some(outbox), true) = (&self.outbox, maybe_unseen(e)) {
+            for (_, before, _) in pending {
+                if let Some(record) = reporter::record_of(before) {
+                    outbox.push(ReportedRecord {
+                        record,
+                        token: String::new(),
+                    });
                 }
-            });
+            }
+        }
+    }
+
+    /// Gives each attempt its result, telling the hooks.
+    fn answer(
+        &self,
+        pending: Vec<Pending>,
+        results: &Result<Vec<UploadResult>, ClientError>,
+        at: u64,
+    ) {
         for (i, (request_id, before, reply)) in pending.into_iter().enumerate() {
             let HookEvent::BeforeSend { topic, attempt, .. } = before else {
-                unreachable!("built above")
+                unreachable!("built by stamp")
             };
-            let outcome = match &results {
+            let outcome = match results {
                 Ok(rs) => match &rs[i] {
                     UploadResult::Stored {
                         message_id,
@@ -431,7 +372,7 @@ impl Producer {
     /// Sends `payload` to `topic` with a generated request ID.
     pub async fn send(
         &self,
-        topic: &str,
+        topic: impl ToTopic,
         payload: impl Into<Bytes>,
     ) -> Result<UploadReply, ClientError> {
         self.send_message(Outgoing::new(topic, payload)).await
@@ -512,8 +453,7 @@ mod tests {
         let msg = Outgoing::new("orders.eu", vec![7u8; 1000])
             .attr("category", "refund")
             .attr("k", "é");
-        let mut msg = msg;
-        msg.traceparent = Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into());
+        let msg = msg.traceparent("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01");
         let p = Prepared::new(msg).unwrap();
         let (job, _rx) = p.job(2);
         let batch = UploadBatch {

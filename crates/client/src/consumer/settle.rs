@@ -1,0 +1,182 @@
+//! The settle path: [`Settler`] queues one delivery's settle for the consumer's batcher, and
+//! [`Settles`] sends the batches to `msgtrail.v1.settle` (stage records riding along).
+
+use super::message::Received;
+use super::options::ConsumerOptions;
+use crate::batch::{self, Flight, Job, Limits, Queue};
+use crate::channel::Channel;
+use crate::error::ClientError;
+use crate::hooks::{HookEvent, Hooks};
+use crate::reporter::{self, Outbox};
+use futures::future::BoxFuture;
+use msgtrail_core::frame::{self, SettleBatch, SettleEntry, SettleResults};
+use msgtrail_core::subjects as s;
+use msgtrail_core::time::now_nanos;
+use msgtrail_core::wire::AckKind as WireKind;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The result of one settle.
+type Settled = Result<(), ClientError>;
+
+/// The encoded size of a settle entry in a batch frame.
+pub(super) fn settle_size(e: &SettleEntry) -> usize {
+    1 + 1 + e.delay_ms.map_or(0, |_| 8) + 2 + e.token.len() + 2 + e.reason.len()
+}
+
+/// Bytes of a settle batch frame besides its entries and reports.
+pub(super) const SETTLE_FRAME_OVERHEAD: usize = 4 + 2 + 2;
+
+/// A consumer's settle path, shared by the consumer and every message it hands out; cheap to
+/// clone (clones share one batcher).
+#[derive(Debug, Clone)]
+pub(crate) struct Settler {
+    hooks: Hooks,
+    settles: Queue<Settles>,
+}
+
+impl Settler {
+    /// Starts the settle batcher of a consumer on `channel`; a batch frame stays within
+    /// `max_bytes`.
+    pub(super) fn start(
+        channel: &Arc<Channel>,
+        hooks: &Hooks,
+        outbox: Option<Arc<Outbox>>,
+        options: &ConsumerOptions,
+        max_bytes: usize,
+    ) -> Self {
+        let limits = Limits {
+            max_messages: options.max_batch_messages,
+            max_bytes: max_bytes.saturating_sub(SETTLE_FRAME_OVERHEAD),
+            max_inflight: options.max_inflight_batches,
+            linger: options.linger,
+        }
+        .clamped(frame::MAX_BATCH_ENTRIES);
+        let flight = Arc::new(Settles {
+            channel: channel.clone(),
+            outbox,
+        });
+        Settler {
+            hooks: hooks.clone(),
+            settles: batch::spawn(flight, limits),
+        }
+    }
+
+    /// Settles `msg`: tells the hooks (stage C3/C7), queues the entry, waits for its result.
+    pub(super) async fn settle(
+        &self,
+        msg: &Received,
+        kind: WireKind,
+        delay: Option<Duration>,
+        reason: String,
+    ) -> Settled {
+        self.hooks.emit_with(|| HookEvent::Settled {
+            delivery: msg.info(),
+            kind,
+            at: now_nanos(),
+        });
+        let entry = SettleEntry {
+            token: msg.ack_token.clone(),
+            kind,
+            delay_ms: delay.map(|d| d.as_millis() as u64),
+            reason,
+        };
+        let size = settle_size(&entry);
+        let (job, rx) = Job::new(entry, size);
+        batch::submit(&self.settles, vec![job]).await?;
+        rx.await.unwrap_or_else(|_| Err(batch::stopped()))
+    }
+}
+
+/// Sends settle batches: the consumer's [`Flight`].
+#[derive(Debug)]
+pub(crate) struct Settles {
+    channel: Arc<Channel>,
+    outbox: Option<Arc<Outbox>>,
+}
+
+impl Flight for Settles {
+    type Item = SettleEntry;
+    type Output = Settled;
+
+    fn send(
+        self: Arc<Self>,
+        batch: Vec<Job<SettleEntry, Settled>>,
+        spare_bytes: usize,
+    ) -> BoxFuture<'static, ()> {
+        Box::pin(async move { self.settle(batch, spare_bytes).await })
+    }
+}
+
+impl Settles {
+    async fn settle(&self, batch: Vec<Job<SettleEntry, Settled>>, spare_bytes: usize) {
+        let (entries, replies): (Vec<_>, Vec<_>) =
+            batch.into_iter().map(|j| (j.item, j.reply)).unzip();
+        let (reports, ticket) = reporter::ride_along(
+            self.outbox.as_ref(),
+            spare_bytes.saturating_sub(SETTLE_FRAME_OVERHEAD),
+        );
+        let body = SettleBatch {
+            entries,
+            reports,
+            ..Default::default()
+        }
+        .encode();
+        let reply = self
+            .channel
+            .request_on_channel(s::SETTLE, body, self.channel.timeout)
+            .await;
+        let reply = reply.and_then(|m| {
+            let r = SettleResults::decode(&m.payload).map_err(ClientError::decode)?;
+            Ok((r.results, r.reports))
+        });
+        let results = reporter::batch_results(reply, replies.len(), ("settle", "settles"), ticket);
+        match results {
+            Ok(results) => {
+                for (res, reply) in results.into_iter().zip(replies) {
+                    let _ = reply.send(match res {
+                        None => Ok(()),
+                        Some(e) => Err(ClientError::Refused(e)),
+                    });
+                }
+            }
+            Err(e) => {
+                for reply in replies {
+                    let _ = reply.send(Err(e.clone()));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settle_sizes_match_the_encoding() {
+        let entries = vec![
+            SettleEntry {
+                token: "t".repeat(300),
+                kind: WireKind::Nack,
+                delay_ms: Some(5),
+                reason: "db busy".into(),
+            },
+            SettleEntry {
+                token: "u".repeat(280),
+                kind: WireKind::Ack,
+                delay_ms: None,
+                reason: String::new(),
+            },
+        ];
+        let want: usize = entries.iter().map(settle_size).sum();
+        let got = SettleBatch {
+            entries,
+            reports: vec![],
+            ..Default::default()
+        }
+        .encode()
+        .len();
+        assert_eq!(got, SETTLE_FRAME_OVERHEAD + want);
+    }
+}
