@@ -348,55 +348,19 @@ impl Store {
         since: u64,
         max: usize,
     ) -> Result<DeadlineOutcome, StoreError> {
-        let d = self.deadlines;
-        let ms = |v: u64| v.saturating_mul(1_000_000);
-        let shortest = d
-            .stored_ms
-            .min(d.delivered_ms)
-            .min(d.acked_ms)
-            .min(d.processed_ms);
-        let longest = d
-            .stored_ms
-            .max(d.delivered_ms)
-            .max(d.acked_ms)
-            .max(d.processed_ms);
-        let cutoff = now.saturating_sub(ms(shortest));
-        let open = [
-            MessageState::Sent,
-            MessageState::Enqueued,
-            MessageState::Delivered,
-            MessageState::Consuming,
-            MessageState::Failed,
-        ];
+        let (shortest, longest) = deadline_range(&self.deadlines);
+        let cutoff = now.saturating_sub(shortest);
         let mut out = DeadlineOutcome::default();
         let mut cache = self.lock_cache();
         let mut changed: Vec<(String, MessageSummary)> = Vec::new();
         let tx = self.db.begin_write()?;
         {
             let mut t = Tables::open(&tx)?;
-            let mut candidates = Vec::new();
-            let mut truncated = false;
-            for st in open {
-                if since >= cutoff {
-                    break;
-                }
-                let code = state_code(st);
-                for item in t
-                    .by_state
-                    .range((code, since, &[][..])..(code, cutoff, &[][..]))?
-                {
-                    let (k, _) = item?;
-                    candidates.push(tables::key_text(k.value().2)?);
-                    if candidates.len() >= max {
-                        truncated = true;
-                        break;
-                    }
-                }
-            }
+            let (candidates, truncated) = open_candidates(&t, since, cutoff, max)?;
             out.next_since = if truncated {
                 since
             } else {
-                now.saturating_sub(ms(longest))
+                now.saturating_sub(longest)
             };
             let opts = self.options(now);
             for key in candidates {
@@ -404,22 +368,7 @@ impl Store {
                     Some(c) => (c.summary, c.records),
                     None => (t.summary(&key)?, t.load_records(&key)?),
                 };
-                let Some(old) = old else {
-                    continue;
-                };
-                let Some(traj) = self.assemble(recs, &opts) else {
-                    continue;
-                };
-                let new = MessageSummary::of(&key, &traj);
-                if new != old {
-                    t.put_summary(Some(&old), &new)?;
-                    if topic_state(&new) != topic_state(&old) {
-                        out.state_changes
-                            .push((Some(topic_state(&old)), Some(topic_state(&new))));
-                    }
-                    if self.emit_trajectories {
-                        out.trajectories.push(traj);
-                    }
+                if let Some(new) = self.recheck(&mut t, &key, old, recs, &opts, &mut out)? {
                     changed.push((key, new));
                 }
             }
@@ -432,6 +381,38 @@ impl Store {
             cache.set_summary(&key, &new);
         }
         Ok(out)
+    }
+
+    /// One candidate of the deadline pass: its summary assembled anew at the pass's time;
+    /// written (with its state change and, when emitted, its trajectory) if it differs.
+    fn recheck(
+        &self,
+        t: &mut Tables<'_>,
+        key: &str,
+        old: Option<MessageSummary>,
+        recs: Vec<StageRecord>,
+        opts: &AssembleOptions,
+        out: &mut DeadlineOutcome,
+    ) -> Result<Option<MessageSummary>, StoreError> {
+        let Some(old) = old else {
+            return Ok(None);
+        };
+        let Some(traj) = self.assemble(recs, opts) else {
+            return Ok(None);
+        };
+        let new = MessageSummary::of(key, &traj);
+        if new == old {
+            return Ok(None);
+        }
+        t.put_summary(Some(&old), &new)?;
+        if topic_state(&new) != topic_state(&old) {
+            out.state_changes
+                .push((Some(topic_state(&old)), Some(topic_state(&new))));
+        }
+        if self.emit_trajectories {
+            out.trajectories.push(traj);
+        }
+        Ok(Some(new))
     }
 
     /// Deletes messages whose first record is older than `max_age`, then the oldest ones
@@ -500,4 +481,49 @@ impl Store {
         tx.commit()?;
         Ok(out)
     }
+}
+
+/// The shortest and the longest of the deadlines, in nanoseconds.
+fn deadline_range(d: &Deadlines) -> (u64, u64) {
+    let all = [d.stored_ms, d.delivered_ms, d.acked_ms, d.processed_ms];
+    let ms = |v: u64| v.saturating_mul(1_000_000);
+    (
+        ms(all.iter().copied().min().unwrap_or(0)),
+        ms(all.iter().copied().max().unwrap_or(0)),
+    )
+}
+
+/// The keys of open messages whose last record is in `[since, cutoff)`, at most `max`, and
+/// whether there were more.
+fn open_candidates(
+    t: &Tables<'_>,
+    since: u64,
+    cutoff: u64,
+    max: usize,
+) -> Result<(Vec<String>, bool), StoreError> {
+    const OPEN: [MessageState; 5] = [
+        MessageState::Sent,
+        MessageState::Enqueued,
+        MessageState::Delivered,
+        MessageState::Consuming,
+        MessageState::Failed,
+    ];
+    let mut candidates = Vec::new();
+    if since >= cutoff {
+        return Ok((candidates, false));
+    }
+    for st in OPEN {
+        let code = state_code(st);
+        for item in t
+            .by_state
+            .range((code, since, &[][..])..(code, cutoff, &[][..]))?
+        {
+            let (k, _) = item?;
+            candidates.push(tables::key_text(k.value().2)?);
+            if candidates.len() >= max {
+                return Ok((candidates, true));
+            }
+        }
+    }
+    Ok((candidates, false))
 }
