@@ -69,10 +69,24 @@ pub(crate) fn render(s: &StatsSnapshot) -> String {
             "topic {t} (no-match, refused channels, ingest and lag are for all topics)\n"
         ));
     }
-    let states: Vec<String> = MessageState::ALL
+    render_states(&mut o, s);
+    render_counts(&mut o, s);
+    o.push('\n');
+    render_latency(&mut o, s);
+    o
+}
+
+/// "x 3 · y 4" for the states a count map has, in lifecycle order.
+fn state_line(states: &std::collections::BTreeMap<MessageState, u64>) -> Vec<String> {
+    MessageState::ALL
         .iter()
-        .filter_map(|st| s.states.get(st).map(|n| format!("{st} {n}")))
-        .collect();
+        .filter_map(|st| states.get(st).map(|n| format!("{st} {n}")))
+        .collect()
+}
+
+/// Messages by state, and per topic when there are several.
+fn render_states(o: &mut String, s: &StatsSnapshot) {
+    let states = state_line(&s.states);
     o.push_str(&format!(
         "messages by state   {}\n",
         if states.is_empty() {
@@ -83,14 +97,17 @@ pub(crate) fn render(s: &StatsSnapshot) -> String {
     ));
     if s.topics.len() > 1 {
         for (topic, states) in &s.topics {
-            let line: Vec<String> = MessageState::ALL
-                .iter()
-                .filter_map(|st| states.get(st).map(|n| format!("{st} {n}")))
-                .collect();
             let topic = if topic.is_empty() { "?" } else { topic };
-            o.push_str(&format!("  {topic:<17} {}\n", line.join(" · ")));
+            o.push_str(&format!(
+                "  {topic:<17} {}\n",
+                state_line(states).join(" · ")
+            ));
         }
     }
+}
+
+/// The funnel, the events, ingest, lag and retention lines.
+fn render_counts(o: &mut String, s: &StatsSnapshot) {
     let f = &s.funnel;
     o.push_str(&format!(
         "funnel              sent {} → stored {}{} → delivered {}{} → acked {}{}\n",
@@ -130,10 +147,13 @@ pub(crate) fn render(s: &StatsSnapshot) -> String {
             e.retention_deleted
         ));
     }
-    o.push('\n');
+}
+
+/// The latency table: per topic and segment, the window's figures and, below, since start.
+fn render_latency(o: &mut String, s: &StatsSnapshot) {
     if s.latency.is_empty() {
         o.push_str("no latency samples yet\n");
-        return o;
+        return;
     }
     o.push_str(&format!(
         "latency over the last {} s (since start below each)\n",
@@ -148,7 +168,6 @@ pub(crate) fn render(s: &StatsSnapshot) -> String {
         o.push_str(&row(topic, r.segment.as_str(), &r.window));
         o.push_str(&row("", "  since start", &r.total));
     }
-    o
 }
 
 #[cfg(test)]
