@@ -38,33 +38,8 @@ fn ids(name: &str) -> anyhow::Result<ClientId> {
 /// Runs the dev system until Ctrl-C.
 pub(crate) async fn run(args: DevArgs) -> anyhow::Result<()> {
     let server = NatsServer::start().context("starting nats-server")?;
-    let producer = Identity::generate(ids("dev-producer")?).with_service_name("dev-producer");
-    let consumer = Identity::generate(ids("dev-consumer")?).with_service_name("dev-consumer");
-    let demo_billing = Identity::generate(ids("demo-billing")?).with_service_name("billing");
-    let demo_audit = Identity::generate(ids("demo-audit")?).with_service_name("audit");
-    let mut entries = vec![];
-    for (role, ident) in [
-        (Role::Producer, &producer),
-        (Role::Consumer, &consumer),
-        (Role::Consumer, &demo_billing),
-        (Role::Consumer, &demo_audit),
-    ] {
-        entries.push(ClientEntry {
-            id: ident.client_id.clone(),
-            role,
-            public_key: ident.public_key(),
-            topics: vec![">".into()],
-            service_name: ident.service_name.clone(),
-        });
-    }
-    let config = BrokerConfig {
-        nats: NatsOptions::url(server.url()),
-        clients: ClientRegistry::new(entries).map_err(anyhow::Error::msg)?,
-        ack_wait: Duration::from_secs(5),
-        max_deliver: 3,
-        ..Default::default()
-    };
-    let broker = msgtrail_broker::start(config).await?;
+    let ids = DevIdentities::generate()?;
+    let broker = msgtrail_broker::start(broker_config(server.url(), &ids)?).await?;
     let listener_dir =
         std::env::temp_dir().join(format!("msgtrail-dev-listener-{}", std::process::id()));
     let listener = start_listener(server.url(), &listener_dir).await?;
@@ -72,49 +47,25 @@ pub(crate) async fn run(args: DevArgs) -> anyhow::Result<()> {
     let dev = DevFile {
         nats_url: server.url().to_owned(),
         producer: DevIdentity {
-            id: producer.client_id.to_string(),
-            seed: producer.seed(),
+            id: ids.producer.client_id.to_string(),
+            seed: ids.producer.seed(),
         },
         consumer: DevIdentity {
-            id: consumer.client_id.to_string(),
-            seed: consumer.seed(),
+            id: ids.consumer.client_id.to_string(),
+            seed: ids.consumer.seed(),
         },
         listener_url: Some(listener_url.clone()),
     };
     let path = dev.save()?;
-    println!("msgtrail dev is running");
-    println!(
-        "  nats-server   {} (pid {}, JetStream in {})",
-        server.url(),
-        server.pid(),
-        server.store_dir().display()
-    );
-    println!("  broker        in this process (NATS service \"msgtrail\")");
-    println!(
-        "  listener      {listener_url} (page, API, /metrics; store in {})",
-        listener_dir.display()
-    );
-    if msgtrail_otel::export_requested() {
-        println!("  traces        exported over OTLP (OTEL_EXPORTER_OTLP_* settings)");
-    }
-    println!(
-        "  identities    {} (producer dev-producer, consumer dev-consumer)",
-        path.display()
-    );
-    println!("try:");
-    println!("  msgtrail send --topic orders.eu --attr category=refund --data hello");
-    println!("  msgtrail consume --topic 'orders.*' --group billing --pull --max 1");
-    println!("  msgtrail trace <message-id or request-id>");
-    println!("  msgtrail stats");
-    println!("Ctrl-C stops everything.");
+    print_welcome(&server, &listener_url, &listener_dir, &path);
 
     let nats = async_nats::connect(server.url()).await?;
     let demo = if args.demo {
         Some(tokio::spawn(demo(
             nats,
-            producer,
-            demo_billing,
-            demo_audit,
+            ids.producer,
+            ids.demo_billing,
+            ids.demo_audit,
             args.demo_every,
             args.demo_messages,
         )))
@@ -133,6 +84,87 @@ pub(crate) async fn run(args: DevArgs) -> anyhow::Result<()> {
     drop(server);
     let _ = std::fs::remove_dir_all(&listener_dir);
     Ok(())
+}
+
+/// The identities `msgtrail dev` registers: the CLI's producer and consumer, and the demo's
+/// two consumer services.
+struct DevIdentities {
+    producer: Identity,
+    consumer: Identity,
+    demo_billing: Identity,
+    demo_audit: Identity,
+}
+
+impl DevIdentities {
+    fn generate() -> anyhow::Result<Self> {
+        Ok(DevIdentities {
+            producer: Identity::generate(ids("dev-producer")?).with_service_name("dev-producer"),
+            consumer: Identity::generate(ids("dev-consumer")?).with_service_name("dev-consumer"),
+            demo_billing: Identity::generate(ids("demo-billing")?).with_service_name("billing"),
+            demo_audit: Identity::generate(ids("demo-audit")?).with_service_name("audit"),
+        })
+    }
+}
+
+/// The dev broker: every identity registered for every topic, a short ack wait and three
+/// deliveries, so that the demo's failures show redeliveries and dead letters quickly.
+fn broker_config(nats_url: &str, ids: &DevIdentities) -> anyhow::Result<BrokerConfig> {
+    let mut entries = vec![];
+    for (role, ident) in [
+        (Role::Producer, &ids.producer),
+        (Role::Consumer, &ids.consumer),
+        (Role::Consumer, &ids.demo_billing),
+        (Role::Consumer, &ids.demo_audit),
+    ] {
+        entries.push(ClientEntry {
+            id: ident.client_id.clone(),
+            role,
+            public_key: ident.public_key(),
+            topics: vec![">".into()],
+            service_name: ident.service_name.clone(),
+        });
+    }
+    Ok(BrokerConfig {
+        nats: NatsOptions::url(nats_url),
+        clients: ClientRegistry::new(entries).map_err(anyhow::Error::msg)?,
+        ack_wait: Duration::from_secs(5),
+        max_deliver: 3,
+        ..Default::default()
+    })
+}
+
+/// What is running and what to try.
+fn print_welcome(
+    server: &NatsServer,
+    listener_url: &str,
+    listener_dir: &std::path::Path,
+    identities: &std::path::Path,
+) {
+    println!("msgtrail dev is running");
+    println!(
+        "  nats-server   {} (pid {}, JetStream in {})",
+        server.url(),
+        server.pid(),
+        server.store_dir().display()
+    );
+    println!("  broker        in this process (NATS service \"msgtrail\")");
+    println!(
+        "  listener      {listener_url} (page, API, /metrics; store in {})",
+        listener_dir.display()
+    );
+    if msgtrail_otel::export_requested() {
+        println!("  traces        exported over OTLP (OTEL_EXPORTER_OTLP_* settings)");
+    }
+    println!(
+        "  identities    {} (producer dev-producer, consumer dev-consumer)",
+        identities.display()
+    );
+    println!("try:");
+    println!("  msgtrail send --topic orders.eu --attr category=refund --data hello");
+    println!("  msgtrail consume --topic 'orders.*' --group billing --pull --max 1");
+    println!("  msgtrail trace <message-id or request-id>");
+    println!("  msgtrail stats");
+    println!("Ctrl-C stops everything.");
 }
 
 /// Starts the listener in this process, on 127.0.0.1:7380 or else a free port.
