@@ -85,49 +85,11 @@ impl PushManager {
             .lookup_role(&req.channel, Role::Consumer)
             .await?;
         d.check_subscription(&channel, &req.subscription)?;
-        if req.subscription.message_id.is_some() {
-            return Err(WireError::new(
-                ErrorCode::BadRequest,
-                "push by message id is not supported: fetch it by id instead",
-            ));
-        }
-        if !valid_deliver_subject(&req.deliver_subject) {
-            return Err(WireError::new(
-                ErrorCode::BadRequest,
-                format!("deliver_subject {:?} must be a plain subject (no wildcards, not msgtrail.* or $*), such as an inbox", req.deliver_subject),
-            ));
-        }
-        if req.max_inflight == 0 || req.max_inflight > MAX_INFLIGHT {
-            return Err(WireError::new(
-                ErrorCode::BadRequest,
-                format!("max_inflight must be 1 to {MAX_INFLIGHT}"),
-            ));
-        }
-        let every = req.every_ms.filter(|ms| *ms > 0).map(Duration::from_millis);
-        if every.is_some_and(|e| e < MIN_EVERY) {
-            return Err(WireError::new(
-                ErrorCode::BadRequest,
-                "every_ms must be at least 10",
-            ));
-        }
+        let every = check_push_request(&req)?;
         let consumer = d.group_consumer(&req.subscription).await?;
         let id = uuid::Uuid::new_v4().simple().to_string();
-        let settled = d
-            .shared
-            .client
-            .subscribe(format!("{SETTLED_PREFIX}.{id}"))
-            .await
-            .map_err(|e| {
-                WireError::new(ErrorCode::Unavailable, format!("cannot subscribe: {e}"))
-            })?;
-        let remote_stop = d
-            .shared
-            .client
-            .subscribe(format!("{UNSUBSCRIBE_PREFIX}.{id}"))
-            .await
-            .map_err(|e| {
-                WireError::new(ErrorCode::Unavailable, format!("cannot subscribe: {e}"))
-            })?;
+        let settled = self.listen(format!("{SETTLED_PREFIX}.{id}")).await?;
+        let remote_stop = self.listen(format!("{UNSUBSCRIBE_PREFIX}.{id}")).await?;
         let stop = self.shutdown.child_token();
         self.subs.lock().expect("subscriptions poisoned").insert(
             id.clone(),
@@ -160,6 +122,16 @@ impl PushManager {
         Ok(SubscribeReply {
             subscription_id: id,
         })
+    }
+
+    /// A NATS subscription the push task listens on (its settles, a remote stop).
+    async fn listen(&self, subject: String) -> Result<async_nats::Subscriber, WireError> {
+        self.deliverer
+            .shared
+            .client
+            .subscribe(subject)
+            .await
+            .map_err(|e| WireError::new(ErrorCode::Unavailable, format!("cannot subscribe: {e}")))
     }
 
     /// `unsubscribe`: stops a subscription of the caller's channel, here or on the broker
@@ -441,6 +413,38 @@ impl PushTask {
             tracing::warn!(subscription = %self.id, error = %e, "push publish failed; JetStream redelivers after the ack wait");
         }
     }
+}
+
+/// Checks what a push subscription asks beyond its topic and group: not by message ID, a
+/// plain deliver subject, a bounded window, a pace no faster than the minimum. Returns the
+/// pace.
+fn check_push_request(req: &SubscribeRequest) -> Result<Option<Duration>, WireError> {
+    if req.subscription.message_id.is_some() {
+        return Err(WireError::new(
+            ErrorCode::BadRequest,
+            "push by message id is not supported: fetch it by id instead",
+        ));
+    }
+    if !valid_deliver_subject(&req.deliver_subject) {
+        return Err(WireError::new(
+            ErrorCode::BadRequest,
+            format!("deliver_subject {:?} must be a plain subject (no wildcards, not msgtrail.* or $*), such as an inbox", req.deliver_subject),
+        ));
+    }
+    if req.max_inflight == 0 || req.max_inflight > MAX_INFLIGHT {
+        return Err(WireError::new(
+            ErrorCode::BadRequest,
+            format!("max_inflight must be 1 to {MAX_INFLIGHT}"),
+        ));
+    }
+    let every = req.every_ms.filter(|ms| *ms > 0).map(Duration::from_millis);
+    if every.is_some_and(|e| e < MIN_EVERY) {
+        return Err(WireError::new(
+            ErrorCode::BadRequest,
+            "every_ms must be at least 10",
+        ));
+    }
+    Ok(every)
 }
 
 #[cfg(test)]
