@@ -66,6 +66,11 @@ pub struct IngestResult {
     /// The store's pages in use per message, bytes: the file less the room it grew ahead
     /// and the pages it keeps free for reuse.
     pub store_bytes_in_use_per_message: f64,
+    /// The store's pages in use per message when every message has exactly ten records (a
+    /// plain success: P1–P4, sent, received, processing started and finished, ack sent and
+    /// received; [`Mix::plain`]), bytes: the store's size on the shape its targets name.
+    #[serde(default)]
+    pub store_bytes_in_use_per_ten_record_message: f64,
 }
 
 /// Gives a record of copy `k` other IDs: the message ID with its low bits flipped (still a
@@ -105,6 +110,33 @@ pub(crate) fn replay_set(recorded: &[Vec<StageRecord>], copies: u64) -> Vec<Vec<
         }
     }
     out
+}
+
+/// Ingests `messages` plain successes (ten records each, payload heads off) into a fresh
+/// store and returns its pages in use per message.
+fn ten_record_bytes(messages: u64, batch: usize, progress: &Progress) -> Result<f64, BenchError> {
+    let set: Vec<Vec<u8>> = stage_messages(&Mix::plain(messages), msgtrail_core::time::now_nanos())
+        .iter()
+        .map(msgtrail_core::frame::encode_stage_batch)
+        .collect();
+    let dir = tempfile::Builder::new()
+        .prefix("msgtrail-bench-ten-")
+        .tempdir()?;
+    let store = open_store(dir.path(), 0)?;
+    let phase = progress.phase("S4 store size (ten records per message)", messages * 10);
+    let got = ingest(&store, &set, batch, &phase);
+    drop(phase);
+    if got.drops > 0 {
+        return Err(BenchError::Config(format!(
+            "S4's ten-record workload dropped {} records",
+            got.drops
+        )));
+    }
+    let in_use = store
+        .storage()
+        .map_err(|e| BenchError::Listener(e.into()))?
+        .allocated_bytes;
+    Ok(in_use as f64 / messages.max(1) as f64)
 }
 
 fn open_store(dir: &std::path::Path, payload_head: usize) -> Result<Store, BenchError> {
@@ -273,6 +305,7 @@ pub(crate) fn run(
         ..Default::default()
     };
     drop(set);
+    out.store_bytes_in_use_per_ten_record_message = ten_record_bytes(messages, batch, progress)?;
 
     let decoded = decode_all(recorded);
     if decoded.is_empty() {

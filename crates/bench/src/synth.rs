@@ -51,6 +51,22 @@ impl Mix {
     }
 }
 
+impl Mix {
+    /// `messages` plain successes through one pull group: nothing redelivered, duplicated,
+    /// orphaned or pushed, so every message has exactly ten records (P1–P4; sent, received,
+    /// processing started and finished, ack sent and received).
+    pub fn plain(messages: u64) -> Self {
+        Mix {
+            redelivered: 0.0,
+            dead_lettered: 0.0,
+            duplicated: 0.0,
+            orphaned: 0.0,
+            second_group: 0.0,
+            ..Mix::realistic(messages)
+        }
+    }
+}
+
 /// A small deterministic generator (SplitMix64): enough for workload shapes.
 #[derive(Debug, Clone)]
 pub(crate) struct Rng(u64);
@@ -263,7 +279,7 @@ pub fn stage_messages(mix: &Mix, t0: u64) -> Vec<Vec<StageRecord>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::BTreeSet;
+    use std::collections::{BTreeMap, BTreeSet};
 
     #[test]
     fn deterministic_and_mixed() {
@@ -289,5 +305,33 @@ mod tests {
         // Records per message near the issue's ~10 (more with a second group).
         let per = all.len() as f64 / 2_000.0;
         assert!((8.0..20.0).contains(&per), "{per}");
+    }
+
+    #[test]
+    fn a_plain_mix_has_ten_records_per_message() {
+        let all: Vec<StageRecord> = stage_messages(&Mix::plain(500), 1_700_000_000_000_000_000)
+            .into_iter()
+            .flatten()
+            .collect();
+        // P1 is written before the broker names the message: it counts under the message
+        // its request ID is stored as.
+        let named: BTreeMap<&str, MessageId> = all
+            .iter()
+            .filter_map(|r| Some((r.request_id.as_ref()?.as_str(), r.message_id?)))
+            .collect();
+        let mut per: BTreeMap<MessageId, Vec<Stage>> = BTreeMap::new();
+        for r in &all {
+            let m = r.message_id.unwrap_or_else(|| {
+                let q = r.request_id.as_ref().expect("a P1 names its request");
+                named[q.as_str()]
+            });
+            per.entry(m).or_default().push(r.stage);
+        }
+        assert_eq!(per.len(), 500);
+        for (m, stages) in &per {
+            assert_eq!(stages.len(), 10, "{m}: {stages:?}");
+            let distinct: BTreeSet<&Stage> = stages.iter().collect();
+            assert_eq!(distinct.len(), 10, "{m}: a stage twice in {stages:?}");
+        }
     }
 }
