@@ -1,6 +1,7 @@
 //! Ingests a synthetic workload into a fresh listener store once, for profilers
 //! (`perf record`, `valgrind --tool=callgrind`): `cargo run --release -p msgtrail-bench
-//! --example ingest_once -- [messages] [stage messages per transaction]`.
+//! --example ingest_once -- [messages] [stage messages per transaction] [plain]`;
+//! `plain` ingests plain successes of exactly ten records each instead of the production mix.
 
 use msgtrail_bench::{stage_messages, Mix};
 use std::time::Instant;
@@ -12,8 +13,12 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let messages: u64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(100_000);
     let per_tx: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(64);
+    let mix = match args.next().as_deref() {
+        Some("plain") => Mix::plain(messages),
+        _ => Mix::realistic(messages),
+    };
     let t0 = msgtrail_core::time::now_nanos();
-    let decoded = stage_messages(&Mix::realistic(messages), t0);
+    let decoded = stage_messages(&mix, t0);
     let total: usize = decoded.iter().map(Vec::len).sum();
     // As the stage stream holds them: what the listener decodes.
     let set: Vec<Vec<u8>> = decoded
