@@ -71,7 +71,18 @@ pub struct IngestResult {
     /// received; [`Mix::plain`]), bytes: the store's size on the shape its targets name.
     #[serde(default)]
     pub store_bytes_in_use_per_ten_record_message: f64,
+    /// Records per second offered to the paced run: 80 % of `records`.
+    #[serde(default)]
+    pub queryable_offered_records_per_sec: f64,
+    /// Time from a stage message's arrival to its transaction's commit (queryable), per
+    /// stage message, with the synthetic workload offered at 80 % of the
+    /// maximum ingest ([`crate::queryable`]).
+    #[serde(default)]
+    pub queryable_ms: Latency,
 }
+
+/// The share of the measured maximum ingest at which arrival-to-queryable is measured.
+pub(crate) const QUERYABLE_LOAD: f64 = 0.8;
 
 /// Gives a record of copy `k` other IDs: the message ID with its low bits flipped (still a
 /// UUIDv7) and the request ID with a `.k` suffix. Copy 0 is left as it is.
@@ -110,6 +121,20 @@ pub(crate) fn replay_set(recorded: &[Vec<StageRecord>], copies: u64) -> Vec<Vec<
         }
     }
     out
+}
+
+/// The synthetic workload again, into a fresh store, offered at `rate` records per second.
+fn paced_run(
+    messages: u64,
+    rate: f64,
+    batch: usize,
+    progress: &Progress,
+) -> Result<crate::queryable::Paced, BenchError> {
+    let dir = tempfile::Builder::new()
+        .prefix("msgtrail-bench-paced-")
+        .tempdir()?;
+    let store = open_store(dir.path(), 0)?;
+    crate::queryable::run(&store, synthetic_set(messages), rate, batch, progress)
 }
 
 /// Ingests `messages` plain successes (ten records each, payload heads off) into a fresh
@@ -305,6 +330,15 @@ pub(crate) fn run(
         ..Default::default()
     };
     drop(set);
+    let paced = paced_run(
+        messages,
+        QUERYABLE_LOAD * out.records.per_sec,
+        batch,
+        progress,
+    )?;
+    out.queryable_offered_records_per_sec = paced.offered_per_sec;
+    out.queryable_ms = paced.latency;
+    out.drops += paced.drops;
     out.store_bytes_in_use_per_ten_record_message = ten_record_bytes(messages, batch, progress)?;
 
     let decoded = decode_all(recorded);

@@ -34,6 +34,7 @@ mod ingest;
 mod lookup;
 mod measure;
 mod pipeline;
+mod queryable;
 mod raw;
 mod report;
 mod run;

@@ -291,7 +291,7 @@ impl Report {
         let s4 = &self.s4;
         let _ = writeln!(
             s,
-            "\nS4 listener ingest (one thread), synthetic production mix: {:.0} records/s ({} records of {} messages, {} stage messages, {} transactions, {:.2} s), drops {}, repeated {}; S3's records replayed: {:.0} records/s; {:.0} B counted per in-flight message ({} messages); store {:.0} B/message ({:.0} B in use; {:.0} B in use at ten records per message); transactions p50 {:.0} ms, p99 {:.0} ms (arrival to queryable ≤ 2 × p99)",
+            "\nS4 listener ingest (one thread), synthetic production mix: {:.0} records/s ({} records of {} messages, {} stage messages, {} transactions, {:.2} s), drops {}, repeated {}; S3's records replayed: {:.0} records/s; {:.0} B counted per in-flight message ({} messages); store {:.0} B/message ({:.0} B in use; {:.0} B in use at ten records per message); transactions p50 {:.0} ms, p99 {:.0} ms; arrival to queryable at {:.0} records/s offered: p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
             s4.records.per_sec,
             s4.records.count,
             s4.messages,
@@ -308,6 +308,10 @@ impl Report {
             s4.store_bytes_in_use_per_ten_record_message,
             s4.transaction_ms.p50_ms,
             s4.transaction_ms.p99_ms,
+            s4.queryable_offered_records_per_sec,
+            s4.queryable_ms.p50_ms,
+            s4.queryable_ms.p99_ms,
+            s4.queryable_ms.max_ms,
         );
         let s5 = &self.s5;
         let _ = writeln!(
