@@ -189,20 +189,7 @@ pub async fn run(p: &PipelineParams, progress: &Progress) -> Result<PipelineResu
     };
     let metrics = broker.metrics.clone();
     broker.shutdown().await;
-    let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
-    let broker = BrokerCounts {
-        uploads: g(&metrics.uploads),
-        deliveries: g(&metrics.deliveries),
-        acks: g(&metrics.acks),
-        redeliveries: g(&metrics.redeliveries),
-        stage_records: g(&metrics.stage_records),
-        stage_batches: g(&metrics.stage_batches),
-        stage_dropped: g(&metrics.stage_dropped),
-        stage_publish_failed: g(&metrics.stage_publish_failed),
-        relayed_records: g(&metrics.relayed_records),
-        upload_requests: g(&metrics.upload_requests),
-        settle_requests: g(&metrics.settle_requests),
-    };
+    let broker = broker_counts(&metrics);
     let listener = match listener {
         Some((handle, _dir, load_end)) => Some(
             listener_catch_up(p, handle, broker.stage_batches, broker.uploads, load_end).await?,
@@ -230,6 +217,24 @@ pub async fn run(p: &PipelineParams, progress: &Progress) -> Result<PipelineResu
     })
 }
 
+/// The broker's counters after a run.
+fn broker_counts(metrics: &msgtrail_broker::Metrics) -> BrokerCounts {
+    let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+    BrokerCounts {
+        uploads: g(&metrics.uploads),
+        deliveries: g(&metrics.deliveries),
+        acks: g(&metrics.acks),
+        redeliveries: g(&metrics.redeliveries),
+        stage_records: g(&metrics.stage_records),
+        stage_batches: g(&metrics.stage_batches),
+        stage_dropped: g(&metrics.stage_dropped),
+        stage_publish_failed: g(&metrics.stage_publish_failed),
+        relayed_records: g(&metrics.relayed_records),
+        upload_requests: g(&metrics.upload_requests),
+        settle_requests: g(&metrics.settle_requests),
+    }
+}
+
 #[derive(Default)]
 struct Measured {
     send: Throughput,
@@ -254,13 +259,7 @@ async fn run_with_broker(
     let admin = async_nats::connect(p.nats_url.as_str())
         .await
         .map_err(BenchError::nats)?;
-    let js = jetstream::new(admin.clone());
-    // Every run starts from empty streams, so runs do not see each other's data.
-    for name in [MESSAGE_STREAM, STAGE_STREAM] {
-        let mut s = js.get_stream(name).await.map_err(BenchError::nats)?;
-        s.purge().await.map_err(BenchError::nats)?;
-        let _ = s.info().await;
-    }
+    purge_streams(&jetstream::new(admin.clone())).await?;
     let listener = if p.listener == ListenerTiming::During {
         Some(start_listener(p, &admin).await?)
     } else {
@@ -274,37 +273,10 @@ async fn run_with_broker(
         filter: Default::default(),
         message_id: None,
     };
-    let mut producers = Vec::new();
-    for ident in producer_ids {
-        let nats = async_nats::connect(p.nats_url.as_str())
-            .await
-            .map_err(BenchError::nats)?;
-        let mut options = ProducerOptions::default().report_stages(p.record_stages);
-        if let Some(n) = p.batch_messages {
-            options = options.max_batch_messages(n);
-        }
-        producers.push(Producer::connect_with(nats, ident, options).await?);
-    }
-    let mut consumers = Vec::new();
-    for ident in consumer_ids {
-        let nats = async_nats::connect(p.nats_url.as_str())
-            .await
-            .map_err(BenchError::nats)?;
-        let c = Consumer::connect_with(nats, ident, consumer_options(p)).await?;
-        // Creates the group's JetStream consumer before the clock starts.
-        let warm = c.fetch(&sub, 1, Duration::ZERO).await?;
-        if !warm.is_empty() {
-            return Err(BenchError::Config("the bench topic is not empty".into()));
-        }
-        consumers.push(c);
-    }
+    let producers = connect_producers(p, producer_ids).await?;
+    let consumers = connect_consumers(p, consumer_ids, &sub).await?;
 
-    let name = match (p.record_stages, p.listener, p.batch_messages) {
-        (false, _, Some(1)) => "S2 batch 1",
-        (false, ..) => "S2",
-        (true, ListenerTiming::During, _) => "S3L",
-        (true, ..) => "S3",
-    };
+    let name = scenario_name(p);
     let b = p.load.payload_bytes;
     let run = Drive {
         p,
@@ -335,6 +307,69 @@ async fn run_with_broker(
         None => None,
     };
     Ok((measured, paced, listener.map(|(h, d)| (h, d, load_end))))
+}
+
+/// Empties msgtrail's streams: every run starts from empty streams, so runs do not see each
+/// other's data.
+async fn purge_streams(js: &jetstream::Context) -> Result<(), BenchError> {
+    for name in [MESSAGE_STREAM, STAGE_STREAM] {
+        let mut s = js.get_stream(name).await.map_err(BenchError::nats)?;
+        s.purge().await.map_err(BenchError::nats)?;
+        let _ = s.info().await;
+    }
+    Ok(())
+}
+
+/// One SDK producer per identity, each on its own connection, with the run's settings.
+async fn connect_producers(
+    p: &PipelineParams,
+    ids: Vec<Identity>,
+) -> Result<Vec<Producer>, BenchError> {
+    let mut producers = Vec::new();
+    for ident in ids {
+        let nats = async_nats::connect(p.nats_url.as_str())
+            .await
+            .map_err(BenchError::nats)?;
+        let mut options = ProducerOptions::default().report_stages(p.record_stages);
+        if let Some(n) = p.batch_messages {
+            options = options.max_batch_messages(n);
+        }
+        producers.push(Producer::connect_with(nats, ident, options).await?);
+    }
+    Ok(producers)
+}
+
+/// One SDK consumer per identity, each on its own connection; each fetches once so that the
+/// group's JetStream consumer exists before the clock starts (and the topic is empty).
+async fn connect_consumers(
+    p: &PipelineParams,
+    ids: Vec<Identity>,
+    sub: &Subscription,
+) -> Result<Vec<Consumer>, BenchError> {
+    let mut consumers = Vec::new();
+    for ident in ids {
+        let nats = async_nats::connect(p.nats_url.as_str())
+            .await
+            .map_err(BenchError::nats)?;
+        let c = Consumer::connect_with(nats, ident, consumer_options(p)).await?;
+        // Creates the group's JetStream consumer before the clock starts.
+        let warm = c.fetch(sub, 1, Duration::ZERO).await?;
+        if !warm.is_empty() {
+            return Err(BenchError::Config("the bench topic is not empty".into()));
+        }
+        consumers.push(c);
+    }
+    Ok(consumers)
+}
+
+/// The scenario's name in progress lines: S2, S2 batch 1, S3 or S3L.
+fn scenario_name(p: &PipelineParams) -> &'static str {
+    match (p.record_stages, p.listener, p.batch_messages) {
+        (false, _, Some(1)) => "S2 batch 1",
+        (false, ..) => "S2",
+        (true, ListenerTiming::During, _) => "S3L",
+        (true, ..) => "S3",
+    }
 }
 
 /// The consumers' settings of a run: the SDK's defaults, or one settle per request.
