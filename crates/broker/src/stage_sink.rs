@@ -211,7 +211,7 @@ async fn publish(
 
 /// The writer's side of the stage stream: acks in flight, failed batches waiting for
 /// another try, and callers waiting for their records to be stored.
-struct Writer {
+struct StageWriter {
     js: async_nats::jetstream::Context,
     metrics: Arc<Metrics>,
     acks: FuturesUnordered<AckFuture>,
@@ -222,7 +222,7 @@ struct Writer {
 }
 
 /// The writer task: one `select!` over publish acks, due retries and new records; a new
-/// record starts a batch that [`fill_batch`] completes and [`Writer::send_batch`] publishes.
+/// record starts a batch that [`fill_batch`] completes and [`StageWriter::send_batch`] publishes.
 async fn write_batches(
     js: async_nats::jetstream::Context,
     mut rx: mpsc::Receiver<Item>,
@@ -230,7 +230,7 @@ async fn write_batches(
     batch_max: usize,
     linger: Duration,
 ) {
-    let mut w = Writer {
+    let mut w = StageWriter {
         js,
         metrics,
         acks: FuturesUnordered::new(),
@@ -281,7 +281,7 @@ async fn write_batches(
     report_lost(&w.metrics, &w.retry);
 }
 
-impl Writer {
+impl StageWriter {
     /// Whether the writer stops: the last sink is gone and nothing is left to publish, or
     /// the drain time after it is over.
     fn finished(&self, open: bool, drain_until: Option<tokio::time::Instant>) -> bool {
