@@ -22,7 +22,7 @@ use msgtrail_client::{
 };
 use msgtrail_core::subjects::{MESSAGE_STREAM, STAGE_STREAM};
 use msgtrail_core::wire::Subscription;
-use msgtrail_core::{ClientId, Role};
+use msgtrail_core::{ClientId, GroupId, Role};
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -268,7 +268,8 @@ async fn run_with_broker(
 
     let topic = format!("bench.{}", p.tag);
     let sub = Subscription {
-        group: id(&format!("bench-{}", p.tag.replace('_', "-")))?,
+        group: GroupId::new(format!("bench-{}", p.tag.replace('_', "-")))
+            .map_err(BenchError::Id)?,
         topic: topic.clone(),
         filter: Default::default(),
         message_id: None,

@@ -72,7 +72,6 @@ mod batch;
 mod channel;
 mod consumer;
 mod error;
-mod group;
 mod hooks;
 mod identity;
 mod producer;
@@ -81,9 +80,9 @@ mod topic;
 
 pub use consumer::{AckKind, Consumer, ConsumerOptions, PushOptions, PushStream, Received};
 pub use error::{BatcherStopped, Cause, ClientError, SharedError};
-pub use group::GroupId;
 pub use hooks::{DeliveryInfo, HookEvent, HookKind, Hooks, DEFAULT_HOOK_CAPACITY};
 pub use identity::Identity;
+pub use msgtrail_core::GroupId;
 /// Connecting to NATS: the options every msgtrail part shares (the `msgtrail-nats` crate).
 pub use msgtrail_nats as connect;
 pub use msgtrail_nats::{ConnectError, NatsOptions};

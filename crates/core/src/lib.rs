@@ -31,6 +31,7 @@
 mod backoff;
 mod config;
 pub mod frame;
+mod group;
 pub mod headers;
 mod ids;
 pub mod outcome;
@@ -44,6 +45,7 @@ pub mod wire;
 
 pub use backoff::Backoff;
 pub use config::{BoxError, ConfigError};
+pub use group::GroupId;
 pub use ids::{
     topic_matches, validate_topic_filter, BrokerInstance, ClientId, IdError, MessageId, RequestId,
     Topic,

@@ -236,14 +236,14 @@ impl Deliverer {
     pub(crate) fn delivered(
         &self,
         t: &Taken,
-        group: &ClientId,
+        group: &GroupId,
         consumer: &ClientId,
         push: Option<&str>,
     ) -> String {
         Metrics::inc(&self.shared.metrics.deliveries);
         let token = AckToken {
             m: t.message_id,
-            g: group.clone(),
+            g: group.as_client_id().clone(),
             c: consumer.clone(),
             n: t.attempt,
             q: t.stream_seq,

@@ -4,11 +4,11 @@
 use super::message::Received;
 use super::settle::Settler;
 use crate::error::{Cause, ClientError};
-use crate::group::GroupId;
 use base64::Engine;
 use msgtrail_core::frame::{DeliveredMessage, DeliveryBatch, FrameKind};
 use msgtrail_core::headers as h;
 use msgtrail_core::wire::FetchReply;
+use msgtrail_core::GroupId;
 use msgtrail_core::{frame, ClientId, Topic};
 use std::collections::BTreeMap;
 
@@ -99,7 +99,7 @@ pub(super) fn json_deliveries(
                 delivery_attempt: d.delivery_attempt,
                 stream_seq: d.stream_seq,
                 producer: d.producer,
-                group: d.group.into(),
+                group: d.group,
                 consumer: to.consumer.clone(),
                 push: false,
                 by_id: false,

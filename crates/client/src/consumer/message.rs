@@ -4,10 +4,10 @@
 
 use super::settle::Settler;
 use crate::error::{Cause, ClientError};
-use crate::group::GroupId;
 use crate::hooks::DeliveryInfo;
 use bytes::Bytes;
 use msgtrail_core::wire::AckKind as WireKind;
+use msgtrail_core::GroupId;
 use msgtrail_core::{trace_ids, ClientId, MessageId, Topic};
 use std::collections::BTreeMap;
 use std::time::Duration;
