@@ -54,7 +54,7 @@
 //! The modules are private; what they offer is re-exported here.
 //! - [`connect`]: NATS connection options (URLs, user/password, token, creds, nkey, TLS).
 //! - `identity`: [`Identity`]: client ID, nkey and service name; signs channel nonces.
-//! - `group`: [`GroupId`], the name of a consumer group.
+//! - [`GroupId`], the name of a consumer group, is `msgtrail_core`'s (the wire types carry it).
 //! - `topic`: [`ToTopic`], what the producer takes where a [`msgtrail_core::Topic`] is meant.
 //! - `channel`: open, keepalive, reopen, close; the request/reply helpers.
 //! - `producer`: [`Producer`]: batched sends with retries under one request ID;

@@ -10,6 +10,8 @@
 //! Each payload carries its send time, so consumers measure end-to-end latency (send call to
 //! receipt), the same definition as S1's pipeline run.
 
+mod setup;
+
 use crate::error::BenchError;
 use crate::measure::{Countdown, Latency, Progress, Recorder, Throughput};
 use crate::raw::{payload_stamp, share, stamped_payload, Load, Paced};
@@ -17,13 +19,12 @@ use async_nats::jetstream;
 use bytes::Bytes;
 use futures::StreamExt;
 use msgtrail_broker::{BrokerConfig, ClientEntry, ClientRegistry, RunningBroker};
-use msgtrail_client::{
-    Consumer, ConsumerOptions, Identity, NatsOptions, Producer, ProducerOptions,
-};
-use msgtrail_core::subjects::{MESSAGE_STREAM, STAGE_STREAM};
+use msgtrail_client::{Consumer, Identity, NatsOptions, Producer};
+use msgtrail_core::subjects::STAGE_STREAM;
 use msgtrail_core::wire::Subscription;
 use msgtrail_core::{ClientId, GroupId, Role};
 use serde::{Deserialize, Serialize};
+use setup::{connect_consumers, connect_producers, purge_streams};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -310,59 +311,6 @@ async fn run_with_broker(
     Ok((measured, paced, listener.map(|(h, d)| (h, d, load_end))))
 }
 
-/// Empties msgtrail's streams: every run starts from empty streams, so runs do not see each
-/// other's data.
-async fn purge_streams(js: &jetstream::Context) -> Result<(), BenchError> {
-    for name in [MESSAGE_STREAM, STAGE_STREAM] {
-        let mut s = js.get_stream(name).await.map_err(BenchError::nats)?;
-        s.purge().await.map_err(BenchError::nats)?;
-        let _ = s.info().await;
-    }
-    Ok(())
-}
-
-/// One SDK producer per identity, each on its own connection, with the run's settings.
-async fn connect_producers(
-    p: &PipelineParams,
-    ids: Vec<Identity>,
-) -> Result<Vec<Producer>, BenchError> {
-    let mut producers = Vec::new();
-    for ident in ids {
-        let nats = async_nats::connect(p.nats_url.as_str())
-            .await
-            .map_err(BenchError::nats)?;
-        let mut options = ProducerOptions::default().report_stages(p.record_stages);
-        if let Some(n) = p.batch_messages {
-            options = options.max_batch_messages(n);
-        }
-        producers.push(Producer::connect_with(nats, ident, options).await?);
-    }
-    Ok(producers)
-}
-
-/// One SDK consumer per identity, each on its own connection; each fetches once so that the
-/// group's JetStream consumer exists before the clock starts (and the topic is empty).
-async fn connect_consumers(
-    p: &PipelineParams,
-    ids: Vec<Identity>,
-    sub: &Subscription,
-) -> Result<Vec<Consumer>, BenchError> {
-    let mut consumers = Vec::new();
-    for ident in ids {
-        let nats = async_nats::connect(p.nats_url.as_str())
-            .await
-            .map_err(BenchError::nats)?;
-        let c = Consumer::connect_with(nats, ident, consumer_options(p)).await?;
-        // Creates the group's JetStream consumer before the clock starts.
-        let warm = c.fetch(sub, 1, Duration::ZERO).await?;
-        if !warm.is_empty() {
-            return Err(BenchError::Config("the bench topic is not empty".into()));
-        }
-        consumers.push(c);
-    }
-    Ok(consumers)
-}
-
 /// The scenario's name in progress lines: S2, S2 batch 1, S3 or S3L.
 fn scenario_name(p: &PipelineParams) -> &'static str {
     match (p.record_stages, p.listener, p.batch_messages) {
@@ -370,17 +318,6 @@ fn scenario_name(p: &PipelineParams) -> &'static str {
         (false, ..) => "S2",
         (true, ListenerTiming::During, _) => "S3L",
         (true, ..) => "S3",
-    }
-}
-
-/// The consumers' settings of a run: the SDK's defaults, or one settle per request.
-fn consumer_options(p: &PipelineParams) -> ConsumerOptions {
-    let options = ConsumerOptions::default()
-        .timeout(Duration::from_secs(10))
-        .report_stages(p.record_stages);
-    match p.batch_messages {
-        Some(n) => options.max_batch_messages(n),
-        None => options,
     }
 }
 
