@@ -10,7 +10,7 @@ use std::time::Duration;
 
 fn sub(group: &str, topic: &str) -> Subscription {
     Subscription {
-        group: ClientId::new(group).unwrap(),
+        group: msgtrail_core::GroupId::new(group).unwrap(),
         topic: topic.into(),
         filter: BTreeMap::new(),
         message_id: None,

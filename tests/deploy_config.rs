@@ -831,7 +831,7 @@ async fn two_brokers_and_nkey_clients_work_within_the_deploy_permissions() {
     let (cn, cid) = demo_client(&cluster, "billing-1").await;
     let consumer = Consumer::connect(cn, cid).await.expect("consumer channel");
     let sub = Subscription {
-        group: ClientId::new("billing").unwrap(),
+        group: msgtrail_core::GroupId::new("billing").unwrap(),
         topic: "orders.>".into(),
         filter: Default::default(),
         message_id: None,
@@ -884,7 +884,7 @@ async fn two_brokers_and_nkey_clients_work_within_the_deploy_permissions() {
     let mut push = consumer
         .subscribe(
             &Subscription {
-                group: ClientId::new("billing-push").unwrap(),
+                group: msgtrail_core::GroupId::new("billing-push").unwrap(),
                 ..sub.clone()
             },
             PushOptions::default(),
@@ -1119,7 +1119,7 @@ async fn a_client_cannot_read_another_clients_replies() {
         .await
         .expect("consumer channel on its prefix");
     let sub = Subscription {
-        group: ClientId::new("billing").unwrap(),
+        group: msgtrail_core::GroupId::new("billing").unwrap(),
         topic: "orders.>".into(),
         filter: Default::default(),
         message_id: None,
@@ -1134,7 +1134,7 @@ async fn a_client_cannot_read_another_clients_replies() {
     let mut push = consumer
         .subscribe(
             &Subscription {
-                group: ClientId::new("billing-push").unwrap(),
+                group: msgtrail_core::GroupId::new("billing-push").unwrap(),
                 ..sub.clone()
             },
             PushOptions::default(),

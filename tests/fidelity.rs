@@ -15,7 +15,7 @@
 use msgtrail_client::{Consumer, ConsumerOptions, Outgoing, Producer, ProducerOptions};
 use msgtrail_core::trajectory::{ClockEstimate, HopKind, MessageState, Trajectory};
 use msgtrail_core::wire::Subscription;
-use msgtrail_core::{ClientId, Stage};
+use msgtrail_core::{GroupId, Stage};
 use msgtrail_e2e::{settled, TestSystem};
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -91,7 +91,7 @@ async fn skewed_sdk_clocks_are_estimated_within_their_bounds() {
         .await
         .unwrap();
     let sub = Subscription {
-        group: ClientId::new("billing").unwrap(),
+        group: GroupId::new("billing").unwrap(),
         topic: "orders.*".into(),
         filter: BTreeMap::new(),
         message_id: None,
@@ -213,7 +213,7 @@ async fn no_match_notices_and_channel_events_are_queryable_per_client() {
     let l = sys.start_listener(|_| {}).await;
     let consumer = sys.consumer("billing-1").await;
     let sub = Subscription {
-        group: ClientId::new("billing").unwrap(),
+        group: GroupId::new("billing").unwrap(),
         topic: "orders.*".into(),
         filter: BTreeMap::new(),
         message_id: None,

@@ -18,7 +18,7 @@ const WAIT: Duration = Duration::from_secs(2);
 
 fn sub(group: &str, topic: &str) -> Subscription {
     Subscription {
-        group: ClientId::new(group).unwrap(),
+        group: msgtrail_core::GroupId::new(group).unwrap(),
         topic: topic.into(),
         filter: BTreeMap::new(),
         message_id: None,

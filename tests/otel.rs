@@ -7,7 +7,7 @@ use msgtrail_client::Outgoing;
 use msgtrail_core::trace_ids::{self, Hop};
 use msgtrail_core::trajectory::{AssembleOptions, Trajectory};
 use msgtrail_core::wire::Subscription;
-use msgtrail_core::{ClientId, MessageId, Stage, StageRecord};
+use msgtrail_core::{GroupId, MessageId, Stage, StageRecord};
 use msgtrail_e2e::{has_all, TestSystem};
 use msgtrail_otel::{trajectory_spans, ExportConfig, MappingOptions, Protocol, TraceExporter};
 use msgtrail_test_support::{OtlpProtocol, OtlpReceiver, ReceivedSpan};
@@ -18,7 +18,7 @@ const WAIT: Duration = Duration::from_secs(2);
 
 fn sub() -> Subscription {
     Subscription {
-        group: ClientId::new("billing").unwrap(),
+        group: GroupId::new("billing").unwrap(),
         topic: "orders.*".into(),
         filter: BTreeMap::new(),
         message_id: None,

@@ -10,7 +10,7 @@ use fantoccini::{Client, ClientBuilder, Locator};
 use hyper_util::client::legacy::connect::HttpConnector;
 use msgtrail_client::{Consumer, Received};
 use msgtrail_core::wire::Subscription;
-use msgtrail_core::ClientId;
+use msgtrail_core::GroupId;
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -227,7 +227,7 @@ impl Browser {
 /// A subscription of `group` to `topic`, without attribute filter.
 pub fn sub(group: &str, topic: &str) -> Subscription {
     Subscription {
-        group: ClientId::new(group).unwrap(),
+        group: GroupId::new(group).unwrap(),
         topic: topic.into(),
         filter: BTreeMap::new(),
         message_id: None,

@@ -34,12 +34,12 @@ const SUBJECTS: &[&str] = &[
 
 /// A small xorshift generator: no dependency, reproducible from its seed.
 #[derive(Debug, Clone)]
-pub(crate) struct Rng(u64);
+pub(crate) struct TestRng(u64);
 
-impl Rng {
+impl TestRng {
     /// A generator from `seed` (0 is replaced).
     pub(crate) fn new(seed: u64) -> Self {
-        Rng(seed.max(1))
+        TestRng(seed.max(1))
     }
     /// The next number.
     pub(crate) fn next(&mut self) -> u64 {
@@ -60,7 +60,7 @@ impl Rng {
     }
 }
 
-fn upload_batch(rng: &mut Rng, entries: usize) -> Bytes {
+fn upload_batch(rng: &mut TestRng, entries: usize) -> Bytes {
     UploadBatch {
         entries: (0..entries)
             .map(|i| UploadEntry {
@@ -79,7 +79,7 @@ fn upload_batch(rng: &mut Rng, entries: usize) -> Bytes {
     .encode()
 }
 
-fn forged_report(rng: &mut Rng) -> Bytes {
+fn forged_report(rng: &mut TestRng) -> Bytes {
     let stages = [
         Stage::UploadReceived,
         Stage::Stored,
@@ -103,7 +103,7 @@ fn forged_report(rng: &mut Rng) -> Bytes {
 }
 
 /// One piece of garbage: a subject, headers, a body, and its kind for the counts.
-fn garbage(rng: &mut Rng) -> (String, async_nats::HeaderMap, Bytes, &'static str) {
+fn garbage(rng: &mut TestRng) -> (String, async_nats::HeaderMap, Bytes, &'static str) {
     let mut headers = async_nats::HeaderMap::new();
     let bogus_channel = format!("ch-{:x}", rng.next());
     let subject = SUBJECTS[rng.below(SUBJECTS.len())].to_owned();
@@ -275,7 +275,7 @@ impl Flood {
                 sent.clone(),
                 inbox_prefix.clone(),
             );
-            let mut rng = Rng::new(seed ^ (t as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            let mut rng = TestRng::new(seed ^ (t as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
             senders.push(tokio::spawn(async move {
                 let mut tick = tokio::time::interval(Duration::from_millis(10));
                 let mut owed = 0.0;

@@ -1121,7 +1121,7 @@ pub(crate) async fn run_load(sys: &System, load: Load) -> Running {
 /// The subscription of the workload's consumer group.
 pub(crate) fn subscription() -> Subscription {
     Subscription {
-        group: id(GROUP),
+        group: msgtrail_core::GroupId::new(GROUP).unwrap(),
         topic: "faults.>".into(),
         filter: Default::default(),
         message_id: None,

@@ -1,7 +1,6 @@
 //! The harness's error type. Failures of the parts it drives keep their cause as `source()`.
 
-/// Any error of a part the harness drives.
-pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+use msgtrail_core::BoxError;
 
 /// Why a benchmark run could not complete.
 #[derive(Debug, thiserror::Error)]

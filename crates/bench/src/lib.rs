@@ -18,7 +18,7 @@
 //! - `measure`: HDR latency summaries, throughput, and the progress line on stderr.
 //! - `raw`: S1, raw JetStream with async-nats (publish window, fetch + ack, both at once).
 //! - `pipeline`: S2 and S3, the msgtrail pipeline with stage recording off and on (with a
-//!   listener running).
+//!   listener running); `pipeline::setup` readies its streams and clients.
 //! - `ingest`: S4, listener ingest alone, replaying recorded stage records on one core.
 //! - `lookup`: S5, trajectory lookup latency with many stored messages.
 //! - `export`: S6, OTLP export of trajectory spans to a local receiver.

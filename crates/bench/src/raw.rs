@@ -298,7 +298,7 @@ async fn publish(
     Ok(all)
 }
 
-fn note<T, E: Into<crate::error::BoxError>>(
+fn note<T, E: Into<msgtrail_core::BoxError>>(
     rec: &mut Recorder,
     done: &AtomicU64,
     (sent, r): (Instant, Result<T, E>),

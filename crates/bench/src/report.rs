@@ -257,6 +257,19 @@ impl Report {
     /// The report as a plain-text table.
     pub fn table(&self) -> String {
         let mut s = String::new();
+        self.header_lines(&mut s);
+        pipeline_table(&mut s, "S1–S3 (JetStream default sync)", &self.runs);
+        if let Some(d) = &self.durable {
+            pipeline_table(&mut s, "S1–S3 durable (JetStream sync_interval: always)", d);
+        }
+        self.s4_s5_lines(&mut s);
+        self.s6_lines(&mut s);
+        self.target_lines(&mut s);
+        s
+    }
+
+    /// The machine and the settings of the run.
+    fn header_lines(&self, s: &mut String) {
         let m = &self.machine;
         let _ = writeln!(
             s,
@@ -284,10 +297,10 @@ impl Report {
                 " (external nats-server)"
             }
         );
-        pipeline_table(&mut s, "S1–S3 (JetStream default sync)", &self.runs);
-        if let Some(d) = &self.durable {
-            pipeline_table(&mut s, "S1–S3 durable (JetStream sync_interval: always)", d);
-        }
+    }
+
+    /// S4 (listener ingest) and S5 (lookup), one line each.
+    fn s4_s5_lines(&self, s: &mut String) {
         let s4 = &self.s4;
         let _ = writeln!(
             s,
@@ -328,6 +341,10 @@ impl Report {
             s5.found,
             s5.lookups.per_sec,
         );
+    }
+
+    /// S6 (OTLP export over gRPC, over HTTP, and its latency at 80 % of the rate).
+    fn s6_lines(&self, s: &mut String) {
         let s6 = &self.s6;
         let _ = writeln!(
             s,
@@ -355,6 +372,10 @@ impl Report {
             "S6 OTLP/gRPC at 80 % of that rate, offer to acknowledgement: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms ({} chunks)",
             l.p50_ms, l.p99_ms, l.max_ms, l.count,
         );
+    }
+
+    /// Every target, met or missed.
+    fn target_lines(&self, s: &mut String) {
         let _ = writeln!(s, "\nTargets");
         for t in &self.targets {
             let _ = writeln!(
@@ -366,7 +387,6 @@ impl Report {
                 t.target
             );
         }
-        s
     }
 }
 
@@ -374,6 +394,7 @@ fn lat(l: &Latency) -> String {
     format!("{:.2}/{:.2}", l.p50_ms, l.p99_ms)
 }
 
+/// S1–S3 of every payload size: one row per scenario, then two lines of ratios.
 fn pipeline_table(s: &mut String, title: &str, runs: &[PayloadRun]) {
     let _ = writeln!(s, "\n{title}");
     let _ = writeln!(
@@ -382,95 +403,106 @@ fn pipeline_table(s: &mut String, title: &str, runs: &[PayloadRun]) {
         "payload", "scenario", "msgs/s", "e2e p50/p99 ms", "send p50/p99 ms"
     );
     for r in runs {
-        let b = format!("{} B", r.payload_bytes);
-        let row = |s: &mut String, name: &str, rate: f64, e2e: String, send: String| {
-            let _ = writeln!(s, "  {b:<7} {name:<26} {rate:>11.0} {e2e:>17} {send:>17}");
-        };
-        row(
-            s,
-            "S1 raw publish (window)",
-            r.s1.publish.per_sec,
-            "-".into(),
-            lat(&r.s1.publish_ack),
-        );
-        row(
-            s,
-            "S1 raw fetch + ack",
-            r.s1.consume.per_sec,
-            "-".into(),
-            "-".into(),
-        );
-        row(
-            s,
-            "S1 raw both at once",
-            r.s1.pipeline.per_sec,
-            lat(&r.s1.e2e),
-            "-".into(),
-        );
-        row(
-            s,
-            "S2 msgtrail, recording off",
-            r.s2.throughput.per_sec,
-            lat(&r.s2.e2e),
-            lat(&r.s2.send_latency),
-        );
-        row(
-            s,
-            "S2 batch 1, recording off",
-            r.s2_batch1.throughput.per_sec,
-            lat(&r.s2_batch1.e2e),
-            lat(&r.s2_batch1.send_latency),
-        );
-        row(
-            s,
-            "S3 recording on",
-            r.s3.throughput.per_sec,
-            lat(&r.s3.e2e),
-            lat(&r.s3.send_latency),
-        );
-        row(
-            s,
-            "S3L + listener in window",
-            r.s3l.throughput.per_sec,
-            lat(&r.s3l.e2e),
-            lat(&r.s3l.send_latency),
-        );
-        for (name, x) in [
-            ("S1 raw", &r.s1.paced),
-            ("S2 recording off", &r.s2.paced),
-            ("S3 recording on", &r.s3.paced),
-        ] {
-            let rate = x.rate_per_sec;
-            let name = format!("{name} @ {rate:.0}/s");
-            row(s, &name, rate, lat(&x.e2e), lat(&x.send));
-        }
-        let x = &r.ratios;
-        let catch_up = r.s3.listener.as_ref().map_or(0.0, |l| l.catch_up_seconds);
-        let catch_up_l = r.s3l.listener.as_ref().map_or(0.0, |l| l.catch_up_seconds);
-        let _ = writeln!(
-            s,
-            "  {b:<7} ratios: S2/S1 {:.3} (batch 1: {:.3}, batching ×{:.2}; mean batch {:.1} uploads, {:.1} settles)  S3/S2 {:.3}  S3L/S2 {:.3}  e2e p50 at the fixed rate S2−S1 {:+.2} ms  listener ingest after the load {:.2} s (in window: caught up {:.2} s after)",
-            x.s2_over_s1,
-            x.s2_batch1_over_s1,
-            x.batching_gain,
-            r.s2.broker.uploads as f64 / r.s2.broker.upload_requests.max(1) as f64,
-            r.s2.broker.acks as f64 / r.s2.broker.settle_requests.max(1) as f64,
-            x.s3_over_s2,
-            x.s3l_over_s2,
-            x.e2e_p50_s2_minus_s1_ms,
-            catch_up,
-            catch_up_l,
-        );
-        let _ = writeln!(
-            s,
-            "  {b:<7} ratios: stage msgs/msg {:.3} ({:.1} records/msg, {} dropped)  e2e p99 at {:.0}/s S3/S2 {:.3}  S2/S1 {:.3} (saturated S3/S2 {:.3})",
-            x.stage_messages_per_message,
-            r.s3.stage_records_per_message,
-            r.s3.broker.stage_dropped,
-            r.s3.paced.rate_per_sec,
-            x.e2e_p99_s3_over_s2,
-            x.e2e_p99_s2_over_s1,
-            x.e2e_p99_s3_over_s2_saturated,
-        );
+        scenario_rows(s, r);
+        ratio_lines(s, r);
     }
+}
+
+/// One row per scenario of a payload size: rate, e2e and send latency.
+fn scenario_rows(s: &mut String, r: &PayloadRun) {
+    let b = format!("{} B", r.payload_bytes);
+    let row = |s: &mut String, name: &str, rate: f64, e2e: String, send: String| {
+        let _ = writeln!(s, "  {b:<7} {name:<26} {rate:>11.0} {e2e:>17} {send:>17}");
+    };
+    row(
+        s,
+        "S1 raw publish (window)",
+        r.s1.publish.per_sec,
+        "-".into(),
+        lat(&r.s1.publish_ack),
+    );
+    row(
+        s,
+        "S1 raw fetch + ack",
+        r.s1.consume.per_sec,
+        "-".into(),
+        "-".into(),
+    );
+    row(
+        s,
+        "S1 raw both at once",
+        r.s1.pipeline.per_sec,
+        lat(&r.s1.e2e),
+        "-".into(),
+    );
+    row(
+        s,
+        "S2 msgtrail, recording off",
+        r.s2.throughput.per_sec,
+        lat(&r.s2.e2e),
+        lat(&r.s2.send_latency),
+    );
+    row(
+        s,
+        "S2 batch 1, recording off",
+        r.s2_batch1.throughput.per_sec,
+        lat(&r.s2_batch1.e2e),
+        lat(&r.s2_batch1.send_latency),
+    );
+    row(
+        s,
+        "S3 recording on",
+        r.s3.throughput.per_sec,
+        lat(&r.s3.e2e),
+        lat(&r.s3.send_latency),
+    );
+    row(
+        s,
+        "S3L + listener in window",
+        r.s3l.throughput.per_sec,
+        lat(&r.s3l.e2e),
+        lat(&r.s3l.send_latency),
+    );
+    for (name, x) in [
+        ("S1 raw", &r.s1.paced),
+        ("S2 recording off", &r.s2.paced),
+        ("S3 recording on", &r.s3.paced),
+    ] {
+        let rate = x.rate_per_sec;
+        let name = format!("{name} @ {rate:.0}/s");
+        row(s, &name, rate, lat(&x.e2e), lat(&x.send));
+    }
+}
+
+/// The ratios of a payload size's scenarios (the targets compare them).
+fn ratio_lines(s: &mut String, r: &PayloadRun) {
+    let b = format!("{} B", r.payload_bytes);
+    let x = &r.ratios;
+    let catch_up = r.s3.listener.as_ref().map_or(0.0, |l| l.catch_up_seconds);
+    let catch_up_l = r.s3l.listener.as_ref().map_or(0.0, |l| l.catch_up_seconds);
+    let _ = writeln!(
+        s,
+        "  {b:<7} ratios: S2/S1 {:.3} (batch 1: {:.3}, batching ×{:.2}; mean batch {:.1} uploads, {:.1} settles)  S3/S2 {:.3}  S3L/S2 {:.3}  e2e p50 at the fixed rate S2−S1 {:+.2} ms  listener ingest after the load {:.2} s (in window: caught up {:.2} s after)",
+        x.s2_over_s1,
+        x.s2_batch1_over_s1,
+        x.batching_gain,
+        r.s2.broker.uploads as f64 / r.s2.broker.upload_requests.max(1) as f64,
+        r.s2.broker.acks as f64 / r.s2.broker.settle_requests.max(1) as f64,
+        x.s3_over_s2,
+        x.s3l_over_s2,
+        x.e2e_p50_s2_minus_s1_ms,
+        catch_up,
+        catch_up_l,
+    );
+    let _ = writeln!(
+        s,
+        "  {b:<7} ratios: stage msgs/msg {:.3} ({:.1} records/msg, {} dropped)  e2e p99 at {:.0}/s S3/S2 {:.3}  S2/S1 {:.3} (saturated S3/S2 {:.3})",
+        x.stage_messages_per_message,
+        r.s3.stage_records_per_message,
+        r.s3.broker.stage_dropped,
+        r.s3.paced.rate_per_sec,
+        x.e2e_p99_s3_over_s2,
+        x.e2e_p99_s2_over_s1,
+        x.e2e_p99_s3_over_s2_saturated,
+    );
 }

@@ -4,6 +4,9 @@
 
 use crate::config::BenchConfig;
 use crate::error::BenchError;
+use crate::export::ExportResult;
+use crate::ingest::IngestResult;
+use crate::lookup::LookupResult;
 use crate::measure::Progress;
 use crate::pipeline::{ListenerTiming, PipelineParams};
 use crate::raw::Load;
@@ -27,14 +30,7 @@ pub async fn run(config: BenchConfig, progress: bool) -> Result<Report, BenchErr
     config.validate()?;
     let progress = Progress::new(progress);
     let started = Instant::now();
-    let (_server, url) = match &config.nats_url {
-        Some(u) => (None, u.clone()),
-        None => {
-            let s = NatsServer::start()?;
-            let url = s.url().to_owned();
-            (Some(s), url)
-        }
-    };
+    let (_server, url) = main_server(&config)?;
     let client = async_nats::connect(url.as_str())
         .await
         .map_err(BenchError::nats)?;
@@ -43,8 +39,45 @@ pub async fn run(config: BenchConfig, progress: bool) -> Result<Report, BenchErr
     }
     let machine = Machine::detect(&client);
     let (runs, recorded) = variant(&config, &url, "", &progress).await?;
+    let durable = durable_variant(&config, &progress).await?;
+    let (s4, s5, s6) = replay_scenarios(&config, recorded, &progress).await?;
 
-    let durable = if config.durable && config.nats_url.is_none() {
+    let mut report = Report {
+        machine,
+        own_server: config.nats_url.is_none(),
+        settings: config,
+        runs,
+        durable,
+        s4,
+        s5,
+        s6,
+        targets: Vec::new(),
+        total_seconds: started.elapsed().as_secs_f64(),
+    };
+    report.check_targets();
+    Ok(report)
+}
+
+/// The server S1–S3 run against: `nats_url`, or one started here (kept alive by the
+/// returned handle); and its URL.
+fn main_server(config: &BenchConfig) -> Result<(Option<NatsServer>, String), BenchError> {
+    Ok(match &config.nats_url {
+        Some(u) => (None, u.clone()),
+        None => {
+            let s = NatsServer::start()?;
+            let url = s.url().to_owned();
+            (Some(s), url)
+        }
+    })
+}
+
+/// S1–S3 again on a `sync_interval: always` server the harness starts, when `durable` is
+/// asked for (skipped, with a warning, against `nats_url`).
+async fn durable_variant(
+    config: &BenchConfig,
+    progress: &Progress,
+) -> Result<Option<Vec<PayloadRun>>, BenchError> {
+    if config.durable && config.nats_url.is_none() {
         let dir = tempfile::Builder::new()
             .prefix("msgtrail-bench-durable-")
             .tempdir()?;
@@ -53,18 +86,27 @@ pub async fn run(config: BenchConfig, progress: bool) -> Result<Report, BenchErr
             extra_config: durable_jetstream_config(&dir.path().join("jetstream")),
             ..Default::default()
         })?;
-        let (runs, _) = variant(&config, server.url(), "durable ", &progress).await?;
+        let (runs, _) = variant(config, server.url(), "durable ", progress).await?;
         drop(server);
-        Some(runs)
+        Ok(Some(runs))
     } else {
         if config.durable {
             tracing::warn!(
                 "--durable needs a nats-server the harness starts; skipped with --nats-url"
             );
         }
-        None
-    };
+        Ok(None)
+    }
+}
 
+/// S4–S6 from the stage-stream messages S3 `recorded`: ingest them, look trajectories up,
+/// export spans.
+async fn replay_scenarios(
+    config: &BenchConfig,
+    recorded: Vec<Bytes>,
+    progress: &Progress,
+) -> Result<(IngestResult, LookupResult, ExportResult), BenchError> {
+    let progress = *progress;
     let decoded = ingest::decode_all(&recorded);
     let template = lookup::template(&decoded)
         .ok_or_else(|| BenchError::Config("S3 recorded no trajectory to replay".into()))?;
@@ -93,21 +135,7 @@ pub async fn run(config: BenchConfig, progress: bool) -> Result<Report, BenchErr
         &progress,
     )
     .await?;
-
-    let mut report = Report {
-        machine,
-        own_server: config.nats_url.is_none(),
-        settings: config,
-        runs,
-        durable,
-        s4,
-        s5,
-        s6,
-        targets: Vec::new(),
-        total_seconds: started.elapsed().as_secs_f64(),
-    };
-    report.check_targets();
-    Ok(report)
+    Ok((s4, s5, s6))
 }
 
 /// The pipeline runs purge msgtrail's streams between runs: on a server the harness did not

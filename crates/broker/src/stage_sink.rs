@@ -209,6 +209,20 @@ async fn publish(
     }
 }
 
+/// The writer's side of the stage stream: acks in flight, failed batches waiting for
+/// another try, and callers waiting for their records to be stored.
+struct StageWriter {
+    js: async_nats::jetstream::Context,
+    metrics: Arc<Metrics>,
+    acks: FuturesUnordered<AckFuture>,
+    retry: VecDeque<(tokio::time::Instant, Pending)>,
+    waiters: Waiters,
+    /// Batches sent so far (the sequence of the last one).
+    sent: u64,
+}
+
+/// The writer task: one `select!` over publish acks, due retries and new records; a new
+/// record starts a batch that [`fill_batch`] completes and [`StageWriter::send_batch`] publishes.
 async fn write_batches(
     js: async_nats::jetstream::Context,
     mut rx: mpsc::Receiver<Item>,
@@ -216,42 +230,32 @@ async fn write_batches(
     batch_max: usize,
     linger: Duration,
 ) {
-    let mut acks: FuturesUnordered<AckFuture> = FuturesUnordered::new();
-    let mut retry: VecDeque<(tokio::time::Instant, Pending)> = VecDeque::new();
-    let mut waiters = Waiters::default();
+    let mut w = StageWriter {
+        js,
+        metrics,
+        acks: FuturesUnordered::new(),
+        retry: VecDeque::new(),
+        waiters: Waiters::default(),
+        sent: 0,
+    };
     let mut batch = Vec::with_capacity(batch_max);
-    let mut sent = 0u64;
     let mut open = true;
     let mut drain_until = None;
     loop {
-        if !open && acks.is_empty() && retry.is_empty() {
+        if w.finished(open, drain_until) {
             break;
         }
-        if !open && drain_until.is_some_and(|d| tokio::time::Instant::now() >= d) {
-            break;
-        }
-        let next_retry = retry.front().map(|(at, _)| *at);
+        let next_retry = w.retry.front().map(|(at, _)| *at);
         // Someone waits for what is queued: publish without the linger.
         let mut urgent: Vec<oneshot::Sender<()>> = Vec::new();
         tokio::select! {
             biased;
-            Some((p, res)) = acks.next(), if !acks.is_empty() => {
-                match note_ack(&metrics, p, res) {
-                    Ok(seq) => waiters.acked(seq),
-                    Err(again) => schedule(&metrics, &mut retry, &mut waiters, again),
-                }
+            Some((p, res)) = w.acks.next(), if !w.acks.is_empty() => {
+                w.on_ack(p, res);
                 continue;
             }
             _ = sleep_until(next_retry), if next_retry.is_some() => {
-                let (_, p) = retry.pop_front().expect("a retry is due");
-                Metrics::inc(&metrics.stage_publish_retries);
-                match publish(&js, p).await {
-                    Ok(ack) => acks.push(ack),
-                    Err((p, e)) => {
-                        tracing::debug!(error = %e, "stage batch publish failed again");
-                        schedule(&metrics, &mut retry, &mut waiters, p);
-                    }
-                }
+                w.retry_due().await;
                 continue;
             }
             first = rx.recv(), if open => {
@@ -262,42 +266,83 @@ async fn write_batches(
                         continue;
                     }
                     Some(Item::Record(r)) => batch.push(r),
-                    Some(Item::Stored(w)) => urgent.push(w),
+                    Some(Item::Stored(waiter)) => urgent.push(waiter),
                 }
             }
         }
         fill_batch(&mut rx, &mut batch, &mut urgent, batch_max, linger).await;
-        if !batch.is_empty() {
-            sent += 1;
-            let pending = Pending {
-                seq: sent,
-                records: batch.len() as u64,
-                bytes: encode_stage_batch(batch.iter()).into(),
-                tries: 0,
-            };
-            batch.clear();
-            match publish(&js, pending).await {
-                Ok(ack) => acks.push(ack),
-                Err((p, e)) => {
-                    tracing::warn!(records = p.records, error = %e, "stage batch not sent; retrying");
-                    schedule(&metrics, &mut retry, &mut waiters, p);
-                }
-            }
-        }
+        w.send_batch(&mut batch).await;
         // Every batch sent so far holds records handed before these waiters.
-        for w in urgent {
-            waiters.wait(sent, w);
+        for waiter in urgent {
+            w.waiters.wait(w.sent, waiter);
         }
-        while acks.len() >= ACK_WINDOW {
-            if let Some((p, res)) = acks.next().await {
-                match note_ack(&metrics, p, res) {
-                    Ok(seq) => waiters.acked(seq),
-                    Err(again) => schedule(&metrics, &mut retry, &mut waiters, again),
-                }
+        w.keep_ack_window().await;
+    }
+    report_lost(&w.metrics, &w.retry);
+}
+
+impl StageWriter {
+    /// Whether the writer stops: the last sink is gone and nothing is left to publish, or
+    /// the drain time after it is over.
+    fn finished(&self, open: bool, drain_until: Option<tokio::time::Instant>) -> bool {
+        if !open && self.acks.is_empty() && self.retry.is_empty() {
+            return true;
+        }
+        !open && drain_until.is_some_and(|d| tokio::time::Instant::now() >= d)
+    }
+
+    /// A publish ack came back: the batch is stored, or is queued for another try.
+    fn on_ack(&mut self, p: Pending, res: Result<(), PublishError>) {
+        match note_ack(&self.metrics, p, res) {
+            Ok(seq) => self.waiters.acked(seq),
+            Err(again) => schedule(&self.metrics, &mut self.retry, &mut self.waiters, again),
+        }
+    }
+
+    /// Publishes the oldest failed batch again (its time has come).
+    async fn retry_due(&mut self) {
+        let (_, p) = self.retry.pop_front().expect("a retry is due");
+        Metrics::inc(&self.metrics.stage_publish_retries);
+        match publish(&self.js, p).await {
+            Ok(ack) => self.acks.push(ack),
+            Err((p, e)) => {
+                tracing::debug!(error = %e, "stage batch publish failed again");
+                schedule(&self.metrics, &mut self.retry, &mut self.waiters, p);
             }
         }
     }
-    report_lost(&metrics, &retry);
+
+    /// Encodes and publishes the batch (if any) as the next stage-stream message, leaving
+    /// `batch` empty; a publish that fails at once is queued for another try.
+    async fn send_batch(&mut self, batch: &mut Vec<StageRecord>) {
+        if batch.is_empty() {
+            return;
+        }
+        self.sent += 1;
+        let pending = Pending {
+            seq: self.sent,
+            records: batch.len() as u64,
+            bytes: encode_stage_batch(batch.iter()).into(),
+            tries: 0,
+        };
+        batch.clear();
+        match publish(&self.js, pending).await {
+            Ok(ack) => self.acks.push(ack),
+            Err((p, e)) => {
+                tracing::warn!(records = p.records, error = %e, "stage batch not sent; retrying");
+                schedule(&self.metrics, &mut self.retry, &mut self.waiters, p);
+            }
+        }
+    }
+
+    /// Waits for acks until fewer than [`ACK_WINDOW`] are in flight.
+    async fn keep_ack_window(&mut self) {
+        while self.acks.len() >= ACK_WINDOW {
+            if let Some((p, res)) = self.acks.next().await {
+                self.on_ack(p, res);
+            }
+        }
+    }
 }
 
 /// Adds to `batch` what is already queued, then waits out the linger for more: until the

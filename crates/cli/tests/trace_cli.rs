@@ -5,7 +5,7 @@
 use msgtrail_client::Outgoing;
 use msgtrail_core::trajectory::{MessageState, Trajectory};
 use msgtrail_core::wire::Subscription;
-use msgtrail_core::{ClientId, RequestId};
+use msgtrail_core::{GroupId, RequestId};
 use msgtrail_e2e::{settled, TestListener, TestSystem};
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -76,7 +76,7 @@ async fn the_api_and_the_cli_agree() {
     // A consumed message (pull), and an upload the broker refused (topic not permitted).
     let reply = producer.send("orders.eu", "agree").await.unwrap();
     let sub = Subscription {
-        group: ClientId::new("billing").unwrap(),
+        group: GroupId::new("billing").unwrap(),
         topic: "orders.*".into(),
         filter: BTreeMap::new(),
         message_id: None,

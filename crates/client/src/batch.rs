@@ -62,7 +62,7 @@ pub(crate) fn batch_len(
 
 /// What the batcher does next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Decision {
+pub(crate) enum BatchStep {
     /// Send a batch of the oldest `n` queued items now.
     Send(usize),
     /// Nothing to send before this instant (lingering), unless something else happens.
@@ -81,21 +81,21 @@ pub(crate) fn decide(
     inflight: usize,
     closing: bool,
     now: Instant,
-) -> Decision {
+) -> BatchStep {
     if queued == 0 || inflight >= limits.max_inflight {
-        return Decision::Wait;
+        return BatchStep::Wait;
     }
     let (n, _) = batch_len(sizes, limits.max_messages, limits.max_bytes);
     // Full: the count is reached, or the next queued item does not fit in the bytes.
     let full = n >= limits.max_messages || n < queued;
     if limits.linger.is_zero() || full || closing {
-        return Decision::Send(n);
+        return BatchStep::Send(n);
     }
     let deadline = oldest.unwrap_or(now) + limits.linger;
     if now >= deadline {
-        Decision::Send(n)
+        BatchStep::Send(n)
     } else {
-        Decision::WaitUntil(deadline)
+        BatchStep::WaitUntil(deadline)
     }
 }
 
@@ -197,15 +197,15 @@ pub(crate) async fn run<F: Flight>(
             Instant::now(),
         );
         let deadline = match decision {
-            Decision::Send(n) => {
+            BatchStep::Send(n) => {
                 let batch: Vec<_> = queue.drain(..n).collect();
                 let bytes: usize = batch.iter().map(|j| j.size).sum();
                 let spare = limits.max_bytes.saturating_sub(bytes);
                 inflight.spawn(flight.clone().send(batch, spare));
                 continue;
             }
-            Decision::WaitUntil(d) => Some(d),
-            Decision::Wait => None,
+            BatchStep::WaitUntil(d) => Some(d),
+            BatchStep::Wait => None,
         };
         let can_take = open && queue.len() < limits.max_messages;
         tokio::select! {
@@ -274,23 +274,23 @@ mod tests {
         // Idle: the first message goes at once, alone.
         assert_eq!(
             decide(&l, [10], 1, Some(now), 0, false, now),
-            Decision::Send(1)
+            BatchStep::Send(1)
         );
         // Requests in flight below the limit: everything queued goes.
         assert_eq!(
             decide(&l, [10; 7], 7, Some(now), 3, false, now),
-            Decision::Send(7)
+            BatchStep::Send(7)
         );
         // At the limit: wait for a request to complete.
         assert_eq!(
             decide(&l, [10; 7], 7, Some(now), 4, false, now),
-            Decision::Wait
+            BatchStep::Wait
         );
-        assert_eq!(decide(&l, [], 0, None, 0, false, now), Decision::Wait);
+        assert_eq!(decide(&l, [], 0, None, 0, false, now), BatchStep::Wait);
         // More queued than a batch holds: a full batch.
         assert_eq!(
             decide(&l, [10; 300], 300, Some(now), 0, false, now),
-            Decision::Send(256)
+            BatchStep::Send(256)
         );
     }
 
@@ -301,24 +301,24 @@ mod tests {
         let later = now + Duration::from_millis(5);
         assert_eq!(
             decide(&l, [10], 1, Some(now), 0, false, now),
-            Decision::WaitUntil(later)
+            BatchStep::WaitUntil(later)
         );
         assert_eq!(
             decide(&l, [10], 1, Some(now), 0, false, later),
-            Decision::Send(1)
+            BatchStep::Send(1)
         );
         assert_eq!(
             decide(&l, [10; 4], 4, Some(now), 0, false, now),
-            Decision::Send(4)
+            BatchStep::Send(4)
         );
         // Full by bytes: the next one does not fit.
         assert_eq!(
             decide(&l, [60, 60], 2, Some(now), 0, false, now),
-            Decision::Send(1)
+            BatchStep::Send(1)
         );
         assert_eq!(
             decide(&l, [10], 1, Some(now), 0, true, now),
-            Decision::Send(1)
+            BatchStep::Send(1)
         );
     }
 

@@ -128,7 +128,7 @@ pub struct DeliveryInfo {
     /// Message ID.
     pub message_id: MessageId,
     /// Topic.
-    pub topic: String,
+    pub topic: Topic,
     /// Consumer group.
     pub group: crate::GroupId,
     /// Delivery attempt.

@@ -54,7 +54,7 @@
 //! The modules are private; what they offer is re-exported here.
 //! - [`connect`]: NATS connection options (URLs, user/password, token, creds, nkey, TLS).
 //! - `identity`: [`Identity`]: client ID, nkey and service name; signs channel nonces.
-//! - `group`: [`GroupId`], the name of a consumer group.
+//! - [`GroupId`], the name of a consumer group, is `msgtrail_core`'s (the wire types carry it).
 //! - `topic`: [`ToTopic`], what the producer takes where a [`msgtrail_core::Topic`] is meant.
 //! - `channel`: open, keepalive, reopen, close; the request/reply helpers.
 //! - `producer`: [`Producer`]: batched sends with retries under one request ID;
@@ -72,7 +72,6 @@ mod batch;
 mod channel;
 mod consumer;
 mod error;
-mod group;
 mod hooks;
 mod identity;
 mod producer;
@@ -81,9 +80,9 @@ mod topic;
 
 pub use consumer::{AckKind, Consumer, ConsumerOptions, PushOptions, PushStream, Received};
 pub use error::{BatcherStopped, Cause, ClientError, SharedError};
-pub use group::GroupId;
 pub use hooks::{DeliveryInfo, HookEvent, HookKind, Hooks, DEFAULT_HOOK_CAPACITY};
 pub use identity::Identity;
+pub use msgtrail_core::GroupId;
 /// Connecting to NATS: the options every msgtrail part shares (the `msgtrail-nats` crate).
 pub use msgtrail_nats as connect;
 pub use msgtrail_nats::{ConnectError, NatsOptions};

@@ -494,7 +494,7 @@ async fn binary_deliveries_batched_settles_and_refused_reports() {
     let f = fake().await;
     let c = f.consumer(ConsumerOptions::default()).await;
     let sub = Subscription {
-        group: ClientId::new("billing").unwrap(),
+        group: msgtrail_core::GroupId::new("billing").unwrap(),
         topic: "orders.*".into(),
         filter: Default::default(),
         message_id: None,
@@ -585,7 +585,7 @@ async fn a_message_settles_itself_after_its_consumer_is_dropped() {
     let f = fake().await;
     let c = f.consumer(ConsumerOptions::default()).await;
     let sub = Subscription {
-        group: ClientId::new("billing").unwrap(),
+        group: msgtrail_core::GroupId::new("billing").unwrap(),
         topic: "orders.*".into(),
         filter: Default::default(),
         message_id: None,

@@ -296,6 +296,50 @@ impl From<Topic> for String {
     }
 }
 
+impl AsRef<str> for Topic {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+/// A topic equals the text it is made of, so that `received.topic == "orders.eu"` reads as
+/// it did when the field was text.
+impl PartialEq<str> for Topic {
+    fn eq(&self, other: &str) -> bool {
+        self.0 == other
+    }
+}
+
+impl PartialEq<&str> for Topic {
+    fn eq(&self, other: &&str) -> bool {
+        self.0 == *other
+    }
+}
+
+impl PartialEq<String> for Topic {
+    fn eq(&self, other: &String) -> bool {
+        &self.0 == other
+    }
+}
+
+impl PartialEq<Topic> for str {
+    fn eq(&self, other: &Topic) -> bool {
+        self == other.0
+    }
+}
+
+impl PartialEq<Topic> for &str {
+    fn eq(&self, other: &Topic) -> bool {
+        *self == other.0
+    }
+}
+
+impl PartialEq<Topic> for String {
+    fn eq(&self, other: &Topic) -> bool {
+        *self == other.0
+    }
+}
+
 /// Validates a topic filter: a topic whose tokens may be `*`, and whose last token may be `>`.
 pub fn validate_topic_filter(value: &str) -> Result<(), IdError> {
     validate_tokens("topic filter", value, true)

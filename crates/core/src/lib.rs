@@ -6,8 +6,8 @@
 //! ## Layout
 //! The root holds the shared values: [`Backoff`] (exponential backoff with jitter, for every
 //! retry loop), [`ConfigError`] (the one shape of a refused configuration), the IDs
-//! ([`MessageId`] as UUIDv7, [`RequestId`], [`ClientId`], [`BrokerInstance`], [`Topic`] and
-//! the topic grammar), the stage model ([`Stage`]: P1–P4, C1–C8, X1/X2, N1, A1, R1, D1) and
+//! ([`MessageId`] as UUIDv7, [`RequestId`], [`ClientId`], [`GroupId`], [`BrokerInstance`],
+//! [`Topic`] and the topic grammar), the stage model ([`Stage`]: P1–P4, C1–C8, X1/X2, N1, A1, R1, D1) and
 //! a stage record with its JSON encoding ([`StageRecord`], [`encode_batch`]; stage stream
 //! version 1, reports). The protocol's vocabularies stay in namespaces of their own, because
 //! their names only make sense together (`frame::UploadBatch`, `wire::AckKind`,
@@ -31,6 +31,7 @@
 mod backoff;
 mod config;
 pub mod frame;
+mod group;
 pub mod headers;
 mod ids;
 pub mod outcome;
@@ -44,6 +45,7 @@ pub mod wire;
 
 pub use backoff::Backoff;
 pub use config::{BoxError, ConfigError};
+pub use group::GroupId;
 pub use ids::{
     topic_matches, validate_topic_filter, BrokerInstance, ClientId, IdError, MessageId, RequestId,
     Topic,

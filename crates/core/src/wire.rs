@@ -4,6 +4,7 @@
 //! `Nats-Service-Error-Code` (an HTTP-like status), `Nats-Service-Error` (the message) and
 //! `Msgtrail-Error` (the [`ErrorCode`] in snake case, for programs).
 
+use crate::group::GroupId;
 use crate::ids::{ClientId, MessageId, RequestId};
 use crate::stage::Role;
 use serde::{Deserialize, Serialize};
@@ -214,7 +215,7 @@ pub struct UploadReply {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Subscription {
     /// The consumer group; consumers of one group share the messages, every group gets all.
-    pub group: ClientId,
+    pub group: GroupId,
     /// A topic filter with NATS wildcards (`orders.*`, `orders.>`).
     pub topic: String,
     /// Attribute filters: a message matches when it has every key with exactly that value.
@@ -302,7 +303,7 @@ pub struct Delivery {
     /// The producer that uploaded it.
     pub producer: ClientId,
     /// The consumer group it was delivered to.
-    pub group: ClientId,
+    pub group: GroupId,
     /// Settle the delivery with this token.
     pub ack_token: String,
 }

@@ -79,75 +79,10 @@ async fn main() {
         .await
         .unwrap();
 
-    let t0 = msgtrail_core::time::now_nanos();
-    let mut records = Vec::new();
-    let mut ids = Vec::new();
-    for i in 0..messages {
-        let (id, rs) = trajectory(t0, i);
-        ids.push(id);
-        records.extend(rs);
-    }
-    // Interleave messages as a busy broker would: shuffle batches' contents a little by
-    // striding through the records.
-    let stride = 7usize;
-    let mut ordered = Vec::with_capacity(records.len());
-    for k in 0..stride {
-        ordered.extend(records.iter().skip(k).step_by(stride).cloned());
-    }
+    let (ids, ordered) = interleaved_records(messages);
     let total = ordered.len() as u64;
-
-    // The parts alone, on this thread: decoding NDJSON, then the store.
-    let batches: Vec<Vec<u8>> = ordered.chunks(batch).map(encode_batch).collect();
-    let start = Instant::now();
-    let mut decoded = Vec::with_capacity(ordered.len());
-    for b in &batches {
-        decoded.extend(msgtrail_core::decode_batch(b).unwrap());
-    }
-    let took = start.elapsed();
-    println!(
-        "decode only: {total} records in {took:.2?} = {:.0} records/s",
-        total as f64 / took.as_secs_f64()
-    );
-    let alone = tempfile::tempdir().unwrap();
-    let store = msgtrail_listener::Store::open(alone.path(), 256, Default::default()).unwrap();
-    let per_txn = batch * 512;
-    let start = Instant::now();
-    let mut txns = 0;
-    for chunk in decoded.chunks(per_txn) {
-        store
-            .apply(chunk.to_vec(), msgtrail_core::time::now_nanos())
-            .unwrap();
-        txns += 1;
-    }
-    let took = start.elapsed();
-    println!(
-        "store.apply only: {total} records in {txns} transactions in {took:.2?} = {:.0} records/s",
-        total as f64 / took.as_secs_f64()
-    );
-    drop(store);
-
-    let start = Instant::now();
-    let mut acks = Vec::new();
-    for chunk in ordered.chunks(batch) {
-        acks.push(
-            js.publish(STAGE_SUBJECT, encode_batch(chunk).into())
-                .await
-                .unwrap(),
-        );
-        if acks.len() >= 256 {
-            for a in acks.drain(..) {
-                a.await.unwrap();
-            }
-        }
-    }
-    for a in acks.drain(..) {
-        a.await.unwrap();
-    }
-    println!(
-        "published {total} records ({messages} messages) in {} NATS messages in {:.2?}",
-        total.div_ceil(batch as u64),
-        start.elapsed()
-    );
+    parts_alone(&ordered, batch);
+    publish_backlog(&js, &ordered, batch, messages).await;
 
     let config = ListenerConfig {
         nats: msgtrail_nats::NatsOptions::url(server.url()),
@@ -186,7 +121,95 @@ async fn main() {
         size as f64 / 1e6,
         size as f64 / messages as f64
     );
+    time_queries(&handle, &ids).await;
+    handle.shutdown().await.unwrap();
+}
 
+/// The records of `messages` trajectories, interleaved as a busy broker would: batches'
+/// contents shuffled a little by striding through the records; and the message IDs.
+fn interleaved_records(messages: u64) -> (Vec<MessageId>, Vec<StageRecord>) {
+    let t0 = msgtrail_core::time::now_nanos();
+    let mut records = Vec::new();
+    let mut ids = Vec::new();
+    for i in 0..messages {
+        let (id, rs) = trajectory(t0, i);
+        ids.push(id);
+        records.extend(rs);
+    }
+    let stride = 7usize;
+    let mut ordered = Vec::with_capacity(records.len());
+    for k in 0..stride {
+        ordered.extend(records.iter().skip(k).step_by(stride).cloned());
+    }
+    (ids, ordered)
+}
+
+/// The parts alone, on this thread: decoding the batches, then the store.
+fn parts_alone(ordered: &[StageRecord], batch: usize) {
+    let total = ordered.len() as u64;
+    let batches: Vec<Vec<u8>> = ordered.chunks(batch).map(encode_batch).collect();
+    let start = Instant::now();
+    let mut decoded = Vec::with_capacity(ordered.len());
+    for b in &batches {
+        decoded.extend(msgtrail_core::decode_batch(b).unwrap());
+    }
+    let took = start.elapsed();
+    println!(
+        "decode only: {total} records in {took:.2?} = {:.0} records/s",
+        total as f64 / took.as_secs_f64()
+    );
+    let alone = tempfile::tempdir().unwrap();
+    let store = msgtrail_listener::Store::open(alone.path(), 256, Default::default()).unwrap();
+    let per_txn = batch * 512;
+    let start = Instant::now();
+    let mut txns = 0;
+    for chunk in decoded.chunks(per_txn) {
+        store
+            .apply(chunk.to_vec(), msgtrail_core::time::now_nanos())
+            .unwrap();
+        txns += 1;
+    }
+    let took = start.elapsed();
+    println!(
+        "store.apply only: {total} records in {txns} transactions in {took:.2?} = {:.0} records/s",
+        total as f64 / took.as_secs_f64()
+    );
+}
+
+/// Publishes the records in batches of `batch` to the stage stream, 256 acks in flight.
+async fn publish_backlog(
+    js: &async_nats::jetstream::Context,
+    ordered: &[StageRecord],
+    batch: usize,
+    messages: u64,
+) {
+    let total = ordered.len() as u64;
+    let start = Instant::now();
+    let mut acks = Vec::new();
+    for chunk in ordered.chunks(batch) {
+        acks.push(
+            js.publish(STAGE_SUBJECT, encode_batch(chunk).into())
+                .await
+                .unwrap(),
+        );
+        if acks.len() >= 256 {
+            for a in acks.drain(..) {
+                a.await.unwrap();
+            }
+        }
+    }
+    for a in acks.drain(..) {
+        a.await.unwrap();
+    }
+    println!(
+        "published {total} records ({messages} messages) in {} NATS messages in {:.2?}",
+        total.div_ceil(batch as u64),
+        start.elapsed()
+    );
+}
+
+/// Times up to 2,000 trajectory look-ups over HTTP, one after the other.
+async fn time_queries(handle: &msgtrail_listener::ListenerHandle, ids: &[MessageId]) {
     let c = ListenerClient::new(&format!("http://{}", handle.http_addr()), None).unwrap();
     let n = 2_000.min(ids.len());
     let start = Instant::now();
@@ -198,5 +221,4 @@ async fn main() {
         "query: {n} trajectories over HTTP in {took:.2?} = {:.0} µs each (sequential)",
         took.as_micros() as f64 / n as f64
     );
-    handle.shutdown().await.unwrap();
 }

@@ -10,9 +10,10 @@
 
 use crate::clocks::ClockWindow;
 use crate::error::ListenerError;
+use crate::error::StoreError;
 use crate::export::ExportSender;
 use crate::stats::Stats;
-use crate::store::Store;
+use crate::store::{ApplyOutcome, Store};
 use async_nats::jetstream::{self, consumer, stream, AckKind};
 use futures::StreamExt;
 use msgtrail_core::decode_batch;
@@ -248,46 +249,19 @@ pub(crate) async fn apply(
     let result = if records.is_empty() && matches!(source, Source::Stored { .. }) {
         Ok(Ok(None))
     } else {
-        let st = store.clone();
-        let mut work = tokio::task::spawn_blocking(move || st.apply(records, now).map(Some));
-        // A long transaction keeps its messages: tell JetStream they are in progress, so
-        // that the ack wait can stay short (a restart after a crash resumes within it).
-        loop {
-            tokio::select! {
-                r = &mut work => break r,
-                _ = tokio::time::sleep(PROGRESS_EVERY) => {
-                    for m in &acks {
-                        let _ = m.ack_with(AckKind::Progress).await;
-                    }
-                }
-            }
-        }
+        store_in_progress(store, records, now, &acks).await
     };
     match result {
         Ok(Ok(mut outcome)) => {
             let lag_ms = oldest_published.map(|p| (now as i128 - p).max(0) as f64 / 1e6);
-            match source {
-                Source::Stages => {
-                    // Stage batches always go through the store (above).
-                    if let Some(o) = &outcome {
-                        stats.record_batch(acks.len() as u64, o, now);
-                    }
-                    if let Some(l) = lag_ms {
-                        stats.set_last_lag(l);
-                    }
-                }
-                Source::Stored { without_evidence } => {
-                    stats.record_stored_batch(
-                        acks.len() as u64,
-                        without_evidence,
-                        outcome.as_ref(),
-                        now,
-                    );
-                    if let Some(l) = lag_ms {
-                        stats.set_stored_last_lag(l);
-                    }
-                }
-            }
+            count_applied(
+                stats,
+                source,
+                acks.len() as u64,
+                outcome.as_ref(),
+                lag_ms,
+                now,
+            );
             if let (Some(x), Some(o)) = (exporter, outcome.as_mut()) {
                 x.offer(std::mem::take(&mut o.trajectories));
             }
@@ -307,6 +281,58 @@ pub(crate) async fn apply(
         Err(e) => {
             tracing::error!(error = %e, ?source, "store task panicked; the messages will be redelivered");
             stats.store_error();
+        }
+    }
+}
+
+/// Applies `records` to the store on a blocking thread; while the transaction runs, tells
+/// JetStream every [`PROGRESS_EVERY`] that the batch's messages are in progress, so that the
+/// ack wait can stay short (a restart after a crash resumes within it).
+async fn store_in_progress(
+    store: &Arc<Store>,
+    records: Vec<StageRecord>,
+    now: u64,
+    acks: &[jetstream::Message],
+) -> Result<Result<Option<ApplyOutcome>, StoreError>, tokio::task::JoinError> {
+    let st = store.clone();
+    let mut work = tokio::task::spawn_blocking(move || st.apply(records, now).map(Some));
+    loop {
+        tokio::select! {
+            r = &mut work => break r,
+            _ = tokio::time::sleep(PROGRESS_EVERY) => {
+                for m in acks {
+                    let _ = m.ack_with(AckKind::Progress).await;
+                }
+            }
+        }
+    }
+}
+
+/// Counts an applied batch of `messages` from `source` (what the store changed, when it
+/// ran) and its lag behind the oldest message's publication.
+fn count_applied(
+    stats: &Stats,
+    source: Source,
+    messages: u64,
+    outcome: Option<&ApplyOutcome>,
+    lag_ms: Option<f64>,
+    now: u64,
+) {
+    match source {
+        Source::Stages => {
+            // Stage batches always go through the store.
+            if let Some(o) = outcome {
+                stats.record_batch(messages, o, now);
+            }
+            if let Some(l) = lag_ms {
+                stats.set_last_lag(l);
+            }
+        }
+        Source::Stored { without_evidence } => {
+            stats.record_stored_batch(messages, without_evidence, outcome, now);
+            if let Some(l) = lag_ms {
+                stats.set_stored_last_lag(l);
+            }
         }
     }
 }

@@ -271,19 +271,9 @@ pub async fn start_with_client(
         stop.clone(),
     ));
     if config.store_evidence {
-        tasks.spawn(evidence::run(
-            evidence::EvidenceSource {
-                js: js.clone(),
-                name: evidence::consumer_name(&config.durable_name),
-                batch_size: config.batch_size,
-                ack_wait: config.ack_wait,
-                poll_interval: config.watchdog_interval,
-            },
-            store.clone(),
-            stats.clone(),
-            exporter.clone(),
-            stop.clone(),
-        ));
+        let source = evidence_source(&config, &js);
+        let (store, stats, exporter) = (store.clone(), stats.clone(), exporter.clone());
+        tasks.spawn(evidence::run(source, store, stats, exporter, stop.clone()));
     }
     tasks.spawn(housekeeping(
         config.clone(),
@@ -310,6 +300,21 @@ pub async fn start_with_client(
         store,
         stats,
     })
+}
+
+/// Where the store-evidence task reads: its own durable consumer of the message stream,
+/// named after the stage consumer's.
+fn evidence_source(
+    config: &ListenerConfig,
+    js: &async_nats::jetstream::Context,
+) -> evidence::EvidenceSource {
+    evidence::EvidenceSource {
+        js: js.clone(),
+        name: evidence::consumer_name(&config.durable_name),
+        batch_size: config.batch_size,
+        ack_wait: config.ack_wait,
+        poll_interval: config.watchdog_interval,
+    }
 }
 
 /// Opens the store in the data directory (on a blocking thread: redb reads its file).

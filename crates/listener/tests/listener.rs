@@ -193,7 +193,7 @@ fn scenarios(t0: u64) -> Vec<Scenario> {
 }
 
 /// Publishes `records` in random batches of 1–7 to the stage stream.
-async fn publish(js: &async_nats::jetstream::Context, records: &[StageRecord], rng: &mut Rng) {
+async fn publish(js: &async_nats::jetstream::Context, records: &[StageRecord], rng: &mut TestRng) {
     let mut i = 0;
     while i < records.len() {
         let n = (1 + rng.next() % 7) as usize;
@@ -254,7 +254,7 @@ async fn wait_until_idle(client: &ListenerClient) {
 }
 
 /// `n` successful pull trajectories (10 records each), shuffled together.
-fn successes(n: u64, prefix: &str, rng: &mut Rng) -> Vec<StageRecord> {
+fn successes(n: u64, prefix: &str, rng: &mut TestRng) -> Vec<StageRecord> {
     let t0 = now();
     let mut all = Vec::new();
     for i in 0..n {
@@ -285,7 +285,7 @@ async fn shuffled_batches_give_the_same_trajectories_as_in_order() {
     let sc = scenarios(now());
     let mut all: Vec<StageRecord> = sc.iter().flat_map(|s| s.out.clone()).collect();
     let total = all.len() as u64;
-    let mut rng = Rng(0x5eed_1234_abcd_ef01);
+    let mut rng = TestRng(0x5eed_1234_abcd_ef01);
     rng.shuffle(&mut all);
     // Publish everything, then a few batches again (as a broker retry would).
     publish(&js, &all, &mut rng).await;
@@ -463,7 +463,7 @@ async fn shuffled_batches_give_the_same_trajectories_as_in_order() {
 #[tokio::test]
 async fn a_restart_mid_stream_loses_nothing_and_doubles_nothing() {
     let (server, dir, js) = setup().await;
-    let mut rng = Rng(42);
+    let mut rng = TestRng(42);
     let all = successes(40, "r", &mut rng);
     let total = all.len() as u64;
     let (first, second) = all.split_at(all.len() / 2);
@@ -527,7 +527,7 @@ async fn the_watchdog_names_the_failure_point() {
     stuck
         .stored(0)
         .deliver(Stage::PullSent, 5, "billing", "b-7", 1, None, None);
-    let mut rng = Rng(7);
+    let mut rng = TestRng(7);
     publish(&js, &lost.out, &mut rng).await;
     publish(&js, &stuck.out, &mut rng).await;
     let c = client(&handle);
@@ -584,7 +584,7 @@ async fn a_dead_letter_is_the_failure_point() {
         Some("dead_letter"),
         Some("max deliveries reached"),
     );
-    let mut rng = Rng(11);
+    let mut rng = TestRng(11);
     let mut recs = dead.out.clone();
     rng.shuffle(&mut recs);
     publish(&js, &recs, &mut rng).await;
@@ -623,7 +623,7 @@ async fn retention_deletes_old_messages_and_keeps_new_ones() {
     old.stored(0).pull(10, "billing", "b-1", 1, None);
     let mut new = Scenario::new(now(), "shop", "new-1", "orders.eu");
     new.stored(0).pull(10, "billing", "b-1", 1, None);
-    let mut rng = Rng(9);
+    let mut rng = TestRng(9);
     publish(&js, &old.out, &mut rng).await;
     publish(&js, &new.out, &mut rng).await;
     let c = client(&handle);
@@ -737,7 +737,7 @@ fn statistics_do_not_depend_on_arrival_order() {
         let sc = scenarios(now());
         let mut all: Vec<StageRecord> = sc.iter().flat_map(|s| s.out.clone()).collect();
         let total = all.len() as u64;
-        let mut rng = Rng(seed * 7919 + 1);
+        let mut rng = TestRng(seed * 7919 + 1);
         rng.shuffle(&mut all);
         let mut samples: BTreeMap<&str, usize> = BTreeMap::new();
         let mut i = 0;
@@ -820,7 +820,7 @@ async fn trajectories_are_exported_as_spans_once_per_hop() {
         unreachable!()
     };
     let mut records: Vec<StageRecord> = ok.out.iter().chain(&retry.out).cloned().collect();
-    let mut rng = Rng(3);
+    let mut rng = TestRng(3);
     rng.shuffle(&mut records);
     publish(&js, &records, &mut rng).await;
     // ok: send, store, deliver, process; retry: send, store, 2 x (deliver, process).
@@ -928,7 +928,7 @@ async fn a_kill_9_mid_stream_loses_nothing_and_doubles_nothing() {
     let (server, dir, js) = setup().await;
     let addr_file = dir.path().join("child.addr");
     let store_dir = dir.path().join("store");
-    let mut rng = Rng(99);
+    let mut rng = TestRng(99);
     let all = successes(100, "k", &mut rng);
     let total = all.len() as u64;
     publish(&js, &all, &mut rng).await;
@@ -996,7 +996,7 @@ fn the_in_flight_cache_changes_nothing() {
         let t = now();
         let sc = scenarios(t);
         let mut all: Vec<StageRecord> = sc.iter().flat_map(|s| s.out.clone()).collect();
-        let mut rng = Rng(seed * 104_729 + 3);
+        let mut rng = TestRng(seed * 104_729 + 3);
         rng.shuffle(&mut all);
         let (mut i, mut batch) = (0, 0);
         let mut evictions = 0;
@@ -1065,7 +1065,7 @@ fn the_in_flight_cache_changes_nothing() {
 #[tokio::test]
 async fn a_restart_after_a_crash_resumes_within_the_default_ack_wait() {
     let (server, dir, js) = setup().await;
-    let mut rng = Rng(7);
+    let mut rng = TestRng(7);
     let all = successes(20, "held", &mut rng);
     let total = all.len() as u64;
     // The consumer as a crashed listener left it: created with the old 30 s ack wait, every
@@ -1200,7 +1200,7 @@ async fn openmetrics_exemplars_name_traces_the_api_resolves() {
         .await
         .unwrap();
     let c = client(&handle);
-    let mut rng = Rng(7);
+    let mut rng = TestRng(7);
     let all = successes(12, "ex", &mut rng);
     publish(&js, &all, &mut rng).await;
     wait_for_records(&c, all.len() as u64).await;

@@ -91,7 +91,7 @@ async fn publish(
     js: &async_nats::jetstream::Context,
     c: &ListenerClient,
     records: &[StageRecord],
-    rng: &mut Rng,
+    rng: &mut TestRng,
     published: &mut u64,
 ) {
     let mut i = 0;
@@ -147,7 +147,7 @@ struct Case {
     order: Vec<StageRecord>,
 }
 
-fn cases(t0: u64, rng: &mut Rng) -> Vec<Case> {
+fn cases(t0: u64, rng: &mut TestRng) -> Vec<Case> {
     let two = |i: usize, topic: &str| {
         let req = format!("order-{i}");
         let a = upload(t0, "shop", &req, topic);
@@ -228,7 +228,7 @@ async fn a_request_id_stored_twice_names_every_message_in_any_order() {
 
     // Uploads well in the past, so that every deadline has passed: the states are final.
     let t0 = now() - 2 * 3 * GAP_MS * MS;
-    let mut rng = Rng(0x0bad_5eed_1234_5678);
+    let mut rng = TestRng(0x0bad_5eed_1234_5678);
     let cases = cases(t0, &mut rng);
     // A request ID a second producer also used: still ambiguous without ?producer=.
     let kiosk = upload(t0 + 7 * MS, "kiosk", "order-0", "orders.eu");
@@ -357,7 +357,7 @@ async fn retention_of_one_upload_leaves_the_other_alone() {
     // The first upload is older than the retention age, the second is not.
     let a = upload(t0, "shop", "order-r", "orders.eu");
     let b = upload(now() - 5_000 * MS, "shop", "order-r", "orders.eu");
-    let mut rng = Rng(0x1234_0bad_5eed_9876);
+    let mut rng = TestRng(0x1234_0bad_5eed_9876);
     let mut all: Vec<StageRecord> = a.records.iter().chain(&b.records).cloned().collect();
     rng.shuffle(&mut all);
     // One stage-stream message, so one transaction: retention cannot run between the two
@@ -407,7 +407,7 @@ fn the_store_gives_the_same_answer_in_any_order_and_split() {
     use msgtrail_listener::{SearchQuery, Store};
     let t = now();
     let t0 = t - 2 * 3 * GAP_MS * MS;
-    let cases = cases(t0, &mut Rng(7));
+    let cases = cases(t0, &mut TestRng(7));
     let all: Vec<StageRecord> = cases
         .iter()
         .flat_map(|c| c.uploads.iter().flat_map(|u| u.records.clone()))
@@ -470,7 +470,7 @@ fn the_store_gives_the_same_answer_in_any_order_and_split() {
     s.apply(rest, t).unwrap();
     check(&s, "P1s first");
     for seed in 1..16u64 {
-        let mut rng = Rng(seed * 7919 + 5);
+        let mut rng = TestRng(seed * 7919 + 5);
         let mut order = all.clone();
         rng.shuffle(&mut order);
         let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();

@@ -52,7 +52,7 @@ use msgtrail_core::wire::{
     AckKind, AckRequest, Delivery, FetchReply, FetchRequest, Format, Subscription,
     NO_MATCHING_MESSAGE,
 };
-use msgtrail_core::{ClientId, ErrorCode, MessageId, Role, Stage, StageRecord, WireError};
+use msgtrail_core::{ClientId, ErrorCode, GroupId, MessageId, Role, Stage, StageRecord, WireError};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -126,7 +126,7 @@ pub(crate) fn settle_deadline_ms(now_ms: u64, ack_wait: Duration) -> u64 {
 
 /// Deliveries and their ack tokens as one binary frame (an empty one is the
 /// no-matching-message notice).
-pub(crate) fn delivery_batch(delivered: Vec<(Taken, String)>, group: &ClientId) -> DeliveryBatch {
+pub(crate) fn delivery_batch(delivered: Vec<(Taken, String)>, group: &GroupId) -> DeliveryBatch {
     DeliveryBatch {
         no_matching_message: delivered.is_empty(),
         messages: delivered

@@ -117,33 +117,22 @@ impl Deliverer {
         };
         loop {
             // Whatever is there now, without waiting.
-            let mut got = 0;
-            let pulled = async {
-                let mut batch = consumer
-                    .fetch()
-                    .max_messages(max - out.len())
-                    .messages()
-                    .await?;
-                while let Some(m) = batch.next().await {
-                    let m = m?;
-                    got += 1;
-                    if let Some(t) = self.accept(m, filter, only, ack_wait).await {
-                        out.push(t);
+            let got = match self
+                .pull_ready(consumer, filter, only, max, ack_wait, &mut out)
+                .await
+            {
+                Ok(got) => got,
+                Err(e) => {
+                    if !out.is_empty() {
+                        return Ok(out);
                     }
+                    if transient(&e) && tokio::time::Instant::now() < deadline {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                    return Err(unavailable(&e));
                 }
-                Ok::<_, async_nats::Error>(())
-            }
-            .await;
-            if let Err(e) = pulled {
-                if !out.is_empty() {
-                    return Ok(out);
-                }
-                if transient(&e) && tokio::time::Instant::now() < deadline {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-                return Err(unavailable(&e));
-            }
+            };
             if !out.is_empty() {
                 return Ok(out);
             }
@@ -156,25 +145,69 @@ impl Deliverer {
             }
             // Nothing there: wait for one message, up to the deadline.
             let remaining = (deadline - now).max(Duration::from_millis(10));
-            let mut one = consumer
-                .batch()
-                .max_messages(1)
-                .expires(remaining)
-                .messages()
+            let woke = self
+                .wait_for_one(consumer, filter, only, remaining, ack_wait, &mut out)
                 .await
                 .map_err(|e| unavailable(&e))?;
-            let mut woke = false;
-            while let Some(m) = one.next().await {
-                let m = m.map_err(|e| unavailable(&e))?;
-                woke = true;
-                if let Some(t) = self.accept(m, filter, only, ack_wait).await {
-                    out.push(t);
-                }
-            }
             if !out.is_empty() || (!woke && tokio::time::Instant::now() >= deadline) {
                 return Ok(out);
             }
         }
+    }
+
+    /// Pulls what the consumer has now, without waiting, up to `max` messages in `out`;
+    /// how many it pulled (taken or skipped).
+    async fn pull_ready(
+        &self,
+        consumer: &jetstream::consumer::PullConsumer,
+        filter: &BTreeMap<String, String>,
+        only: Option<(MessageId, u64)>,
+        max: usize,
+        ack_wait: Duration,
+        out: &mut Vec<Taken>,
+    ) -> Result<usize, async_nats::Error> {
+        let mut batch = consumer
+            .fetch()
+            .max_messages(max - out.len())
+            .messages()
+            .await?;
+        let mut got = 0;
+        while let Some(m) = batch.next().await {
+            let m = m?;
+            got += 1;
+            if let Some(t) = self.accept(m, filter, only, ack_wait).await {
+                out.push(t);
+            }
+        }
+        Ok(got)
+    }
+
+    /// Waits up to `remaining` for one message and adds it to `out` if it is for this
+    /// subscription; whether one came at all.
+    async fn wait_for_one(
+        &self,
+        consumer: &jetstream::consumer::PullConsumer,
+        filter: &BTreeMap<String, String>,
+        only: Option<(MessageId, u64)>,
+        remaining: Duration,
+        ack_wait: Duration,
+        out: &mut Vec<Taken>,
+    ) -> Result<bool, async_nats::Error> {
+        let mut one = consumer
+            .batch()
+            .max_messages(1)
+            .expires(remaining)
+            .messages()
+            .await?;
+        let mut woke = false;
+        while let Some(m) = one.next().await {
+            let m = m?;
+            woke = true;
+            if let Some(t) = self.accept(m, filter, only, ack_wait).await {
+                out.push(t);
+            }
+        }
+        Ok(woke)
     }
 
     /// Parses a JetStream message; acks and drops it if it is not for this subscription.
@@ -236,14 +269,14 @@ impl Deliverer {
     pub(crate) fn delivered(
         &self,
         t: &Taken,
-        group: &ClientId,
+        group: &GroupId,
         consumer: &ClientId,
         push: Option<&str>,
     ) -> String {
         Metrics::inc(&self.shared.metrics.deliveries);
         let token = AckToken {
             m: t.message_id,
-            g: group.clone(),
+            g: group.as_client_id().clone(),
             c: consumer.clone(),
             n: t.attempt,
             q: t.stream_seq,

@@ -18,7 +18,7 @@ fn the_settle_deadline_is_the_ack_wait_less_a_small_margin() {
 #[test]
 fn durable_names_depend_on_the_whole_subscription() {
     let mut sub = Subscription {
-        group: ClientId::new("billing-eu").unwrap(),
+        group: msgtrail_core::GroupId::new("billing-eu").unwrap(),
         topic: "orders.*".into(),
         filter: BTreeMap::new(),
         message_id: None,

@@ -30,7 +30,7 @@ pub(crate) struct Args {
 
 /// What the audit found.
 #[derive(Debug, Default, Serialize)]
-pub(crate) struct Report {
+pub(crate) struct AuditFindings {
     /// Trajectories checked.
     pub checked: u64,
     /// Hops in them.
@@ -52,7 +52,7 @@ const PAGE: usize = 10_000;
 pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
     let client = args.listener.client()?;
     let messages = list(&client, args.since_secs).await?;
-    let mut report = Report::default();
+    let mut report = AuditFindings::default();
     for s in messages {
         // An orphan upload (no message ID) is looked up by its producer's request ID.
         let (id, producer) = match (&s.message_id, &s.request_id) {
@@ -139,7 +139,7 @@ fn kind_of(v: &str) -> String {
 }
 
 /// The report in words.
-pub(crate) fn render(r: &Report) -> String {
+pub(crate) fn render(r: &AuditFindings) -> String {
     let mut o = format!(
         "checked {} trajectories ({} hops, {} with a clock bound); {} unreadable\n",
         r.checked, r.hops, r.hops_with_clock_bound, r.unreadable
@@ -170,7 +170,7 @@ mod tests {
             kind_of("group g moved back to delivered"),
             "state regression"
         );
-        let mut r = Report {
+        let mut r = AuditFindings {
             checked: 2,
             hops: 8,
             hops_with_clock_bound: 4,

@@ -6,7 +6,7 @@ use clap::Args;
 use futures::StreamExt;
 use msgtrail_client::{Consumer, PushOptions, Received};
 use msgtrail_core::wire::Subscription;
-use msgtrail_core::{ClientId, MessageId};
+use msgtrail_core::{GroupId, MessageId};
 use std::time::Duration;
 
 /// Options of `msgtrail consume`.
@@ -111,7 +111,7 @@ pub(crate) async fn run(nats: &NatsArgs, args: ConsumeArgs) -> anyhow::Result<()
     let client = nats.options()?.connect().await?;
     let consumer = Consumer::connect(client, args.identity.identity(false)?).await?;
     let sub = Subscription {
-        group: ClientId::new(args.group.as_str())?,
+        group: GroupId::new(args.group.as_str())?,
         topic: args.topic.clone(),
         filter: args.filters.iter().cloned().collect(),
         message_id: args.message_id,

@@ -13,7 +13,7 @@ use futures::StreamExt;
 use msgtrail_broker::{BrokerConfig, ClientEntry, ClientRegistry};
 use msgtrail_client::{Consumer, Identity, NatsOptions, Outgoing, Producer, PushOptions};
 use msgtrail_core::wire::Subscription;
-use msgtrail_core::{ClientId, Role};
+use msgtrail_core::{ClientId, GroupId, Role};
 use msgtrail_devkit::NatsServer;
 use std::time::Duration;
 
@@ -207,7 +207,7 @@ async fn demo(
     let audit = Consumer::connect(nats.clone(), audit).await?;
     let sub = |group: &str| -> anyhow::Result<Subscription> {
         Ok(Subscription {
-            group: ids(group)?,
+            group: GroupId::new(group)?,
             topic: "orders.*".into(),
             filter: Default::default(),
             message_id: None,

@@ -4,12 +4,12 @@
 use super::message::Received;
 use super::settle::Settler;
 use crate::error::{Cause, ClientError};
-use crate::group::GroupId;
 use base64::Engine;
 use msgtrail_core::frame::{DeliveredMessage, DeliveryBatch, FrameKind};
 use msgtrail_core::headers as h;
 use msgtrail_core::wire::FetchReply;
-use msgtrail_core::{frame, ClientId};
+use msgtrail_core::GroupId;
+use msgtrail_core::{frame, ClientId, Topic};
 use std::collections::BTreeMap;
 
 /// Who the deliveries are for: this consumer, and its settle path.
@@ -33,9 +33,10 @@ pub(super) fn received(
     };
     let producer = ClientId::new(d.producer.as_str()).map_err(|e| bad("producer", e))?;
     let group = GroupId::new(d.group.as_str()).map_err(|e| bad("group", e))?;
+    let topic = Topic::new(d.topic.as_str()).map_err(|e| bad("topic", e))?;
     Ok(Received {
         message_id: d.message_id,
-        topic: d.topic,
+        topic,
         attributes: d.attributes.into_iter().collect(),
         payload: d.payload,
         delivery_attempt: d.delivery_attempt,
@@ -87,15 +88,18 @@ pub(super) fn json_deliveries(
                         e,
                     ))
                 })?;
+            let topic = Topic::new(d.topic.as_str()).map_err(|e| {
+                ClientError::Decode(Cause::with_context(format!("topic of {}", d.message_id), e))
+            })?;
             Ok(Received {
                 message_id: d.message_id,
-                topic: d.topic,
+                topic,
                 attributes: d.attributes,
                 payload: payload.into(),
                 delivery_attempt: d.delivery_attempt,
                 stream_seq: d.stream_seq,
                 producer: d.producer,
-                group: d.group.into(),
+                group: d.group,
                 consumer: to.consumer.clone(),
                 push: false,
                 by_id: false,
@@ -123,7 +127,7 @@ pub(super) fn header_delivery(
     }
     Some(Received {
         message_id: get(h::MESSAGE_ID)?.parse().ok()?,
-        topic: get(h::TOPIC)?,
+        topic: Topic::new(get(h::TOPIC)?).ok()?,
         attributes,
         payload: m.payload.clone(),
         delivery_attempt: get(h::DELIVERY_ATTEMPT)?.parse().ok()?,

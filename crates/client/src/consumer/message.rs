@@ -4,11 +4,11 @@
 
 use super::settle::Settler;
 use crate::error::{Cause, ClientError};
-use crate::group::GroupId;
 use crate::hooks::DeliveryInfo;
 use bytes::Bytes;
 use msgtrail_core::wire::AckKind as WireKind;
-use msgtrail_core::{trace_ids, ClientId, MessageId};
+use msgtrail_core::GroupId;
+use msgtrail_core::{trace_ids, ClientId, MessageId, Topic};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -49,7 +49,7 @@ pub struct Received {
     /// Message ID (also the trace ID of its trajectory).
     pub message_id: MessageId,
     /// Topic.
-    pub topic: String,
+    pub topic: Topic,
     /// Attributes.
     pub attributes: BTreeMap<String, String>,
     /// Payload.

@@ -220,7 +220,7 @@ impl Consumer {
         Ok(PushStream {
             subscriber,
             consumer: self.clone(),
-            group: sub.group.clone().into(),
+            group: sub.group.clone(),
             subscription_id: reply.subscription_id,
             buffered: VecDeque::new(),
         })

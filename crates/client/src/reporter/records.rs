@@ -112,7 +112,7 @@ fn delivery_record(stage: Stage, d: &DeliveryInfo, at: u64) -> StageRecord {
     r.message_id = Some(d.message_id);
     r.group = Some(d.group.as_client_id().clone());
     r.attempt = Some(d.attempt);
-    r.topic = Some(d.topic.clone());
+    r.topic = Some(d.topic.as_str().to_owned());
     r
 }
 
@@ -164,7 +164,7 @@ mod tests {
     fn delivery() -> DeliveryInfo {
         DeliveryInfo {
             message_id: MessageId::new(),
-            topic: "orders.eu".into(),
+            topic: msgtrail_core::Topic::new("orders.eu").unwrap(),
             group: ClientId::new("billing").unwrap().into(),
             attempt: 2,
             push: false,

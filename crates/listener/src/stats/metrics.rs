@@ -107,6 +107,12 @@ pub(super) fn messages_by_state(s: &StatsSnapshot) -> Family<Labels, Gauge> {
 /// Adds a snapshot's counters and gauges to `r`, under the names the deploy/ dashboard and
 /// docs/API.md name (a counter's `_total` is added by the encoder).
 pub(crate) fn register_snapshot(s: &StatsSnapshot, r: &mut Registry) {
+    register_messages(s, r);
+    register_ingest(s, r);
+}
+
+/// What happened to the messages: states, funnel, events, stage records.
+fn register_messages(s: &StatsSnapshot, r: &mut Registry) {
     r.register(
         "msgtrail_messages",
         "Shadow messages by topic and state",
@@ -146,6 +152,10 @@ pub(crate) fn register_snapshot(s: &StatsSnapshot, r: &mut Registry) {
         "Stage records ingested, by stage code",
         counters("stage", s.stages.iter().map(|(k, v)| (k.as_str(), *v))),
     );
+}
+
+/// How the listener's own ingest goes: its error and skip counters, its backlog and lag.
+fn register_ingest(s: &StatsSnapshot, r: &mut Registry) {
     let plain_counters = [
         (
             "msgtrail_listener_decode_errors",

@@ -14,9 +14,9 @@ pub(crate) fn now() -> u64 {
 }
 
 /// Deterministic xorshift, so a failing shuffle can be replayed.
-pub(crate) struct Rng(pub u64);
+pub(crate) struct TestRng(pub u64);
 
-impl Rng {
+impl TestRng {
     pub(crate) fn next(&mut self) -> u64 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;

@@ -10,6 +10,8 @@
 //! Each payload carries its send time, so consumers measure end-to-end latency (send call to
 //! receipt), the same definition as S1's pipeline run.
 
+mod setup;
+
 use crate::error::BenchError;
 use crate::measure::{Countdown, Latency, Progress, Recorder, Throughput};
 use crate::raw::{payload_stamp, share, stamped_payload, Load, Paced};
@@ -17,13 +19,12 @@ use async_nats::jetstream;
 use bytes::Bytes;
 use futures::StreamExt;
 use msgtrail_broker::{BrokerConfig, ClientEntry, ClientRegistry, RunningBroker};
-use msgtrail_client::{
-    Consumer, ConsumerOptions, Identity, NatsOptions, Producer, ProducerOptions,
-};
-use msgtrail_core::subjects::{MESSAGE_STREAM, STAGE_STREAM};
+use msgtrail_client::{Consumer, Identity, NatsOptions, Producer};
+use msgtrail_core::subjects::STAGE_STREAM;
 use msgtrail_core::wire::Subscription;
-use msgtrail_core::{ClientId, Role};
+use msgtrail_core::{ClientId, GroupId, Role};
 use serde::{Deserialize, Serialize};
+use setup::{connect_consumers, connect_producers, purge_streams};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -189,20 +190,7 @@ pub async fn run(p: &PipelineParams, progress: &Progress) -> Result<PipelineResu
     };
     let metrics = broker.metrics.clone();
     broker.shutdown().await;
-    let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
-    let broker = BrokerCounts {
-        uploads: g(&metrics.uploads),
-        deliveries: g(&metrics.deliveries),
-        acks: g(&metrics.acks),
-        redeliveries: g(&metrics.redeliveries),
-        stage_records: g(&metrics.stage_records),
-        stage_batches: g(&metrics.stage_batches),
-        stage_dropped: g(&metrics.stage_dropped),
-        stage_publish_failed: g(&metrics.stage_publish_failed),
-        relayed_records: g(&metrics.relayed_records),
-        upload_requests: g(&metrics.upload_requests),
-        settle_requests: g(&metrics.settle_requests),
-    };
+    let broker = broker_counts(&metrics);
     let listener = match listener {
         Some((handle, _dir, load_end)) => Some(
             listener_catch_up(p, handle, broker.stage_batches, broker.uploads, load_end).await?,
@@ -230,6 +218,24 @@ pub async fn run(p: &PipelineParams, progress: &Progress) -> Result<PipelineResu
     })
 }
 
+/// The broker's counters after a run.
+fn broker_counts(metrics: &msgtrail_broker::Metrics) -> BrokerCounts {
+    let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+    BrokerCounts {
+        uploads: g(&metrics.uploads),
+        deliveries: g(&metrics.deliveries),
+        acks: g(&metrics.acks),
+        redeliveries: g(&metrics.redeliveries),
+        stage_records: g(&metrics.stage_records),
+        stage_batches: g(&metrics.stage_batches),
+        stage_dropped: g(&metrics.stage_dropped),
+        stage_publish_failed: g(&metrics.stage_publish_failed),
+        relayed_records: g(&metrics.relayed_records),
+        upload_requests: g(&metrics.upload_requests),
+        settle_requests: g(&metrics.settle_requests),
+    }
+}
+
 #[derive(Default)]
 struct Measured {
     send: Throughput,
@@ -254,13 +260,7 @@ async fn run_with_broker(
     let admin = async_nats::connect(p.nats_url.as_str())
         .await
         .map_err(BenchError::nats)?;
-    let js = jetstream::new(admin.clone());
-    // Every run starts from empty streams, so runs do not see each other's data.
-    for name in [MESSAGE_STREAM, STAGE_STREAM] {
-        let mut s = js.get_stream(name).await.map_err(BenchError::nats)?;
-        s.purge().await.map_err(BenchError::nats)?;
-        let _ = s.info().await;
-    }
+    purge_streams(&jetstream::new(admin.clone())).await?;
     let listener = if p.listener == ListenerTiming::During {
         Some(start_listener(p, &admin).await?)
     } else {
@@ -269,42 +269,16 @@ async fn run_with_broker(
 
     let topic = format!("bench.{}", p.tag);
     let sub = Subscription {
-        group: id(&format!("bench-{}", p.tag.replace('_', "-")))?,
+        group: GroupId::new(format!("bench-{}", p.tag.replace('_', "-")))
+            .map_err(BenchError::Id)?,
         topic: topic.clone(),
         filter: Default::default(),
         message_id: None,
     };
-    let mut producers = Vec::new();
-    for ident in producer_ids {
-        let nats = async_nats::connect(p.nats_url.as_str())
-            .await
-            .map_err(BenchError::nats)?;
-        let mut options = ProducerOptions::default().report_stages(p.record_stages);
-        if let Some(n) = p.batch_messages {
-            options = options.max_batch_messages(n);
-        }
-        producers.push(Producer::connect_with(nats, ident, options).await?);
-    }
-    let mut consumers = Vec::new();
-    for ident in consumer_ids {
-        let nats = async_nats::connect(p.nats_url.as_str())
-            .await
-            .map_err(BenchError::nats)?;
-        let c = Consumer::connect_with(nats, ident, consumer_options(p)).await?;
-        // Creates the group's JetStream consumer before the clock starts.
-        let warm = c.fetch(&sub, 1, Duration::ZERO).await?;
-        if !warm.is_empty() {
-            return Err(BenchError::Config("the bench topic is not empty".into()));
-        }
-        consumers.push(c);
-    }
+    let producers = connect_producers(p, producer_ids).await?;
+    let consumers = connect_consumers(p, consumer_ids, &sub).await?;
 
-    let name = match (p.record_stages, p.listener, p.batch_messages) {
-        (false, _, Some(1)) => "S2 batch 1",
-        (false, ..) => "S2",
-        (true, ListenerTiming::During, _) => "S3L",
-        (true, ..) => "S3",
-    };
+    let name = scenario_name(p);
     let b = p.load.payload_bytes;
     let run = Drive {
         p,
@@ -337,14 +311,13 @@ async fn run_with_broker(
     Ok((measured, paced, listener.map(|(h, d)| (h, d, load_end))))
 }
 
-/// The consumers' settings of a run: the SDK's defaults, or one settle per request.
-fn consumer_options(p: &PipelineParams) -> ConsumerOptions {
-    let options = ConsumerOptions::default()
-        .timeout(Duration::from_secs(10))
-        .report_stages(p.record_stages);
-    match p.batch_messages {
-        Some(n) => options.max_batch_messages(n),
-        None => options,
+/// The scenario's name in progress lines: S2, S2 batch 1, S3 or S3L.
+fn scenario_name(p: &PipelineParams) -> &'static str {
+    match (p.record_stages, p.listener, p.batch_messages) {
+        (false, _, Some(1)) => "S2 batch 1",
+        (false, ..) => "S2",
+        (true, ListenerTiming::During, _) => "S3L",
+        (true, ..) => "S3",
     }
 }
 

@@ -1,21 +1,24 @@
-//! [`GroupId`]: the name of a consumer group.
+//! [`GroupId`]: the name of a consumer group, as subscriptions carry it and the SDK hands
+//! it out.
 
-use msgtrail_core::wire::Subscription;
-use msgtrail_core::{ClientId, IdError};
+use crate::wire::Subscription;
+use crate::{ClientId, IdError};
+use serde::{Deserialize, Serialize};
 use std::fmt;
 
 /// The name of a consumer group: consumers of one group share its messages, and every group
 /// gets all of them. It follows the rules of a [`ClientId`] (the broker names the group's
 /// JetStream consumer after it), but it names a group, not a client, so the two cannot be
-/// mixed up.
+/// mixed up. On the wire it is the same string as a client ID.
 ///
 /// ```
-/// use msgtrail_client::GroupId;
+/// use msgtrail_core::GroupId;
 /// let billing = GroupId::new("billing")?;
 /// assert_eq!(billing.as_str(), "billing");
 /// # Ok::<(), msgtrail_core::IdError>(())
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
 pub struct GroupId(ClientId);
 
 impl GroupId {
@@ -30,27 +33,26 @@ impl GroupId {
     }
 
     /// A subscription of this group to the topics matching `topic_filter` (NATS wildcards:
-    /// `orders.*`, `orders.>`), for [`crate::Consumer::fetch`] and
-    /// [`crate::Consumer::subscribe`]; add attribute filters to its `filter`. The broker
+    /// `orders.*`, `orders.>`), for the SDK consumer's `fetch` and
+    /// `subscribe`; add attribute filters to its `filter`. The broker
     /// checks the filter.
     ///
     /// ```
-    /// use msgtrail_client::GroupId;
+    /// use msgtrail_core::GroupId;
     /// let sub = GroupId::new("billing")?.subscription("orders.*");
     /// assert_eq!((sub.group.as_str(), sub.topic.as_str()), ("billing", "orders.*"));
     /// # Ok::<(), msgtrail_core::IdError>(())
     /// ```
     pub fn subscription(&self, topic_filter: impl Into<String>) -> Subscription {
         Subscription {
-            group: self.0.clone(),
+            group: self.clone(),
             topic: topic_filter.into(),
             filter: Default::default(),
             message_id: None,
         }
     }
 
-    /// The name as the wire types ([`msgtrail_core::wire::Subscription::group`], stage
-    /// records) carry it.
+    /// The name as a client ID, as stage records carry a group.
     pub fn as_client_id(&self) -> &ClientId {
         &self.0
     }
@@ -83,5 +85,24 @@ impl PartialEq<str> for GroupId {
 impl PartialEq<&str> for GroupId {
     fn eq(&self, other: &&str) -> bool {
         self.as_str() == *other
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn on_the_wire_a_group_is_the_string_a_client_id_was() {
+        let sub = GroupId::new("billing").unwrap().subscription("orders.*");
+        let json = serde_json::to_string(&sub).unwrap();
+        assert_eq!(json, r#"{"group":"billing","topic":"orders.*"}"#);
+        let back: Subscription = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, sub);
+        // The same rules as a client ID: a name that is not one is refused when decoding.
+        let bad = serde_json::from_str::<Subscription>(r#"{"group":"bil ling","topic":"t"}"#);
+        assert!(bad.is_err());
+        let as_client: ClientId = serde_json::from_str(r#""billing""#).unwrap();
+        assert_eq!(GroupId::from(as_client), sub.group);
     }
 }
