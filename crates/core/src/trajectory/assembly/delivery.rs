@@ -32,7 +32,7 @@ pub(super) fn attempt_hop(
 ) -> HopSpan {
     let d = id.delivery().expect("an attempt hop names its delivery");
     HopSpan {
-        parent: Some(parent.to_string()),
+        parent: Some(parent.key()),
         group: ClientId::new(d.group.clone()).ok(),
         consumer: ClientId::new(d.consumer.clone()).ok(),
         attempt: Some(d.attempt),
