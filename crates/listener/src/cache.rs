@@ -61,6 +61,19 @@ pub(crate) struct Cached {
     pub encoded: Option<Vec<u8>>,
 }
 
+impl Cached {
+    /// Hands the records out, leaving them only in their stored form (`encoded`, encoded
+    /// now unless already known): the form the cache keeps of them once committed. For a
+    /// working copy whose records are not read again (only cached), so that whoever needs
+    /// them once more (assembly) takes them instead of cloning them.
+    pub(crate) fn take_records(&mut self) -> Vec<StageRecord> {
+        if self.encoded.is_none() {
+            self.encoded = Some(records::encode(&self.records));
+        }
+        std::mem::take(&mut self.records)
+    }
+}
+
 /// One message as the cache holds it.
 #[derive(Debug)]
 struct Entry {
