@@ -23,6 +23,7 @@ use crate::summary::{new_latencies, topic_state, MessageSummary};
 use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 use msgtrail_core::outcome::{ChannelOutcome, RedeliveryOutcome};
 use msgtrail_core::{MessageId, Stage, StageRecord};
+use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
 
 /// What pass 1 found.
@@ -192,13 +193,22 @@ impl<'a, 't> Pass<'a, 't> {
         let mut by_key: BTreeMap<String, Vec<StageRecord>> = BTreeMap::new();
         // Most records name their message: those gather by ID first, so that each message's
         // key is formatted and ordered once rather than once per record.
-        let mut by_id: HashMap<MessageId, Vec<StageRecord>> = HashMap::new();
+        // Each message's list is sized from a count first: records are large, and growing
+        // the lists one push at a time copied them over and over.
+        let mut counts: HashMap<MessageId, usize> = HashMap::new();
+        for m in records.iter().filter_map(|r| r.message_id) {
+            *counts.entry(m).or_default() += 1;
+        }
+        let mut by_id: HashMap<MessageId, Vec<StageRecord>> = HashMap::with_capacity(counts.len());
         for mut r in records {
             let key = match (&r.message_id, &r.producer, &r.request_id) {
                 (Some(m), _, _) => {
                     let m = *m;
                     self.store.trim_payload(&mut r);
-                    by_id.entry(m).or_default().push(r);
+                    by_id
+                        .entry(m)
+                        .or_insert_with(|| Vec::with_capacity(counts.get(&m).copied().unwrap_or(1)))
+                        .push(r);
                     continue;
                 }
                 (None, Some(p), Some(q)) => {
@@ -214,7 +224,12 @@ impl<'a, 't> Pass<'a, 't> {
             by_key.entry(key).or_default().push(r);
         }
         for (m, recs) in by_id {
-            by_key.entry(self.key(m)).or_default().extend(recs);
+            match by_key.entry(self.key(m)) {
+                Entry::Vacant(e) => {
+                    e.insert(recs);
+                }
+                Entry::Occupied(mut e) => e.get_mut().extend(recs),
+            }
         }
         Ok(by_key)
     }
