@@ -59,9 +59,18 @@ pub(crate) struct Cached {
     /// `records` as stored, when known to match them (set when read or written, cleared
     /// when the records change): the cache keeps these bytes instead of encoding again.
     pub encoded: Option<Vec<u8>>,
+    /// `summary` as stored, when the transaction wrote it ([`Cached::set_summary`]): the
+    /// cache keeps these bytes instead of encoding the summary again.
+    pub summary_encoded: Option<Vec<u8>>,
 }
 
 impl Cached {
+    /// Sets the summary the transaction wrote, with the bytes it wrote.
+    pub(crate) fn set_summary(&mut self, summary: MessageSummary, encoded: Vec<u8>) {
+        self.summary = Some(summary);
+        self.summary_encoded = Some(encoded);
+    }
+
     /// Hands the records out, leaving them only in their stored form (`encoded`, encoded
     /// now unless already known): the form the cache keeps of them once committed. For a
     /// working copy whose records are not read again (only cached), so that whoever needs
@@ -100,7 +109,11 @@ impl Entry {
             dedup: dedup.into_boxed_slice(),
             bytes: c.bytes,
             done: c.summary.as_ref().is_some_and(|s| s.state.is_final()),
-            summary: c.summary.map(|s| s.encode().into_boxed_slice()),
+            summary: match (c.summary, c.summary_encoded) {
+                (Some(_), Some(b)) => Some(b.into_boxed_slice()),
+                (Some(s), None) => Some(s.encode().into_boxed_slice()),
+                (None, _) => None,
+            },
             used,
         }
     }
@@ -119,6 +132,7 @@ impl Entry {
             bytes: self.bytes,
             summary,
             encoded: Some(self.records.to_vec()),
+            summary_encoded: None,
         })
     }
 

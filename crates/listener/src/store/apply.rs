@@ -393,7 +393,7 @@ impl<'a, 't> Pass<'a, 't> {
         };
         let summary = MessageSummary::of(&key, &traj);
         let prev = own.summary.take();
-        self.t.put_summary(prev.as_ref(), &summary)?;
+        let stored_summary = self.t.put_summary(prev.as_ref(), &summary)?;
         let same_ts = prev.as_ref().is_some_and(|p| {
             (p.topic.as_deref(), p.state) == (summary.topic.as_deref(), summary.state)
         });
@@ -417,7 +417,7 @@ impl<'a, 't> Pass<'a, 't> {
             let id = summary.message_id;
             self.out.latencies.push((topic.clone(), s, v, id));
         }
-        own.summary = Some(summary);
+        own.set_summary(summary, stored_summary);
         if self.store.emit_trajectories {
             self.out.trajectories.push(traj);
         }
