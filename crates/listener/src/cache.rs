@@ -289,6 +289,34 @@ mod tests {
     }
 
     #[test]
+    fn a_summary_written_by_the_transaction_comes_back_from_its_bytes() {
+        let mut c = Cache::new(10);
+        let mut e = entry(MessageState::Delivered);
+        let mut s = e.summary.take().expect("a summary");
+        s.key = "k".to_owned();
+        s.topic = Some("orders".to_owned());
+        let bytes = s.encode();
+        e.set_summary(s.clone(), bytes);
+        c.put_all([("k".to_owned(), e)]);
+        let back = c.take("k").expect("cached");
+        assert_eq!(back.summary, Some(s));
+    }
+
+    #[test]
+    fn taken_records_stay_cached_in_their_stored_form() {
+        let mut c = Cache::new(10);
+        let mut e = entry(MessageState::Delivered);
+        e.records = vec![msgtrail_core::StageRecord::at(
+            msgtrail_core::Stage::UploadSent,
+            1_000,
+        )];
+        let taken = e.take_records();
+        assert!(e.records.is_empty());
+        c.put_all([("k".to_owned(), e)]);
+        assert_eq!(c.take("k").expect("cached").records, taken);
+    }
+
+    #[test]
     fn bounded_final_first_then_oldest() {
         let mut c = Cache::new(10);
         for i in 0..8 {
