@@ -59,6 +59,28 @@ pub(crate) struct Cached {
     /// `records` as stored, when known to match them (set when read or written, cleared
     /// when the records change): the cache keeps these bytes instead of encoding again.
     pub encoded: Option<Vec<u8>>,
+    /// `summary` as stored, when the transaction wrote it ([`Cached::set_summary`]): the
+    /// cache keeps these bytes instead of encoding the summary again.
+    pub summary_encoded: Option<Vec<u8>>,
+}
+
+impl Cached {
+    /// Sets the summary the transaction wrote, with the bytes it wrote.
+    pub(crate) fn set_summary(&mut self, summary: MessageSummary, encoded: Vec<u8>) {
+        self.summary = Some(summary);
+        self.summary_encoded = Some(encoded);
+    }
+
+    /// Hands the records out, leaving them only in their stored form (`encoded`, encoded
+    /// now unless already known): the form the cache keeps of them once committed. For a
+    /// working copy whose records are not read again (only cached), so that whoever needs
+    /// them once more (assembly) takes them instead of cloning them.
+    pub(crate) fn take_records(&mut self) -> Vec<StageRecord> {
+        if self.encoded.is_none() {
+            self.encoded = Some(records::encode(&self.records));
+        }
+        std::mem::take(&mut self.records)
+    }
 }
 
 /// One message as the cache holds it.
@@ -87,7 +109,11 @@ impl Entry {
             dedup: dedup.into_boxed_slice(),
             bytes: c.bytes,
             done: c.summary.as_ref().is_some_and(|s| s.state.is_final()),
-            summary: c.summary.map(|s| s.encode().into_boxed_slice()),
+            summary: match (c.summary, c.summary_encoded) {
+                (Some(_), Some(b)) => Some(b.into_boxed_slice()),
+                (Some(s), None) => Some(s.encode().into_boxed_slice()),
+                (None, _) => None,
+            },
             used,
         }
     }
@@ -106,6 +132,7 @@ impl Entry {
             bytes: self.bytes,
             summary,
             encoded: Some(self.records.to_vec()),
+            summary_encoded: None,
         })
     }
 
@@ -259,6 +286,34 @@ mod tests {
             }),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_summary_written_by_the_transaction_comes_back_from_its_bytes() {
+        let mut c = Cache::new(10);
+        let mut e = entry(MessageState::Delivered);
+        let mut s = e.summary.take().expect("a summary");
+        s.key = "k".to_owned();
+        s.topic = Some("orders".to_owned());
+        let bytes = s.encode();
+        e.set_summary(s.clone(), bytes);
+        c.put_all([("k".to_owned(), e)]);
+        let back = c.take("k").expect("cached");
+        assert_eq!(back.summary, Some(s));
+    }
+
+    #[test]
+    fn taken_records_stay_cached_in_their_stored_form() {
+        let mut c = Cache::new(10);
+        let mut e = entry(MessageState::Delivered);
+        e.records = vec![msgtrail_core::StageRecord::at(
+            msgtrail_core::Stage::UploadSent,
+            1_000,
+        )];
+        let taken = e.take_records();
+        assert!(e.records.is_empty());
+        c.put_all([("k".to_owned(), e)]);
+        assert_eq!(c.take("k").expect("cached").records, taken);
     }
 
     #[test]

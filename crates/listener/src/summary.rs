@@ -71,7 +71,7 @@ impl MessageSummary {
             groups: t
                 .groups
                 .iter()
-                .map(|g| (g.group.to_string(), g.state))
+                .map(|g| (g.group.as_str().to_owned(), g.state))
                 .collect(),
             first_at: t.first_at,
             last_at: t.last_at,
@@ -131,23 +131,19 @@ fn funnel_flags(t: &Trajectory) -> [bool; 4] {
 /// stay exact whatever the arrival order), taken from the values that are new.
 pub(crate) fn new_latencies(old: &[(Segment, u64)], new: &[(Segment, u64)]) -> Vec<(Segment, u64)> {
     let mut out = Vec::new();
+    // One set of lists for every segment, emptied between them.
+    let (mut o, mut n, mut fresh) = (Vec::new(), Vec::new(), Vec::new());
     for seg in Segment::ALL {
-        let mut o: Vec<u64> = old
-            .iter()
-            .filter(|(s, _)| s == seg)
-            .map(|(_, v)| *v)
-            .collect();
-        let n: Vec<u64> = new
-            .iter()
-            .filter(|(s, _)| s == seg)
-            .map(|(_, v)| *v)
-            .collect();
+        o.clear();
+        o.extend(old.iter().filter(|(s, _)| s == seg).map(|(_, v)| *v));
+        n.clear();
+        n.extend(new.iter().filter(|(s, _)| s == seg).map(|(_, v)| *v));
         let gained = n.len().saturating_sub(o.len());
         if gained == 0 {
             continue;
         }
-        let mut fresh = Vec::new();
-        for v in n {
+        fresh.clear();
+        for &v in &n {
             match o.iter().position(|x| *x == v) {
                 Some(i) => {
                     o.swap_remove(i);
@@ -156,7 +152,7 @@ pub(crate) fn new_latencies(old: &[(Segment, u64)], new: &[(Segment, u64)]) -> V
             }
         }
         fresh.sort_unstable();
-        out.extend(fresh.into_iter().take(gained).map(|v| (*seg, v)));
+        out.extend(fresh.iter().take(gained).map(|v| (*seg, *v)));
     }
     out
 }

@@ -507,6 +507,11 @@ impl HopId {
         }
     }
 
+    /// The hop key ([`Hop::key`]; the same text as the [`Display`](fmt::Display) form).
+    pub fn key(&self) -> String {
+        self.as_hop().key()
+    }
+
     /// The span ID of this hop of a message ([`trace_ids::span_id`]).
     pub fn span_id(&self, message_id: &MessageId) -> [u8; 8] {
         trace_ids::span_id(message_id, &self.as_hop())

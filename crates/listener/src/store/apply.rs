@@ -23,6 +23,7 @@ use crate::summary::{new_latencies, topic_state, MessageSummary};
 use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 use msgtrail_core::outcome::{ChannelOutcome, RedeliveryOutcome};
 use msgtrail_core::{MessageId, Stage, StageRecord};
+use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
 
 /// What pass 1 found.
@@ -130,6 +131,14 @@ impl<'a, 't> Pass<'a, 't> {
         self.t.bump(key, by, &mut self.out.counters)
     }
 
+    /// Bumps a counter within `topic`; the key is built only for a change.
+    fn bump_topic(&mut self, topic: &str, c: Counter, by: i64) -> Result<(), StoreError> {
+        if by == 0 {
+            return Ok(());
+        }
+        self.bump(CounterKey::Topic(topic.to_owned(), c), by)
+    }
+
     /// Pass 1.
     fn link_requests(&mut self, records: &[StageRecord]) -> Result<Linking, StoreError> {
         let mut l = Linking::default();
@@ -184,13 +193,22 @@ impl<'a, 't> Pass<'a, 't> {
         let mut by_key: BTreeMap<String, Vec<StageRecord>> = BTreeMap::new();
         // Most records name their message: those gather by ID first, so that each message's
         // key is formatted and ordered once rather than once per record.
-        let mut by_id: HashMap<MessageId, Vec<StageRecord>> = HashMap::new();
+        // Each message's list is sized from a count first: records are large, and growing
+        // the lists one push at a time copied them over and over.
+        let mut counts: HashMap<MessageId, usize> = HashMap::new();
+        for m in records.iter().filter_map(|r| r.message_id) {
+            *counts.entry(m).or_default() += 1;
+        }
+        let mut by_id: HashMap<MessageId, Vec<StageRecord>> = HashMap::with_capacity(counts.len());
         for mut r in records {
             let key = match (&r.message_id, &r.producer, &r.request_id) {
                 (Some(m), _, _) => {
                     let m = *m;
                     self.store.trim_payload(&mut r);
-                    by_id.entry(m).or_default().push(r);
+                    by_id
+                        .entry(m)
+                        .or_insert_with(|| Vec::with_capacity(counts.get(&m).copied().unwrap_or(1)))
+                        .push(r);
                     continue;
                 }
                 (None, Some(p), Some(q)) => {
@@ -206,7 +224,12 @@ impl<'a, 't> Pass<'a, 't> {
             by_key.entry(key).or_default().push(r);
         }
         for (m, recs) in by_id {
-            by_key.entry(self.key(m)).or_default().extend(recs);
+            match by_key.entry(self.key(m)) {
+                Entry::Vacant(e) => {
+                    e.insert(recs);
+                }
+                Entry::Occupied(mut e) => e.get_mut().extend(recs),
+            }
         }
         Ok(by_key)
     }
@@ -361,21 +384,28 @@ impl<'a, 't> Pass<'a, 't> {
             return Ok((key, own));
         }
         // Assembly drops repeats, so the message's records now (its own and the inserted
-        // ones) are all it needs: a moved record already held has the same dedup key.
+        // ones) are all it needs: a moved record already held has the same dedup key. From
+        // here on the records only go to the cache, which keeps their stored form: assembly
+        // takes them rather than a copy.
         let opts = self.store.options(self.now);
-        let Some(traj) = self.store.assemble(own.records.clone(), &opts) else {
+        let Some(traj) = self.store.assemble(own.take_records(), &opts) else {
             return Ok((key, own));
         };
         let summary = MessageSummary::of(&key, &traj);
         let prev = own.summary.take();
-        self.t.put_summary(prev.as_ref(), &summary)?;
-        let (old_ts, new_ts) = (prev.as_ref().map(topic_state), topic_state(&summary));
-        if old_ts.as_ref() != Some(&new_ts) {
-            self.out.state_changes.push((old_ts, Some(new_ts)));
+        let stored_summary = self.t.put_summary(prev.as_ref(), &summary)?;
+        let same_ts = prev.as_ref().is_some_and(|p| {
+            (p.topic.as_deref(), p.state) == (summary.topic.as_deref(), summary.state)
+        });
+        if !same_ts {
+            let old_ts = prev.as_ref().map(topic_state);
+            self.out
+                .state_changes
+                .push((old_ts, Some(topic_state(&summary))));
         }
-        let topic = summary.topic.clone().unwrap_or_default();
+        let topic = summary.topic.as_deref().unwrap_or_default();
         for e in topic_events {
-            self.bump(CounterKey::Topic(topic.clone(), e), 1)?;
+            self.bump_topic(topic, e, 1)?;
         }
         self.count_funnel(prev.as_ref(), &summary)?;
         let old_l = prev
@@ -387,7 +417,7 @@ impl<'a, 't> Pass<'a, 't> {
             let id = summary.message_id;
             self.out.latencies.push((topic.clone(), s, v, id));
         }
-        own.summary = Some(summary);
+        own.set_summary(summary, stored_summary);
         if self.store.emit_trajectories {
             self.out.trajectories.push(traj);
         }
@@ -463,19 +493,19 @@ impl<'a, 't> Pass<'a, 't> {
         prev: Option<&MessageSummary>,
         summary: &MessageSummary,
     ) -> Result<(), StoreError> {
-        let topic = summary.topic.clone().unwrap_or_default();
+        let topic = summary.topic.as_deref().unwrap_or_default();
         let old_flags = prev.map(|s| s.funnel).unwrap_or_default();
-        let old_topic = prev.map(|s| s.topic.clone().unwrap_or_default());
+        let old_topic = prev.map(|s| s.topic.as_deref().unwrap_or_default());
         for (i, step) in FunnelStep::ALL.into_iter().enumerate() {
             let c = Counter::Funnel(step);
             let (was, is) = (i64::from(old_flags[i]), i64::from(summary.funnel[i]));
             self.bump(c.into(), is - was)?;
-            match &old_topic {
-                Some(ot) if *ot != topic => {
-                    self.bump(CounterKey::Topic(ot.clone(), c), -was)?;
-                    self.bump(CounterKey::Topic(topic.clone(), c), is)?;
+            match old_topic {
+                Some(ot) if ot != topic => {
+                    self.bump_topic(ot, c, -was)?;
+                    self.bump_topic(topic, c, is)?;
                 }
-                _ => self.bump(CounterKey::Topic(topic.clone(), c), is - was)?,
+                _ => self.bump_topic(topic, c, is - was)?,
             }
         }
         Ok(())

@@ -326,16 +326,19 @@ impl<'t> Tables<'t> {
         Ok(())
     }
 
+    /// Writes a message's summary and moves its index entries; returns the bytes written.
     pub(super) fn put_summary(
         &mut self,
         old: Option<&MessageSummary>,
         new: &MessageSummary,
-    ) -> Result<(), StoreError> {
+    ) -> Result<Vec<u8>, StoreError> {
         let key = stored(&new.key)?;
         let key = key.as_bytes();
         // Touch only the index entries whose key changed: most changes move `last_at`
         // (and sometimes the state), rarely the topic or the first time.
-        let topic = |s: &MessageSummary| (s.topic.clone().unwrap_or_default(), s.first_at);
+        fn topic(s: &MessageSummary) -> (&str, u64) {
+            (s.topic.as_deref().unwrap_or_default(), s.first_at)
+        }
         let same_topic = old.is_some_and(|o| topic(o) == topic(new));
         let same_state = old.is_some_and(|o| (o.state, o.last_at) == (new.state, new.last_at));
         if let Some(o) = old {
@@ -358,8 +361,9 @@ impl<'t> Tables<'t> {
             self.by_state
                 .insert((state_code(new.state), new.last_at, key), ())?;
         }
-        self.summaries.insert(key, new.encode().as_slice())?;
-        Ok(())
+        let value = new.encode();
+        self.summaries.insert(key, value.as_slice())?;
+        Ok(value)
     }
 
     /// Reads a message as the cache holds it: its records, their dedup keys and size, its

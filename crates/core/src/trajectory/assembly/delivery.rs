@@ -26,19 +26,31 @@ pub(super) fn delivery_mode(v: &AttemptRecs) -> Option<DeliveryMode> {
 /// A deliver or process hop of one attempt.
 pub(super) fn attempt_hop(
     ctx: &Ctx<'_>,
-    id: HopId,
-    parent: HopId,
+    id: &HopId,
+    parent: &HopId,
     mode: Option<DeliveryMode>,
 ) -> HopSpan {
     let d = id.delivery().expect("an attempt hop names its delivery");
     HopSpan {
-        parent: Some(parent.to_string()),
+        parent: Some(parent.key()),
         group: ClientId::new(d.group.clone()).ok(),
         consumer: ClientId::new(d.consumer.clone()).ok(),
         attempt: Some(d.attempt),
         mode,
         by_id: d.by_id,
-        ..blank_hop(ctx, &id)
+        ..blank_hop(ctx, id)
+    }
+}
+
+/// Who a delivery attempt went to, as the reasons name it: `consumer c (group g)`, with
+/// `, by message ID` for a fetch by ID. Written only into the reasons that name it.
+pub(super) struct Who<'a>(&'a DeliveryId);
+
+impl std::fmt::Display for Who<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let d = self.0;
+        let how = if d.by_id { ", by message ID" } else { "" };
+        write!(f, "consumer {} (group {}{how})", d.consumer, d.group)
     }
 }
 
@@ -53,10 +65,11 @@ pub(super) fn delivery_hops(
     for (d, v) in attempts {
         let mode = delivery_mode(&v);
         let deliver_id = HopId::Deliver(d.clone());
-        let how = if d.by_id { ", by message ID" } else { "" };
-        let who = format!("consumer {} (group {}{how})", d.consumer, d.group);
+        let who = Who(deliver_id
+            .delivery()
+            .expect("a deliver hop names its delivery"));
         if !v.deliver.is_empty() || !v.process.is_empty() {
-            let mut hop = attempt_hop(ctx, deliver_id.clone(), HopId::Store, mode);
+            let mut hop = attempt_hop(ctx, &deliver_id, &HopId::Store, mode);
             let process_start = v.process.iter().map(|r| r.at).min();
             let failure_point = fill_deliver_hop(ctx, &mut hop, v.deliver, process_start, &who);
             if failure_point {
@@ -65,7 +78,7 @@ pub(super) fn delivery_hops(
             hops.push(hop);
         }
         if !v.process.is_empty() {
-            let mut hop = attempt_hop(ctx, HopId::Process(d), deliver_id, mode);
+            let mut hop = attempt_hop(ctx, &HopId::Process(d), &deliver_id, mode);
             fill_process_hop(ctx, &mut hop, v.process, &who);
             hops.push(hop);
         }
@@ -81,7 +94,7 @@ pub(super) fn fill_deliver_hop(
     hop: &mut HopSpan,
     ev: Vec<StageRecord>,
     process_start: Option<u64>,
-    who: &str,
+    who: &Who<'_>,
 ) -> bool {
     let sent = first_at(&ev, &[Stage::PushSent, Stage::PullSent]);
     let settle = ev
@@ -139,7 +152,7 @@ pub(super) fn fill_deliver_hop(
 /// How a settled delivery ended: an ack (also when the C4/C8 names no outcome) is `ok`.
 pub(super) fn settled_status(
     s: &StageRecord,
-    who: &str,
+    who: &Who<'_>,
 ) -> (Option<u64>, HopStatus, Option<String>) {
     match s.typed_outcome() {
         None | Some(crate::outcome::Outcome::Settle(SettleOutcome::Ack)) => {
@@ -159,7 +172,12 @@ pub(super) fn settled_status(
 }
 
 /// Times, status and events of a process hop (receipt → ack sent, with X1/X2).
-pub(super) fn fill_process_hop(ctx: &Ctx<'_>, hop: &mut HopSpan, ev: Vec<StageRecord>, who: &str) {
+pub(super) fn fill_process_hop(
+    ctx: &Ctx<'_>,
+    hop: &mut HopSpan,
+    ev: Vec<StageRecord>,
+    who: &Who<'_>,
+) {
     let received = first_at(&ev, &[Stage::PushReceived, Stage::PullReceived]);
     let x1 = first_at(&ev, &[Stage::ProcessStarted]);
     let x2 = ev

@@ -407,7 +407,7 @@ fn upload_times(part: &Partition) -> UploadTimes {
 fn blank_hop(ctx: &Ctx<'_>, id: &HopId) -> HopSpan {
     HopSpan {
         kind: id.kind(),
-        key: id.to_string(),
+        key: id.key(),
         parent: None,
         span_id: ctx.span(id),
         group: None,

@@ -6,7 +6,7 @@ use super::*;
 /// A hop with no group, consumer or attempt.
 pub(super) fn upload_hop(ctx: &Ctx<'_>, id: HopId, start: u64, end: Option<u64>) -> HopSpan {
     HopSpan {
-        parent: (id == HopId::Store).then(|| HopId::Send.to_string()),
+        parent: (id == HopId::Store).then(|| HopId::Send.key()),
         start,
         end,
         latency_nanos: end.map(|e| e.saturating_sub(start)),
