@@ -11,7 +11,7 @@ use msgtrail_core::frame::{
 };
 use msgtrail_core::headers as h;
 use msgtrail_core::subjects as s;
-use msgtrail_core::wire::{AckKind, ChallengeReply, Format, OpenReply, SubscribeReply};
+use msgtrail_core::wire::{ChallengeReply, Format, OpenReply, SettleKind, SubscribeReply};
 use msgtrail_core::{ErrorCode, MessageId, Role, Stage, StageRecord};
 use msgtrail_e2e::TestSystem;
 use serde_json::json;
@@ -128,7 +128,7 @@ fn entry(request_id: &str, topic: &str, payload: impl Into<Bytes>) -> UploadEntr
 fn ack_entry(token: &str) -> SettleEntry {
     SettleEntry {
         token: token.to_owned(),
-        kind: AckKind::Ack,
+        kind: SettleKind::Ack,
         delay_ms: None,
         reason: String::new(),
     }
@@ -390,13 +390,13 @@ async fn settle_batches_mix_ack_nack_term_and_a_forged_token_fails_alone() {
                 ack_entry(&forged),
                 SettleEntry {
                     token: tok(1),
-                    kind: AckKind::Nack,
+                    kind: SettleKind::Nack,
                     delay_ms: Some(0),
                     reason: "later".into(),
                 },
                 SettleEntry {
                     token: tok(2),
-                    kind: AckKind::Term,
+                    kind: SettleKind::Term,
                     delay_ms: None,
                     reason: "poison".into(),
                 },

@@ -454,7 +454,7 @@ async fn an_impossible_hop_shows_a_question_mark_and_why() {
         // Settled 5 ms before it was received, by the consumer's clock.
         rec(Stage::PullAckSent, t0 + 5 * ms),
         rec(Stage::PullAckReceived, t0 + 20 * ms)
-            .with_outcome(msgtrail_core::outcome::AckKind::Ack),
+            .with_outcome(msgtrail_core::outcome::SettleKind::Ack),
     ];
     let js = async_nats::jetstream::new(sys.nats.clone());
     js.publish(STAGE_SUBJECT, encode_batch(&records).into())

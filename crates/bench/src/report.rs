@@ -235,6 +235,19 @@ impl Report {
                 && s4.counted_bytes_per_inflight_message <= 512.0,
         ));
         t.push(check(
+            "store bytes in use per message of ten records (S4)".into(),
+            "≤ 1,024",
+            s4.store_bytes_in_use_per_ten_record_message,
+            s4.store_bytes_in_use_per_ten_record_message > 0.0
+                && s4.store_bytes_in_use_per_ten_record_message <= 1024.0,
+        ));
+        t.push(check(
+            "arrival to queryable p99 ms at 80 % of max ingest (S4)".into(),
+            "≤ 1,000",
+            s4.queryable_ms.p99_ms,
+            s4.queryable_ms.count > 0 && s4.queryable_ms.p99_ms <= 1000.0,
+        ));
+        t.push(check(
             format!("lookup p99 ms with {} stored (S5)", self.s5.stored_messages),
             "≤ 5 ms at 10 M",
             self.s5.latency.p99_ms,

@@ -8,7 +8,7 @@
 //! miss events should be quick (hand work to its own channel) or get a larger queue
 //! ([`Hooks::register_with_capacity`]).
 
-use msgtrail_core::wire::{AckKind, UploadReply};
+use msgtrail_core::wire::{SettleKind, UploadReply};
 use msgtrail_core::{MessageId, RequestId, Topic};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
@@ -82,7 +82,7 @@ pub enum HookEvent {
         /// The delivery.
         delivery: DeliveryInfo,
         /// Ack, nack or term.
-        kind: AckKind,
+        kind: SettleKind,
         /// When.
         at: u64,
     },

@@ -10,7 +10,7 @@
 //! [`Topic`] and the topic grammar), the stage model ([`Stage`]: P1–P4, C1–C8, X1/X2, N1, A1, R1, D1) and
 //! a stage record with its JSON encoding ([`StageRecord`], [`encode_batch`]; stage stream
 //! version 1, reports). The protocol's vocabularies stay in namespaces of their own, because
-//! their names only make sense together (`frame::UploadBatch`, `wire::AckKind`,
+//! their names only make sense together (`frame::UploadBatch`, `wire::SettleKind`,
 //! `subjects::MESSAGE_STREAM`):
 //! - [`trace_ids`]: the documented derivation of OpenTelemetry trace and span IDs from
 //!   message IDs, so every part computes the same IDs without propagating context.

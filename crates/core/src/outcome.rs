@@ -12,20 +12,20 @@
 //! | --- | --- | --- |
 //! | P2, P3 | [`StoreOutcome`] | `refused`, `recovered` |
 //! | P4 | [`ConfirmOutcome`] | `duplicate` |
-//! | C3, C4, C7, C8 | [`SettleOutcome`] (= [`AckKind`]) | `ack`, `nack`, `term` |
+//! | C3, C4, C7, C8 | [`SettleOutcome`] (= [`SettleKind`]) | `ack`, `nack`, `term` |
 //! | X2 | [`ProcessOutcome`] | `ok`, `failed` |
 //! | A1 | [`ChannelOutcome`] | `opened`, `refused`, `closed`, `expired` |
 //! | R1 | [`RedeliveryOutcome`] | `redeliver`, `dead_letter` |
 
 use crate::record::StageRecord;
 use crate::stage::Stage;
-pub use crate::wire::AckKind;
+pub use crate::wire::SettleKind;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
 /// The outcome of a settle record (C3, C4, C7, C8): the settle kind. A C4/C8 without an
 /// outcome is an ack.
-pub type SettleOutcome = AckKind;
+pub type SettleOutcome = SettleKind;
 
 macro_rules! outcome_enum {
     ($(#[$doc:meta])* $name:ident { $($(#[$vdoc:meta])* $variant:ident = $text:literal,)* }) => {
@@ -111,8 +111,8 @@ outcome_enum! {
     }
 }
 
-fn parse_ack_kind(text: &str) -> Option<AckKind> {
-    [AckKind::Ack, AckKind::Nack, AckKind::Term]
+fn parse_ack_kind(text: &str) -> Option<SettleKind> {
+    [SettleKind::Ack, SettleKind::Nack, SettleKind::Term]
         .into_iter()
         .find(|k| k.as_str() == text)
 }
@@ -273,9 +273,9 @@ mod tests {
                 ConfirmOutcome::Duplicate.into(),
                 "duplicate",
             ),
-            (Stage::PullAckReceived, AckKind::Ack.into(), "ack"),
-            (Stage::PushAckSent, AckKind::Nack.into(), "nack"),
-            (Stage::PushAckReceived, AckKind::Term.into(), "term"),
+            (Stage::PullAckReceived, SettleKind::Ack.into(), "ack"),
+            (Stage::PushAckSent, SettleKind::Nack.into(), "nack"),
+            (Stage::PushAckReceived, SettleKind::Term.into(), "term"),
             (Stage::ProcessFinished, ProcessOutcome::Ok.into(), "ok"),
             (
                 Stage::ProcessFinished,

@@ -353,7 +353,7 @@ pub struct UnsubscribeRequest {
 /// How a delivery is settled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum AckKind {
+pub enum SettleKind {
     /// Processed; do not deliver again.
     Ack,
     /// Not processed; deliver again (after `delay_ms` if given).
@@ -362,13 +362,13 @@ pub enum AckKind {
     Term,
 }
 
-impl AckKind {
+impl SettleKind {
     /// The lowercase name.
     pub fn as_str(self) -> &'static str {
         match self {
-            AckKind::Ack => "ack",
-            AckKind::Nack => "nack",
-            AckKind::Term => "term",
+            SettleKind::Ack => "ack",
+            SettleKind::Nack => "nack",
+            SettleKind::Term => "term",
         }
     }
 }
@@ -381,7 +381,7 @@ pub struct AckRequest {
     /// The delivery's ack token.
     pub token: String,
     /// Ack, nack or term.
-    pub kind: AckKind,
+    pub kind: SettleKind,
     /// For a nack: redeliver after this delay.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delay_ms: Option<u64>,
@@ -405,7 +405,7 @@ pub struct SettleItem {
     /// The delivery's ack token.
     pub token: String,
     /// Ack, nack or term.
-    pub kind: AckKind,
+    pub kind: SettleKind,
     /// For a nack: redeliver after this delay.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delay_ms: Option<u64>,

@@ -49,7 +49,7 @@ use msgtrail_core::subjects::{
 };
 use msgtrail_core::validate_topic_filter;
 use msgtrail_core::wire::{
-    AckKind, AckRequest, Delivery, FetchReply, FetchRequest, Format, Subscription,
+    AckRequest, Delivery, FetchReply, FetchRequest, Format, SettleKind, Subscription,
     NO_MATCHING_MESSAGE,
 };
 use msgtrail_core::{ClientId, ErrorCode, GroupId, MessageId, Role, Stage, StageRecord, WireError};

@@ -28,7 +28,7 @@ impl Deliverer {
     pub(crate) async fn settle(
         &self,
         token: &AckToken,
-        kind: AckKind,
+        kind: SettleKind,
         delay_ms: Option<u64>,
         reason: Option<&str>,
     ) -> Result<Option<(String, u64)>, WireError> {
@@ -43,7 +43,11 @@ impl Deliverer {
     /// `settles_expired`). Nothing goes to JetStream: the delivery is no longer this
     /// consumer's, and an ack JetStream might still take would be one that it answers the same
     /// way whether it took it or not (after a dead letter).
-    pub(super) fn check_in_time(&self, token: &AckToken, kind: AckKind) -> Result<(), WireError> {
+    pub(super) fn check_in_time(
+        &self,
+        token: &AckToken,
+        kind: SettleKind,
+    ) -> Result<(), WireError> {
         let Some(late_ms) = token.expired_by(unix_ms()) else {
             return Ok(());
         };
@@ -70,20 +74,20 @@ impl Deliverer {
     pub(super) fn jetstream_settle(
         &self,
         token: &AckToken,
-        kind: AckKind,
+        kind: SettleKind,
         delay_ms: Option<u64>,
-    ) -> (AckKind, Bytes) {
+    ) -> (SettleKind, Bytes) {
         let last_attempt = token.n >= self.shared.config.max_deliver;
         match kind {
-            AckKind::Ack => (AckKind::Ack, Bytes::from_static(b"+ACK")),
-            AckKind::Nack if !last_attempt => match delay_ms {
+            SettleKind::Ack => (SettleKind::Ack, Bytes::from_static(b"+ACK")),
+            SettleKind::Nack if !last_attempt => match delay_ms {
                 Some(ms) => (
-                    AckKind::Nack,
+                    SettleKind::Nack,
                     format!("-NAK {{\"delay\": {}}}", u128::from(ms) * 1_000_000).into(),
                 ),
-                None => (AckKind::Nack, Bytes::from_static(b"-NAK")),
+                None => (SettleKind::Nack, Bytes::from_static(b"-NAK")),
             },
-            AckKind::Nack | AckKind::Term => (AckKind::Term, Bytes::from_static(b"+TERM")),
+            SettleKind::Nack | SettleKind::Term => (SettleKind::Term, Bytes::from_static(b"+TERM")),
         }
     }
 
@@ -94,7 +98,7 @@ impl Deliverer {
     pub(super) async fn confirm(
         &self,
         token: &AckToken,
-        effective: AckKind,
+        effective: SettleKind,
         payload: Bytes,
     ) -> Result<(), WireError> {
         let request = async_nats::Request::new()
@@ -131,14 +135,14 @@ impl Deliverer {
     pub(super) async fn settled(
         &self,
         token: &AckToken,
-        kind: AckKind,
-        effective: AckKind,
+        kind: SettleKind,
+        effective: SettleKind,
         reason: Option<&str>,
     ) {
         match effective {
-            AckKind::Ack => Metrics::inc(&self.shared.metrics.acks),
-            AckKind::Nack => Metrics::inc(&self.shared.metrics.nacks),
-            AckKind::Term => Metrics::inc(&self.shared.metrics.terms),
+            SettleKind::Ack => Metrics::inc(&self.shared.metrics.acks),
+            SettleKind::Nack => Metrics::inc(&self.shared.metrics.nacks),
+            SettleKind::Term => Metrics::inc(&self.shared.metrics.terms),
         }
         let stage = if token.p {
             Stage::PushAckReceived
@@ -149,10 +153,10 @@ impl Deliverer {
         settle.set_outcome(kind);
         settle.detail = reason.map(str::to_owned);
         self.shared.sink.record(settle);
-        if effective == AckKind::Term {
+        if effective == SettleKind::Term {
             let because = reason.map(|r| format!(": {r}")).unwrap_or_default();
             let why = match kind {
-                AckKind::Nack => format!(
+                SettleKind::Nack => format!(
                     "nacked on the last allowed delivery attempt ({} of {}){because}",
                     token.n, self.shared.config.max_deliver,
                 ),

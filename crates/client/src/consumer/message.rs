@@ -6,7 +6,7 @@ use super::settle::Settler;
 use crate::error::{Cause, ClientError};
 use crate::hooks::DeliveryInfo;
 use bytes::Bytes;
-use msgtrail_core::wire::AckKind as WireKind;
+use msgtrail_core::wire::SettleKind as WireKind;
 use msgtrail_core::GroupId;
 use msgtrail_core::{trace_ids, ClientId, MessageId, Topic};
 use std::collections::BTreeMap;

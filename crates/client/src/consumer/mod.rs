@@ -74,7 +74,7 @@ use decode::Recipient;
 use msgtrail_core::subjects as s;
 use msgtrail_core::time::now_nanos;
 use msgtrail_core::wire::{
-    AckKind as WireKind, FetchRequest, Format, SubscribeReply, SubscribeRequest, Subscription,
+    FetchRequest, Format, SettleKind as WireKind, SubscribeReply, SubscribeRequest, Subscription,
 };
 use msgtrail_core::{ClientId, Role};
 use settle::Settler;

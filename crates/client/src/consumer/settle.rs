@@ -12,7 +12,7 @@ use futures::future::BoxFuture;
 use msgtrail_core::frame::{self, SettleBatch, SettleEntry, SettleResults};
 use msgtrail_core::subjects as s;
 use msgtrail_core::time::now_nanos;
-use msgtrail_core::wire::AckKind as WireKind;
+use msgtrail_core::wire::SettleKind as WireKind;
 use std::sync::Arc;
 use std::time::Duration;
 

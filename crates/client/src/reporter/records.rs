@@ -158,7 +158,7 @@ mod tests {
     use super::*;
     use crate::reporter::flush::REPORT_FRAME_OVERHEAD;
     use msgtrail_core::frame;
-    use msgtrail_core::wire::{AckKind, UploadReply};
+    use msgtrail_core::wire::{SettleKind, UploadReply};
     use msgtrail_core::{ClientId, MessageId, RequestId};
 
     fn delivery() -> DeliveryInfo {
@@ -204,7 +204,7 @@ mod tests {
         assert_eq!(r.record.outcome.as_deref(), Some("duplicate"));
         let c7 = reported(&HookEvent::Settled {
             delivery: delivery(),
-            kind: AckKind::Nack,
+            kind: SettleKind::Nack,
             at: 3,
         })
         .unwrap();

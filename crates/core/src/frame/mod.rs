@@ -27,7 +27,7 @@
 use crate::ids::MessageId;
 use crate::record::StageRecord;
 use crate::stage::Stage;
-use crate::wire::{AckKind, ErrorCode, WireError};
+use crate::wire::{ErrorCode, SettleKind, WireError};
 use bytes::Bytes;
 use std::collections::BTreeMap;
 

@@ -12,7 +12,7 @@ pub struct SettleEntry {
     /// The delivery's ack token.
     pub token: String,
     /// Ack, nack or term.
-    pub kind: AckKind,
+    pub kind: SettleKind,
     /// For a nack: redeliver after this delay.
     pub delay_ms: Option<u64>,
     /// For a nack or term: why, or empty.
@@ -32,11 +32,11 @@ pub struct SettleBatch {
     pub reports_invalid: Option<String>,
 }
 
-pub(super) fn kind_byte(k: AckKind) -> u8 {
+pub(super) fn kind_byte(k: SettleKind) -> u8 {
     match k {
-        AckKind::Ack => 0,
-        AckKind::Nack => 1,
-        AckKind::Term => 2,
+        SettleKind::Ack => 0,
+        SettleKind::Nack => 1,
+        SettleKind::Term => 2,
     }
 }
 
@@ -72,9 +72,9 @@ impl SettleBatch {
         for _ in 0..n {
             let at = r.pos;
             let kind = match r.u8()? {
-                0 => AckKind::Ack,
-                1 => AckKind::Nack,
-                2 => AckKind::Term,
+                0 => SettleKind::Ack,
+                1 => SettleKind::Nack,
+                2 => SettleKind::Term,
                 other => return Err(r.err_at(at, format!("unknown settle kind {other}"))),
             };
             let delay_ms = match r.u8()? {

@@ -186,19 +186,19 @@ fn deliveries_and_settles_round_trip() {
         entries: vec![
             SettleEntry {
                 token: "a".into(),
-                kind: AckKind::Ack,
+                kind: SettleKind::Ack,
                 delay_ms: None,
                 reason: String::new(),
             },
             SettleEntry {
                 token: "b".into(),
-                kind: AckKind::Nack,
+                kind: SettleKind::Nack,
                 delay_ms: Some(0),
                 reason: "later".into(),
             },
             SettleEntry {
                 token: "c".into(),
-                kind: AckKind::Term,
+                kind: SettleKind::Term,
                 delay_ms: None,
                 reason: "poison".into(),
             },
