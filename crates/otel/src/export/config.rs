@@ -234,19 +234,45 @@ pub(super) fn parse_headers(s: &str) -> Option<Vec<(String, String)>> {
         .collect()
 }
 
+/// Decodes `%XX` escapes; `None` for a `%` not followed by two hex digits or bytes that are
+/// not UTF-8 (a malformed header value is refused, not passed on literally).
 pub(super) fn percent_decode(s: &str) -> Option<String> {
     let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' {
-            let hex = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(b[i]);
-            i += 1;
+    let well_formed = b.iter().enumerate().all(|(i, c)| {
+        *c != b'%'
+            || b.get(i + 1..i + 3)
+                .is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit))
+    });
+    if !well_formed {
+        return None;
+    }
+    percent_encoding::percent_decode(b)
+        .decode_utf8()
+        .ok()
+        .map(|c| c.into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_values_are_percent_decoded() {
+        let got = parse_headers("x-tenant=eu, authorization=Basic%20abc%3D%3D,,").unwrap();
+        assert_eq!(
+            got,
+            vec![
+                ("x-tenant".to_owned(), "eu".to_owned()),
+                ("authorization".to_owned(), "Basic abc==".to_owned()),
+            ]
+        );
+        assert_eq!(percent_decode("caf%C3%A9").as_deref(), Some("café"));
+    }
+
+    #[test]
+    fn malformed_header_values_are_refused() {
+        for bad in ["a=%zz", "a=%4", "a=50%", "a=%FF", "a=%+1", "no-equals-sign"] {
+            assert_eq!(parse_headers(bad), None, "{bad}");
         }
     }
-    String::from_utf8(out).ok()
 }
