@@ -33,8 +33,8 @@ use crate::error::QueryError;
 use crate::export::ExportSender;
 use crate::stats::{Exposition, Stats};
 use crate::store::{SearchQuery, Store};
-use axum::extract::rejection::QueryRejection;
-use axum::extract::{Path, Query, Request, State};
+use axum::extract::{FromRequestParts, Path, Query, Request, State};
+use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, StatusCode, Uri};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -226,12 +226,8 @@ struct MessageParams {
 async fn message(
     State(st): State<AppState>,
     Path(id): Path<String>,
-    p: Result<Query<MessageParams>, QueryRejection>,
+    ApiQuery(p): ApiQuery<MessageParams>,
 ) -> Response {
-    let p = match params(p) {
-        Ok(p) => p,
-        Err(e) => return e.into_response(),
-    };
     let store = st.store.clone();
     json(blocking(move || store.lookup(&id, p.producer.as_deref(), now_nanos())).await)
 }
@@ -253,7 +249,7 @@ struct ClientEventParams {
 async fn client_events(
     State(st): State<AppState>,
     Path(client): Path<String>,
-    Query(p): Query<ClientEventParams>,
+    ApiQuery(p): ApiQuery<ClientEventParams>,
 ) -> Response {
     let store = st.store.clone();
     let limit = p.limit.unwrap_or(100);
@@ -273,18 +269,12 @@ struct WindowParams {
 }
 
 /// The window a group view covers, in seconds: the query's `since_secs` or 15 minutes.
-fn window(p: Result<Query<WindowParams>, QueryRejection>) -> Result<u64, QueryError> {
-    Ok(params(p)?.since_secs.unwrap_or(GROUP_WINDOW_SECS))
+fn window(p: &WindowParams) -> u64 {
+    p.since_secs.unwrap_or(GROUP_WINDOW_SECS)
 }
 
-async fn groups(
-    State(st): State<AppState>,
-    p: Result<Query<WindowParams>, QueryRejection>,
-) -> Response {
-    let since = match window(p) {
-        Ok(since) => since,
-        Err(e) => return e.into_response(),
-    };
+async fn groups(State(st): State<AppState>, ApiQuery(p): ApiQuery<WindowParams>) -> Response {
+    let since = window(&p);
     let store = st.store.clone();
     json(blocking(move || Ok(crate::views::groups(&store, now_nanos(), since)?)).await)
 }
@@ -292,12 +282,9 @@ async fn groups(
 async fn group(
     State(st): State<AppState>,
     Path(group): Path<String>,
-    p: Result<Query<WindowParams>, QueryRejection>,
+    ApiQuery(p): ApiQuery<WindowParams>,
 ) -> Response {
-    let since = match window(p) {
-        Ok(since) => since,
-        Err(e) => return e.into_response(),
-    };
+    let since = window(&p);
     let store = st.store.clone();
     let found = blocking(move || {
         crate::views::group_detail(&store, &group, now_nanos(), since)?.ok_or_else(|| {
@@ -315,14 +302,8 @@ struct LimitParams {
     limit: Option<usize>,
 }
 
-async fn dead_letters(
-    State(st): State<AppState>,
-    p: Result<Query<LimitParams>, QueryRejection>,
-) -> Response {
-    let limit = match params(p) {
-        Ok(p) => p.limit.unwrap_or(100).clamp(1, 1_000),
-        Err(e) => return e.into_response(),
-    };
+async fn dead_letters(State(st): State<AppState>, ApiQuery(p): ApiQuery<LimitParams>) -> Response {
+    let limit = p.limit.unwrap_or(100).clamp(1, 1_000);
     let store = st.store.clone();
     json(blocking(move || Ok(crate::views::dead_letters(&store, now_nanos(), limit)?)).await)
 }
@@ -353,8 +334,6 @@ struct SearchParams {
     attr: Option<String>,
 }
 
-/// The query string's parameters, or the JSON error a bad one answers (never axum's plain
-/// text).
 /// The JSON of a result, or the error's response.
 fn json<T: serde::Serialize>(r: Result<T, QueryError>) -> Response {
     match r {
@@ -363,19 +342,22 @@ fn json<T: serde::Serialize>(r: Result<T, QueryError>) -> Response {
     }
 }
 
-fn params<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, QueryError> {
-    q.map(|Query(p)| p)
-        .map_err(|e| QueryError::BadRequest(e.body_text()))
+/// The query string's parameters, or the JSON error a bad one answers (never axum's plain
+/// text): axum's `Query` with [`QueryError`] as its rejection.
+struct ApiQuery<T>(T);
+
+impl<T: serde::de::DeserializeOwned, S: Send + Sync> FromRequestParts<S> for ApiQuery<T> {
+    type Rejection = QueryError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, QueryError> {
+        Query::<T>::from_request_parts(parts, state)
+            .await
+            .map(|Query(p)| ApiQuery(p))
+            .map_err(|e| QueryError::BadRequest(e.body_text()))
+    }
 }
 
-async fn search(
-    State(st): State<AppState>,
-    p: Result<Query<SearchParams>, QueryRejection>,
-) -> Response {
-    let p = match params(p) {
-        Ok(p) => p,
-        Err(e) => return e.into_response(),
-    };
+async fn search(State(st): State<AppState>, ApiQuery(p): ApiQuery<SearchParams>) -> Response {
     let state = match p
         .state
         .as_deref()
@@ -451,14 +433,7 @@ struct StatsParams {
     topic: Option<String>,
 }
 
-async fn stats_handler(
-    State(st): State<AppState>,
-    p: Result<Query<StatsParams>, QueryRejection>,
-) -> Response {
-    let p = match params(p) {
-        Ok(p) => p,
-        Err(e) => return e.into_response(),
-    };
+async fn stats_handler(State(st): State<AppState>, ApiQuery(p): ApiQuery<StatsParams>) -> Response {
     Json(st.stats.snapshot(p.topic.as_deref(), now_nanos())).into_response()
 }
 
