@@ -25,15 +25,14 @@ pub(super) fn received(
     to: &Recipient<'_>,
     push: bool,
 ) -> Result<Received, ClientError> {
+    let id = d.message_id;
     let bad = |what: &str, e: msgtrail_core::IdError| {
-        ClientError::Decode(Cause::with_context(
-            format!("{what} of delivery {}", d.message_id),
-            e,
-        ))
+        ClientError::Decode(Cause::with_context(format!("{what} of delivery {id}"), e))
     };
-    let producer = ClientId::new(d.producer.as_str()).map_err(|e| bad("producer", e))?;
-    let group = GroupId::new(d.group.as_str()).map_err(|e| bad("group", e))?;
-    let topic = Topic::new(d.topic.as_str()).map_err(|e| bad("topic", e))?;
+    // The frame's text is taken, not copied: each name is checked where it is.
+    let producer = ClientId::new(d.producer).map_err(|e| bad("producer", e))?;
+    let group = GroupId::new(d.group).map_err(|e| bad("group", e))?;
+    let topic = Topic::new(d.topic).map_err(|e| bad("topic", e))?;
     Ok(Received {
         message_id: d.message_id,
         topic,
@@ -88,7 +87,7 @@ pub(super) fn json_deliveries(
                         e,
                     ))
                 })?;
-            let topic = Topic::new(d.topic.as_str()).map_err(|e| {
+            let topic = Topic::new(d.topic).map_err(|e| {
                 ClientError::Decode(Cause::with_context(format!("topic of {}", d.message_id), e))
             })?;
             Ok(Received {
