@@ -31,7 +31,9 @@ pub(super) fn received(
     };
     // The frame's text is taken, not copied: each name is checked where it is.
     let producer = ClientId::new(d.producer).map_err(|e| bad("producer", e))?;
-    let group = GroupId::new(d.group).map_err(|e| bad("group", e))?;
+    let group = ClientId::new(d.group)
+        .map(GroupId::from)
+        .map_err(|e| bad("group", e))?;
     let topic = Topic::new(d.topic).map_err(|e| bad("topic", e))?;
     Ok(Received {
         message_id: d.message_id,
