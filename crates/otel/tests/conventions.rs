@@ -13,9 +13,7 @@
 mod common;
 
 use common::*;
-use msgtrail_core::trajectory::Trajectory;
-use msgtrail_core::Stage;
-use msgtrail_otel::{trajectory_spans, MappingOptions, ServiceSpan};
+use msgtrail_otel::ServiceSpan;
 use opentelemetry::trace::SpanKind;
 use opentelemetry::{Array, KeyValue, Value};
 use std::collections::{BTreeMap, BTreeSet};
@@ -222,48 +220,6 @@ fn type_matches(ty: &AttrType, value: &Value) -> bool {
     }
 }
 
-/// A retried upload the broker flagged duplicate, a hop whose clock timestamps contradict
-/// each other and a dead-lettered delivery: the attributes the plain fixtures do not reach.
-fn dead_lettered_with_bad_clock() -> Trajectory {
-    let mut records = upload(true);
-    let mut duplicate = records
-        .iter()
-        .find(|r| r.stage == Stage::UploadReceived)
-        .expect("an upload has a P2")
-        .clone();
-    duplicate.stage = Stage::Duplicate;
-    duplicate.at = ms(5);
-    records.push(duplicate);
-    records.extend(delivery(1, 10, false));
-    for r in records.iter_mut() {
-        match r.stage {
-            // Given up after the failed attempt: dead-lettered, not redelivered.
-            Stage::Redelivery => r.outcome = Some("dead_letter".into()),
-            // The producer's P4 before its own P1: impossible on one clock.
-            Stage::StoreConfirmed => r.at = ms(0) - 5_000_000,
-            _ => {}
-        }
-    }
-    assemble(records, Some(ms(60_000)))
-}
-
-fn fixture_spans() -> Vec<ServiceSpan> {
-    let opts = MappingOptions {
-        now: Some(ms(60_000)),
-        ..Default::default()
-    };
-    [
-        success(),
-        failure_then_success(),
-        orphan(),
-        synthesized_root(),
-        dead_lettered_with_bad_clock(),
-    ]
-    .iter()
-    .flat_map(|t| trajectory_spans(t, &opts))
-    .collect()
-}
-
 /// Every attribute of a span with where it was found: the span, its events, its links.
 fn attributes(span: &ServiceSpan) -> Vec<(String, &KeyValue)> {
     let name = &span.span.name;
@@ -293,7 +249,7 @@ fn attributes(span: &ServiceSpan) -> Vec<(String, &KeyValue)> {
 #[test]
 fn every_exported_attribute_is_defined_with_its_type() {
     let (_, defs) = registries();
-    let spans = fixture_spans();
+    let spans = every_fixture_spans();
     assert!(spans.len() >= 10, "too few spans: {}", spans.len());
     let mut problems = Vec::new();
     for span in &spans {
@@ -318,7 +274,7 @@ fn every_exported_attribute_is_defined_with_its_type() {
 #[test]
 fn every_attribute_of_the_registry_is_emitted() {
     let (own, _) = registries();
-    let emitted: BTreeSet<String> = fixture_spans()
+    let emitted: BTreeSet<String> = every_fixture_spans()
         .iter()
         .flat_map(|s| {
             attributes(s)
@@ -395,7 +351,7 @@ fn kinds_for(operation_type: &str) -> &'static [SpanKind] {
 
 #[test]
 fn span_kinds_match_the_messaging_operation_types() {
-    let spans = fixture_spans();
+    let spans = every_fixture_spans();
     let mut seen = BTreeSet::new();
     for span in &spans {
         let op = span

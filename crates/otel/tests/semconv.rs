@@ -13,7 +13,7 @@
 mod common;
 
 use common::*;
-use msgtrail_otel::{trajectory_spans, ExportConfig, MappingOptions, Protocol, TraceExporter};
+use msgtrail_otel::{ExportConfig, Protocol, TraceExporter};
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -31,24 +31,6 @@ fn free_port() -> u16 {
         .local_addr()
         .unwrap()
         .port()
-}
-
-/// Spans of every kind of trajectory the fixtures have: ok, a failed attempt, an orphan
-/// upload, a synthesized root.
-fn spans() -> Vec<msgtrail_otel::ServiceSpan> {
-    let opts = MappingOptions {
-        now: Some(ms(60_000)),
-        ..Default::default()
-    };
-    [
-        success(),
-        failure_then_success(),
-        orphan(),
-        synthesized_root(),
-    ]
-    .iter()
-    .flat_map(|t| trajectory_spans(t, &opts))
-    .collect()
 }
 
 /// Weaver's binary: `WEAVER_BIN`. Asked for, it must be there.
@@ -108,7 +90,7 @@ async fn weaver_live_check_finds_no_violation() {
         ..Default::default()
     })
     .unwrap();
-    let spans = spans();
+    let spans = every_fixture_spans();
     let n = spans.len() as u64;
     assert_eq!(exporter.try_export(spans) as u64, n);
     let stats = exporter.shutdown(Duration::from_secs(10)).await;
