@@ -7,8 +7,11 @@
 //! ## Layout
 //! - [`connect`]: [`NatsOptions`] (every default in its `Default`; `Debug` hides secrets),
 //!   connecting with them, and [`ConnectError`].
+//! - [`topology`]: every JetStream stream and bucket msgtrail uses, their settings, and how a
+//!   process that finds one with other settings brings it to its own ([`topology::ensure_stream`]).
 
 pub mod connect;
+pub mod topology;
 
 pub use connect::{ConnectError, NatsOptions, DEFAULT_URL};
 /// The type of every secret option, re-exported so callers need not name `secrecy`.
