@@ -103,7 +103,7 @@ async function loadList(force) {
   let list;
   try { list = await api("/api/messages?" + q); }
   catch (err) {
-    if (!err.network) { listJson = ""; held = null; $("list").innerHTML = `<tr><td class="error">${esc(err.message)}</td></tr>`; $("count").textContent = ""; drawScatter([]); }
+    if (!err.network) { listJson = ""; held = null; listRows = []; $("list").innerHTML = `<tr><td class="error">${esc(err.message)}</td></tr>`; $("count").textContent = ""; drawScatter([]); }
     return;
   }
   const maxMs = parseFloat($("f-max").value);
@@ -142,11 +142,11 @@ function rowHtml(m) {
   const tail = m.message_id ? "…" + m.message_id.slice(-12) : "request " + m.request_id;
   return `<tr class="msg" tabindex="-1" data-key="${esc(m.key)}" data-id="${esc(id)}" data-producer="${esc(m.message_id ? "" : m.producer)}" aria-selected="false">
     <td class="t" title="${esc(at)}">${at.slice(0, 10) === today() ? at.slice(11) : at}</td>
-    <td>${esc(m.topic)}<div class="mono dim" title="${esc(id)}">${esc(tail)}</div></td>
-    <td class="prod">${esc(m.producer)}</td>
-    <td class="n" title="${esc(groups.map(([g, s]) => g + ": " + s).join(", "))}">${groups.length}${m.redelivered ? ` <span class="warn mark-redelivered" title="delivered again to some group">↻ redelivered</span>` : ""}</td>
+    <td>${esc(m.topic)}<div class="dim sub"><span class="mono" title="${esc(id)}">${esc(tail)}</span> · <span class="prod" title="producer">${esc(m.producer)}</span></div></td>
+    <td class="n" title="${esc(groups.map(([g, s]) => g + ": " + s).join(", ") || "no group got it yet")}">${groups.length}</td>
     <td class="dur" data-nanos="${d}"><span class="${done ? "" : "incomplete"}" title="${done ? "end to end, its slowest group" : "its records so far: no group has consumed it"}">${dur(d)}</span><div class="mini"><i style="width:${(d / longest * 100).toFixed(1)}%"></i></div></td>
     <td class="${m.state}">${m.state}${failed ? ` <span class="warn mark-failed" title="${esc(m.failure || "a hop failed, a later attempt recovered")}">⚠ had a failure</span>` : ""}${
+      m.redelivered ? ` <span class="warn mark-redelivered" title="delivered again to some group">↻ redelivered</span>` : ""}${
       m.dead_lettered && m.state !== "dead_lettered" ? ` <span class="warn mark-dead" title="some group dead-lettered it">✝ dead-lettered</span>` : ""}</td></tr>`;
 }
 function drawMore(upTo) {
@@ -157,7 +157,7 @@ function drawMore(upTo) {
   $("count").textContent = drawn < listRows.length ? `(${listRows.length} found, first ${drawn} drawn: scroll for more)` : `(${listRows.length} shown)`;
   return true;
 }
-const COLUMNS = [["first seen", "recent", "oldest"], ["topic, ID"], ["producer"], ["groups", "groups"], ["end to end", "longest", "shortest"], ["state", "problems"]];
+const COLUMNS = [["first seen", "recent", "oldest"], ["topic, ID · producer"], ["groups", "groups"], ["end to end", "longest", "shortest"], ["state", "problems"]];
 function renderList(list) {
   const table = $("list"), hadFocus = table.contains(document.activeElement);
   const focusedKey = hadFocus ? document.activeElement.dataset.key : null;
@@ -166,7 +166,7 @@ function renderList(list) {
   drawn = 0;
   longest = Math.max(1, ...list.map(durationOf));
   const head = COLUMNS.map(([name, one, other], i) => {
-    const on = sort === one || sort === other, cls = i === 3 || i === 4 ? ' class="n"' : "";
+    const on = sort === one || sort === other, cls = i === 2 || i === 3 ? ' class="n"' : "";
     const label = i === 0 ? `${name} (${zoneName()})` : name;
     return `<th${cls}${one ? ` data-sort="${one}"${other ? ` data-sort2="${other}"` : ""} aria-sort="${on ? (sort === "oldest" || sort === "shortest" ? "ascending" : "descending") : "none"}" title="sort by ${name}"` : ""}>${label}${on ? (sort === "oldest" || sort === "shortest" ? " ▴" : " ▾") : ""}</th>`;
   }).join("");
@@ -175,7 +175,8 @@ function renderList(list) {
   const want = listRows.findIndex(m => m.key === (focusedKey || selectedKey));
   drawMore(want + 1);
   markSelected();
-  drawScatter(list);
+  // After the rows: the list is usable first.
+  clearTimeout(scatterTimer); scatterTimer = setTimeout(() => drawScatter(list));
   const keep = focusedKey && table.querySelector(`tr.msg[data-key="${CSS.escape(focusedKey)}"]`);
   if (keep) { keep.tabIndex = 0; keep.focus({ preventScroll: true }); }
   else if (!table.querySelector('tr.msg[tabindex="0"]') && table.querySelector("tr.msg")) table.querySelector("tr.msg").tabIndex = 0;
@@ -234,7 +235,9 @@ $("search").addEventListener("reset", () => setTimeout(() => { setSearchError(""
 for (const id of ["state", "f-sort", "f-lookback"]) $(id).addEventListener("change", () => { formToUrl(); loadList(true); });
 
 // ---- the scatter plot: each listed message's end to end over when it was first seen ----
-const SVG_NS = "http://www.w3.org/2000/svg";
+let scatterTimer = null;
+// Up to 2 000 dots (the first of the list's order), each with its words as a tooltip up to
+// 500 of them.
 function drawScatter(list) {
   const svg = $("scatter"), w = Math.max(svg.clientWidth, 100), h = 84, pad = 6;
   svg.setAttribute("viewBox", `0 0 ${w} ${h}`);
@@ -244,7 +247,7 @@ function drawScatter(list) {
   const x = m => pad + (t1 > t0 ? (m.first_at - t0) / (t1 - t0) : 0.5) * (w - 2 * pad);
   const y = m => h - pad - durationOf(m) / top * (h - 2 * pad);
   svg.innerHTML = `<line x1="${pad}" y1="${h - pad}" x2="${w - pad}" y2="${h - pad}" class="ax"/>` + list.slice(0, 2000).map(m =>
-    `<circle cx="${x(m).toFixed(1)}" cy="${y(m).toFixed(1)}" r="3.5" class="pt ${m.state}" data-key="${esc(m.key)}" data-id="${esc(rowId(m))}" data-producer="${esc(m.message_id ? "" : m.producer)}" data-nanos="${durationOf(m)}"><title>${esc(m.topic)} · ${dur(durationOf(m))} · ${m.state} · ${dateTime(m.first_at)}</title></circle>`).join("");
+    `<circle cx="${x(m).toFixed(1)}" cy="${y(m).toFixed(1)}" r="3.5" class="pt ${m.state}" data-key="${esc(m.key)}" data-id="${esc(rowId(m))}" data-producer="${esc(m.message_id ? "" : m.producer)}" data-nanos="${durationOf(m)}">${list.length <= 500 ? `<title>${esc(m.topic)} · ${dur(durationOf(m))} · ${m.state} · ${dateTime(m.first_at)}</title>` : ""}</circle>`).join("");
   $("scatterNote").textContent = `end to end, 0 – ${dur(top)}, over ${dateTime(t0, false).slice(11)} – ${dateTime(t1, false).slice(11)}`;
   markSelected();
 }

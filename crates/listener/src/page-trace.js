@@ -113,9 +113,9 @@ async function loadSpans(json) {
 // ---- the time axis: nice ticks whose precision follows the zoom ----
 const UNITS = [[1e9, "s"], [1e6, "ms"], [1e3, "µs"], [1, "ns"]];
 // Ticks over [a, b] (nanoseconds from the first record): a step of 1, 2 or 5 × 10^k giving
-// four to ten ticks, each written with the decimals that step needs.
-function axisTicks(a, b) {
-  const span = Math.max(b - a, 1), raw = span / 5, p = 10 ** Math.floor(Math.log10(raw)), m = raw / p;
+// about `want` ticks, each written with the decimals that step needs.
+function axisTicks(a, b, want = 5) {
+  const span = Math.max(b - a, 1), raw = span / want, p = 10 ** Math.floor(Math.log10(raw)), m = raw / p;
   const step = (m < 1.5 ? 1 : m < 3.5 ? 2 : m < 7.5 ? 5 : 10) * p;
   const [unit, name] = UNITS.find(([u]) => step >= u) || UNITS[3];
   const decimals = Math.max(0, Math.ceil(-Math.log10(step / unit) - 1e-9));
@@ -203,9 +203,12 @@ function render(t) {
     [...others, t.message_id].sort().map(m => m === t.message_id ? `<span class="mono">${esc(m)}</span> (this one)` : `<a href="#${esc(encodeURIComponent(m))}" class="mono">${esc(m)}</a>`).join(", ")}</div>` : "";
   const traceHref = uiLink(traceUi, t.trace_id);
   const link = traceHref ? ` <a id="traceLink" href="${esc(traceHref)}" target="_blank" rel="noopener">open the trace in the tracing UI</a>` : "";
-  const ticks = axisTicks(t0 - first, end - first).map(k => {
+  // As many ticks as the axis has room for (about 90 px each; the axis is about half the
+  // trajectory's width); none in the last 8 %, where its label would run off the axis.
+  const room = Math.max(2, Math.min(8, Math.floor(($("traceBody").clientWidth || 800) * 0.45 / 90)));
+  const ticks = axisTicks(t0 - first, end - first, room).map(k => {
     const x = (k.at - (t0 - first)) / span * 100;
-    return `<span style="left:${x.toFixed(2)}%" class="${x < 6 ? "first" : x > 94 ? "last" : ""}">${k.label}</span>`;
+    return x > 92 ? "" : `<span style="left:${x.toFixed(2)}%" class="${x < 6 ? "first" : ""}">${k.label}</span>`;
   }).join("");
   const clocks = (t.clocks || []).map(c => `<tr><td>${clientLink(c.client)}</td><td>${c.broker ? "vs broker " + esc(c.broker) : ""}</td><td>${signed(c.offset_nanos)} ± ${msb(c.bound_nanos)}</td>
     <td>round trip ${msb(c.round_trip_nanos)}</td><td>${c.samples} exchange(s)</td></tr>`).join("");

@@ -145,10 +145,11 @@ async function loadStats() {
   const states = STATES.filter(k => s.states[k]).map(k => `<span class="${k}">${k} ${s.states[k]}</span>`).join(" · ") || "none yet";
   const f = s.funnel, e = s.events;
   const e2e = s.latency.filter(r => r.segment === "end_to_end").sort((a, b) => b.window.count - a.window.count);
-  const e2eText = e2e.slice(0, 3).map(r => `${esc(r.topic)} p50 ${r.window.p50_ms.toFixed(1)} ms · p99 ${r.window.p99_ms.toFixed(1)} ms · ${r.window.count} group completions`).join("; ");
+  const e2eItems = e2e.slice(0, 4).map((r, i) => `<span class="st more" title="end to end, last ${s.window_secs} s: one sample per consumer group that consumed a message">${i ? "" : "<b>end to end</b> "}${esc(r.topic)} p50 ${r.window.p50_ms.toFixed(1)} ms · p99 ${r.window.p99_ms.toFixed(1)} ms · ${r.window.count} group completions</span>`).join("")
+    + (e2e.length > 4 ? `<span class="st more dim">and ${e2e.length - 4} more topics</span>` : "");
   $("statsBody").innerHTML = `<span class="st"><b>states</b> ${states}</span>
     <span class="st"><b>funnel</b> sent ${f.sent} → stored ${f.stored}${pct(f.stored, f.sent)} → delivered ${f.delivered}${pct(f.delivered, f.sent)} → acked ${f.acked}${pct(f.acked, f.sent)}</span>
-    <span class="st" title="stored again after the dedup window ${e.duplicates_after_window || 0} · no-match ${e.no_match}"><b>events</b> duplicates ${e.duplicates} · redeliveries ${e.redeliveries} · dead letters ${e.dead_letters}</span>
-    <span class="st" title="${s.lag.stored_pending ?? 0} stored messages pending"><b>ingest</b> ${s.ingest.records} records · lag ${s.lag.pending}</span>
-    ${e2eText ? `<span class="st" title="end to end, last ${s.window_secs} s: one sample per consumer group that consumed a message${e2e.length > 3 ? "; " + e2e.slice(3).map(r => r.topic).join(", ") + " more" : ""}"><b>end to end</b> ${e2eText}</span>` : ""}`;
+    <span class="st more" title="stored again after the dedup window ${e.duplicates_after_window || 0} · no-match ${e.no_match}"><b>events</b> duplicates ${e.duplicates} · redeliveries ${e.redeliveries} · dead letters ${e.dead_letters}</span>
+    <span class="st more" title="${s.lag.stored_pending ?? 0} stored messages pending"><b>ingest</b> ${s.ingest.records} records · lag ${s.lag.pending}</span>
+    ${e2eItems}`;
 }
