@@ -153,7 +153,8 @@ async fn layout_and_a_result_list_to_scan() {
         "document.querySelector('#list').innerText",
     )
     .await;
-    for w in WIDTHS {
+    // And 1000 px, the other end of the narrow layouts.
+    for w in [WIDTHS[0], 1000, WIDTHS[1]] {
         width(&b, w).await;
         // The timeline gets most of the width (beside the list, or the whole width below
         // it); the statistics a slim bar; the list starts in sight.
