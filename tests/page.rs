@@ -687,7 +687,7 @@ async fn screenshots_of_the_main_views() {
         pull(&audit, "audit", "orders.*", None).await;
     }
     l.trajectory_when(&refund, |t| consumed_by(t, 2)).await;
-    let b = Browser::start(1280).await;
+    let b = Browser::start(1440).await;
     let shoot = async |name: &str| {
         let png = b.client.screenshot().await.unwrap();
         assert!(png.starts_with(b"\x89PNG") && png.len() > 10_000, "{name}");
@@ -702,8 +702,12 @@ async fn screenshots_of_the_main_views() {
     .await;
     b.click("tr.hop[data-key=\"deliver/billing/billing-1/1\"]")
         .await;
-    b.until("the detail", "document.querySelector('tr.detail')", "1")
-        .await;
+    b.until(
+        "the detail with its exported attributes",
+        "document.querySelector('tr.detail table.attrs')",
+        "1",
+    )
+    .await;
     shoot("page-waterfall.png").await;
     b.type_into("#q", &food).await;
     b.keys(&Key::Enter.to_string()).await;
@@ -717,14 +721,14 @@ async fn screenshots_of_the_main_views() {
         "document.querySelector('#list').innerText",
     )
     .await;
-    b.client.set_window_size(1280, 1500).await.unwrap();
+    b.client.set_window_size(1440, 1100).await.unwrap();
     shoot("page-stuck-and-search.png").await;
-    b.client.set_window_size(820, 1100).await.unwrap();
+    b.client.set_window_size(800, 1100).await.unwrap();
     b.open(&format!("{}/#{refund}", l.url())).await;
     b.until("the narrow page", "document.querySelector('table.wf')", "1")
         .await;
     shoot("page-narrow.png").await;
-    b.client.set_window_size(1280, 900).await.unwrap();
+    b.client.set_window_size(1440, 900).await.unwrap();
     b.open(&format!("{}/#/groups/billing", l.url())).await;
     b.until(
         "billing's group view",

@@ -3,6 +3,7 @@
 //! | route | answer |
 //! | --- | --- |
 //! | `GET /api/messages/{message-id or request-id}[?producer=P]` | the [`Trajectory`] as JSON (a request ID stored as several messages, uploaded again after the dedup window: the latest, its `same_request` naming the others); 404 not found; 409 a request ID several producers used |
+//! | `GET /api/messages/{id}/spans[?producer=P]` | [`TrajectorySpans`]: per hop, the span the trace exporter maps it to, with its `msgtrail.*`/`messaging.*` attributes |
 //! | `GET /api/messages?topic=&state=&from=&to=&since_secs=&limit=&producer=&group=&min_ms=&failed=true&redelivered=true&dead_letter=true&attr=k=v` | matching [`MessageSummary`]s, newest first (`topic` may hold `*` and `>` wildcards; `min_ms` is the slowest group's end to end; `failed`, `redelivered`, `dead_letter`: at any hop) |
 //! | `GET /api/groups[?since_secs=S]` | [`GroupsOverview`]: per consumer group, its messages first seen in the last S seconds (default 900) by state, backlog, in flight, ack rate, dead letters |
 //! | `GET /api/groups/{group}[?since_secs=S]` | [`GroupDetail`]: the group's counts, and from its newest 300 trajectories its members, redeliveries and p50/p99 per hop segment; 404 when no message of the window reached it |
@@ -12,8 +13,9 @@
 //! | `GET /api/stats[?topic=T]` | [`StatsSnapshot`] |
 //! | `GET /metrics` | Prometheus text 0.0.4, or OpenMetrics 1.0 with the latency histograms' exemplars (trace IDs) when `Accept` asks for `application/openmetrics-text` ([`Exposition`]) |
 //! | `GET /healthz` | `ok` (never needs the token) |
-//! | `GET /` | the page: statistics, recent messages, a trajectory's timeline, the group, dead-letter and client views (static, with its scripts `/page.js` and `/page-views.js`; its data calls carry the token) |
-//! | `GET /api/config` | `{"trace_ui_template": "http://…/trace/{trace_id}" or null}` |
+//! | `GET /` | the page: statistics, recent messages, a trajectory's timeline, the group, dead-letter and client views (static, with its scripts `/page.js`, `/page-list.js`, `/page-trace.js` and `/page-views.js`; its data calls carry the token) |
+//! | `GET /api/config` | `{"trace_ui_template": "http://…/trace/{trace_id}" or null, "span_ui_template": "…{trace_id}…{span_id}…" or null}` |
+//! | `GET /favicon.ico` | the page's icon (SVG) |
 //!
 //! With a token configured, `/api/*` and `/metrics` require `Authorization: Bearer <token>`.
 //! Errors are `{"error": "...", "kind": "not_found" | "ambiguous" | "bad_request" |
@@ -27,6 +29,7 @@
 //! [`GroupsOverview`]: crate::views::GroupsOverview
 //! [`GroupDetail`]: crate::views::GroupDetail
 //! [`DeadLetter`]: crate::views::DeadLetter
+//! [`TrajectorySpans`]: crate::views::spans::TrajectorySpans
 
 use crate::clocks::ClockWindow;
 use crate::error::QueryError;
@@ -93,6 +96,7 @@ struct AppState {
     exporter: Option<ExportSender>,
     token: Option<Arc<SecretString>>,
     trace_ui_template: Option<String>,
+    span_ui_template: Option<String>,
 }
 
 /// What the page needs to know about this listener.
@@ -101,18 +105,30 @@ pub(crate) struct UiConfig {
     /// A link to a trace with `{trace_id}` in place of the 32 hex digits, when a tracing UI
     /// is configured.
     pub trace_ui_template: Option<String>,
+    /// A link to one span of a trace, with `{trace_id}` and `{span_id}` (16 hex digits) in
+    /// place of the IDs, when a tracing UI is configured.
+    pub span_ui_template: Option<String>,
 }
 
-/// The page, compiled in: its markup and style, and its two scripts (served apart so that
-/// each file stays one concern; all three work offline).
+/// The page, compiled in: its markup and style, and its four scripts (served apart so that
+/// each file stays one concern; all of them work offline).
 const PAGE: &str = include_str!("page.html");
-/// The page's core script: API, list, search, waterfall.
+/// The page's core script: API, token, times, statistics.
 const PAGE_JS: &str = include_str!("page.js");
+/// The page's search form and result list (sortable, scatter plot, live list).
+const PAGE_LIST_JS: &str = include_str!("page-list.js");
+/// The page's trajectory view: the waterfall, its minimap and zoom, the hop detail.
+const PAGE_TRACE_JS: &str = include_str!("page-trace.js");
 /// The page's views beside a trajectory: groups, dead letters, a client's events.
 const PAGE_VIEWS_JS: &str = include_str!("page-views.js");
 
+/// The page's icon: a trail of three dots (SVG), so that no request for it answers 404.
+const FAVICON: &str = r##"<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 16 16"><rect width="16" height="16" rx="3" fill="#24292f"/><circle cx="4" cy="11" r="2" fill="#1a7f37"/><circle cx="8" cy="7" r="2" fill="#9a6700"/><circle cx="12" cy="4" r="2" fill="#0969da"/></svg>"##;
+
 /// The placeholder the trace UI template carries.
 const TRACE_ID_SLOT: &str = "{trace_id}";
+/// The placeholder the span UI template carries.
+const SPAN_ID_SLOT: &str = "{span_id}";
 
 /// The bearer-token check of `/api/*` and `/metrics`, as one layer over those routes: with
 /// a token configured, a request without `Authorization: Bearer <token>` gets 401 before any
@@ -157,8 +173,8 @@ pub(crate) fn router(
     token: Option<SecretString>,
     trace_ui: Option<&msgtrail_otel::TraceUi>,
 ) -> Router {
-    // A hex-looking marker survives any escaping the UI's link format applies.
-    let marker = "f".repeat(32);
+    // Hex-looking markers survive any escaping the UI's link format applies.
+    let (marker, span_marker) = ("f".repeat(32), "e".repeat(16));
     let state = AppState {
         store,
         stats,
@@ -166,6 +182,11 @@ pub(crate) fn router(
         exporter,
         token: token.map(Arc::new),
         trace_ui_template: trace_ui.map(|u| u.link_hex(&marker).replace(&marker, TRACE_ID_SLOT)),
+        span_ui_template: trace_ui.map(|u| {
+            u.span_link_hex(&marker, &span_marker)
+                .replace(&marker, TRACE_ID_SLOT)
+                .replace(&span_marker, SPAN_ID_SLOT)
+        }),
     };
     let protected = Router::new()
         .route("/api/config", get(ui_config))
@@ -173,6 +194,7 @@ pub(crate) fn router(
         .route("/api/stats", get(stats_handler))
         .route("/api/messages", get(search))
         .route("/api/messages/{id}", get(message))
+        .route("/api/messages/{id}/spans", get(message_spans))
         .route("/api/clients/{id}", get(client_clocks))
         .route("/api/clients/{id}/events", get(client_events))
         .route("/api/groups", get(groups))
@@ -186,9 +208,18 @@ pub(crate) fn router(
             get(|| asset("text/javascript; charset=utf-8", PAGE_JS)),
         )
         .route(
+            "/page-list.js",
+            get(|| asset("text/javascript; charset=utf-8", PAGE_LIST_JS)),
+        )
+        .route(
+            "/page-trace.js",
+            get(|| asset("text/javascript; charset=utf-8", PAGE_TRACE_JS)),
+        )
+        .route(
             "/page-views.js",
             get(|| asset("text/javascript; charset=utf-8", PAGE_VIEWS_JS)),
         )
+        .route("/favicon.ico", get(|| asset("image/svg+xml", FAVICON)))
         .route("/healthz", get(|| async { "ok\n" }))
         .merge(protected)
         .fallback(not_found)
@@ -214,6 +245,7 @@ async fn asset(content_type: &'static str, body: &'static str) -> Response {
 async fn ui_config(State(st): State<AppState>) -> Response {
     Json(UiConfig {
         trace_ui_template: st.trace_ui_template.clone(),
+        span_ui_template: st.span_ui_template.clone(),
     })
     .into_response()
 }
@@ -230,6 +262,22 @@ async fn message(
 ) -> Response {
     let store = st.store.clone();
     json(blocking(move || store.lookup(&id, p.producer.as_deref(), now_nanos())).await)
+}
+
+async fn message_spans(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    ApiQuery(p): ApiQuery<MessageParams>,
+) -> Response {
+    let store = st.store.clone();
+    json(
+        blocking(move || {
+            let now = now_nanos();
+            let t = store.lookup(&id, p.producer.as_deref(), now)?;
+            Ok(crate::views::spans(&t, now))
+        })
+        .await,
+    )
 }
 
 /// The body of `GET /api/clients/{id}/events`.
@@ -286,15 +334,27 @@ async fn group(
 ) -> Response {
     let since = window(&p);
     let store = st.store.clone();
-    let found = blocking(move || {
-        crate::views::group_detail(&store, &group, now_nanos(), since)?.ok_or_else(|| {
-            QueryError::NotFound(format!(
-                "a delivery to the group {group:?} in the last {since} s"
-            ))
-        })
+    let name = group.clone();
+    match blocking(move || {
+        Ok(crate::views::group_detail(
+            &store,
+            &group,
+            now_nanos(),
+            since,
+        )?)
     })
-    .await;
-    json(found)
+    .await
+    {
+        Ok(Some(d)) => Json(d).into_response(),
+        // Not QueryError::NotFound: its words are a message's ("no stage record carries").
+        Ok(None) => error(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("no message of the last {since} s was delivered to the group {name:?}"),
+            vec![],
+        ),
+        Err(e) => e.into_response(),
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -375,8 +435,11 @@ async fn search(State(st): State<AppState>, ApiQuery(p): ApiQuery<SearchParams>)
         None => None,
         Some(Some(kv)) => Some(kv),
         Some(None) => {
-            return QueryError::BadRequest(format!("attr must be key=value, not {:?}", p.attr))
-                .into_response()
+            let got = p.attr.unwrap_or_default();
+            return QueryError::BadRequest(format!(
+                "an attribute is searched as key=value (such as category=refund), not {got:?}"
+            ))
+            .into_response();
         }
     };
     if p.min_ms.is_some_and(|m| !m.is_finite() || m < 0.0) {

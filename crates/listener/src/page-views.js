@@ -1,5 +1,5 @@
-// The listener page's views beside a trajectory (served as /page-views.js after page.js,
-// whose helpers it uses): consumer groups, one group, dead letters, a client's events.
+// The listener page's views beside a trajectory (served as /page-views.js after the other
+// scripts, whose helpers it uses): consumer groups, one group, dead letters, a client's events.
 "use strict";
 // ---- views beside a trajectory: consumer groups, one group, dead letters, a client's events ----
 // Addressed as #/groups, #/groups/<group>, #/dead-letters, #/clients/<client>.
@@ -20,14 +20,25 @@ const VIEWS = {
   groups: { title: () => "Consumer groups", path: () => "/api/groups", draw: groupsHtml },
   group: { title: g => `Consumer group ${g}`, path: g => "/api/groups/" + enc(g), draw: groupHtml },
   dead: { title: () => "Dead letters", path: () => "/api/dead-letters", draw: deadHtml },
-  client: { title: c => `Client ${c}`, path: c => "/api/clients/" + enc(c) + "/events", draw: clientHtml },
+  client: { title: c => `Client ${c}`, load: clientData, draw: clientHtml },
 };
+// A client's events, its clock offsets (as `msgtrail trace --client` gives them), and whether
+// it produced any listed message: one body for its view.
+// Its groups: those its events name, and those whose members (GET /api/groups/{g}) hold it.
+async function clientData(c) {
+  const [ev, clocks, produced, all] = await Promise.all([api("/api/clients/" + enc(c) + "/events"),
+    api("/api/clients/" + enc(c)), api("/api/messages?limit=1&producer=" + enc(c)), api("/api/groups")]);
+  const details = await Promise.all(all.groups.slice(0, 50).map(g => api("/api/groups/" + enc(g.group)).catch(() => null)));
+  const groups = new Set(ev.events.map(r => r.group).filter(Boolean));
+  details.forEach((d, i) => { if (d && d.members.some(m => m.consumer === c)) groups.add(all.groups[i].group); });
+  return { ...ev, clocks: clocks.clocks, window_secs: clocks.window_secs, produced: produced.length > 0, groups: [...groups].filter(Boolean).sort() };
+}
 async function drawView() {
   if (!view) return;
   const v = VIEWS[view.kind], arg = view.arg, seq = ++viewSeq;
   $("viewTitle").textContent = v.title(arg);
   let body;
-  try { body = await api(v.path(arg)); }
+  try { body = await (v.load ? v.load(arg) : api(v.path(arg))); }
   catch (err) {
     if (seq !== viewSeq || err.network) return;
     viewJson = "";
@@ -74,13 +85,19 @@ function deadHtml(list) {
 function clientHtml(c, id) {
   const rows = c.events.map(r => `<tr class="ev"><td class="t">${dateTime(r.at)}</td><td>${esc(describe(r))}</td>
     <td>${r.group ? "group " + groupLink(r.group) : ""}${r.topic ? " topic " + esc(r.topic) : ""}</td></tr>`).join("");
-  return `<p class="dim">Its channel events (A1) and no-match notices (N1), newest first. <a href="#" class="link" data-list-producer="${esc(id)}">List the messages it produced</a></p>
-    ${rows ? `<table id="events">${rows}</table>` : "<p>No channel event or no-match notice of this client.</p>"}`;
+  // A consumer's messages are its groups' (a search by producer would find none of them).
+  const groups = c.groups || [];
+  const lists = [...groups.map(g => `<a href="#" class="link" data-list-group="${esc(g)}">List the messages of its group ${esc(g)}</a>`),
+    ...(c.produced || !groups.length ? [`<a href="#" class="link" data-list-producer="${esc(id)}">List the messages it produced</a>`] : [])].join(" · ");
+  const clocks = (c.clocks || []).map(w => `<tr><td>${w.broker ? "vs broker " + esc(w.broker) : "broker (unnamed)"}</td><td>${signed(w.offset_nanos)} ± ${msb(w.bound_nanos)}</td>
+    <td>round trip ${msb(w.round_trip_nanos)}</td><td>${w.samples} exchange(s)</td><td>measured ${dateTime(w.measured_at)}</td></tr>`).join("");
+  return `<p class="dim">Its channel events (A1) and no-match notices (N1), newest first. ${lists}</p>
+    <h3>Clock against the broker's</h3>${clocks ? `<table id="clientClocks">${clocks}</table>` : `<p class="dim" id="clientClocks">No exchange of this client in the last ${c.window_secs || 60} s of records: no clock estimate.</p>`}
+    <h3>Events</h3>${rows ? `<table id="events">${rows}</table>` : "<p>No channel event or no-match notice of this client.</p>"}`;
 }
 $("viewBody").addEventListener("click", e => {
   const a = e.target.closest("a[data-list-group], a[data-list-producer]"); if (!a) return;
   e.preventDefault();
-  $("f-group").value = a.dataset.listGroup || ""; $("f-producer").value = a.dataset.listProducer || "";
-  loadList(true);
+  searchFor(a.dataset.listGroup ? { group: a.dataset.listGroup } : { producer: a.dataset.listProducer });
 });
 

@@ -3,8 +3,11 @@
 //! listener's page and API on 127.0.0.1:7380, or a free port when that is taken; OTLP export
 //! when `OTEL_EXPORTER_OTLP_ENDPOINT` is set), and dev identities written to the dev file (see
 //! [`DevFile::path`]) so that `send`, `consume`, `trace` and `stats` work with no setup.
-//! `--demo` adds a small load: a producer, a consumer group that fails some messages, and a
-//! second group. Ctrl-C stops everything it started.
+//! `--demo` adds a small load: a producer, a consumer group that fails some messages (most
+//! recover on a redelivery, those with an expired card are dead-lettered), a second group,
+//! and now and then a message to a topic no group reads (stuck after 20 s), so that every
+//! view of the page has something to show within a minute. Ctrl-C stops everything it
+//! started.
 
 use crate::common::{DevFile, DevIdentity};
 use anyhow::Context;
@@ -215,6 +218,10 @@ fn invocation(
     }
 }
 
+/// How long a stored message may wait for its first delivery before the dev listener calls
+/// it stuck (the default is a minute).
+const DEV_DELIVERED_DEADLINE_MS: u64 = 20_000;
+
 /// Starts the listener in this process, on 127.0.0.1:7380 or else a free port.
 async fn start_listener(
     nats_url: &str,
@@ -226,6 +233,8 @@ async fn start_listener(
         trace_ui: msgtrail_otel::TraceUi::from_env(),
         ..Default::default()
     };
+    // The demo's stuck messages show within a minute (stored, delivered to no group).
+    config.deadlines.delivered_ms = DEV_DELIVERED_DEADLINE_MS;
     if msgtrail_otel::export_requested() {
         config.otel = Some(
             msgtrail_otel::PipelineConfig::from_env().context("OpenTelemetry export settings")?,
@@ -261,20 +270,24 @@ async fn demo(
             message_id: None,
         })
     };
-    // Billing is pushed every message and fails about one in five ("insufficient funds");
-    // a failure is redelivered, and after 3 failures it is dead-lettered.
+    // Billing is pushed every message and fails about one in five ("insufficient funds") on
+    // its first two attempts (the third succeeds), and every attempt of a message whose card
+    // expired ("card expired"): after 3 failures it is dead-lettered.
     let mut pushed = billing
         .subscribe(&sub("billing")?, PushOptions::default())
         .await?;
     tokio::spawn(async move {
         while let Some(m) = pushed.next().await {
-            let fail = m.message_id.as_u128() % 5 == 0 && m.delivery_attempt < 3;
+            let expired = m.attributes.get("card").is_some_and(|c| c == "expired");
+            let fail = expired || (m.message_id.as_u128() % 5 == 0 && m.delivery_attempt < 3);
             let id = m.message_id;
             let attempt = m.delivery_attempt;
             let outcome = billing
                 .process(m, |_| async move {
                     tokio::time::sleep(Duration::from_millis(20)).await;
-                    if fail {
+                    if expired {
+                        Err("card expired")
+                    } else if fail {
                         Err("insufficient funds")
                     } else {
                         Ok(())
@@ -305,11 +318,19 @@ async fn demo(
     let categories = ["refund", "sale", "sale", "subscription"];
     let mut n: u64 = 0;
     while limit.is_none_or(|l| n < l) {
-        let msg = Outgoing::new(
-            format!("orders.{}", regions[(n % 3) as usize]),
-            format!("{{\"order\":{n}}}"),
-        )
-        .attr("category", categories[(n % 4) as usize]);
+        // Every 10th message (from the 4th) goes to payments.eu, which no group reads: it
+        // waits in the queue and is stuck after DEV_DELIVERED_DEADLINE_MS. Every 7th order
+        // (from the 2nd) has an expired card: billing dead-letters it.
+        let topic = if n % 10 == 3 {
+            "payments.eu".to_owned()
+        } else {
+            format!("orders.{}", regions[(n % 3) as usize])
+        };
+        let mut msg = Outgoing::new(topic, format!("{{\"order\":{n}}}"))
+            .attr("category", categories[(n % 4) as usize]);
+        if n % 7 == 1 {
+            msg = msg.attr("card", "expired");
+        }
         match producer.send_message(msg).await {
             Ok(r) => println!("demo: sent {} request_id={}", r.message_id, r.request_id),
             Err(e) => println!("demo: send failed: {e}"),

@@ -7,12 +7,16 @@
 //!   (`GET /api/groups`, `GET /api/groups/{group}`).
 //! - [`dead_letters`]: the dead-lettered messages, newest first, with the group, the
 //!   consumer and why, as the broker's R1 record says (`GET /api/dead-letters`).
+//! - [`spans`]: a trajectory's hops as the trace exporter maps them, with their exported
+//!   attributes (`GET /api/messages/{id}/spans`).
 
 pub(crate) mod dead_letters;
 pub(crate) mod groups;
+pub(crate) mod spans;
 
 pub(crate) use dead_letters::dead_letters;
 pub(crate) use groups::{group_detail, groups};
+pub(crate) use spans::spans;
 
 use serde::{Deserialize, Serialize};
 
