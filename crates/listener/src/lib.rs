@@ -110,7 +110,7 @@ pub use evidence::consumer_name as evidence_consumer_name;
 pub use ingest::stage_stream_config;
 pub use search::{had_failure, redelivered};
 pub use stats::{Funnel, LatencyRow, LatencyStats, Stats, StatsSnapshot};
-pub use store::{SearchQuery, StorageReport, Store, TableUsage};
+pub use store::{SearchQuery, StorageReport, Store, TableUsage, DEFAULT_STORE_CACHE_BYTES};
 pub use summary::MessageSummary;
 
 use msgtrail_core::time::now_nanos;
@@ -327,7 +327,13 @@ fn evidence_source(
 async fn open_store(config: &ListenerConfig) -> Result<Arc<Store>, ListenerError> {
     let cfg = config.clone();
     let store = tokio::task::spawn_blocking(move || {
-        Store::open(&cfg.data_dir, cfg.payload_head_bytes, cfg.deadlines).map(|s| {
+        Store::open_with_cache(
+            &cfg.data_dir,
+            cfg.payload_head_bytes,
+            cfg.deadlines,
+            cfg.store_cache_bytes,
+        )
+        .map(|s| {
             s.emit_trajectories(cfg.otel.is_some())
                 .cache_capacity(cfg.cache_messages)
         })

@@ -186,6 +186,8 @@ pub struct Store {
     path: PathBuf,
     /// Set when an operation failed with an I/O error: [`Store::recover`] reopens then.
     io_failed: AtomicBool,
+    /// redb's page cache, bytes (kept to open the database again the same way).
+    cache_bytes: usize,
     payload_head_bytes: usize,
     deadlines: Deadlines,
     emit_trajectories: bool,
@@ -202,19 +204,41 @@ impl std::fmt::Debug for Store {
     }
 }
 
+/// redb's page cache by default, bytes: redb's own default (1 GiB), stated so that a
+/// user sees it and can bound it (`ListenerConfig::store_cache_bytes`, `--store-cache`).
+pub const DEFAULT_STORE_CACHE_BYTES: usize = 1 << 30;
+
 impl Store {
-    /// Opens (or creates) the store file `listener.redb` in `dir`.
+    /// Opens (or creates) the store file `listener.redb` in `dir`, with the default page
+    /// cache ([`DEFAULT_STORE_CACHE_BYTES`]).
     pub fn open(
         dir: &Path,
         payload_head_bytes: usize,
         deadlines: Deadlines,
+    ) -> Result<Store, StoreError> {
+        Store::open_with_cache(
+            dir,
+            payload_head_bytes,
+            deadlines,
+            DEFAULT_STORE_CACHE_BYTES,
+        )
+    }
+
+    /// Opens (or creates) the store file `listener.redb` in `dir`, its page cache bounded to
+    /// `cache_bytes` (redb fills it as it reads and writes pages; the process's memory grows
+    /// up to about this much on top of the in-flight cache).
+    pub fn open_with_cache(
+        dir: &Path,
+        payload_head_bytes: usize,
+        deadlines: Deadlines,
+        cache_bytes: usize,
     ) -> Result<Store, StoreError> {
         std::fs::create_dir_all(dir).map_err(|e| StoreError::Open {
             path: dir.display().to_string(),
             reason: e.to_string(),
         })?;
         let path = dir.join("listener.redb");
-        let db = Database::create(&path).map_err(|e| StoreError::Open {
+        let db = open_db(&path, cache_bytes).map_err(|e| StoreError::Open {
             path: path.display().to_string(),
             reason: e.to_string(),
         })?;
@@ -234,6 +258,7 @@ impl Store {
             db: RwLock::new(Some(db)),
             path,
             io_failed: AtomicBool::new(false),
+            cache_bytes,
             payload_head_bytes,
             deadlines,
             emit_trajectories: false,
@@ -321,7 +346,7 @@ impl Store {
         let mut db = self.db.write().unwrap_or_else(|e| e.into_inner());
         // Close the old handle first: redb locks the file while a handle is open.
         drop(db.take());
-        let opened = Database::create(&self.path).map_err(|e| StoreError::Open {
+        let opened = open_db(&self.path, self.cache_bytes).map_err(|e| StoreError::Open {
             path: self.path.display().to_string(),
             reason: e.to_string(),
         })?;
@@ -565,6 +590,11 @@ impl Store {
         tx.commit()?;
         Ok(out)
     }
+}
+
+/// Opens (or creates) the database file at `path` with a page cache of `cache_bytes`.
+fn open_db(path: &Path, cache_bytes: usize) -> Result<Database, redb::DatabaseError> {
+    Database::builder().set_cache_size(cache_bytes).create(path)
 }
 
 /// The open database, borrowed for one operation ([`Store::db`]).
