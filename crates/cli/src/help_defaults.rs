@@ -75,6 +75,7 @@ fn listener_options_default_to_the_listener_config() {
     assert_eq!(got.batch_size, d.batch_size);
     assert_eq!(got.payload_head_bytes, d.payload_head_bytes);
     assert_eq!(got.cache_messages, d.cache_messages);
+    assert_eq!(got.store_cache_bytes, d.store_cache_bytes);
     assert_eq!(got.deadlines, d.deadlines);
     assert_eq!(got.retention_max_age, d.retention_max_age);
     assert_eq!(got.retention_max_bytes, d.retention_max_bytes);
@@ -90,6 +91,11 @@ fn listener_options_default_to_the_listener_config() {
     );
     let size = bytesize::ByteSize(d.retention_max_bytes.expect("1 GiB by default"));
     shows(&help, "retention-max-size", size);
+    shows(
+        &help,
+        "store-cache",
+        bytesize::ByteSize(d.store_cache_bytes as u64),
+    );
     shows(
         &help,
         "stats-window",

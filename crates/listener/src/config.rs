@@ -48,6 +48,10 @@ pub struct ListenerConfig {
     /// In-flight messages kept in memory so that ingest does not read them back from the
     /// store (0 keeps none). Each costs about 9–18 KB.
     pub cache_messages: usize,
+    /// Bytes of the store engine's page cache (redb), on top of the in-flight cache: the
+    /// process's memory grows up to about this much as the store is read and written.
+    /// Default [`crate::DEFAULT_STORE_CACHE_BYTES`] (1 GiB, redb's own default).
+    pub store_cache_bytes: usize,
     /// Deadlines of the watchdog, per hop.
     pub deadlines: Deadlines,
     /// How often the watchdog looks for overdue messages and polls the ingest lag.
@@ -93,6 +97,7 @@ impl Default for ListenerConfig {
             ack_wait: Duration::from_secs(5),
             payload_head_bytes: 256,
             cache_messages: crate::cache::DEFAULT_CACHE_MESSAGES,
+            store_cache_bytes: crate::store::DEFAULT_STORE_CACHE_BYTES,
             deadlines: Deadlines::default(),
             watchdog_interval: Duration::from_secs(2),
             retention_max_age: Some(Duration::from_secs(7 * 24 * 3600)),

@@ -67,6 +67,17 @@ pub enum StoreError {
     Corrupt(String),
 }
 
+impl StoreError {
+    /// Whether this is an I/O error of the store's file (a full disk, a failing device):
+    /// redb refuses every later operation until the database is opened again.
+    pub fn is_io(&self) -> bool {
+        matches!(
+            self,
+            StoreError::Db(redb::Error::Io(_) | redb::Error::PreviousIo)
+        )
+    }
+}
+
 impl ListenerError {
     /// A NATS operation that failed, and what it was for.
     pub(crate) fn nats(context: impl Into<String>, source: impl Into<async_nats::Error>) -> Self {

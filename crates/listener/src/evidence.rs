@@ -14,7 +14,7 @@
 //! - [`run`] waits for the message stream (the broker creates it; until then it retries
 //!   every second and logs once), then reads it through a durable pull consumer named
 //!   `<durable_name>-stored` ([`consumer_config`]: filter `msgtrail.msg.>`, headers only,
-//!   deliver all, explicit acks). Headers-only delivery keeps payloads off the wire;
+//!   deliver all, one ack per transaction: `AckPolicy::All`). Headers-only delivery keeps payloads off the wire;
 //!   JetStream then adds `Nats-Msg-Size`, the payload size.
 //! - [`records_of`] turns one stored message into its P2 and P3 [`StageRecord`]s — the same
 //!   fields and the same P2 time as the P2 the broker writes, plus the outcome [`RECOVERED`].
@@ -68,7 +68,8 @@ pub fn consumer_name(durable: &str) -> String {
 }
 
 /// The store-evidence consumer: every stored message (`msgtrail.msg.>`) from the start of
-/// the stream, headers only, each acknowledged explicitly once its records are committed.
+/// the stream, headers only; each transaction's messages acknowledged by one ack once its
+/// records are committed (`AckPolicy::All`: one in-order reader, see `ingest::apply`).
 pub(crate) fn consumer_config(
     name: &str,
     batch_size: usize,
@@ -79,7 +80,7 @@ pub(crate) fn consumer_config(
         description: Some("msgtrail listener: store evidence (P2/P3) of stored messages".into()),
         filter_subject: format!("{MESSAGE_SUBJECT_PREFIX}.>"),
         headers_only: true,
-        ack_policy: consumer::AckPolicy::Explicit,
+        ack_policy: consumer::AckPolicy::All,
         ack_wait,
         max_ack_pending: (batch_size * 8).max(1024) as i64,
         deliver_policy: consumer::DeliverPolicy::All,
@@ -201,10 +202,25 @@ pub(crate) fn records_of(
 /// Turns a chunk of stored messages into one batch: the records of those that carry
 /// evidence, every message to be acked after the commit.
 fn batch_of(msgs: Vec<jetstream::Message>) -> Batch {
-    let mut batch = Batch::new(Source::Stored {
-        without_evidence: 0,
-    });
-    batch.records.reserve(msgs.len() * 2);
+    let (records, without_evidence) = evidence_of(&msgs, true);
+    let mut batch = Batch::new(Source::Stored { without_evidence }, redecode_stored);
+    batch.records = records;
+    for m in msgs {
+        batch.ack_after_commit(m);
+    }
+    batch
+}
+
+/// The records of stored messages already turned into a batch once, for another attempt
+/// after the store failed (their warnings were logged the first time).
+fn redecode_stored(msgs: &[jetstream::Message]) -> Vec<StageRecord> {
+    evidence_of(msgs, false).0
+}
+
+/// The P2/P3 records of stored messages, and how many of them carried no (usable) evidence;
+/// `warn` logs those whose evidence is unusable.
+fn evidence_of(msgs: &[jetstream::Message], warn: bool) -> (Vec<StageRecord>, u64) {
+    let mut records = Vec::with_capacity(msgs.len() * 2);
     let mut without_evidence = 0u64;
     for m in msgs {
         let found = match m.info() {
@@ -227,18 +243,18 @@ fn batch_of(msgs: Vec<jetstream::Message>) -> Batch {
             }),
         };
         match found {
-            Ok(Some(rs)) => batch.records.extend(rs),
+            Ok(Some(rs)) => records.extend(rs),
             Ok(None) => without_evidence += 1,
             Err(e) => {
                 // Acked all the same: its headers will not get any better on redelivery.
-                tracing::warn!(error = %e, "stored message without usable store evidence");
+                if warn {
+                    tracing::warn!(error = %e, "stored message without usable store evidence");
+                }
                 without_evidence += 1;
             }
         }
-        batch.ack_after_commit(m);
     }
-    batch.source = Source::Stored { without_evidence };
-    batch
+    (records, without_evidence)
 }
 
 /// Why reading the message stream stopped.
@@ -392,7 +408,7 @@ async fn read(
         if msgs.is_empty() {
             continue;
         }
-        apply(batch_of(msgs), store, stats, exporter).await;
+        apply(batch_of(msgs), store, stats, exporter, stop).await;
     }
 }
 
@@ -563,7 +579,7 @@ mod tests {
         assert_eq!(c.durable_name.as_deref(), Some("msgtrail-listener-stored"));
         assert_eq!(c.filter_subject, "msgtrail.msg.>");
         assert!(c.headers_only);
-        assert_eq!(c.ack_policy, consumer::AckPolicy::Explicit);
+        assert_eq!(c.ack_policy, consumer::AckPolicy::All);
         assert_eq!(c.deliver_policy, consumer::DeliverPolicy::All);
     }
 }

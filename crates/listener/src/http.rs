@@ -12,7 +12,7 @@
 //! | `GET /api/clients/{client-id}/events[?limit=N]` | [`ClientEvents`]: the client's N1 (no-match) and A1 (channel) records, newest first (default 100, at most 512; the newest 512 per client are kept, subject to the age retention) |
 //! | `GET /api/stats[?topic=T]` | [`StatsSnapshot`] |
 //! | `GET /metrics` | Prometheus text 0.0.4, or OpenMetrics 1.0 with the latency histograms' exemplars (trace IDs) when `Accept` asks for `application/openmetrics-text` ([`Exposition`]) |
-//! | `GET /healthz` | `ok` (never needs the token) |
+//! | `GET /healthz` | `ok`; 503 with the reason while the store cannot write (never needs the token) |
 //! | `GET /` | the page: statistics, recent messages, a trajectory's timeline, the group, dead-letter and client views (static, with its scripts `/page.js`, `/page-list.js`, `/page-trace.js` and `/page-views.js`; its data calls carry the token) |
 //! | `GET /api/config` | `{"trace_ui_template": "http://…/trace/{trace_id}" or null, "span_ui_template": "…{trace_id}…{span_id}…" or null}` |
 //! | `GET /favicon.ico` | the page's icon (SVG) |
@@ -220,10 +220,26 @@ pub(crate) fn router(
             get(|| asset("text/javascript; charset=utf-8", PAGE_VIEWS_JS)),
         )
         .route("/favicon.ico", get(|| asset("image/svg+xml", FAVICON)))
-        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/healthz", get(healthz))
         .merge(protected)
         .fallback(not_found)
         .with_state(state)
+}
+
+/// `ok` while the store writes; 503 with the outage while it cannot (a full disk, an I/O
+/// error): reads go on, but nothing new is stored or acknowledged.
+async fn healthz(State(st): State<AppState>) -> Response {
+    match st.stats.store_outage() {
+        None => "ok\n".into_response(),
+        Some((since, error)) => {
+            let secs = msgtrail_core::time::now_nanos().saturating_sub(since) / 1_000_000_000;
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("store cannot write for {secs} s: {error}\n"),
+            )
+                .into_response()
+        }
+    }
 }
 
 async fn page() -> Response {

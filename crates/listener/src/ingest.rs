@@ -14,6 +14,7 @@ use crate::error::StoreError;
 use crate::export::ExportSender;
 use crate::stats::Stats;
 use crate::store::{ApplyOutcome, Store};
+use async_nats::jetstream::consumer::FromConsumer;
 use async_nats::jetstream::stream::{ConsumerError, ConsumerErrorKind};
 use async_nats::jetstream::{self, consumer, AckKind};
 use futures::StreamExt;
@@ -44,7 +45,8 @@ pub(crate) async fn consumer(
     let config = consumer::pull::Config {
         durable_name: Some(durable.to_owned()),
         description: Some("msgtrail listener".to_owned()),
-        ack_policy: consumer::AckPolicy::Explicit,
+        // One reader applies batches in order and acks each with one ack (`apply`).
+        ack_policy: consumer::AckPolicy::All,
         ack_wait,
         max_ack_pending: (batch_size * 8).max(1024) as i64,
         deliver_policy: consumer::DeliverPolicy::All,
@@ -90,6 +92,14 @@ fn consumer_error_is_transient(e: &ConsumerError) -> bool {
 /// Gets or creates a durable pull consumer, and brings the ack wait of an existing one to
 /// `config`'s: a listener started with a shorter ack wait than the consumer was created
 /// with would otherwise still wait the old one out after a crash.
+///
+/// An existing consumer with messages delivered and not acknowledged (a listener that
+/// crashed mid-batch), or with another ack policy (an earlier version's explicit acks), is
+/// replaced by one that starts right after its ack floor. With `AckPolicy::All` this is what
+/// keeps a restart from losing anything: JetStream would deliver new messages before it
+/// redelivers the unacknowledged ones, and acking a new one would acknowledge those too,
+/// stored or not. Replaced, the consumer delivers everything past the floor in stream order;
+/// the store skips what it already holds. (JetStream cannot change an ack policy in place.)
 pub(crate) async fn durable_consumer(
     stream: &jetstream::stream::Stream,
     config: consumer::pull::Config,
@@ -97,9 +107,33 @@ pub(crate) async fn durable_consumer(
     let name = config.durable_name.clone().unwrap_or_default();
     let mut c: consumer::PullConsumer =
         stream.get_or_create_consumer(&name, config.clone()).await?;
-    if c.info().await?.config.ack_wait != config.ack_wait {
+    let info = c.info().await?.clone();
+    if info.config.ack_policy != config.ack_policy || info.num_ack_pending > 0 {
+        let start_sequence = info.ack_floor.stream_sequence + 1;
+        tracing::info!(
+            consumer = %name,
+            ack_pending = info.num_ack_pending,
+            from = ?info.config.ack_policy,
+            to = ?config.ack_policy,
+            start_sequence,
+            "replacing the consumer: it resumes right after its ack floor, in stream order"
+        );
+        stream.delete_consumer(&name).await?;
+        let resumed = consumer::pull::Config {
+            deliver_policy: consumer::DeliverPolicy::ByStartSequence { start_sequence },
+            ..config
+        };
+        return Ok(stream.create_consumer(resumed).await?);
+    }
+    if info.config.ack_wait != config.ack_wait {
         tracing::info!(consumer = %name, ack_wait_ms = config.ack_wait.as_millis() as u64, "updating the consumer's ack wait");
-        c = stream.update_consumer(config).await?;
+        // The consumer's own configuration with the new ack wait: its deliver policy may be
+        // one this function set when it replaced it, which JetStream cannot update either.
+        let updated = consumer::pull::Config {
+            ack_wait: config.ack_wait,
+            ..consumer::pull::Config::try_from_consumer_config(info.config)?
+        };
+        c = stream.update_consumer(updated).await?;
     }
     Ok(c)
 }
@@ -162,7 +196,7 @@ pub(crate) async fn run(
         // A lock and a map update per exchange record: a small fraction of the batch's store
         // transaction, and apart from it (clocks.rs).
         clocks.observe(&batch.records, msgtrail_core::time::now_nanos());
-        apply(batch, &store, &stats, exporter.as_ref()).await;
+        apply(batch, &store, &stats, exporter.as_ref(), &stop).await;
     }
     Ok(())
 }
@@ -197,16 +231,23 @@ pub(crate) struct Batch {
     pub acks: Vec<jetstream::Message>,
     /// The oldest JetStream stored time among `acks`, Unix nanoseconds (for the lag).
     pub oldest_published: Option<i128>,
+    /// Decodes `acks` into the records again, for another attempt after the store failed
+    /// (the first attempt consumed `records`).
+    pub redecode: fn(&[jetstream::Message]) -> Vec<StageRecord>,
 }
 
 impl Batch {
-    /// An empty batch from `source`.
-    pub(crate) fn new(source: Source) -> Self {
+    /// An empty batch from `source`, whose messages `redecode` turns into its records again.
+    pub(crate) fn new(
+        source: Source,
+        redecode: fn(&[jetstream::Message]) -> Vec<StageRecord>,
+    ) -> Self {
         Batch {
             source,
             records: Vec::new(),
             acks: Vec::new(),
             oldest_published: None,
+            redecode,
         }
     }
 
@@ -223,7 +264,7 @@ impl Batch {
 /// Decodes stage-stream messages into a batch; a message that can never decode is counted
 /// and terminated at once (it would come back forever).
 async fn decode_stage_messages(msgs: Vec<jetstream::Message>, stats: &Stats) -> Batch {
-    let mut batch = Batch::new(Source::Stages);
+    let mut batch = Batch::new(Source::Stages, redecode_stages);
     for m in msgs {
         match decode_batch(&m.payload) {
             Ok(rs) => {
@@ -242,64 +283,137 @@ async fn decode_stage_messages(msgs: Vec<jetstream::Message>, stats: &Stats) -> 
     batch
 }
 
+/// How long [`apply`] waits after a failed transaction before it tries the same batch again;
+/// doubling up to [`RETRY_MAX`].
+pub(crate) const RETRY_FIRST: Duration = Duration::from_millis(100);
+
+/// The longest wait between two attempts at a batch the store could not write.
+pub(crate) const RETRY_MAX: Duration = Duration::from_secs(2);
+
+/// The records of stage-stream messages already decoded once (undecodable ones were
+/// terminated and are not in a batch).
+fn redecode_stages(msgs: &[jetstream::Message]) -> Vec<StageRecord> {
+    msgs.iter()
+        .filter_map(|m| decode_batch(&m.payload).ok())
+        .flatten()
+        .collect()
+}
+
 /// Applies a batch to the store in one transaction, then acknowledges its messages: after
 /// the commit, so that a crash loses nothing (JetStream redelivers what was not acked, and
-/// the store skips the records it already holds). When the store fails the messages are
-/// nak'd and come back a second later.
+/// the store skips the records it already holds). One ack per transaction: both consumers
+/// ack all (`AckPolicy::All`), so acking the batch's highest stream sequence acknowledges
+/// every message up to it ([`ack_batch`]).
+///
+/// When the store cannot write (a full disk, an I/O error) the batch is kept and tried again
+/// until it commits — never skipped, since a later ack would acknowledge it too — with
+/// its messages kept in progress meanwhile: nothing is acked that was not stored, reads go
+/// on, the outage is one error line and one recovery line however many attempts fail
+/// (`Stats::store_failed`; `/healthz` answers 503 meanwhile), and the store is reopened when
+/// the engine needs it after an I/O error ([`Store::recover`]). Returns without acking when
+/// `stop` is cancelled during an outage (JetStream redelivers after the restart).
 #[tracing::instrument(skip_all, fields(messages = batch.acks.len(), records = batch.records.len()))]
 pub(crate) async fn apply(
     batch: Batch,
     store: &Arc<Store>,
     stats: &Arc<Stats>,
     exporter: Option<&ExportSender>,
+    stop: &CancellationToken,
 ) {
     let Batch {
         source,
         records,
         acks,
         oldest_published,
+        redecode,
     } = batch;
     if acks.is_empty() && records.is_empty() {
         return;
     }
-    let now = msgtrail_core::time::now_nanos();
-    // Stored messages that all carried no evidence need no transaction, only their acks.
-    let result = if records.is_empty() && matches!(source, Source::Stored { .. }) {
-        Ok(Ok(None))
-    } else {
-        store_in_progress(store, records, now, &acks).await
-    };
-    match result {
-        Ok(Ok(mut outcome)) => {
-            let lag_ms = oldest_published.map(|p| (now as i128 - p).max(0) as f64 / 1e6);
-            count_applied(
-                stats,
-                source,
-                acks.len() as u64,
-                outcome.as_ref(),
-                lag_ms,
-                now,
-            );
-            if let (Some(x), Some(o)) = (exporter, outcome.as_mut()) {
-                x.offer(std::mem::take(&mut o.trajectories));
-            }
-            for m in acks {
-                if let Err(e) = m.ack().await {
-                    tracing::warn!(error = %e, ?source, "ack failed; the message will be redelivered and its records skipped");
+    let mut records = Some(records);
+    let mut wait = RETRY_FIRST;
+    loop {
+        let now = msgtrail_core::time::now_nanos();
+        // The first attempt takes the decoded records; a retry decodes the messages again
+        // (they are known to decode), so that the common path copies nothing.
+        let recs = records.take().unwrap_or_else(|| redecode(&acks));
+        // Stored messages that all carried no evidence need no transaction, only their acks.
+        let result = if recs.is_empty() && matches!(source, Source::Stored { .. }) {
+            Ok(Ok(None))
+        } else {
+            store_in_progress(store, recs, now, &acks).await
+        };
+        let error = match result {
+            Ok(Ok(mut outcome)) => {
+                if let Some(end) = stats.store_written(now) {
+                    tracing::info!(
+                        lasted_ms = end.lasted_nanos / 1_000_000,
+                        failed_attempts = end.failures,
+                        ?source,
+                        "the store writes again; the batches held during the outage are stored"
+                    );
                 }
+                let lag_ms = oldest_published.map(|p| (now as i128 - p).max(0) as f64 / 1e6);
+                count_applied(
+                    stats,
+                    source,
+                    acks.len() as u64,
+                    outcome.as_ref(),
+                    lag_ms,
+                    now,
+                );
+                if let (Some(x), Some(o)) = (exporter, outcome.as_mut()) {
+                    x.offer(std::mem::take(&mut o.trajectories));
+                }
+                ack_batch(&acks, source).await;
+                return;
             }
+            Ok(Err(e)) => e.to_string(),
+            Err(e) => format!("store task panicked: {e}"),
+        };
+        if stats.store_failed(now, &error) {
+            tracing::error!(
+                %error,
+                ?source,
+                messages = acks.len(),
+                "the store cannot write: holding the batch unacknowledged and trying again every {} s at most until it can (one line when it recovers; /healthz answers 503 meanwhile)",
+                RETRY_MAX.as_secs()
+            );
         }
-        Ok(Err(e)) => {
-            tracing::error!(error = %e, ?source, "store failed; the messages will be redelivered");
-            stats.store_error();
-            for m in acks {
-                let _ = m.ack_with(AckKind::Nak(Some(Duration::from_secs(1)))).await;
-            }
+        let st = store.clone();
+        match tokio::task::spawn_blocking(move || st.recover()).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => tracing::debug!(error = %e, "store reopen failed; trying again"),
+            Err(e) => tracing::debug!(error = %e, "store reopen task failed; trying again"),
         }
-        Err(e) => {
-            tracing::error!(error = %e, ?source, "store task panicked; the messages will be redelivered");
-            stats.store_error();
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(wait) => {}
         }
+        progress(&acks).await;
+        wait = (wait * 2).min(RETRY_MAX);
+    }
+}
+
+/// Acknowledges a committed batch with one ack: its highest stream sequence, which with
+/// `AckPolicy::All` acknowledges every message up to it. Sound because each consumer has one
+/// reader that applies batches in order and never moves past one it could not store, so
+/// every message below that sequence is stored (or was terminated as undecodable).
+async fn ack_batch(acks: &[jetstream::Message], source: Source) {
+    let last = acks
+        .iter()
+        .max_by_key(|m| m.info().map_or(0, |i| i.stream_sequence));
+    if let Some(m) = last {
+        if let Err(e) = m.ack().await {
+            tracing::warn!(error = %e, ?source, "ack failed; the messages will be redelivered and their records skipped");
+        }
+    }
+}
+
+/// Tells JetStream that a batch's messages are still in progress (no redelivery yet).
+async fn progress(acks: &[jetstream::Message]) {
+    for m in acks {
+        let _ = m.ack_with(AckKind::Progress).await;
     }
 }
 
@@ -317,11 +431,7 @@ async fn store_in_progress(
     loop {
         tokio::select! {
             r = &mut work => break r,
-            _ = tokio::time::sleep(PROGRESS_EVERY) => {
-                for m in acks {
-                    let _ = m.ack_with(AckKind::Progress).await;
-                }
-            }
+            _ = tokio::time::sleep(PROGRESS_EVERY) => progress(acks).await,
         }
     }
 }

@@ -29,7 +29,13 @@
 //! - **Nothing lost, nothing doubled**: a batch is committed (fsynced) before its
 //!   stage-stream (or message-stream) messages are acked; redelivered records are recognised by
 //!   `StageRecord::dedup_key` and skipped (tests kill a listener process with SIGKILL
-//!   mid-backlog and restart it).
+//!   mid-backlog and restart it). One ack per transaction: both consumers ack all
+//!   (`AckPolicy::All`), and the batch's highest stream sequence is acked.
+//! - **A full disk loses nothing**: a transaction that fails (ENOSPC, an I/O error) is kept
+//!   and tried again until it commits, its messages unacknowledged and kept in progress; the
+//!   store is reopened after an I/O error, reads go on, `/healthz` answers 503 and
+//!   `msgtrail_listener_store_writable` is 0 meanwhile, and the outage is logged once when it
+//!   begins and once when it ends (a test fills a size-limited tmpfs).
 //! - **Order does not matter**: records are merged per message and the trajectory is
 //!   assembled from the set, so any arrival order gives the same answer; an upload seen
 //!   before the broker's P2 is kept under `(producer, request ID)` and moved under the
@@ -103,7 +109,7 @@ pub use error::{ConfigError, ListenerError, QueryError, StoreError};
 pub use evidence::consumer_name as evidence_consumer_name;
 pub use search::{had_failure, redelivered};
 pub use stats::{Funnel, LatencyRow, LatencyStats, Stats, StatsSnapshot};
-pub use store::{SearchQuery, StorageReport, Store, TableUsage};
+pub use store::{SearchQuery, StorageReport, Store, TableUsage, DEFAULT_STORE_CACHE_BYTES};
 pub use summary::MessageSummary;
 
 use msgtrail_core::time::now_nanos;
@@ -321,7 +327,13 @@ fn evidence_source(
 async fn open_store(config: &ListenerConfig) -> Result<Arc<Store>, ListenerError> {
     let cfg = config.clone();
     let store = tokio::task::spawn_blocking(move || {
-        Store::open(&cfg.data_dir, cfg.payload_head_bytes, cfg.deadlines).map(|s| {
+        Store::open_with_cache(
+            &cfg.data_dir,
+            cfg.payload_head_bytes,
+            cfg.deadlines,
+            cfg.store_cache_bytes,
+        )
+        .map(|s| {
             s.emit_trajectories(cfg.otel.is_some())
                 .cache_capacity(cfg.cache_messages)
         })
@@ -425,6 +437,15 @@ async fn housekeeping(
             _ = stop.cancelled() => return Ok(()),
             _ = watchdog.tick() => {
                 let now = now_nanos();
+                match consumer.info().await {
+                    Ok(info) => stats.set_pending(info.num_pending, info.num_ack_pending as u64, now),
+                    Err(e) => tracing::debug!(error = %e, "consumer info unavailable"),
+                }
+                // While the store cannot write the ingest retries (and logs the outage once):
+                // a deadline pass would only fail too.
+                if !stats.store_writable() {
+                    continue;
+                }
                 let st = store.clone();
                 let since = deadline_since;
                 match tokio::task::spawn_blocking(move || st.check_deadlines(now, since, HOUSEKEEPING_BATCH)).await {
@@ -438,13 +459,12 @@ async fn housekeeping(
                     Ok(Err(e)) => tracing::warn!(error = %e, "watchdog failed"),
                     Err(e) => tracing::warn!(error = %e, "watchdog task failed"),
                 }
-                match consumer.info().await {
-                    Ok(info) => stats.set_pending(info.num_pending, info.num_ack_pending as u64, now),
-                    Err(e) => tracing::debug!(error = %e, "consumer info unavailable"),
-                }
             }
             _ = retention.tick() => {
                 if config.retention_max_age.is_none() && config.retention_max_bytes.is_none() {
+                    continue;
+                }
+                if !stats.store_writable() {
                     continue;
                 }
                 let now = now_nanos();

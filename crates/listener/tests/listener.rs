@@ -3,7 +3,7 @@
 //! are read back through the HTTP API.
 
 use msgtrail_core::encode_batch;
-use msgtrail_core::subjects::STAGE_SUBJECT;
+use msgtrail_core::subjects::{STAGE_STREAM, STAGE_SUBJECT};
 use msgtrail_core::trajectory::{AssembleOptions, HopStatus, MessageState, Trajectory};
 use msgtrail_core::Stage;
 use msgtrail_core::{ClientId, MessageId, RequestId, StageRecord};
@@ -1254,5 +1254,176 @@ async fn openmetrics_exemplars_name_traces_the_api_resolves() {
         "{body}"
     );
     assert!(!body.contains("trace_id"), "{body}");
+    handle.shutdown().await.unwrap();
+}
+
+/// A size-limited tmpfs mounted for one test, unmounted when dropped (the test runs as root,
+/// as the project's test machines do; it fails, saying so, where `mount` is not allowed).
+struct Tmpfs {
+    dir: tempfile::TempDir,
+}
+
+impl Tmpfs {
+    fn mount(size: &str) -> Tmpfs {
+        let dir = tempfile::tempdir().unwrap();
+        let out = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .output()
+            .expect("run mount(8) (util-linux)");
+        assert!(
+            out.status.success(),
+            "mounting a tmpfs needs root (CAP_SYS_ADMIN): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Tmpfs { dir }
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn resize(&self, size: &str) {
+        let out = std::process::Command::new("mount")
+            .args(["-o", &format!("remount,size={size}")])
+            .arg(self.dir.path())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// Writes a file until the file system is full.
+    fn fill(&self) {
+        use std::io::Write;
+        let mut f = std::fs::File::create(self.dir.path().join("ballast")).unwrap();
+        let chunk = vec![0xa5u8; 64 * 1024];
+        while f.write_all(&chunk).is_ok() {}
+        let _ = f.flush();
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(self.dir.path())
+            .status();
+    }
+}
+
+/// Issue 27: a full disk. The store stops committing; the listener acks nothing it could not
+/// store, keeps answering, says so (`/healthz` 503, the metric, one outage in the counts
+/// however many attempts fail), reopens the store after the I/O error, and once there is room
+/// again stores every record exactly once.
+#[tokio::test]
+async fn a_full_disk_loses_nothing_and_recovers_when_space_is_freed() {
+    let (server, _unused, js) = setup().await;
+    let fs = Tmpfs::mount("12m");
+    let store_dir = fs.path().join("store");
+    let mut cfg = config(&server, &store_dir);
+    cfg.ack_wait = Duration::from_secs(2);
+    let durable = cfg.durable_name.clone();
+    let handle = msgtrail_listener::start(cfg).await.unwrap();
+    let c = client(&handle);
+    let mut rng = TestRng(27);
+
+    // Some messages stored while there is room.
+    let before = successes(20, "room", &mut rng);
+    publish(&js, &before, &mut rng).await;
+    wait_for_records(&c, before.len() as u64).await;
+    assert_eq!(c.get_raw("/healthz").await.unwrap().0, 200);
+
+    // The disk fills up; records keep arriving until the store cannot write them.
+    fs.fill();
+    let mut during = Vec::new();
+    let mut round = 0;
+    let unhealthy = loop {
+        let more = successes(20, &format!("full-{round}"), &mut rng);
+        publish(&js, &more, &mut rng).await;
+        during.extend(more);
+        round += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let (status, body) = c.get_raw("/healthz").await.unwrap();
+        if status != 200 {
+            break (status, String::from_utf8_lossy(&body).into_owned());
+        }
+        assert!(
+            round < 100,
+            "the store never failed to write on a full disk"
+        );
+    };
+    assert_eq!(unhealthy.0, 503, "{}", unhealthy.1);
+    assert!(
+        unhealthy.1.contains("store cannot write"),
+        "{}",
+        unhealthy.1
+    );
+    // A few more attempts fail while the disk stays full.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let s = c.stats(None).await.unwrap();
+    assert!(s.ingest.store_unwritable_since.is_some());
+    assert_eq!(
+        s.ingest.store_outages, 1,
+        "one outage however many attempts"
+    );
+    assert!(
+        s.ingest.store_errors >= 2,
+        "attempts go on: {}",
+        s.ingest.store_errors
+    );
+    let (_, metrics) = c.get_raw("/metrics").await.unwrap();
+    let metrics = String::from_utf8(metrics).unwrap();
+    assert!(
+        metrics.contains("msgtrail_listener_store_writable 0"),
+        "{metrics}"
+    );
+    // Nothing published during the outage is acknowledged beyond what the store holds.
+    let stored_then = s.ingest.records;
+    assert!(stored_then < (before.len() + during.len()) as u64);
+    let mut stream = js.get_stream(STAGE_STREAM).await.unwrap();
+    let last_seq = stream.info().await.unwrap().state.last_sequence;
+    let mut consumer: async_nats::jetstream::consumer::PullConsumer =
+        stream.get_consumer(&durable).await.unwrap();
+    let floor = consumer.info().await.unwrap().ack_floor.stream_sequence;
+    assert!(
+        floor < last_seq,
+        "acked {floor} of {last_seq} while nothing could be stored"
+    );
+    // The API keeps answering, from the store too (reopened after the I/O error).
+    assert_eq!(c.get_raw("/api/stats").await.unwrap().0, 200);
+    let stored = eventually("a search answered during the outage", || async {
+        c.search("topic=orders.eu&limit=10000").await.ok()
+    })
+    .await;
+    assert!(stored.len() >= 20, "{} messages found", stored.len());
+    let one = format!("/api/messages/{}", stored[0].message_id.unwrap());
+    assert_eq!(c.get_raw(&one).await.unwrap().0, 200);
+
+    // Room again: everything is stored, once.
+    fs.resize("400m");
+    let total = (before.len() + during.len()) as u64;
+    wait_for_records(&c, total).await;
+    eventually("healthz ok again", || async {
+        (c.get_raw("/healthz").await.ok()?.0 == 200).then_some(())
+    })
+    .await;
+    wait_until_idle(&c).await;
+    let s = c.stats(None).await.unwrap();
+    assert_eq!(s.ingest.records, total, "every record once");
+    assert_eq!(s.ingest.store_unwritable_since, None);
+    assert_eq!(s.ingest.store_outages, 1);
+    let messages = (total / 10) as usize;
+    let list = c.search("topic=orders.eu&limit=10000").await.unwrap();
+    assert_eq!(list.len(), messages);
+    assert!(
+        list.iter().all(|m| m.records == 10),
+        "10 records each, none doubled"
+    );
+    let floor = consumer.info().await.unwrap().ack_floor.stream_sequence;
+    assert_eq!(floor, last_seq, "everything acknowledged once stored");
     handle.shutdown().await.unwrap();
 }

@@ -55,6 +55,10 @@ pub(crate) struct Args {
     /// In-flight messages kept in memory for ingest (0 keeps none; each costs ~9–18 KB).
     #[arg(long, default_value_t = defaults().cache_messages)]
     pub cache_messages: usize,
+    /// Page cache of the store engine (redb), on top of the in-flight messages: the process
+    /// grows up to about this much as the store is read and written.
+    #[arg(long, default_value_t = ByteSize(defaults().store_cache_bytes as u64), value_parser = size_arg)]
+    pub store_cache: ByteSize,
     /// Deadline from upload to stored before a message is "stuck" / "did not reach the broker".
     #[arg(long, default_value_t = deadline(|d| d.stored_ms), value_parser = duration_arg)]
     pub deadline_stored: humantime::Duration,
@@ -108,6 +112,7 @@ impl Args {
             batch_size: self.batch_size,
             payload_head_bytes: self.payload_head_bytes,
             cache_messages: self.cache_messages,
+            store_cache_bytes: usize::try_from(self.store_cache.as_u64()).unwrap_or(usize::MAX),
             deadlines: Deadlines {
                 stored_ms: ms(self.deadline_stored),
                 delivered_ms: ms(self.deadline_delivered),

@@ -163,6 +163,16 @@ fn register_ingest(s: &StatsSnapshot, r: &mut Registry) {
             s.ingest.decode_errors,
         ),
         (
+            "msgtrail_listener_store_errors",
+            "Store transactions that failed (a full disk, an I/O error); their batches are kept unacknowledged and tried again",
+            s.ingest.store_errors,
+        ),
+        (
+            "msgtrail_listener_store_outages",
+            "Episodes during which the store could not write, since start",
+            s.ingest.store_outages,
+        ),
+        (
             "msgtrail_listener_repeated_records",
             "Redelivered stage records skipped because they were already applied",
             s.ingest.repeated_records,
@@ -182,6 +192,11 @@ fn register_ingest(s: &StatsSnapshot, r: &mut Registry) {
         r.register(name, help, counter(v));
     }
     let plain_gauges = [
+        (
+            "msgtrail_listener_store_writable",
+            "1 while the store commits its transactions, 0 while it cannot write (full disk, I/O error)",
+            u64::from(s.ingest.store_unwritable_since.is_none()),
+        ),
         (
             "msgtrail_listener_stored_pending_messages",
             "Stored messages not yet delivered to the listener's store-evidence consumer",

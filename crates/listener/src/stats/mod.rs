@@ -63,6 +63,17 @@ struct Inner {
     counters: BTreeMap<String, u64>,
     ingest: IngestCounts,
     lag: IngestLag,
+    /// Failed attempts in the current store outage (0 while the store writes).
+    outage_failures: u64,
+}
+
+/// How a store outage ended ([`Stats::store_written`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutageEnd {
+    /// How long the store could not write, nanoseconds.
+    pub lasted_nanos: u64,
+    /// Failed attempts during the outage.
+    pub failures: u64,
 }
 
 /// The live statistics of a listener. Shared behind an `Arc`; every method takes a short
@@ -100,6 +111,7 @@ impl Stats {
                 counters,
                 ingest: IngestCounts::default(),
                 lag: IngestLag::default(),
+                outage_failures: 0,
             }),
             hop_latency: Family::new_with_constructor(hop_histogram),
         }
@@ -224,9 +236,43 @@ impl Stats {
         self.lock().ingest.decode_errors += 1;
     }
 
-    /// Counts a batch the store could not apply.
-    pub fn store_error(&self) {
-        self.lock().ingest.store_errors += 1;
+    /// Counts a transaction the store could not commit at `now`; returns whether it begins
+    /// an outage (the store wrote until then), so the caller logs once per outage.
+    pub fn store_failed(&self, now: u64, error: &dyn std::fmt::Display) -> bool {
+        let mut g = self.lock();
+        g.ingest.store_errors += 1;
+        g.outage_failures += 1;
+        if g.ingest.store_unwritable_since.is_some() {
+            return false;
+        }
+        g.ingest.store_outages += 1;
+        g.ingest.store_unwritable_since = Some(now);
+        g.ingest.store_error = Some(error.to_string());
+        true
+    }
+
+    /// Notes a transaction the store committed at `now`: the end of an outage, if one was on.
+    pub fn store_written(&self, now: u64) -> Option<OutageEnd> {
+        let mut g = self.lock();
+        let since = g.ingest.store_unwritable_since.take()?;
+        g.ingest.store_error = None;
+        let failures = std::mem::take(&mut g.outage_failures);
+        Some(OutageEnd {
+            lasted_nanos: now.saturating_sub(since),
+            failures,
+        })
+    }
+
+    /// Whether the store writes (no outage is on): `/healthz` and the housekeeping ask.
+    pub fn store_writable(&self) -> bool {
+        self.lock().ingest.store_unwritable_since.is_none()
+    }
+
+    /// The current outage, if one is on: since when (Unix nanoseconds) and its first error.
+    pub fn store_outage(&self) -> Option<(u64, String)> {
+        let g = self.lock();
+        let since = g.ingest.store_unwritable_since?;
+        Some((since, g.ingest.store_error.clone().unwrap_or_default()))
     }
 
     /// Adds to a persistent counter mirror (retention).

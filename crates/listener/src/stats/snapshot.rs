@@ -114,8 +114,21 @@ pub struct IngestCounts {
     pub unkeyed_records: u64,
     /// Stage-stream messages that could not be decoded and were dropped, since start.
     pub decode_errors: u64,
-    /// Store failures since start (the batch is redelivered later).
+    /// Store failures since start: failed attempts of a transaction (the ingest keeps the
+    /// batch, unacknowledged, and tries it again until the store can write).
     pub store_errors: u64,
+    /// Episodes since start during which the store could not write (a full disk, an I/O
+    /// error): each begins with the first failed transaction and ends with the next that
+    /// commits.
+    #[serde(default)]
+    pub store_outages: u64,
+    /// While the store cannot write: since when, Unix nanoseconds (`None` while it writes;
+    /// `/healthz` answers 503 meanwhile).
+    #[serde(default)]
+    pub store_unwritable_since: Option<u64>,
+    /// While the store cannot write: the error of the episode's first failure.
+    #[serde(default)]
+    pub store_error: Option<String>,
     /// Stored messages of the message stream applied since start (store evidence: their
     /// P2/P3 committed, then acked), including those that carried no evidence. With the
     /// stage-stream `batches`, what tells that the listener caught up with both sources.

@@ -193,7 +193,10 @@ fn ingest_and_lag_figures_reach_the_snapshot() {
     s.record_stored_batch(10, 3, None, SEC);
     s.record_stored_batch(5, 0, Some(&ApplyOutcome::default()), SEC);
     s.decode_error();
-    s.store_error();
+    assert!(
+        s.store_failed(2 * SEC, &"disk full"),
+        "the first failure begins an outage"
+    );
     s.set_pending(7, 2, 4 * SEC);
     s.set_last_lag(12.5);
     s.set_stored_pending(1, 0, 5 * SEC);
@@ -213,4 +216,43 @@ fn ingest_and_lag_figures_reach_the_snapshot() {
     assert_eq!(snap.lag.last_lag_ms, Some(12.5));
     assert_eq!(snap.lag.stored_pending, 1);
     assert_eq!(snap.lag.stored_polled_at, Some(5 * SEC));
+}
+
+#[test]
+fn a_store_outage_is_one_episode_from_first_failure_to_next_commit() {
+    let s = Stats::new(Duration::from_secs(60), 0, BTreeMap::new(), BTreeMap::new());
+    assert!(s.store_writable());
+    assert_eq!(s.store_written(SEC), None, "no outage, nothing ended");
+    assert!(s.store_failed(2 * SEC, &"No space left on device"));
+    assert!(
+        !s.store_failed(3 * SEC, &"again"),
+        "the same outage: no new episode"
+    );
+    assert!(!s.store_failed(4 * SEC, &"again"));
+    assert!(!s.store_writable());
+    assert_eq!(
+        s.store_outage(),
+        Some((2 * SEC, "No space left on device".to_owned()))
+    );
+    let snap = s.snapshot(None, 5 * SEC);
+    assert_eq!(snap.ingest.store_unwritable_since, Some(2 * SEC));
+    assert_eq!(
+        (snap.ingest.store_errors, snap.ingest.store_outages),
+        (3, 1)
+    );
+    assert_eq!(
+        s.store_written(6 * SEC),
+        Some(OutageEnd {
+            lasted_nanos: 4 * SEC,
+            failures: 3
+        })
+    );
+    assert!(s.store_writable());
+    assert_eq!(s.store_outage(), None);
+    assert!(s.store_failed(7 * SEC, &"full again"), "a second episode");
+    let snap = s.snapshot(None, 8 * SEC);
+    assert_eq!(
+        (snap.ingest.store_errors, snap.ingest.store_outages),
+        (4, 2)
+    );
 }

@@ -126,7 +126,7 @@ impl Store {
         client: &str,
         limit: usize,
     ) -> Result<Vec<StageRecord>, StoreError> {
-        let tx = self.db.begin_read()?;
+        let tx = self.db()?.begin_read()?;
         let events = match tx.open_table(EVENTS) {
             Ok(t) => t,
             Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),

@@ -53,8 +53,9 @@ use msgtrail_core::{MessageId, StageRecord};
 use redb::{Database, ReadableDatabase, ReadableTable, TableHandle};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::path::Path;
-use std::sync::{Mutex, MutexGuard};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard};
 use std::time::Duration;
 
 mod apply;
@@ -178,7 +179,15 @@ pub struct StorageReport {
 /// The embedded store. Cheap to share behind an `Arc`; every method blocks on disk I/O,
 /// so async code calls it through `spawn_blocking`.
 pub struct Store {
-    db: Database,
+    /// The open database: `None` only while [`Store::recover`] reopens it after an I/O
+    /// error (redb refuses every operation after one until it is opened again).
+    db: RwLock<Option<Database>>,
+    /// The database file, to open it again.
+    path: PathBuf,
+    /// Set when an operation failed with an I/O error: [`Store::recover`] reopens then.
+    io_failed: AtomicBool,
+    /// redb's page cache, bytes (kept to open the database again the same way).
+    cache_bytes: usize,
     payload_head_bytes: usize,
     deadlines: Deadlines,
     emit_trajectories: bool,
@@ -195,19 +204,41 @@ impl std::fmt::Debug for Store {
     }
 }
 
+/// redb's page cache by default, bytes: redb's own default (1 GiB), stated so that a
+/// user sees it and can bound it (`ListenerConfig::store_cache_bytes`, `--store-cache`).
+pub const DEFAULT_STORE_CACHE_BYTES: usize = 1 << 30;
+
 impl Store {
-    /// Opens (or creates) the store file `listener.redb` in `dir`.
+    /// Opens (or creates) the store file `listener.redb` in `dir`, with the default page
+    /// cache ([`DEFAULT_STORE_CACHE_BYTES`]).
     pub fn open(
         dir: &Path,
         payload_head_bytes: usize,
         deadlines: Deadlines,
+    ) -> Result<Store, StoreError> {
+        Store::open_with_cache(
+            dir,
+            payload_head_bytes,
+            deadlines,
+            DEFAULT_STORE_CACHE_BYTES,
+        )
+    }
+
+    /// Opens (or creates) the store file `listener.redb` in `dir`, its page cache bounded to
+    /// `cache_bytes` (redb fills it as it reads and writes pages; the process's memory grows
+    /// up to about this much on top of the in-flight cache).
+    pub fn open_with_cache(
+        dir: &Path,
+        payload_head_bytes: usize,
+        deadlines: Deadlines,
+        cache_bytes: usize,
     ) -> Result<Store, StoreError> {
         std::fs::create_dir_all(dir).map_err(|e| StoreError::Open {
             path: dir.display().to_string(),
             reason: e.to_string(),
         })?;
         let path = dir.join("listener.redb");
-        let db = Database::create(&path).map_err(|e| StoreError::Open {
+        let db = open_db(&path, cache_bytes).map_err(|e| StoreError::Open {
             path: path.display().to_string(),
             reason: e.to_string(),
         })?;
@@ -224,7 +255,10 @@ impl Store {
             tracing::info!(messages = migrated, path = %path.display(), "moved the records of a first-version store into the compact form");
         }
         Ok(Store {
-            db,
+            db: RwLock::new(Some(db)),
+            path,
+            io_failed: AtomicBool::new(false),
+            cache_bytes,
             payload_head_bytes,
             deadlines,
             emit_trajectories: false,
@@ -250,7 +284,7 @@ impl Store {
     /// examples print it).
     pub fn storage(&self) -> Result<StorageReport, StoreError> {
         use redb::ReadableTableMetadata;
-        let tx = self.db.begin_read()?;
+        let tx = self.db()?.begin_read()?;
         let mut tables = Vec::new();
         for handle in tx.list_tables()? {
             let table = tx.open_untyped_table(handle.clone())?;
@@ -264,13 +298,62 @@ impl Store {
             });
         }
         drop(tx);
-        let tx = self.db.begin_write()?;
+        let tx = self.db()?.begin_write()?;
         let stats = tx.stats()?;
         tx.abort()?;
         Ok(StorageReport {
             tables,
             allocated_bytes: stats.allocated_pages() * stats.page_size() as u64,
         })
+    }
+
+    /// The open database, for one operation: an error while [`Store::recover`] has not
+    /// managed to open it again after an I/O error.
+    pub(crate) fn db(&self) -> Result<Db<'_>, StoreError> {
+        let guard = self.db.read().unwrap_or_else(|e| e.into_inner());
+        if guard.is_none() {
+            return Err(StoreError::Open {
+                path: self.path.display().to_string(),
+                reason: "closed after an I/O error, not yet reopened".to_owned(),
+            });
+        }
+        Ok(Db(guard))
+    }
+
+    /// Notes an error of a write: an I/O error (a full disk, a failing device) makes redb
+    /// refuse every later operation until the database is opened again, which
+    /// [`Store::recover`] does.
+    fn note_error<T>(&self, r: Result<T, StoreError>) -> Result<T, StoreError> {
+        if let Err(e) = &r {
+            if e.is_io() {
+                self.io_failed.store(true, Ordering::Release);
+            }
+        }
+        r
+    }
+
+    /// After a failed write: opens the database again if an I/O error requires it (the
+    /// committed state is what the file holds; the in-flight cache only ever holds committed
+    /// state, so it stays). Returns whether it reopened. Fails (and is called again later)
+    /// while the file cannot be opened, e.g. while a transaction of the old handle is still
+    /// alive or the disk is still full.
+    pub fn recover(&self) -> Result<bool, StoreError> {
+        if !self.io_failed.load(Ordering::Acquire) {
+            return Ok(false);
+        }
+        // Writers hold the cache lock from before they begin until after they commit.
+        let _writers = self.lock_cache();
+        let mut db = self.db.write().unwrap_or_else(|e| e.into_inner());
+        // Close the old handle first: redb locks the file while a handle is open.
+        drop(db.take());
+        let opened = open_db(&self.path, self.cache_bytes).map_err(|e| StoreError::Open {
+            path: self.path.display().to_string(),
+            reason: e.to_string(),
+        })?;
+        *db = Some(opened);
+        self.io_failed.store(false, Ordering::Release);
+        tracing::info!(path = %self.path.display(), "store reopened after an I/O error");
+        Ok(true)
     }
 
     /// The in-flight cache's counters.
@@ -322,8 +405,13 @@ impl Store {
     /// already stored are skipped, so applying the same batch twice changes nothing. The
     /// passes are in `store/apply.rs`.
     pub fn apply(&self, records: Vec<StageRecord>, now: u64) -> Result<ApplyOutcome, StoreError> {
+        let r = self.apply_inner(records, now);
+        self.note_error(r)
+    }
+
+    fn apply_inner(&self, records: Vec<StageRecord>, now: u64) -> Result<ApplyOutcome, StoreError> {
         let mut cache = self.lock_cache();
-        let tx = self.db.begin_write()?;
+        let tx = self.db()?.begin_write()?;
         let (staged, out) = {
             let mut t = Tables::open(&tx)?;
             let mut pass = apply::Pass::new(self, &tx, &mut t, &mut cache, now);
@@ -348,12 +436,22 @@ impl Store {
         since: u64,
         max: usize,
     ) -> Result<DeadlineOutcome, StoreError> {
+        let r = self.check_deadlines_inner(now, since, max);
+        self.note_error(r)
+    }
+
+    fn check_deadlines_inner(
+        &self,
+        now: u64,
+        since: u64,
+        max: usize,
+    ) -> Result<DeadlineOutcome, StoreError> {
         let (shortest, longest) = deadline_range(&self.deadlines);
         let cutoff = now.saturating_sub(shortest);
         let mut out = DeadlineOutcome::default();
         let mut cache = self.lock_cache();
         let mut changed: Vec<(String, MessageSummary)> = Vec::new();
-        let tx = self.db.begin_write()?;
+        let tx = self.db()?.begin_write()?;
         {
             let mut t = Tables::open(&tx)?;
             let (candidates, truncated) = open_candidates(&t, since, cutoff, max)?;
@@ -425,9 +523,20 @@ impl Store {
         max_bytes: Option<u64>,
         max: usize,
     ) -> Result<RetentionOutcome, StoreError> {
+        let r = self.enforce_retention_inner(now, max_age, max_bytes, max);
+        self.note_error(r)
+    }
+
+    fn enforce_retention_inner(
+        &self,
+        now: u64,
+        max_age: Option<Duration>,
+        max_bytes: Option<u64>,
+        max: usize,
+    ) -> Result<RetentionOutcome, StoreError> {
         let mut out = RetentionOutcome::default();
         let mut cache = self.lock_cache();
-        let tx = self.db.begin_write()?;
+        let tx = self.db()?.begin_write()?;
         {
             let mut t = Tables::open(&tx)?;
             let cutoff = max_age.map(|a| now.saturating_sub(a.as_nanos() as u64));
@@ -480,6 +589,25 @@ impl Store {
         }
         tx.commit()?;
         Ok(out)
+    }
+}
+
+/// Opens (or creates) the database file at `path` with a page cache of `cache_bytes`.
+fn open_db(path: &Path, cache_bytes: usize) -> Result<Database, redb::DatabaseError> {
+    Database::builder().set_cache_size(cache_bytes).create(path)
+}
+
+/// The open database, borrowed for one operation ([`Store::db`]).
+pub(crate) struct Db<'a>(RwLockReadGuard<'a, Option<Database>>);
+
+impl std::ops::Deref for Db<'_> {
+    type Target = Database;
+
+    fn deref(&self) -> &Database {
+        // Store::db hands one out only while the database is open.
+        self.0
+            .as_ref()
+            .expect("Store::db checked that the database is open")
     }
 }
 

@@ -23,7 +23,7 @@ impl Store {
     /// naming the other messages stored under its producer and request ID
     /// ([`Trajectory::same_request`]).
     pub fn trajectory(&self, key: &str, now: u64) -> Result<Option<Trajectory>, StoreError> {
-        let tx = self.db.begin_read()?;
+        let tx = self.db()?.begin_read()?;
         let records = tx.open_table(RECORDS)?;
         let recs = match records.get(stored(key)?.as_bytes())? {
             Some(v) => records::decode(v.value()).map_err(corrupt)?,
@@ -56,7 +56,7 @@ impl Store {
         id: &str,
         producer: Option<&str>,
     ) -> Result<BTreeMap<String, Vec<String>>, StoreError> {
-        let tx = self.db.begin_read()?;
+        let tx = self.db()?.begin_read()?;
         let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
         let requests = tx.open_table(REQUESTS)?;
         for item in requests.range((id, "")..)? {
@@ -130,7 +130,7 @@ impl Store {
         if from >= to {
             return Ok(Vec::new());
         }
-        let tx = self.db.begin_read()?;
+        let tx = self.db()?.begin_read()?;
         let summaries = tx.open_table(SUMMARIES)?;
         let mut out = Vec::new();
         let mut examined = 0usize;
@@ -188,7 +188,7 @@ impl Store {
 
     /// The persistent counters.
     pub fn counters(&self) -> Result<BTreeMap<String, u64>, StoreError> {
-        let tx = self.db.begin_read()?;
+        let tx = self.db()?.begin_read()?;
         let c = tx.open_table(COUNTERS)?;
         let mut out = BTreeMap::new();
         for item in c.iter()? {
@@ -205,7 +205,7 @@ impl Store {
         since: u64,
         max: usize,
     ) -> Result<Vec<MessageSummary>, StoreError> {
-        let tx = self.db.begin_read()?;
+        let tx = self.db()?.begin_read()?;
         let idx = tx.open_table(BY_STATE)?;
         let summaries = tx.open_table(SUMMARIES)?;
         let mut out = Vec::new();
@@ -226,7 +226,7 @@ impl Store {
 
     /// How many shadow messages are in each state, all topics (a scan of the state index).
     pub fn state_totals(&self) -> Result<BTreeMap<MessageState, u64>, StoreError> {
-        let tx = self.db.begin_read()?;
+        let tx = self.db()?.begin_read()?;
         let idx = tx.open_table(BY_STATE)?;
         let mut out = BTreeMap::new();
         for st in MessageState::ALL {
@@ -241,7 +241,7 @@ impl Store {
     /// How many shadow messages each topic has in each state, from the persistent per-topic
     /// state counters (kept in the same transactions as the summaries).
     pub fn state_counts(&self) -> Result<BTreeMap<TopicState, u64>, StoreError> {
-        let tx = self.db.begin_read()?;
+        let tx = self.db()?.begin_read()?;
         let counters = tx.open_table(COUNTERS)?;
         let mut out = BTreeMap::new();
         let marker = format!("/{STATE_PREFIX}");
