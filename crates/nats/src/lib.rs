@@ -7,8 +7,11 @@
 //! ## Layout
 //! - [`connect`]: [`NatsOptions`] (every default in its `Default`; `Debug` hides secrets),
 //!   connecting with them, and [`ConnectError`].
+//! - [`fast_ingest`]: fast-ingest batch publishing (nats-server ≥ 2.14), one JetStream ack
+//!   per batch, every stored message's stream sequence proven.
 
 pub mod connect;
+pub mod fast_ingest;
 
 pub use connect::{ConnectError, NatsOptions, DEFAULT_URL};
 /// The type of every secret option, re-exported so callers need not name `secrecy`.
