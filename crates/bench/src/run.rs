@@ -200,6 +200,7 @@ async fn variant(
                 record_stages: listener != ListenerTiming::None,
                 listener,
                 batch_messages: batch,
+                fast_ingest: true,
                 tag: format!("{tag}_{size}"),
             }
         };

@@ -17,7 +17,8 @@
 //! fast batch — and the caller publishes it again the ordinary way (per-message PubAcks),
 //! where a duplicate is reported with the original's sequence.
 //!
-//! One batch at a time per [`FastIngest`] (a lock held from the first publish to the PubAck):
+//! One batch at a time per [`FastIngest`] (a lock held from the first publish to the PubAck,
+//! which the caller's ordinary publishes share: [`FastIngest::pause`]):
 //! the next batch's `base` is the last one's final sequence, known without asking. When it is
 //! not known (the first batch, or after a batch that did not store everything) the stream's
 //! last sequence is read with one `STREAM.INFO` request. The server's flow control is honoured
@@ -29,6 +30,7 @@ use async_nats::subject::ToSubject;
 use async_nats::Client;
 use bytes::Bytes;
 use futures::StreamExt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 /// The header JetStream checks against the stream's last sequence before storing.
@@ -75,13 +77,25 @@ pub struct FastMessage {
     pub payload: Bytes,
 }
 
+/// While alive, no batch of its [`FastIngest`] is being sent ([`FastIngest::pause`]).
+#[derive(Debug)]
+pub struct Paused<'a> {
+    _state: tokio::sync::RwLockReadGuard<'a, State>,
+}
+
 /// A publisher of fast-ingest batches into one stream.
 #[derive(Debug)]
 pub struct FastIngest {
     client: Client,
     stream: String,
     timeout: Duration,
-    state: tokio::sync::Mutex<State>,
+    /// Set once the server said the stream does not allow fast batches.
+    disabled: AtomicBool,
+    /// Times this process published into the stream outside its batches
+    /// ([`FastIngest::pause`]).
+    others: AtomicU64,
+    /// Batches take it exclusively, publishes outside batches shared ([`FastIngest::pause`]).
+    state: tokio::sync::RwLock<State>,
 }
 
 #[derive(Debug)]
@@ -89,8 +103,9 @@ struct State {
     /// `<inbox>`; replies come on `<inbox>.>`.
     prefix: String,
     sub: async_nats::Subscriber,
-    /// The stream's last sequence after this publisher's last batch, if known.
-    last: Option<u64>,
+    /// The stream's last sequence after this publisher's last batch, if known, and the
+    /// count of other publishes then: when that count has moved, it is read again.
+    last: Option<(u64, u64)>,
     /// Batches started (their IDs).
     batches: u64,
 }
@@ -199,7 +214,9 @@ impl FastIngest {
             client,
             stream,
             timeout,
-            state: tokio::sync::Mutex::new(State {
+            disabled: AtomicBool::new(false),
+            others: AtomicU64::new(0),
+            state: tokio::sync::RwLock::new(State {
                 prefix,
                 sub,
                 last: None,
@@ -208,15 +225,41 @@ impl FastIngest {
         })
     }
 
+    /// Holds this publisher's batches back while the caller publishes into the stream the
+    /// ordinary way (one PubAck per message): such a message between two messages of a batch
+    /// would end it early. Any number of such publishers may hold it at once; hold it until
+    /// their PubAcks are in, so that the next batch reads a last sequence that counts them.
+    pub async fn pause(&self) -> Paused<'_> {
+        let state = self.state.read().await;
+        self.others.fetch_add(1, Ordering::Relaxed);
+        Paused { _state: state }
+    }
+
+    /// Whether the server has said the stream does not allow fast batches (every later
+    /// [`publish`](Self::publish) fails at once with [`FastIngestError::Disabled`]).
+    pub fn is_disabled(&self) -> bool {
+        self.disabled.load(Ordering::Relaxed)
+    }
+
     /// Publishes `messages` as one fast batch and says which prefix of them it stored.
     /// `Ok` with a count below the batch's length is not an error: the rest must be published
     /// the ordinary way (module doc).
     pub async fn publish(&self, messages: Vec<FastMessage>) -> Result<Stored, FastIngestError> {
         let n = messages.len();
-        let mut state = self.state.lock().await;
+        if n == 0 {
+            return Ok(Stored {
+                count: 0,
+                first_seq: 0,
+            });
+        }
+        if self.is_disabled() {
+            return Err(FastIngestError::Disabled(self.stream.clone()));
+        }
+        let mut state = self.state.write().await;
+        let others = self.others.load(Ordering::Relaxed);
         let base = match state.last {
-            Some(last) => last,
-            None => self.last_sequence().await?,
+            Some((last, at)) if at == others => last,
+            _ => self.last_sequence().await?,
         };
         state.batches += 1;
         let id = state.batches;
@@ -253,6 +296,7 @@ impl FastIngest {
             Ok(ack) => match ack.error {
                 Some(e) if e.err_code == ERR_BATCH_DISABLED => {
                     state.last = None;
+                    self.disabled.store(true, Ordering::Relaxed);
                     return Err(FastIngestError::Disabled(self.stream.clone()));
                 }
                 Some(_) => 0,
@@ -261,7 +305,7 @@ impl FastIngest {
             Err(_) => 0,
         };
         state.last = if stored == n {
-            Some(base + n as u64)
+            Some((base + n as u64, others))
         } else {
             None
         };

@@ -124,6 +124,17 @@ async fn another_publishers_message_in_between_is_never_taken_for_ours() {
     let stored = fi.publish(vec![message("e"), message("f")]).await.unwrap();
     assert_eq!((stored.count, stored.first_seq), (2, 4));
     assert_eq!(payload_at(&s, 5).await, "f");
+    // A publish of this process outside a batch, with the batches paused until its PubAck
+    // is in: the next batch reads the last sequence first and stores everything.
+    let paused = fi.pause().await;
+    js.publish("fi.other", "own".into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    drop(paused);
+    let stored = fi.publish(vec![message("g"), message("h")]).await.unwrap();
+    assert_eq!((stored.count, stored.first_seq), (2, 7));
 }
 
 #[tokio::test]
@@ -134,6 +145,12 @@ async fn a_stream_without_allow_batched_says_so() {
         .unwrap();
     let err = fi
         .publish(vec![message("a"), message("b")])
+        .await
+        .unwrap_err();
+    assert!(matches!(err, FastIngestError::Disabled(_)), "{err}");
+    assert!(fi.is_disabled());
+    let err = fi
+        .publish(vec![message("c"), message("d")])
         .await
         .unwrap_err();
     assert!(matches!(err, FastIngestError::Disabled(_)), "{err}");
