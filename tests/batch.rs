@@ -367,6 +367,46 @@ async fn first_attempts_go_as_one_fast_batch_with_their_own_sequences() {
     assert_eq!(stream.clone().info().await.unwrap().state.messages, 24);
 }
 
+/// A settle batch is confirmed with one double ack per JetStream consumer (the others are
+/// plain acks, which JetStream processes before it): when the reply says ok, JetStream has
+/// processed every ack of the batch — none is pending any more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settle_batch_answered_ok_is_processed_by_jetstream_whole() {
+    use futures::StreamExt;
+    let sys = TestSystem::start().await;
+    let ch = RawChannel::open(&sys, "shop", Role::Producer).await;
+    ch.upload(&UploadBatch {
+        entries: (0..30)
+            .map(|i| entry(&format!("s-{i}"), "orders.eu", "x"))
+            .collect(),
+        ..Default::default()
+    })
+    .await;
+    let consumer = RawChannel::open(&sys, "billing-1", Role::Consumer).await;
+    let mut delivered = Vec::new();
+    while delivered.len() < 30 {
+        delivered.extend(consumer.fetch("billing", "orders.*", 30).await.messages);
+    }
+    let res = consumer.settle(&ack_all(&delivered)).await;
+    assert!(res.results.iter().all(Option::is_none), "{:?}", res.results);
+    let js = async_nats::jetstream::new(sys.nats.clone());
+    let stream = js.get_stream(s::MESSAGE_STREAM).await.unwrap();
+    let mut names = stream.consumer_names();
+    let mut checked = 0;
+    while let Some(name) = names.next().await {
+        let name = name.unwrap();
+        let mut c: async_nats::jetstream::consumer::PullConsumer =
+            stream.get_consumer(&name).await.unwrap();
+        let info = c.info().await.unwrap();
+        if info.delivered.stream_sequence > 0 {
+            assert_eq!(info.num_ack_pending, 0, "consumer {name}");
+            assert_eq!(info.ack_floor.stream_sequence, 30, "consumer {name}");
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 1, "one group consumer delivered");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batches_beyond_the_limits_are_refused_precisely() {
     let sys = TestSystem::start().await;
