@@ -89,6 +89,9 @@ pub struct FastIngest {
     client: Client,
     stream: String,
     timeout: Duration,
+    /// Whether each message carries `Nats-Expected-Last-Sequence` (module doc);
+    /// [`FastIngest::unproven`] publishers do not.
+    prove: bool,
     /// Set once the server said the stream does not allow fast batches.
     disabled: AtomicBool,
     /// Times this process published into the stream outside its batches
@@ -115,6 +118,9 @@ struct State {
 struct PubAck {
     #[serde(default)]
     seq: u64,
+    /// The batch's messages the server counted (up to the first failure, gap mode `fail`).
+    #[serde(default)]
+    count: u64,
     #[serde(default)]
     error: Option<ApiError>,
 }
@@ -200,7 +206,26 @@ impl FastIngest {
         stream: impl Into<String>,
         timeout: Duration,
     ) -> Result<Self, FastIngestError> {
-        let stream = stream.into();
+        Self::build(client, stream.into(), timeout, true).await
+    }
+
+    /// A publisher whose messages carry no sequence proof: many of them may publish into one
+    /// stream at once, and [`Stored::count`] is what the server counted, `first_seq` 0 (not
+    /// known). For raw throughput (the benchmark's S1F), not for msgtrail's uploads.
+    pub async fn unproven(
+        client: Client,
+        stream: impl Into<String>,
+        timeout: Duration,
+    ) -> Result<Self, FastIngestError> {
+        Self::build(client, stream.into(), timeout, false).await
+    }
+
+    async fn build(
+        client: Client,
+        stream: String,
+        timeout: Duration,
+        prove: bool,
+    ) -> Result<Self, FastIngestError> {
         let prefix = client.new_inbox();
         let sub =
             client
@@ -214,6 +239,7 @@ impl FastIngest {
             client,
             stream,
             timeout,
+            prove,
             disabled: AtomicBool::new(false),
             others: AtomicU64::new(0),
             state: tokio::sync::RwLock::new(State {
@@ -258,6 +284,7 @@ impl FastIngest {
         let mut state = self.state.write().await;
         let others = self.others.load(Ordering::Relaxed);
         let base = match state.last {
+            _ if !self.prove => 0,
             Some((last, at)) if at == others => last,
             _ => self.last_sequence().await?,
         };
@@ -277,10 +304,12 @@ impl FastIngest {
             };
             let reply = format!("{}.{id}.{flow}.fail.{seq}.{op}.$FI", state.prefix);
             let mut headers = m.headers;
-            headers.insert(
-                EXPECTED_LAST_SEQUENCE,
-                (base + i as u64).to_string().as_str(),
-            );
+            if self.prove {
+                headers.insert(
+                    EXPECTED_LAST_SEQUENCE,
+                    (base + i as u64).to_string().as_str(),
+                );
+            }
             if let Err(e) = self
                 .client
                 .publish_with_reply_and_headers(m.subject.to_subject(), reply, headers, m.payload)
@@ -300,10 +329,17 @@ impl FastIngest {
                     return Err(FastIngestError::Disabled(self.stream.clone()));
                 }
                 Some(_) => 0,
+                None if !self.prove => ack.count.min(n as u64) as usize,
                 None => ack.seq.saturating_sub(base).min(n as u64) as usize,
             },
             Err(_) => 0,
         };
+        if !self.prove {
+            return Ok(Stored {
+                count: stored,
+                first_seq: 0,
+            });
+        }
         state.last = if stored == n {
             Some((base + n as u64, others))
         } else {
