@@ -1,19 +1,24 @@
 #!/usr/bin/env bash
 # OTel Weaver's live-check of the spans `msgtrail dev --demo` exports, against the project's
-# semantic-convention registry (semconv/, which depends on the official model in
-# ../shared/tools/semconv/model; --include-unreferenced accepts the official attributes the
+# semantic-convention registry (semconv/, which depends on the official model vendored in
+# semconv/official/model; --include-unreferenced accepts the official attributes the
 # project registry does not list itself). Runs offline. Prints the finding counts by level and exits
 # non-zero when there is any violation.
 #
 #   scripts/semconv-live-check.sh [seconds of demo, default 30]
 #
 # Environment: MSGTRAIL_BIN (default target/release/msgtrail, built if missing),
-# WEAVER (default ../shared/tools/weaver), REGISTRY (default semconv), LIVE_CHECK_OUT (report folder, default a temporary
+# WEAVER_BIN (OTel Weaver's binary; default `weaver` on the PATH — build it from
+# https://github.com/open-telemetry/weaver), REGISTRY (default semconv), LIVE_CHECK_OUT (report folder, default a temporary
 # one), NATS_SERVER_BIN (as for `msgtrail dev`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-30}
-weaver=${WEAVER:-../shared/tools/weaver}
+weaver=${WEAVER_BIN:-$(command -v weaver || true)}
+[ -n "$weaver" ] && [ -x "$weaver" ] || {
+  echo "OTel Weaver not found: set WEAVER_BIN (build it from https://github.com/open-telemetry/weaver)" >&2
+  exit 2
+}
 bin=${MSGTRAIL_BIN:-target/release/msgtrail}
 registry=${REGISTRY:-semconv}
 out=${LIVE_CHECK_OUT:-$(mktemp -d /tmp/msgtrail-live-check.XXXXXX)}

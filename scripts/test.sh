@@ -18,6 +18,24 @@ CHROME_BIN=$(echo "$CHROME_PATHS" | tail -n 1)
 export CHROMEDRIVER CHROME_BIN
 echo "using $CHROMEDRIVER ($("$CHROMEDRIVER" --version)) and $CHROME_BIN"
 echo "using $NATS_SERVER_BIN ($("$NATS_SERVER_BIN" --version))"
+# OTel Weaver (the live-check of exported spans, crates/otel/tests/semconv.rs) is served by
+# no package registry: it runs when WEAVER_BIN names it or `weaver` is on the PATH.
+WEAVER_BIN=${WEAVER_BIN:-$(command -v weaver 2>/dev/null || true)}
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
-cargo test --workspace "$@"
+# --no-fail-fast: every failing test binary is reported, not only the first one.
+status=0
+cargo test --workspace --no-fail-fast "$@" || status=$?
+if [ -n "$WEAVER_BIN" ]; then
+  export WEAVER_BIN
+  if cargo test -p msgtrail-otel --test semconv -- --ignored; then
+    weaver_line="Weaver live-check: ran ($WEAVER_BIN), 0 violations"
+  else
+    status=1
+    weaver_line="Weaver live-check: ran ($WEAVER_BIN) and FAILED"
+  fi
+else
+  weaver_line="Weaver live-check: did not run (no WEAVER_BIN, no weaver on the PATH; build it from https://github.com/open-telemetry/weaver and set WEAVER_BIN). The conventions test without Weaver (crates/otel/tests/conventions.rs) ran."
+fi
+echo "$weaver_line"
+exit "$status"

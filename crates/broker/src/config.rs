@@ -72,7 +72,7 @@ impl Default for BrokerConfig {
             max_header_bytes: 8 * 1024,
             dedup_window: Duration::from_secs(120),
             message_max_age: Duration::from_secs(7 * 24 * 3600),
-            stage_max_age: Duration::from_secs(7 * 24 * 3600),
+            stage_max_age: msgtrail_nats::topology::DEFAULT_STAGE_MAX_AGE,
             ack_wait: Duration::from_secs(30),
             max_deliver: 5,
             channel_ttl: Duration::from_secs(60),

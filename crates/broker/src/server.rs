@@ -490,7 +490,8 @@ async fn ensure_storage(
         .await;
         match result {
             Ok(done) => return Ok(done),
-            Err(e) if attempt < SETUP_ATTEMPTS => {
+            // A stream the broker refuses to change stays so: say it at once.
+            Err(e) if attempt < SETUP_ATTEMPTS && is_transient(&*e) => {
                 tracing::warn!(attempt, error = %e, "JetStream setup failed; retrying");
                 tokio::time::sleep(backoff.next_pause()).await;
                 attempt += 1;
@@ -498,6 +499,13 @@ async fn ensure_storage(
             Err(e) => return Err(e),
         }
     }
+}
+
+/// Whether a setup error may go away by itself (anything but a topology error that says
+/// otherwise, such as a stream the broker will not change).
+fn is_transient(e: &(dyn std::error::Error + 'static)) -> bool {
+    e.downcast_ref::<msgtrail_nats::topology::TopologyError>()
+        .is_none_or(|t| t.is_transient())
 }
 
 /// How long an endpoint may take to unsubscribe at shutdown.

@@ -7,15 +7,14 @@
 //! expiry): the first broker creates it with 32 random bytes, the others read it. Clients have
 //! no JetStream rights, so they cannot read it.
 
-use async_nats::jetstream::{self, kv};
+use async_nats::jetstream;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use msgtrail_core::{ClientId, MessageId, RequestId};
+use msgtrail_nats::topology::{self, Policy, BROKER_BUCKET};
 use ring::hmac;
 use ring::rand::{SecureRandom, SystemRandom};
 
-/// The bucket of broker-wide settings.
-pub(crate) const BROKER_BUCKET: &str = "msgtrail_broker";
 const KEY_NAME: &str = "token-key";
 
 /// The shared signing key.
@@ -45,19 +44,9 @@ impl SigningKey {
         js: &jetstream::Context,
         replicas: usize,
     ) -> Result<Self, async_nats::Error> {
-        let bucket = match js.get_key_value(BROKER_BUCKET).await {
-            Ok(b) => b,
-            Err(_) => {
-                js.create_key_value(kv::Config {
-                    bucket: BROKER_BUCKET.to_owned(),
-                    history: 1,
-                    storage: jetstream::stream::StorageType::File,
-                    num_replicas: replicas,
-                    ..Default::default()
-                })
-                .await?
-            }
-        };
+        // No expiry: the key lives as long as the deployment.
+        let config = topology::bucket(BROKER_BUCKET, replicas, std::time::Duration::ZERO);
+        let bucket = topology::ensure_bucket(js, &config, Policy::owner(replicas)).await?;
         // create() fails if another broker won the race; then its key is the one to read.
         let _ = bucket
             .create(KEY_NAME, random_bytes().to_vec().into())

@@ -219,6 +219,8 @@ struct StageWriter {
     waiters: Waiters,
     /// Batches sent so far (the sequence of the last one).
     sent: u64,
+    /// The failures since the stage stream last stored a batch, logged once per episode.
+    outage: Outage,
 }
 
 /// The writer task: one `select!` over publish acks, due retries and new records; a new
@@ -237,6 +239,7 @@ async fn write_batches(
         retry: VecDeque::new(),
         waiters: Waiters::default(),
         sent: 0,
+        outage: Outage::default(),
     };
     let mut batch = Vec::with_capacity(batch_max);
     let mut open = true;
@@ -294,8 +297,15 @@ impl StageWriter {
     /// A publish ack came back: the batch is stored, or is queued for another try.
     fn on_ack(&mut self, p: Pending, res: Result<(), PublishError>) {
         match note_ack(&self.metrics, p, res) {
-            Ok(seq) => self.waiters.acked(seq),
-            Err(again) => schedule(&self.metrics, &mut self.retry, &mut self.waiters, again),
+            Ok(seq) => {
+                self.outage.stored(tokio::time::Instant::now());
+                self.waiters.acked(seq)
+            }
+            Err((again, e)) => {
+                self.outage
+                    .failed(tokio::time::Instant::now(), &again, "not stored", &e);
+                schedule(&self.metrics, &mut self.retry, &mut self.waiters, again)
+            }
         }
     }
 
@@ -306,7 +316,8 @@ impl StageWriter {
         match publish(&self.js, p).await {
             Ok(ack) => self.acks.push(ack),
             Err((p, e)) => {
-                tracing::debug!(error = %e, "stage batch publish failed again");
+                self.outage
+                    .failed(tokio::time::Instant::now(), &p, "not sent", &e);
                 schedule(&self.metrics, &mut self.retry, &mut self.waiters, p);
             }
         }
@@ -329,7 +340,8 @@ impl StageWriter {
         match publish(&self.js, pending).await {
             Ok(ack) => self.acks.push(ack),
             Err((p, e)) => {
-                tracing::warn!(records = p.records, error = %e, "stage batch not sent; retrying");
+                self.outage
+                    .failed(tokio::time::Instant::now(), &p, "not sent", &e);
                 schedule(&self.metrics, &mut self.retry, &mut self.waiters, p);
             }
         }
@@ -423,22 +435,139 @@ fn schedule(
 }
 
 /// Counts an acked batch (its sequence), or hands a failed one back for another try.
-fn note_ack(metrics: &Metrics, p: Pending, res: Result<(), PublishError>) -> Result<u64, Pending> {
+fn note_ack(
+    metrics: &Metrics,
+    p: Pending,
+    res: Result<(), PublishError>,
+) -> Result<u64, (Pending, PublishError)> {
     match res {
         Ok(()) => {
             Metrics::inc(&metrics.stage_batches);
             Ok(p.seq)
         }
-        Err(e) => {
-            tracing::warn!(records = p.records, tries = p.tries, error = %e, "stage batch not stored; retrying");
-            Err(p)
+        Err(e) => Err((p, e)),
+    }
+}
+
+/// How often an outage that goes on is logged again, with its counts so far.
+const OUTAGE_REMINDER: Duration = Duration::from_secs(60);
+
+/// A stretch of time in which the stage stream takes no batch (a leader election, a lost
+/// connection): one WARN when it starts, one more every [`OUTAGE_REMINDER`] while it lasts,
+/// and one INFO with the counts when a batch is stored again — instead of a line per retry
+/// (thousands in a few seconds of an election).
+#[derive(Debug, Default)]
+struct Outage {
+    /// When the first failure of the current outage happened; `None` while all is well.
+    since: Option<tokio::time::Instant>,
+    /// When it was last logged.
+    logged: Option<tokio::time::Instant>,
+    /// Failed publishes (first tries and retries) in it.
+    failures: u64,
+    /// Distinct batches that failed in it (a batch's first failure).
+    batches: u64,
+    /// The records of those batches.
+    records: u64,
+}
+
+impl Outage {
+    /// A publish of `p` failed (`what`: not sent, or not stored); logs when the outage
+    /// starts or is due a reminder. Returns whether it logged.
+    fn failed(
+        &mut self,
+        now: tokio::time::Instant,
+        p: &Pending,
+        what: &str,
+        error: &dyn std::fmt::Display,
+    ) -> bool {
+        self.failures += 1;
+        // `tries` counts the earlier failures: zero on a batch's first.
+        if p.tries == 0 {
+            self.batches += 1;
+            self.records += p.records;
         }
+        let since = *self.since.get_or_insert(now);
+        let due = self.logged.is_none_or(|at| now >= at + OUTAGE_REMINDER);
+        if !due {
+            return false;
+        }
+        self.logged = Some(now);
+        tracing::warn!(
+            failures = self.failures,
+            batches = self.batches,
+            records = self.records,
+            for_ms = (now - since).as_millis() as u64,
+            error = %error,
+            "stage batch {what}; retrying (one line per minute until the stage stream stores again)"
+        );
+        true
+    }
+
+    /// A batch was stored: ends the outage, if any, with one line of its counts. Returns
+    /// whether it logged.
+    fn stored(&mut self, now: tokio::time::Instant) -> bool {
+        let Some(since) = self.since else {
+            return false;
+        };
+        tracing::info!(
+            failures = self.failures,
+            batches = self.batches,
+            records = self.records,
+            for_ms = (now - since).as_millis() as u64,
+            "stage stream stores again; the failed batches are retried in order"
+        );
+        *self = Outage::default();
+        true
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_outage_is_logged_when_it_starts_once_a_minute_and_when_it_ends() {
+        let mut o = Outage::default();
+        let t0 = tokio::time::Instant::now();
+        let batch = |tries| Pending {
+            seq: 1,
+            records: 10,
+            bytes: Bytes::new(),
+            tries,
+        };
+        assert!(!o.stored(t0), "no outage: nothing to say");
+        assert!(o.failed(t0, &batch(0), "not stored", &"no leader"));
+        // A thousand retries within the minute: no line.
+        for i in 0..1000u32 {
+            let at = t0 + Duration::from_millis(u64::from(i) * 50);
+            assert!(!o.failed(at, &batch(1 + i % 5), "not stored", &"no leader"));
+        }
+        assert!(!o.failed(
+            t0 + Duration::from_secs(59),
+            &batch(0),
+            "not sent",
+            &"no leader"
+        ));
+        assert!(o.failed(
+            t0 + Duration::from_secs(61),
+            &batch(2),
+            "not stored",
+            &"no leader"
+        ));
+        assert_eq!((o.failures, o.batches, o.records), (1003, 2, 20));
+        assert!(o.stored(t0 + Duration::from_secs(62)));
+        assert!(o.since.is_none() && o.failures == 0);
+        assert!(
+            !o.stored(t0 + Duration::from_secs(63)),
+            "one line per outage"
+        );
+        assert!(o.failed(
+            t0 + Duration::from_secs(64),
+            &batch(0),
+            "not stored",
+            &"again"
+        ));
+    }
 
     #[test]
     fn waiters_are_told_once_every_batch_up_to_theirs_is_stored() {

@@ -15,6 +15,7 @@ use msgtrail_core::Stage;
 use msgtrail_core::{ClientId, MessageId, RequestId, StageRecord};
 use msgtrail_listener::ListenerClient;
 use msgtrail_listener::ListenerConfig;
+use msgtrail_nats::topology::{stage_stream, DEFAULT_STAGE_MAX_AGE};
 use msgtrail_test_support::NatsServer;
 use std::time::{Duration, Instant};
 
@@ -75,7 +76,7 @@ async fn main() {
     let dir = tempfile::tempdir().unwrap();
     let client = async_nats::connect(server.url()).await.unwrap();
     let js = async_nats::jetstream::new(client);
-    js.get_or_create_stream(msgtrail_listener::stage_stream_config())
+    js.get_or_create_stream(stage_stream(1, DEFAULT_STAGE_MAX_AGE))
         .await
         .unwrap();
 

@@ -74,6 +74,11 @@ pub struct ListenerConfig {
     /// stream without a leader can lose them, the stored message never. Off, the listener
     /// reads the stage stream alone (`msgtrail listener --no-store-evidence`).
     pub store_evidence: bool,
+    /// Replicas of the stage stream: what a listener that creates it gives it, and the least
+    /// an existing one is raised to. `None` (the default) keeps an existing stream's replicas
+    /// and creates a new one with one; the listener never lowers them (the brokers'
+    /// `--replicas` sets them too).
+    pub replicas: Option<usize>,
 }
 
 impl Default for ListenerConfig {
@@ -97,6 +102,7 @@ impl Default for ListenerConfig {
             otel: None,
             trace_ui: None,
             store_evidence: true,
+            replicas: None,
         }
     }
 }
@@ -119,6 +125,9 @@ impl ListenerConfig {
                 .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
         {
             return bad("durable_name", "must be 1+ characters of A-Z a-z 0-9 _ -");
+        }
+        if self.replicas.is_some_and(|r| r == 0 || r > 5) {
+            return bad("replicas", "must be 1 to 5");
         }
         if self.ack_wait < Duration::from_secs(1) {
             return bad("ack_wait", "must be at least one second");

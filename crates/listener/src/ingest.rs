@@ -14,47 +14,33 @@ use crate::error::StoreError;
 use crate::export::ExportSender;
 use crate::stats::Stats;
 use crate::store::{ApplyOutcome, Store};
-use async_nats::jetstream::{self, consumer, stream, AckKind};
+use async_nats::jetstream::stream::{ConsumerError, ConsumerErrorKind};
+use async_nats::jetstream::{self, consumer, AckKind};
 use futures::StreamExt;
 use msgtrail_core::decode_batch;
-use msgtrail_core::subjects::{STAGE_STREAM, STAGE_SUBJECT};
+use msgtrail_core::subjects::STAGE_STREAM;
 use msgtrail_core::StageRecord;
+use msgtrail_nats::topology::{self, Policy};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
-/// How long the stage stream keeps records when the listener is the one that creates it:
-/// the broker's default (`stage_max_age`, 7 days), so that a stream created by either is the
-/// same.
-pub(crate) const STAGE_STREAM_MAX_AGE: Duration = Duration::from_secs(7 * 24 * 3600);
+/// Attempts at finding the stage stream and creating the consumer before giving up: a
+/// cluster that is still electing its leaders answers with timeouts for a few seconds.
+const SETUP_ATTEMPTS: u32 = 8;
 
-/// The stage stream's configuration, as the broker creates it (single replica, default
-/// maximum age); whoever starts first creates it, the other gets it as it is.
-pub fn stage_stream_config() -> stream::Config {
-    stream::Config {
-        name: STAGE_STREAM.to_owned(),
-        subjects: vec![STAGE_SUBJECT.to_owned()],
-        storage: stream::StorageType::File,
-        retention: stream::RetentionPolicy::Limits,
-        num_replicas: 1,
-        max_age: STAGE_STREAM_MAX_AGE,
-        allow_direct: true,
-        description: Some("msgtrail stage records (batches of compact binary records)".into()),
-        ..Default::default()
-    }
-}
-
-/// Creates (or gets) the stage stream and the listener's durable consumer on it.
+/// Creates (or gets) the stage stream and the listener's durable consumer on it, retrying
+/// while JetStream is not ready. The listener only reads the stream: it keeps an existing
+/// stream's maximum age and never lowers its replicas; `replicas` raises them
+/// ([`Policy::reader`]).
 pub(crate) async fn consumer(
     js: &jetstream::Context,
     durable: &str,
     batch_size: usize,
     ack_wait: Duration,
+    replicas: Option<usize>,
 ) -> Result<consumer::PullConsumer, ListenerError> {
-    let stream = js
-        .get_or_create_stream(stage_stream_config())
-        .await
-        .map_err(|e| ListenerError::nats(format!("stage stream {STAGE_STREAM}"), e))?;
+    let desired = topology::stage_stream(replicas.unwrap_or(1), topology::DEFAULT_STAGE_MAX_AGE);
     let config = consumer::pull::Config {
         durable_name: Some(durable.to_owned()),
         description: Some("msgtrail listener".to_owned()),
@@ -64,9 +50,41 @@ pub(crate) async fn consumer(
         deliver_policy: consumer::DeliverPolicy::All,
         ..Default::default()
     };
-    durable_consumer(&stream, config)
-        .await
-        .map_err(|e| ListenerError::nats(format!("durable consumer {durable}"), e))
+    let mut backoff =
+        msgtrail_core::Backoff::new(Duration::from_millis(250), Duration::from_secs(5));
+    let mut attempt = 1;
+    loop {
+        let (transient, error) =
+            match topology::ensure_stream(js, &desired, Policy::reader(replicas)).await {
+                Ok(stream) => match durable_consumer(&stream, config.clone()).await {
+                    Ok(c) => return Ok(c),
+                    Err(e) => (
+                        e.downcast_ref::<ConsumerError>()
+                            .is_some_and(consumer_error_is_transient),
+                        ListenerError::nats(format!("durable consumer {durable}"), e),
+                    ),
+                },
+                Err(e) => (
+                    e.is_transient(),
+                    ListenerError::nats(format!("stage stream {STAGE_STREAM}"), e),
+                ),
+            };
+        if !transient || attempt == SETUP_ATTEMPTS {
+            return Err(error);
+        }
+        tracing::warn!(attempt, error = %error, "stage stream setup failed; retrying");
+        tokio::time::sleep(backoff.next_pause()).await;
+        attempt += 1;
+    }
+}
+
+/// Whether creating a consumer may succeed when tried again (a timeout, no leader yet).
+fn consumer_error_is_transient(e: &ConsumerError) -> bool {
+    match e.kind() {
+        ConsumerErrorKind::TimedOut | ConsumerErrorKind::Request => true,
+        ConsumerErrorKind::JetStream(e) => topology::is_transient_code(e.error_code()),
+        _ => false,
+    }
 }
 
 /// Gets or creates a durable pull consumer, and brings the ack wait of an existing one to

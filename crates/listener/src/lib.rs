@@ -101,7 +101,6 @@ pub use config::{
 };
 pub use error::{ConfigError, ListenerError, QueryError, StoreError};
 pub use evidence::consumer_name as evidence_consumer_name;
-pub use ingest::stage_stream_config;
 pub use search::{had_failure, redelivered};
 pub use stats::{Funnel, LatencyRow, LatencyStats, Stats, StatsSnapshot};
 pub use store::{SearchQuery, StorageReport, Store, TableUsage};
@@ -243,6 +242,7 @@ pub async fn start_with_client(
         &config.durable_name,
         config.batch_size,
         config.ack_wait,
+        config.replicas,
     )
     .await?;
 

@@ -9,6 +9,7 @@ use msgtrail_core::Stage;
 use msgtrail_core::{ClientId, MessageId, RequestId, StageRecord};
 use msgtrail_listener::ListenerClient;
 use msgtrail_listener::ListenerConfig;
+use msgtrail_nats::topology::{stage_stream, DEFAULT_STAGE_MAX_AGE};
 use msgtrail_test_support::NatsServer;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -216,7 +217,7 @@ async fn setup() -> (
     let server = NatsServer::start().unwrap();
     let js = nats(&server).await;
     // As the broker would: the stream exists before any listener runs.
-    js.get_or_create_stream(msgtrail_listener::stage_stream_config())
+    js.get_or_create_stream(stage_stream(1, DEFAULT_STAGE_MAX_AGE))
         .await
         .unwrap();
     (server, tempfile::tempdir().unwrap(), js)

@@ -14,6 +14,7 @@ use msgtrail_core::Stage;
 use msgtrail_core::{ClientId, MessageId, RequestId, StageRecord};
 use msgtrail_listener::ListenerClient;
 use msgtrail_listener::ListenerConfig;
+use msgtrail_nats::topology::{stage_stream, DEFAULT_STAGE_MAX_AGE};
 use msgtrail_test_support::NatsServer;
 use serde_json::Value;
 use std::time::Duration;
@@ -209,7 +210,7 @@ async fn a_request_id_stored_twice_names_every_message_in_any_order() {
     let server = NatsServer::start().unwrap();
     let nats = async_nats::connect(server.url()).await.unwrap();
     let js = async_nats::jetstream::new(nats);
-    js.get_or_create_stream(msgtrail_listener::stage_stream_config())
+    js.get_or_create_stream(stage_stream(1, DEFAULT_STAGE_MAX_AGE))
         .await
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
@@ -349,7 +350,7 @@ async fn retention_of_one_upload_leaves_the_other_alone() {
     let server = NatsServer::start().unwrap();
     let nats = async_nats::connect(server.url()).await.unwrap();
     let js = async_nats::jetstream::new(nats);
-    js.get_or_create_stream(msgtrail_listener::stage_stream_config())
+    js.get_or_create_stream(stage_stream(1, DEFAULT_STAGE_MAX_AGE))
         .await
         .unwrap();
     let dir = tempfile::tempdir().unwrap();

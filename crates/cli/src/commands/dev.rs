@@ -159,12 +159,60 @@ fn print_welcome(
         "  identities    {} (producer dev-producer, consumer dev-consumer)",
         identities.display()
     );
-    println!("try:");
-    println!("  msgtrail send --topic orders.eu --attr category=refund --data hello");
-    println!("  msgtrail consume --topic 'orders.*' --group billing --pull --max 1");
-    println!("  msgtrail trace <message-id or request-id>");
-    println!("  msgtrail stats");
+    let bin = this_binary();
+    println!("try (in another terminal, from this folder):");
+    println!("  {bin} send --topic orders.eu --attr category=refund --data hello");
+    println!("  {bin} consume --topic 'orders.*' --group billing --pull --max 1");
+    println!("  {bin} trace <message-id or request-id>");
+    println!("  {bin} stats");
     println!("Ctrl-C stops everything.");
+}
+
+/// How to run this very binary from the current folder, as the welcome prints it.
+fn this_binary() -> String {
+    let exe = std::env::current_exe().ok();
+    let cwd = std::env::current_dir().ok();
+    let path = std::env::var_os("PATH");
+    invocation(exe.as_deref(), cwd.as_deref(), path.as_deref())
+}
+
+/// `msgtrail` when that name on the PATH is this binary; else its path relative to `cwd`
+/// when it lies below it (`target/debug/msgtrail`), else its absolute path; quoted for a
+/// POSIX shell when it needs to be.
+fn invocation(
+    exe: Option<&std::path::Path>,
+    cwd: Option<&std::path::Path>,
+    path_var: Option<&std::ffi::OsStr>,
+) -> String {
+    let Some(exe) = exe else {
+        return "msgtrail".to_owned();
+    };
+    let same = |p: &std::path::Path| {
+        std::fs::canonicalize(p).ok() == std::fs::canonicalize(exe).ok() && p.exists()
+    };
+    if let Some(name) = exe.file_name() {
+        let on_path = path_var
+            .into_iter()
+            .flat_map(std::env::split_paths)
+            .map(|dir| dir.join(name))
+            .find(|p| p.is_file());
+        if on_path.is_some_and(|p| same(&p)) {
+            return name.to_string_lossy().into_owned();
+        }
+    }
+    let shown = cwd
+        .and_then(|c| exe.strip_prefix(c).ok())
+        .map(std::path::Path::to_path_buf)
+        .unwrap_or_else(|| exe.to_path_buf());
+    let text = shown.to_string_lossy();
+    if text
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || "/._-+".contains(c))
+    {
+        text.into_owned()
+    } else {
+        format!("'{}'", text.replace('\'', "'\\''"))
+    }
 }
 
 /// Starts the listener in this process, on 127.0.0.1:7380 or else a free port.
@@ -270,4 +318,41 @@ async fn demo(
         tokio::time::sleep(every).await;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::invocation;
+    use std::path::Path;
+
+    #[test]
+    fn the_welcome_names_the_binary_as_it_can_be_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let bin_dir = dir.path().join("target/debug");
+        std::fs::create_dir_all(&bin_dir).unwrap();
+        let exe = bin_dir.join("msgtrail");
+        std::fs::write(&exe, b"").unwrap();
+        // Below the current folder, not on the PATH: the relative path.
+        assert_eq!(
+            invocation(Some(&exe), Some(dir.path()), Some("/usr/bin".as_ref())),
+            "target/debug/msgtrail"
+        );
+        // On the PATH: its name.
+        let path = std::env::join_paths([Path::new("/nonexistent"), &bin_dir]).unwrap();
+        assert_eq!(
+            invocation(Some(&exe), Some(Path::new("/")), Some(&path)),
+            "msgtrail"
+        );
+        // Elsewhere: the absolute path, quoted when it must be.
+        let other = tempfile::tempdir().unwrap();
+        assert_eq!(
+            invocation(Some(&exe), Some(other.path()), None),
+            exe.display().to_string()
+        );
+        assert_eq!(
+            invocation(Some(Path::new("/opt/my tools/msgtrail")), None, None),
+            "'/opt/my tools/msgtrail'"
+        );
+        assert_eq!(invocation(None, None, None), "msgtrail");
+    }
 }

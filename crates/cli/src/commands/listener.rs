@@ -86,6 +86,11 @@ pub(crate) struct Args {
     /// the batches in flight within it (long transactions send progress acks).
     #[arg(long, default_value_t = shown(defaults().ack_wait), value_parser = duration_arg)]
     pub ack_wait: humantime::Duration,
+    /// Replicas of the stage stream when the listener creates it, and the least an existing
+    /// one is raised to (1 to 5). Unset: an existing stream keeps its replicas, a new one gets
+    /// one. The listener never lowers them.
+    #[arg(long)]
+    pub replicas: Option<usize>,
 }
 
 impl Args {
@@ -114,6 +119,7 @@ impl Args {
             stats_window: self.stats_window.into(),
             store_evidence: !self.no_store_evidence,
             ack_wait: self.ack_wait.into(),
+            replicas: self.replicas,
             ..Default::default()
         }
     }

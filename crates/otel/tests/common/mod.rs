@@ -148,3 +148,47 @@ pub(crate) fn synthesized_root() -> Trajectory {
     r.extend(delivery(1, 10, true));
     assemble(r, None)
 }
+
+/// A retried upload the broker flagged duplicate, a hop whose clock timestamps contradict
+/// each other and a dead-lettered delivery: the attributes the plain fixtures do not reach.
+pub(crate) fn dead_lettered_with_bad_clock() -> Trajectory {
+    let mut records = upload(true);
+    let mut duplicate = records
+        .iter()
+        .find(|r| r.stage == Stage::UploadReceived)
+        .expect("an upload has a P2")
+        .clone();
+    duplicate.stage = Stage::Duplicate;
+    duplicate.at = ms(5);
+    records.push(duplicate);
+    records.extend(delivery(1, 10, false));
+    for r in records.iter_mut() {
+        match r.stage {
+            // Given up after the failed attempt: dead-lettered, not redelivered.
+            Stage::Redelivery => r.outcome = Some("dead_letter".into()),
+            // The producer's P4 before its own P1: impossible on one clock.
+            Stage::StoreConfirmed => r.at = ms(0) - 5_000_000,
+            _ => {}
+        }
+    }
+    assemble(records, Some(ms(60_000)))
+}
+
+/// Spans of every trajectory the fixtures have: ok, a failed attempt, an orphan upload, a
+/// synthesized root, a duplicate with a dead letter and impossible timestamps.
+pub(crate) fn every_fixture_spans() -> Vec<msgtrail_otel::ServiceSpan> {
+    let opts = msgtrail_otel::MappingOptions {
+        now: Some(ms(60_000)),
+        ..Default::default()
+    };
+    [
+        success(),
+        failure_then_success(),
+        orphan(),
+        synthesized_root(),
+        dead_lettered_with_bad_clock(),
+    ]
+    .iter()
+    .flat_map(|t| msgtrail_otel::trajectory_spans(t, &opts))
+    .collect()
+}
