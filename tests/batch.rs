@@ -294,6 +294,119 @@ async fn duplicates_inside_a_batch_and_across_batches_are_stored_once() {
     assert_ne!(c, a);
 }
 
+/// On nats-server ≥ 2.14 the first attempts of a batch are stored as one fast-ingest batch
+/// (one JetStream ack); on older servers with one PubAck each. Either way every message
+/// answers with its own stream sequence, and a retry among them is reported as the
+/// duplicate it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_attempts_go_as_one_fast_batch_with_their_own_sequences() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let sys = TestSystem::start().await;
+    let ch = RawChannel::open(&sys, "shop", Role::Producer).await;
+    let fast = msgtrail_nats::fast_ingest::server_supports(&sys.nats.server_info().version);
+    let res = ch
+        .upload(&UploadBatch {
+            entries: (0..20)
+                .map(|i| entry(&format!("fast-{i}"), "orders.eu", format!("p{i}")))
+                .collect(),
+            ..Default::default()
+        })
+        .await;
+    let metrics = &sys.broker.as_ref().unwrap().metrics;
+    assert_eq!(metrics.fast_batches.load(Relaxed), u64::from(fast));
+    assert_eq!(metrics.fast_batch_fallbacks.load(Relaxed), 0);
+    let js = async_nats::jetstream::new(sys.nats.clone());
+    let stream = js.get_stream(s::MESSAGE_STREAM).await.unwrap();
+    let mut firsts = Vec::new();
+    for r in &res.results {
+        let (id, seq, dup, _) = stored(r);
+        assert!(!dup);
+        let m = stream.direct_get(seq).await.unwrap();
+        assert_eq!(
+            m.headers.get(h::MESSAGE_ID).unwrap().as_str(),
+            id.to_string()
+        );
+        firsts.push((id, seq));
+    }
+    // A retry between two new messages: reported with the original's ID and sequence.
+    let mut retry = entry("fast-3", "orders.eu", "p3");
+    retry.attempt = 2;
+    let res = ch
+        .upload(&UploadBatch {
+            entries: vec![
+                entry("fast-20", "orders.eu", "p20"),
+                retry,
+                entry("fast-21", "orders.eu", "p21"),
+            ],
+            ..Default::default()
+        })
+        .await;
+    let (_, seq20, dup20, _) = stored(&res.results[0]);
+    let (id3, seq3, dup3, _) = stored(&res.results[1]);
+    let (_, seq21, dup21, _) = stored(&res.results[2]);
+    assert!(!dup20 && dup3 && !dup21);
+    assert_eq!((id3, seq3), firsts[3]);
+    assert_eq!((seq20, seq21), (21, 22));
+    assert_eq!(metrics.fast_batches.load(Relaxed), 2 * u64::from(fast));
+    // A first attempt that repeats a request ID (no retry says so) is still not stored
+    // twice: the fast batch ends before it and it is published again, reported a duplicate.
+    let res = ch
+        .upload(&UploadBatch {
+            entries: vec![
+                entry("fast-22", "orders.eu", "p22"),
+                entry("fast-5", "orders.eu", "p5"),
+                entry("fast-23", "orders.eu", "p23"),
+            ],
+            ..Default::default()
+        })
+        .await;
+    let (id5, seq5, dup5, _) = stored(&res.results[1]);
+    assert!(dup5);
+    assert_eq!((id5, seq5), firsts[5]);
+    assert_eq!(stored(&res.results[2]).1, 24);
+    assert_eq!(stream.clone().info().await.unwrap().state.messages, 24);
+}
+
+/// A settle batch is confirmed with one double ack per JetStream consumer (the others are
+/// plain acks, which JetStream processes before it): when the reply says ok, JetStream has
+/// processed every ack of the batch — none is pending any more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settle_batch_answered_ok_is_processed_by_jetstream_whole() {
+    use futures::StreamExt;
+    let sys = TestSystem::start().await;
+    let ch = RawChannel::open(&sys, "shop", Role::Producer).await;
+    ch.upload(&UploadBatch {
+        entries: (0..30)
+            .map(|i| entry(&format!("s-{i}"), "orders.eu", "x"))
+            .collect(),
+        ..Default::default()
+    })
+    .await;
+    let consumer = RawChannel::open(&sys, "billing-1", Role::Consumer).await;
+    let mut delivered = Vec::new();
+    while delivered.len() < 30 {
+        delivered.extend(consumer.fetch("billing", "orders.*", 30).await.messages);
+    }
+    let res = consumer.settle(&ack_all(&delivered)).await;
+    assert!(res.results.iter().all(Option::is_none), "{:?}", res.results);
+    let js = async_nats::jetstream::new(sys.nats.clone());
+    let stream = js.get_stream(s::MESSAGE_STREAM).await.unwrap();
+    let mut names = stream.consumer_names();
+    let mut checked = 0;
+    while let Some(name) = names.next().await {
+        let name = name.unwrap();
+        let mut c: async_nats::jetstream::consumer::PullConsumer =
+            stream.get_consumer(&name).await.unwrap();
+        let info = c.info().await.unwrap();
+        if info.delivered.stream_sequence > 0 {
+            assert_eq!(info.num_ack_pending, 0, "consumer {name}");
+            assert_eq!(info.ack_floor.stream_sequence, 30, "consumer {name}");
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 1, "one group consumer delivered");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batches_beyond_the_limits_are_refused_precisely() {
     let sys = TestSystem::start().await;

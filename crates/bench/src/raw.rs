@@ -238,6 +238,74 @@ async fn make_consumer(
         .map_err(BenchError::nats)
 }
 
+/// S1F: the S1 pipeline with the publishers using fast-ingest batches (ADR-50, one
+/// JetStream ack per batch of `p.window` messages, one batch in flight per producer) — the
+/// limit a JetStream expert reaches on this server. Throughput only (`None` on a server
+/// before 2.14).
+pub(crate) async fn run_fast(
+    client: &async_nats::Client,
+    p: &Load,
+    progress: &Progress,
+    label: &str,
+) -> Result<Option<Throughput>, BenchError> {
+    use msgtrail_nats::fast_ingest::{enable_on_stream, server_supports, FastIngest, FastMessage};
+    if !server_supports(&client.server_info().version) {
+        return Ok(None);
+    }
+    let nats = |e: msgtrail_nats::fast_ingest::FastIngestError| BenchError::Nats(e.into());
+    let js = jetstream::new(client.clone());
+    let _ = js.delete_stream(RAW_STREAM).await;
+    let stream = js
+        .create_stream(stream::Config {
+            name: RAW_STREAM.to_owned(),
+            subjects: vec![RAW_SUBJECT.to_owned()],
+            storage: stream::StorageType::File,
+            ..Default::default()
+        })
+        .await
+        .map_err(BenchError::nats)?;
+    enable_on_stream(client, RAW_STREAM).await.map_err(nats)?;
+    let consumer = make_consumer(&stream, "raw-fast").await?;
+    let phase = progress.phase(&format!("{label} S1F pipeline"), p.messages);
+    let start = Instant::now();
+    let consumers = tokio::spawn({
+        let (p, counter) = (p.clone(), phase.counter());
+        async move { consume(consumer, &p, counter, "S1F pipeline").await }
+    });
+    let producers: Vec<_> = (0..p.producers)
+        .map(|i| {
+            let (client, p) = (client.clone(), p.clone());
+            tokio::spawn(async move {
+                let fast = FastIngest::unproven(client, RAW_STREAM, p.timeout)
+                    .await
+                    .map_err(nats)?;
+                let mut left = share(p.messages, p.producers, i);
+                while left > 0 {
+                    let n = left.min(p.window.max(1) as u64);
+                    let batch = (0..n)
+                        .map(|_| FastMessage {
+                            subject: RAW_SUBJECT.to_owned(),
+                            headers: async_nats::HeaderMap::new(),
+                            payload: stamped_payload(p.payload_bytes),
+                        })
+                        .collect();
+                    // What the server did not store is sent again (the raw path has no
+                    // dedup; the consumers count what arrives).
+                    left -= fast.publish(batch).await.map_err(nats)?.count as u64;
+                }
+                Ok::<_, BenchError>(())
+            })
+        })
+        .collect();
+    for t in producers {
+        t.await.map_err(|e| BenchError::Nats(e.into()))??;
+    }
+    let (_, end) = consumers.await.map_err(|e| BenchError::Nats(e.into()))??;
+    drop(phase);
+    let _ = js.delete_stream(RAW_STREAM).await;
+    Ok(Some(Throughput::new(p.messages, end - start)))
+}
+
 /// Publishes `p.messages` from `p.producers` tasks, each with `p.window` acks in flight;
 /// returns the publish-to-ack latencies.
 async fn publish(

@@ -4,7 +4,7 @@
 use crate::export::ExportResult;
 use crate::ingest::IngestResult;
 use crate::lookup::LookupResult;
-use crate::measure::Latency;
+use crate::measure::{Latency, Throughput};
 use crate::pipeline::PipelineResult;
 use crate::raw::RawResult;
 use serde::{Deserialize, Serialize};
@@ -80,6 +80,10 @@ pub struct Ratios {
     pub s2_batch1_over_s1: f64,
     /// S2 ÷ S2 with one message per request: what batching gains.
     pub batching_gain: f64,
+    /// S2 ÷ S1F (raw JetStream with fast-ingest batches; 0 on a server before 2.14): against
+    /// what a JetStream expert reaches. Reported, the targets stay on S1.
+    #[serde(default)]
+    pub s2_over_s1f: f64,
 }
 
 /// S1, S2 and S3 of one payload size.
@@ -98,6 +102,10 @@ pub struct PayloadRun {
     pub s3l: PipelineResult,
     /// msgtrail, recording off, one message per upload and settle request.
     pub s2_batch1: PipelineResult,
+    /// S1F: raw JetStream with fast-ingest batches (pipeline throughput; absent on a server
+    /// before 2.14).
+    #[serde(default)]
+    pub s1f: Option<Throughput>,
     /// The ratios.
     pub ratios: Ratios,
 }
@@ -110,6 +118,7 @@ impl PayloadRun {
         s3: PipelineResult,
         s3l: PipelineResult,
         s2_batch1: PipelineResult,
+        s1f: Option<Throughput>,
     ) -> Self {
         let ratios = Ratios {
             s2_over_s1: s2.throughput.per_sec / s1.pipeline.per_sec,
@@ -122,6 +131,9 @@ impl PayloadRun {
             s3l_over_s2: s3l.throughput.per_sec / s2.throughput.per_sec,
             s2_batch1_over_s1: s2_batch1.throughput.per_sec / s1.pipeline.per_sec,
             batching_gain: s2.throughput.per_sec / s2_batch1.throughput.per_sec,
+            s2_over_s1f: s1f
+                .as_ref()
+                .map_or(0.0, |f| s2.throughput.per_sec / f.per_sec),
         };
         PayloadRun {
             payload_bytes: s1.payload_bytes,
@@ -130,6 +142,7 @@ impl PayloadRun {
             s3,
             s3l,
             s2_batch1,
+            s1f,
             ratios,
         }
     }
@@ -200,6 +213,12 @@ impl Report {
                 "≥ 0.95",
                 x.s3_over_s2,
                 x.s3_over_s2 >= 0.95,
+            ));
+            t.push(check(
+                format!("S3L ÷ S2 throughput (listener in the window), {b} B"),
+                "≥ 0.80",
+                x.s3l_over_s2,
+                x.s3l_over_s2 >= 0.80,
             ));
             t.push(check(
                 format!("stage-stream messages per message, {b} B"),
@@ -495,8 +514,10 @@ fn ratio_lines(s: &mut String, r: &PayloadRun) {
     let catch_up_l = r.s3l.listener.as_ref().map_or(0.0, |l| l.catch_up_seconds);
     let _ = writeln!(
         s,
-        "  {b:<7} ratios: S2/S1 {:.3} (batch 1: {:.3}, batching ×{:.2}; mean batch {:.1} uploads, {:.1} settles)  S3/S2 {:.3}  S3L/S2 {:.3}  e2e p50 at the fixed rate S2−S1 {:+.2} ms  listener ingest after the load {:.2} s (in window: caught up {:.2} s after)",
+        "  {b:<7} ratios: S2/S1 {:.3} (S2/S1F {:.3}: S1F {:.0} msgs/s; batch 1: {:.3}, batching ×{:.2}; mean batch {:.1} uploads, {:.1} settles)  S3/S2 {:.3}  S3L/S2 {:.3}  e2e p50 at the fixed rate S2−S1 {:+.2} ms  listener ingest after the load {:.2} s (in window: caught up {:.2} s after)",
         x.s2_over_s1,
+        x.s2_over_s1f,
+        r.s1f.as_ref().map_or(0.0, |f| f.per_sec),
         x.s2_batch1_over_s1,
         x.batching_gain,
         r.s2.broker.uploads as f64 / r.s2.broker.upload_requests.max(1) as f64,

@@ -200,6 +200,7 @@ async fn variant(
                 record_stages: listener != ListenerTiming::None,
                 listener,
                 batch_messages: batch,
+                fast_ingest: true,
                 tag: format!("{tag}_{size}"),
             }
         };
@@ -209,7 +210,8 @@ async fn variant(
         let s3 = pipeline::run(&params("s3", ListenerTiming::After, None), progress).await?;
         recorded.extend(pipeline::stage_batches(&client).await?);
         let s3l = pipeline::run(&params("s3l", ListenerTiming::During, None), progress).await?;
-        runs.push(PayloadRun::new(s1, s2, s3, s3l, s2_batch1));
+        let s1f = raw::run_fast(&client, &load, progress, &format!("{label}{size} B")).await?;
+        runs.push(PayloadRun::new(s1, s2, s3, s3l, s2_batch1, s1f));
     }
     // Leave msgtrail's streams empty, as the next run expects them on a shared server.
     let js = async_nats::jetstream::new(client.clone());

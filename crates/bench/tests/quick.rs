@@ -87,6 +87,11 @@ async fn quick_run_reports_every_scenario() {
                 "s2.paced.e2e.p99_ms",
                 "s3.paced.e2e.p99_ms",
                 "s3.paced.send.count",
+                // nats-server >= 2.14 (scripts/install-nats-server.sh installs 2.15):
+                // raw fast-ingest batches, and the broker storing its uploads with them.
+                "s1f.per_sec",
+                "ratios.s2_over_s1f",
+                "s2.broker.fast_batches",
             ] {
                 positive(&p(s));
             }

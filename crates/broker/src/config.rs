@@ -46,6 +46,10 @@ pub struct BrokerConfig {
     pub stage_batch_linger: Duration,
     /// Turn stage recording off entirely (benchmarks only: msgtrail without its purpose).
     pub record_stages: bool,
+    /// Store upload batches as fast-ingest batches (one JetStream ack per batch) when the
+    /// server has them (nats-server ≥ 2.14; the broker turns `allow_batched` on for the
+    /// message stream). Off, or on older servers: one PubAck per message, all in flight.
+    pub fast_ingest: bool,
     /// Time allowed for in-flight work at shutdown.
     pub shutdown_grace: Duration,
     /// Requests handled at once; beyond it the broker stops taking new ones until one ends,
@@ -78,6 +82,7 @@ impl Default for BrokerConfig {
             stage_batch_max: 256,
             stage_batch_linger: Duration::from_millis(20),
             record_stages: true,
+            fast_ingest: true,
             shutdown_grace: Duration::from_secs(10),
             max_concurrent_requests: 512,
             instance_name: None,

@@ -16,6 +16,11 @@ pub struct Metrics {
     pub settle_requests: AtomicU64,
     /// Uploads suppressed as duplicates.
     pub duplicates: AtomicU64,
+    /// Fast-ingest batches published to the message stream (one JetStream ack each).
+    pub fast_batches: AtomicU64,
+    /// Uploads a fast-ingest batch did not store (a duplicate, another publisher in between,
+    /// no answer) and that were published again with a PubAck each.
+    pub fast_batch_fallbacks: AtomicU64,
     /// Deliveries sent (pull and push, including redeliveries).
     pub deliveries: AtomicU64,
     /// Redeliveries among them.
@@ -83,6 +88,8 @@ impl Metrics {
             "upload_requests": g(&self.upload_requests),
             "settle_requests": g(&self.settle_requests),
             "duplicates": g(&self.duplicates),
+            "fast_batches": g(&self.fast_batches),
+            "fast_batch_fallbacks": g(&self.fast_batch_fallbacks),
             "deliveries": g(&self.deliveries),
             "redeliveries": g(&self.redeliveries),
             "acks": g(&self.acks),

@@ -270,6 +270,40 @@ pub async fn start(config: BrokerConfig) -> Result<RunningBroker, BrokerError> {
     })
 }
 
+/// The fast-ingest publisher into the message stream, if configured and the server has it
+/// (turning `allow_batched` on for the stream); otherwise uploads keep one PubAck each.
+async fn fast_ingest(
+    config: &BrokerConfig,
+    client: &async_nats::Client,
+) -> Option<Arc<msgtrail_nats::fast_ingest::FastIngest>> {
+    use msgtrail_nats::fast_ingest::{enable_on_stream, FastIngest};
+    if !config.fast_ingest {
+        return None;
+    }
+    let stream = msgtrail_core::subjects::MESSAGE_STREAM;
+    match enable_on_stream(client, stream).await {
+        Ok(true) => {}
+        Ok(false) => {
+            tracing::info!(
+                server = %client.server_info().version,
+                "nats-server before 2.14: uploads stored with one PubAck per message"
+            );
+            return None;
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "fast-ingest batches not available; uploads stored with one PubAck per message");
+            return None;
+        }
+    }
+    match FastIngest::new(client.clone(), stream, std::time::Duration::from_secs(5)).await {
+        Ok(f) => Some(Arc::new(f)),
+        Err(e) => {
+            tracing::warn!(error = %e, "fast-ingest publisher not started; uploads stored with one PubAck per message");
+            None
+        }
+    }
+}
+
 /// Builds the request handlers over one shared state; returns them and the deliverer (whose
 /// advisory watch the caller starts). The stage sink is dropped here: from then on only the
 /// handlers hold it, so the writer ends when they do.
@@ -293,9 +327,11 @@ async fn build_handlers(
     )
     .await
     .map_err(|e| BrokerError::setup("channels bucket", e))?;
+    let fast = fast_ingest(config, client).await;
     let shared = Arc::new(crate::shared::Shared {
         js,
         stream: storage.messages.clone(),
+        fast,
         client: client.clone(),
         channels: channels.clone(),
         sink: sink.clone(),

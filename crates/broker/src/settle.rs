@@ -19,8 +19,9 @@ use crate::upload::required;
 use bytes::Bytes;
 use msgtrail_core::frame::{self, SettleBatch, SettleEntry, SettleResults};
 use msgtrail_core::headers as h;
-use msgtrail_core::wire::{ItemResult, SettleReply, SettleRequest};
+use msgtrail_core::wire::{ItemResult, SettleKind, SettleReply, SettleRequest};
 use msgtrail_core::{ErrorCode, Role, WireError};
+use std::sync::atomic::Ordering;
 
 /// Longest a settle waits for its stage records to be stored before answering anyway (the
 /// writer keeps retrying them): about a stage-stream leader election.
@@ -111,44 +112,151 @@ impl Settler {
     }
 
     /// Settles every entry; an entry's error is its own. The tokens are checked one after
-    /// another (the cache needs it), then every settle is sent to JetStream at once and their
-    /// confirmations are awaited together: a batch costs one round trip to the server, not
-    /// one per delivery.
+    /// another (the cache needs it); then, per JetStream consumer, every settle but the last
+    /// goes as a plain publish and the last as a request that the consumer answers once it
+    /// has processed it (a double ack). JetStream processes one connection's settles of one
+    /// consumer in order, so that answer confirms the earlier ones too: a batch costs one
+    /// confirmation per consumer, not one per delivery ([`consumer_key`]).
     async fn settle_all(
         &self,
         channel: &OpenChannel,
         entries: &[SettleEntry],
         tokens: &mut TokenCache,
     ) -> Vec<Result<(), WireError>> {
-        let decoded: Vec<_> = entries
+        let d = &self.deliverer;
+        let mut prepared: Vec<Result<Prepared, WireError>> = entries
             .iter()
-            .map(|e| tokens.decode(&e.token, &channel.client_id, &self.deliverer.shared.key))
+            .map(|e| {
+                let token = tokens.decode(&e.token, &channel.client_id, &d.shared.key)?;
+                d.check_in_time(&token, e.kind)?;
+                let (effective, payload) = d.jetstream_settle(&token, e.kind, e.delay_ms);
+                Ok(Prepared {
+                    token,
+                    effective,
+                    payload,
+                    last: false,
+                })
+            })
             .collect();
-        let settles = entries.iter().zip(decoded).map(|(e, token)| async move {
-            let token = token?;
-            let reason = Some(e.reason.as_str()).filter(|r| !r.is_empty());
-            self.deliverer
-                .settle(&token, e.kind, e.delay_ms, reason)
-                .await
+        // The last settle of each consumer is the confirmed one.
+        let mut last_of = std::collections::HashMap::new();
+        for (i, p) in prepared.iter().enumerate() {
+            if let Ok(p) = p {
+                last_of.insert(consumer_key(&p.token.a).to_owned(), i);
+            }
+        }
+        for &i in last_of.values() {
+            if let Ok(p) = &mut prepared[i] {
+                p.last = true;
+            }
+        }
+        let connects = || {
+            d.shared
+                .client
+                .statistics()
+                .connects
+                .load(Ordering::Relaxed)
+        };
+        let before = connects();
+        let mut sent: Vec<Option<Result<(), WireError>>> = Vec::with_capacity(prepared.len());
+        for p in &prepared {
+            sent.push(match p {
+                Ok(p) if !p.last => Some(
+                    d.shared
+                        .client
+                        .publish(p.token.a.clone(), p.payload.clone())
+                        .await
+                        .map_err(|e| unconfirmed(p.effective, &e)),
+                ),
+                _ => None,
+            });
+        }
+        let confirms = prepared.iter().enumerate().filter_map(|(i, p)| match p {
+            Ok(p) if p.last => Some(async move {
+                let r = d.confirm(&p.token, p.effective, p.payload.clone()).await;
+                (consumer_key(&p.token.a).to_owned(), (i, r))
+            }),
+            _ => None,
         });
-        let settled = futures::future::join_all(settles).await;
-        let mut results = Vec::with_capacity(settled.len());
-        for s in settled {
-            match s {
-                Ok(slot) => {
-                    if let Some((sub, seq)) = slot {
-                        self.push.notify_settled(&sub, seq).await;
+        let confirmed: std::collections::HashMap<String, (usize, Result<(), WireError>)> =
+            futures::future::join_all(confirms)
+                .await
+                .into_iter()
+                .collect();
+        // A reconnect in between may have lost plain settles sent on the old connection,
+        // which the new one's confirmation does not cover.
+        let reconnected = connects() != before;
+        let mut results = Vec::with_capacity(prepared.len());
+        for ((p, sent), e) in prepared.into_iter().zip(sent).zip(entries) {
+            let outcome = p.and_then(|p| {
+                let (_, group) = &confirmed[consumer_key(&p.token.a)];
+                match (sent, group) {
+                    (_, Err(err)) => Err(err.clone()),
+                    (Some(Err(err)), _) => Err(err),
+                    (Some(Ok(())), Ok(())) if reconnected => Err(WireError::new(
+                        ErrorCode::Unavailable,
+                        format!(
+                            "the connection to NATS was re-established while the {} was sent; \
+                             settle again with the same token",
+                            p.effective.as_str()
+                        ),
+                    )),
+                    _ => Ok(p),
+                }
+            });
+            match outcome {
+                Ok(p) => {
+                    let reason = Some(e.reason.as_str()).filter(|r| !r.is_empty());
+                    d.settled(&p.token, e.kind, p.effective, reason).await;
+                    if let Some(sub) = &p.token.s {
+                        self.push.notify_settled(sub, p.token.q).await;
                     }
                     results.push(Ok(()));
                 }
                 Err(err) => {
-                    self.deliverer.shared.metrics.error(err.code);
+                    d.shared.metrics.error(err.code);
                     results.push(Err(err));
                 }
             }
         }
         results
     }
+}
+
+/// One settle, checked and ready for JetStream.
+struct Prepared {
+    token: std::sync::Arc<crate::token::AckToken>,
+    effective: SettleKind,
+    payload: Bytes,
+    /// The last settle of its consumer in this batch: sent as a double ack.
+    last: bool,
+}
+
+/// The JetStream consumer an ack subject belongs to: the subject without its per-delivery
+/// tokens (`$JS.ACK.<stream>.<consumer>` + 5 tokens, or with domain and account hash
+/// `$JS.ACK.<domain>.<hash>.<stream>.<consumer>` + 6). Any other shape is its own key, so
+/// its settle is confirmed on its own.
+fn consumer_key(ack_subject: &str) -> &str {
+    let tokens = ack_subject.split('.').count();
+    let keep = match tokens {
+        9 => 4,
+        12.. => 6,
+        _ => return ack_subject,
+    };
+    match ack_subject.match_indices('.').nth(keep - 1) {
+        Some((at, _)) => &ack_subject[..at],
+        None => ack_subject,
+    }
+}
+
+fn unconfirmed(kind: SettleKind, e: &dyn std::fmt::Display) -> WireError {
+    WireError::new(
+        ErrorCode::Unavailable,
+        format!(
+            "the {} was not sent to JetStream: {e}; settle again with the same token",
+            kind.as_str()
+        ),
+    )
 }
 
 fn too_many(n: usize) -> WireError {
@@ -159,4 +267,22 @@ fn too_many(n: usize) -> WireError {
             frame::MAX_BATCH_ENTRIES
         ),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::consumer_key;
+
+    #[test]
+    fn ack_subjects_group_by_their_consumer() {
+        assert_eq!(
+            consumer_key("$JS.ACK.MSGTRAIL_MESSAGES.g-billing.1.17.9.1700000000000000000.3"),
+            "$JS.ACK.MSGTRAIL_MESSAGES.g-billing"
+        );
+        assert_eq!(
+            consumer_key("$JS.ACK.hub.ACCHASH.MSGTRAIL_MESSAGES.g-billing.1.17.9.170.3.xyz"),
+            "$JS.ACK.hub.ACCHASH.MSGTRAIL_MESSAGES.g-billing"
+        );
+        assert_eq!(consumer_key("$JS.ACK.odd.shape"), "$JS.ACK.odd.shape");
+    }
 }

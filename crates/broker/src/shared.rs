@@ -15,6 +15,9 @@ pub(crate) struct Shared {
     pub js: jetstream::Context,
     /// The message stream (direct gets, consumers).
     pub stream: jetstream::stream::Stream,
+    /// Fast-ingest batches into the message stream, when the server has them and
+    /// [`BrokerConfig::fast_ingest`] is on.
+    pub fast: Option<Arc<msgtrail_nats::fast_ingest::FastIngest>>,
     /// Core NATS client (settles, pushes, internal notices).
     pub client: async_nats::Client,
     /// Channels.

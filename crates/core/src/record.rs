@@ -220,6 +220,13 @@ mod tests {
     use super::*;
 
     #[test]
+    fn mtt_with_an_unknown_version_byte_is_refused_not_read_as_json() {
+        assert!(decode_batch(b"MTT\x02\0\0\0\0").is_err());
+        assert!(decode_batch(b"MTT\xff\0\0\0\0").is_err());
+        assert_eq!(decode_batch(b"MTT\x01\0\0\0\0").unwrap(), vec![]);
+    }
+
+    #[test]
     fn batch_round_trip_omits_empty_fields() {
         let mut a = StageRecord::at(Stage::UploadSent, 42);
         a.request_id = Some(RequestId::new("r1").unwrap());

@@ -45,6 +45,9 @@ pub struct PipelineParams {
     /// Messages per upload and settle request: `None` the SDK's default batching, `Some(1)`
     /// one message per request.
     pub batch_messages: Option<usize>,
+    /// The broker stores upload batches as fast-ingest batches when the server has them
+    /// ([`BrokerConfig::fast_ingest`]); off: one PubAck per message.
+    pub fast_ingest: bool,
     /// Names the run's topic, group and listener durable (`s2_128`).
     pub tag: String,
 }
@@ -87,6 +90,12 @@ pub struct BrokerCounts {
     pub upload_requests: u64,
     /// Settle requests.
     pub settle_requests: u64,
+    /// Fast-ingest batches the broker published (one JetStream ack each).
+    #[serde(default)]
+    pub fast_batches: u64,
+    /// Uploads a fast-ingest batch did not store, published again with a PubAck each.
+    #[serde(default)]
+    pub fast_batch_fallbacks: u64,
 }
 
 /// What the listener did during an S3 run.
@@ -175,6 +184,7 @@ pub async fn run(p: &PipelineParams, progress: &Progress) -> Result<PipelineResu
         nats: NatsOptions::url(p.nats_url.clone()),
         clients: ClientRegistry::new(entries).map_err(|e| BenchError::Broker(e.into()))?,
         record_stages: p.record_stages,
+        fast_ingest: p.fast_ingest,
         ..Default::default()
     };
     let broker = msgtrail_broker::start(config)
@@ -233,6 +243,8 @@ fn broker_counts(metrics: &msgtrail_broker::Metrics) -> BrokerCounts {
         relayed_records: g(&metrics.relayed_records),
         upload_requests: g(&metrics.upload_requests),
         settle_requests: g(&metrics.settle_requests),
+        fast_batches: g(&metrics.fast_batches),
+        fast_batch_fallbacks: g(&metrics.fast_batch_fallbacks),
     }
 }
 

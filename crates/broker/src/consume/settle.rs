@@ -43,7 +43,7 @@ impl Deliverer {
     /// `settles_expired`). Nothing goes to JetStream: the delivery is no longer this
     /// consumer's, and an ack JetStream might still take would be one that it answers the same
     /// way whether it took it or not (after a dead letter).
-    pub(super) fn check_in_time(
+    pub(crate) fn check_in_time(
         &self,
         token: &AckToken,
         kind: SettleKind,
@@ -71,7 +71,7 @@ impl Deliverer {
 
     /// What to send JetStream: a nack of the last allowed attempt is a dead letter, so it is
     /// sent as a term.
-    pub(super) fn jetstream_settle(
+    pub(crate) fn jetstream_settle(
         &self,
         token: &AckToken,
         kind: SettleKind,
@@ -95,7 +95,7 @@ impl Deliverer {
     /// consumer's leader to answer (a double ack): an ok then means JetStream took it, not
     /// only that it left this broker. In a cluster the leader answers once the ack is
     /// replicated.
-    pub(super) async fn confirm(
+    pub(crate) async fn confirm(
         &self,
         token: &AckToken,
         effective: SettleKind,
@@ -132,7 +132,7 @@ impl Deliverer {
     }
 
     /// Counts a confirmed settle and records C4/C8 (and R1 `dead_letter` for a term).
-    pub(super) async fn settled(
+    pub(crate) async fn settled(
         &self,
         token: &AckToken,
         kind: SettleKind,

@@ -1,7 +1,18 @@
-//! Storing accepted uploads in the message stream, all PubAcks in flight at once, and reading
-//! back the original's ID when JetStream names a duplicate.
+//! Storing accepted uploads in the message stream — first attempts as one fast-ingest batch
+//! (one JetStream ack), everything else with all PubAcks in flight at once — and reading back
+//! the original's ID when JetStream names a duplicate.
 
 use super::*;
+use msgtrail_nats::fast_ingest::FastMessage;
+
+/// What JetStream said of one stored upload.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Ack {
+    /// The stream sequence (of the original, for a duplicate).
+    pub(super) sequence: u64,
+    /// Whether the upload was a duplicate.
+    pub(super) duplicate: bool,
+}
 
 impl Uploader {
     /// The headers of a stored message.
@@ -41,47 +52,136 @@ impl Uploader {
         stored
     }
 
-    /// Publishes every upload to JetStream with all acks in flight at once, then records and
-    /// answers each: a new message, a duplicate, or an error of its own.
+    /// Stores every upload and answers each: a new message, a duplicate, or an error of its
+    /// own. First attempts (two or more) go as one fast-ingest batch when the server has them
+    /// (one JetStream ack for the batch); the rest — retries (attempt > 1, whose duplicates
+    /// must be reported, and a fast batch silently drops them), a lone upload, what a fast
+    /// batch did not store, every upload on older servers — with one PubAck each, all in
+    /// flight at once.
     pub(super) async fn store_all(
         &self,
         channel: &OpenChannel,
         uploads: Vec<(Upload, u64)>,
     ) -> Vec<Result<UploadReply, WireError>> {
-        let unavailable = |e: &dyn std::fmt::Display| store_failure(&e.to_string());
-        let mut pending = Vec::with_capacity(uploads.len());
-        let mut acks = Vec::with_capacity(uploads.len());
-        for (up, received_at) in uploads {
-            let message_id = MessageId::new();
-            let headers = self.stored_headers(channel, &up, &message_id, received_at);
-            // Sends now; the ack is awaited below, together with the batch's other acks.
-            acks.push(
-                self.shared
-                    .js
-                    .publish_with_headers(
-                        message_subject(up.topic.as_str()),
-                        headers,
-                        up.payload.clone(),
-                    )
-                    .await,
-            );
-            pending.push((up, received_at, message_id));
-        }
-        let acks = futures::future::join_all(acks.into_iter().map(|sent| async move {
-            match sent {
-                Ok(ack) => ack.await.map_err(|e| unavailable(&e)),
-                Err(e) => Err(unavailable(&e)),
-            }
-        }))
-        .await;
+        let pending: Vec<(Upload, u64, MessageId)> = uploads
+            .into_iter()
+            .map(|(up, received_at)| (up, received_at, MessageId::new()))
+            .collect();
+        let mut acks: Vec<Option<Result<Ack, WireError>>> = std::iter::repeat_with(|| None)
+            .take(pending.len())
+            .collect();
+        self.store_fast(channel, &pending, &mut acks).await;
+        self.store_windowed(channel, &pending, &mut acks).await;
         let mut out = Vec::with_capacity(pending.len());
         for ((up, received_at, message_id), ack) in pending.into_iter().zip(acks) {
-            out.push(match ack {
+            out.push(match ack.expect("every upload published") {
                 Ok(ack) => self.stored(channel, up, received_at, message_id, ack).await,
                 Err(e) => Err(e),
             });
         }
         out
+    }
+
+    /// The fast-ingest batch of the first attempts, if there is one: answers the prefix it
+    /// stored (each at its own, proven, stream sequence) and leaves the rest unanswered.
+    async fn store_fast(
+        &self,
+        channel: &OpenChannel,
+        pending: &[(Upload, u64, MessageId)],
+        acks: &mut [Option<Result<Ack, WireError>>],
+    ) {
+        let Some(fast) = self.shared.fast.as_ref().filter(|f| !f.is_disabled()) else {
+            return;
+        };
+        let firsts: Vec<usize> = (0..pending.len())
+            .filter(|&i| pending[i].0.attempt == 1)
+            .collect();
+        if firsts.len() < 2 {
+            return;
+        }
+        let messages = firsts
+            .iter()
+            .map(|&i| {
+                let (up, received_at, message_id) = &pending[i];
+                FastMessage {
+                    subject: message_subject(up.topic.as_str()),
+                    headers: self.stored_headers(channel, up, message_id, *received_at),
+                    payload: up.payload.clone(),
+                }
+            })
+            .collect();
+        Metrics::inc(&self.shared.metrics.fast_batches);
+        let count = match fast.publish(messages).await {
+            Ok(stored) => {
+                for (j, &i) in firsts.iter().take(stored.count).enumerate() {
+                    acks[i] = Some(Ok(Ack {
+                        sequence: stored.first_seq + j as u64,
+                        duplicate: false,
+                    }));
+                }
+                stored.count
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "fast-ingest batch not used");
+                0
+            }
+        };
+        self.shared.metrics.fast_batch_fallbacks.fetch_add(
+            (firsts.len() - count) as u64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
+
+    /// Publishes every upload not answered yet with its own PubAck, all in flight at once.
+    async fn store_windowed(
+        &self,
+        channel: &OpenChannel,
+        pending: &[(Upload, u64, MessageId)],
+        acks: &mut [Option<Result<Ack, WireError>>],
+    ) {
+        let unavailable = |e: &dyn std::fmt::Display| store_failure(&e.to_string());
+        if acks.iter().all(Option::is_some) {
+            return;
+        }
+        // No fast batch of this broker runs until these are stored: one of them between two
+        // of its messages would end it early.
+        let paused = match &self.shared.fast {
+            Some(fast) => Some(fast.pause().await),
+            None => None,
+        };
+        let mut sent = Vec::new();
+        for (i, (up, received_at, message_id)) in pending.iter().enumerate() {
+            if acks[i].is_some() {
+                continue;
+            }
+            let headers = self.stored_headers(channel, up, message_id, *received_at);
+            // Sends now; the ack is awaited below, together with the batch's other acks.
+            let ack = self
+                .shared
+                .js
+                .publish_with_headers(
+                    message_subject(up.topic.as_str()),
+                    headers,
+                    up.payload.clone(),
+                )
+                .await;
+            sent.push((i, ack));
+        }
+        let answered = futures::future::join_all(sent.into_iter().map(|(i, sent)| async move {
+            let ack = match sent {
+                Ok(ack) => ack.await.map_err(|e| unavailable(&e)),
+                Err(e) => Err(unavailable(&e)),
+            };
+            (i, ack)
+        }))
+        .await;
+        for (i, ack) in answered {
+            acks[i] = Some(ack.map(|a| Ack {
+                sequence: a.sequence,
+                duplicate: a.duplicate,
+            }));
+        }
+        drop(paused);
     }
 
     /// Records and answers one upload that JetStream acknowledged.
@@ -91,10 +191,16 @@ impl Uploader {
         up: Upload,
         received_at: u64,
         message_id: MessageId,
-        ack: async_nats::jetstream::publish::PublishAck,
+        ack: Ack,
     ) -> Result<UploadReply, WireError> {
-        if ack.duplicate {
-            let original = self.original_id(ack.sequence).await?;
+        // A duplicate of its own copy is not one: a fast batch stored it without proving it
+        // (module doc of msgtrail_nats::fast_ingest) and it was published again; it is
+        // answered as stored, at the sequence JetStream names.
+        let original = match ack.duplicate {
+            true => Some(self.original_id(ack.sequence).await?).filter(|o| *o != message_id),
+            false => None,
+        };
+        if let Some(original) = original {
             Metrics::inc(&self.shared.metrics.duplicates);
             let mut d1 = self.base_record(Stage::Duplicate, received_at, channel, &up, original);
             d1.stream_seq = Some(ack.sequence);
