@@ -860,6 +860,39 @@ impl History {
         round1(worst)
     }
 
+    /// The longest time after `from_ms` with no `kind` call (`send`, `ack`) ending ok: between
+    /// two ok ends, or from `from_ms` to the first one. 0 when none ended ok after `from_ms`.
+    pub(crate) fn longest_gap_ms(&self, kind: &str, from_ms: f64) -> f64 {
+        let mut ends: Vec<f64> = self
+            .ops()
+            .iter()
+            .filter(|o| o.kind == kind && o.outcome == Outcome::Ok && o.end_ms >= from_ms)
+            .map(|o| o.end_ms)
+            .collect();
+        ends.sort_by(f64::total_cmp);
+        let mut last = from_ms;
+        let mut worst: f64 = 0.0;
+        for e in ends {
+            worst = worst.max(e - last);
+            last = e;
+        }
+        round1(worst)
+    }
+
+    /// From the first to the last end of a `kind` call that did not end ok after `from_ms`
+    /// (`None` when every one did): the window in which such calls failed or timed out.
+    pub(crate) fn failure_window_ms(&self, kind: &str, from_ms: f64) -> Option<(f64, f64)> {
+        let ends: Vec<f64> = self
+            .ops()
+            .iter()
+            .filter(|o| o.kind == kind && o.outcome != Outcome::Ok && o.end_ms >= from_ms)
+            .map(|o| o.end_ms)
+            .collect();
+        let first = ends.iter().copied().reduce(f64::min)?;
+        let last = ends.iter().copied().reduce(f64::max)?;
+        Some((round1(first), round1(last)))
+    }
+
     /// Latencies of the successful `send` calls, ms.
     pub(crate) fn send_latencies(&self) -> Vec<f64> {
         self.ops()
@@ -992,6 +1025,11 @@ pub(crate) struct Progress {
     /// Deliveries of messages the consumer had already acked (redeliveries after a lost
     /// ack reply, or JetStream redeliveries).
     pub redelivered_after_ack: AtomicUsize,
+    /// Deliveries whose ack timed out (unknown) and whose retry with the same token was then
+    /// refused `delivery_expired`: the first try may have been applied (RELIABILITY.md,
+    /// finding 8). The oracle requires their trajectories to show the group's ack, unless a
+    /// redelivery was consumed.
+    pub ack_ambiguous: Mutex<HashSet<MessageId>>,
 }
 
 impl Progress {
@@ -1132,6 +1170,15 @@ pub(crate) fn subscription() -> Subscription {
 /// until the producers are done and every acked upload was consumed, or `deadline`.
 async fn consume(c: Consumer, history: Arc<History>, progress: Arc<Progress>, deadline: Instant) {
     let sub = subscription();
+    // When the last ambiguous ack was seen: its message, if the ack was not applied, comes
+    // back after the ack wait, so the consumer keeps fetching for two ack waits after it.
+    let mut last_ambiguous: Option<Instant> = None;
+    let ack_wait = Duration::from_secs(
+        ACK_WAIT
+            .trim_end_matches('s')
+            .parse()
+            .expect("the suite's ack wait is whole seconds"),
+    );
     loop {
         if progress.stop.load(Ordering::SeqCst) || Instant::now() > deadline {
             return;
@@ -1145,7 +1192,12 @@ async fn consume(c: Consumer, history: Arc<History>, progress: Arc<Progress>, de
                 .map(|a| a.message_id)
                 .collect();
             let consumed = progress.consumed_ids.lock().unwrap();
-            if acked.iter().all(|m| consumed.contains(m)) {
+            let ambiguous = progress.ack_ambiguous.lock().unwrap();
+            let settled = acked
+                .iter()
+                .all(|m| consumed.contains(m) || ambiguous.contains(m));
+            let waited = last_ambiguous.is_none_or(|t| t.elapsed() > ack_wait * 2);
+            if settled && waited {
                 return;
             }
         }
@@ -1174,9 +1226,16 @@ async fn consume(c: Consumer, history: Arc<History>, progress: Arc<Progress>, de
                 .await
                 .map(|_| ());
             let mut tries = 1;
+            let mut unknown_before = false;
             while let Err(e) = &result {
-                history.push("ack", mid.to_string(), start, classify(e));
-                if tries >= 5 || matches!(classify(e), Outcome::Fail(_)) {
+                let outcome = classify(e);
+                history.push("ack", mid.to_string(), start, outcome.clone());
+                if unknown_before && e.is_delivery_expired() {
+                    progress.ack_ambiguous.lock().unwrap().insert(mid);
+                    last_ambiguous = Some(Instant::now());
+                }
+                unknown_before |= matches!(outcome, Outcome::Unknown(_));
+                if tries >= 5 || matches!(outcome, Outcome::Fail(_)) {
                     break;
                 }
                 tries += 1;
