@@ -28,6 +28,8 @@ mod otlp;
 mod pauses;
 #[path = "faults/permissions.rs"]
 mod permissions;
+#[path = "faults/skew.rs"]
+mod skew;
 #[path = "faults/slow_consumer.rs"]
 mod slow_consumer;
 
@@ -1433,4 +1435,30 @@ async fn s13_cluster_stage_stream_leader_paused_mid_load() {
         NodeFault::Pause,
     )
     .await;
+}
+
+// ---------------------------------------------------------------------------------------
+// 14. Clocks that disagree (libfaketime): skewed, two brokers apart, a clock that jumps.
+// ---------------------------------------------------------------------------------------
+
+/// A broker at +1.5 s and a consumer process at −0.7 s: causally ordered trajectories,
+/// bounds that contain the true offsets, no audit violation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s14_broker_and_consumer_clocks_skewed() {
+    let _serial = SERIAL.lock().await;
+    skew::broker_and_consumer_skewed("broker_and_consumer_skewed").await;
+}
+
+/// Two brokers 2.5 s apart serving one producer and one group.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s14_two_brokers_with_different_clocks() {
+    let _serial = SERIAL.lock().await;
+    skew::two_brokers_different_clocks("two_brokers_different_clocks").await;
+}
+
+/// The broker's wall clock jumps +3 s mid-load and back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s14_broker_clock_jumps_mid_load() {
+    let _serial = SERIAL.lock().await;
+    skew::broker_clock_jumps("broker_clock_jumps").await;
 }

@@ -159,6 +159,9 @@ pub(crate) struct SystemOptions {
     pub listener_args: Vec<String>,
     /// More environment of the listener process (`OTEL_EXPORTER_OTLP_ENDPOINT`, …).
     pub listener_env: Vec<(String, String)>,
+    /// More environment of each broker process, by index (broker-1's first; brokers past
+    /// the end get none): libfaketime's `LD_PRELOAD` and `FAKETIME` for a skewed clock.
+    pub broker_env: Vec<Vec<(String, String)>>,
     /// Run nats-server under deploy/nats/accounts.conf (accounts, users, permissions): the
     /// brokers connect as `broker`, the listener as `listener`, the test's producer and
     /// consumer as the password client `client` with its inbox prefix, the oracle as `broker`.
@@ -181,6 +184,7 @@ impl Default for SystemOptions {
             broker_args: vec![],
             listener_args: vec![],
             listener_env: vec![],
+            broker_env: vec![],
             deploy_accounts: false,
         }
     }
@@ -397,6 +401,26 @@ impl System {
         }
     }
 
+    /// Starts another `msgtrail` process (`args`, e.g. `consume …`) named `name`, connected
+    /// like the brokers, with `env` added; its stdout and stderr go to `<name>.log`.
+    pub(crate) fn spawn_msgtrail(
+        &self,
+        name: &str,
+        args: &[String],
+        env: &[(String, String)],
+    ) -> ChildProcess {
+        let mut spec = self.base_spec(name).args(args.iter().cloned());
+        for (k, v) in env {
+            spec = spec.env(k, v);
+        }
+        ChildProcess::spawn(spec).unwrap_or_else(|e| panic!("{name} starts: {e}"))
+    }
+
+    /// The scenario's scratch directory (logs, clients file, stores).
+    pub(crate) fn dir(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+
     /// The NATS user of the test's own clients (`None` without deploy's accounts).
     pub(crate) fn client_user(&self) -> Option<&'static NatsUser> {
         self.options.user(&CLIENT_USER)
@@ -423,7 +447,10 @@ impl System {
             args.extend(["--replicas".into(), "3".into()]);
         }
         args.extend(self.options.broker_args.iter().cloned());
-        let spec = self.base_spec(&name).args(args);
+        let mut spec = self.base_spec(&name).args(args);
+        for (k, v) in self.options.broker_env.get(n - 1).into_iter().flatten() {
+            spec = spec.env(k, v);
+        }
         self.brokers
             .push(ChildProcess::spawn(spec).expect("broker process starts"));
         self.brokers.len() - 1
