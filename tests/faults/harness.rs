@@ -162,6 +162,9 @@ pub(crate) struct SystemOptions {
     /// More environment of each broker process, by index (broker-1's first; brokers past
     /// the end get none): libfaketime's `LD_PRELOAD` and `FAKETIME` for a skewed clock.
     pub broker_env: Vec<Vec<(String, String)>>,
+    /// The single node's JetStream store directory instead of one in the scenario's
+    /// directory (a size-limited tmpfs, for a full disk).
+    pub nats_store: Option<PathBuf>,
     /// Run nats-server under deploy/nats/accounts.conf (accounts, users, permissions): the
     /// brokers connect as `broker`, the listener as `listener`, the test's producer and
     /// consumer as the password client `client` with its inbox prefix, the oracle as `broker`.
@@ -185,6 +188,7 @@ impl Default for SystemOptions {
             listener_args: vec![],
             listener_env: vec![],
             broker_env: vec![],
+            nats_store: None,
             deploy_accounts: false,
         }
     }
@@ -319,8 +323,12 @@ impl System {
                 .expect("nats-server starts under deploy/nats/accounts.conf"),
             ))
         } else {
+            let store = options
+                .nats_store
+                .clone()
+                .unwrap_or_else(|| dir.path().join("jetstream"));
             Nats::Single(Box::new(
-                NatsNode::start(&dir.path().join("jetstream")).expect("nats-server must start"),
+                NatsNode::start(&store).expect("nats-server must start"),
             ))
         };
         let producer_id = Identity::generate(id("faults-shop")).with_service_name("faults-shop");
