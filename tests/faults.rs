@@ -26,6 +26,8 @@ mod garbage;
 mod harness;
 #[path = "faults/otlp.rs"]
 mod otlp;
+#[path = "faults/paused_consumer.rs"]
+mod paused_consumer;
 #[path = "faults/pauses.rs"]
 mod pauses;
 #[path = "faults/permissions.rs"]
@@ -1413,6 +1415,14 @@ async fn s13_listener_paused_mid_load() {
 async fn s13_nats_server_paused_mid_load() {
     let _serial = SERIAL.lock().await;
     pauses::single_node_pause("nats_server_paused", pauses::Paused::NatsServer).await;
+}
+
+/// The consumer's own process freezes past its deliveries' ack wait: its late acks are
+/// refused `delivery_expired` and the trajectories show the redelivery.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s13_consumer_process_paused_past_the_ack_wait() {
+    let _serial = SERIAL.lock().await;
+    paused_consumer::consumer_process_paused("consumer_process_paused").await;
 }
 
 /// The cluster node leading `MSGTRAIL_MESSAGES` freezes and wakes believing it leads.
