@@ -9,22 +9,13 @@
 
 use crate::harness::*;
 use crate::pauses::PAUSE;
+use crate::skew::consumed_by;
 use crate::{blocking, oracle, TRAJECTORY_WAIT};
 use msgtrail_core::trajectory::HopKind;
-use serde_json::{json, Value};
+use serde_json::json;
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
-
-/// The message IDs the consumer process printed as processed and acked.
-fn consumed_by(log: &str) -> Vec<msgtrail_core::MessageId> {
-    log.lines()
-        .filter(|l| l.starts_with('{'))
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|v| v["outcome"] == "ok")
-        .filter_map(|v| v["message_id"].as_str().and_then(|s| s.parse().ok()))
-        .collect()
-}
 
 pub(crate) async fn consumer_process_paused(scenario: &str) {
     let scale = Scale::pick(300, 2000);

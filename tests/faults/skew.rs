@@ -189,7 +189,7 @@ fn summary(est: &[(String, String, i64, i64)]) -> Value {
 }
 
 /// The message IDs a `msgtrail consume --json` process printed as processed and acked.
-fn consumed_by(log: &str) -> Vec<msgtrail_core::MessageId> {
+pub(crate) fn consumed_by(log: &str) -> Vec<msgtrail_core::MessageId> {
     log.lines()
         .filter(|l| l.starts_with('{'))
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
