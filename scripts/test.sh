@@ -11,6 +11,9 @@ PY_PKGS=('nats-py>=2.6' 'nkeys>=0.2.1')
 python3 -m pip install --quiet --disable-pip-version-check "${PY_PKGS[@]}" \
   || python3 -m pip install --quiet --disable-pip-version-check --break-system-packages "${PY_PKGS[@]}"
 export NATS_SERVER_BIN
+# tests/faults/skew.rs shifts brokers' and a consumer's wall clocks with libfaketime.
+FAKETIME_LIB=$(scripts/install-faketime.sh | tail -n 1)
+export FAKETIME_LIB
 # tests/page.rs drives the listener page in a headless Chromium over chromedriver.
 CHROME_PATHS=$(scripts/install-chromium.sh | tail -n 2)
 CHROMEDRIVER=$(echo "$CHROME_PATHS" | head -n 1)

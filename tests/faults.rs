@@ -18,14 +18,22 @@
 //! `cargo test`; `MSGTRAIL_FAULTS_LONG=1` runs more messages, three times. RELIABILITY.md
 //! describes the scenarios and holds the latest results.
 
+#[path = "faults/full_disk.rs"]
+mod full_disk;
 #[path = "faults/garbage.rs"]
 mod garbage;
 #[path = "faults/harness.rs"]
 mod harness;
 #[path = "faults/otlp.rs"]
 mod otlp;
+#[path = "faults/paused_consumer.rs"]
+mod paused_consumer;
+#[path = "faults/pauses.rs"]
+mod pauses;
 #[path = "faults/permissions.rs"]
 mod permissions;
+#[path = "faults/skew.rs"]
+mod skew;
 #[path = "faults/slow_consumer.rs"]
 mod slow_consumer;
 
@@ -63,10 +71,22 @@ async fn oracle(
 ) -> Report {
     let stored = drain_messages(&sys.admin).await;
     let uploads = finished.progress.uploads.lock().unwrap().clone();
-    let consumed = finished.progress.consumed_ids.lock().unwrap().clone();
+    let mut consumed = finished.progress.consumed_ids.lock().unwrap().clone();
+    // An ack that timed out and whose retry was refused `delivery_expired` must have been
+    // applied unless the message came back (and then it was consumed): either way the
+    // trajectory must show the group's ack (finding 8).
+    let ambiguous = finished.progress.ack_ambiguous.lock().unwrap().clone();
+    let ambiguous_unconsumed = ambiguous.iter().filter(|m| !consumed.contains(m)).count();
+    consumed.extend(ambiguous.iter().copied());
     let stream = judge_stream(&uploads, &stored);
     let traj = judge_trajectories(&sys.listener_client(), &uploads, &consumed, wait).await;
     let mut r = Report::new(scenario, scale, rep, finished, &stream, &traj);
+    if !ambiguous.is_empty() {
+        r.set("acks_ambiguous", json!(ambiguous.len())).set(
+            "acks_ambiguous_never_redelivered",
+            json!(ambiguous_unconsumed),
+        );
+    }
     explain_incomplete(sys, &traj, &mut r).await;
     let warnings = sys.logged_warnings(8);
     if !warnings.is_empty() {
@@ -99,7 +119,7 @@ async fn explain_incomplete(sys: &System, traj: &TrajectoryVerdict, r: &mut Repo
 }
 
 /// Every stage record in the stage stream (read directly, not through the listener).
-async fn stage_records(client: &async_nats::Client) -> Vec<msgtrail_core::StageRecord> {
+pub(crate) async fn stage_records(client: &async_nats::Client) -> Vec<msgtrail_core::StageRecord> {
     let js = async_nats::jetstream::new(client.clone());
     let Ok(mut stream) = js.get_stream(STAGE_STREAM).await else {
         return vec![];
@@ -925,10 +945,25 @@ fn connections_on(sys: &System, node: &str) -> Vec<String> {
     out
 }
 
+/// What happens to the node a cluster scenario picks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NodeFault {
+    /// SIGKILL; it stays down (scenario 7).
+    Kill9,
+    /// SIGSTOP for [`pauses::PAUSE`], then SIGCONT: it wakes believing it still leads
+    /// (scenario 13).
+    Pause,
+}
+
 /// A 3-node R3 cluster with two brokers; the leaders of the meta group and of the two streams
 /// are moved to three different nodes, and at a third of the load the node leading `role`
 /// is SIGKILLed (and stays down).
 async fn cluster_leader_kill_9(scenario: &str, role: Role) {
+    cluster_leader_fault(scenario, role, NodeFault::Kill9).await
+}
+
+/// [`cluster_leader_kill_9`] with the node's fault as a parameter.
+async fn cluster_leader_fault(scenario: &str, role: Role, fault: NodeFault) {
     let scale = Scale::pick(300, 2000);
     for rep in 1..=scale.reps {
         let mut sys = System::start(SystemOptions {
@@ -938,7 +973,16 @@ async fn cluster_leader_kill_9(scenario: &str, role: Role) {
         })
         .await;
         let before = separate_leaders(&sys).await;
-        let run = run_load(&sys, Load::new(scale.messages)).await;
+        // A pause is measured on a paced load (8 tasks, 100 ms apart) that still runs when
+        // the node wakes; a kill on the usual unpaced one.
+        let load = match fault {
+            NodeFault::Kill9 => Load::new(scale.messages),
+            NodeFault::Pause => Load {
+                pace: Duration::from_millis(100),
+                ..Load::new(scale.messages)
+            },
+        };
+        let run = run_load(&sys, load).await;
         run.progress
             .wait_acked(scale.messages / 3, Duration::from_secs(60))
             .await;
@@ -957,20 +1001,60 @@ async fn cluster_leader_kill_9(scenario: &str, role: Role) {
         let victim_leads = led_by(&sys, &victim, &at_kill).await;
         let victim_connections = connections_on(&sys, &victim);
         let fault_ms = run.history.now_ms();
+        let acked_at_fault = run.progress.acked.load(std::sync::atomic::Ordering::SeqCst);
         let Nats::Cluster(cluster) = &mut sys.nats else {
             unreachable!("a cluster")
         };
         let i = cluster
             .index_of(&victim)
             .expect("the leader is one of ours");
-        blocking(|| cluster.nodes[i].kill9());
+        let fault_text = match fault {
+            NodeFault::Kill9 => {
+                blocking(|| cluster.nodes[i].kill9());
+                "SIGKILL"
+            }
+            NodeFault::Pause => {
+                blocking(|| cluster.nodes[i].pause()).expect("SIGSTOP the node");
+                tokio::time::sleep(pauses::PAUSE).await;
+                blocking(|| cluster.nodes[i].resume()).expect("SIGCONT the node");
+                "SIGSTOP for 8 s (then SIGCONT)"
+            }
+        };
         let finished = run.finish().await;
         let after = Leaders::read(&sys).await;
         let mut r = oracle(&sys, scenario, &scale, rep, &finished, TRAJECTORY_WAIT).await;
+        if fault == NodeFault::Pause {
+            r.set("acked_at_fault", json!(acked_at_fault));
+            let stored = drain_messages(&sys.admin).await;
+            let records = stage_records(&sys.admin).await;
+            let contradictions = pauses::stage_contradictions(&records, &stored);
+            let h = &finished.history;
+            r.set("stage_contradictions", json!(contradictions.len()))
+                .set(
+                    "longest_without_acked_upload_ms",
+                    json!(h.longest_gap_ms("send", fault_ms)),
+                )
+                .set(
+                    "longest_without_ok_ack_ms",
+                    json!(h.longest_gap_ms("ack", fault_ms)),
+                )
+                .set(
+                    "upload_failure_window_ms",
+                    json!(h.failure_window_ms("attempt", fault_ms)),
+                );
+            assert!(
+                contradictions.is_empty(),
+                "stage records contradict the stream: {contradictions:?}"
+            );
+            assert!(
+                acked_at_fault < scale.messages,
+                "the load was over before the pause: nothing was tested"
+            );
+        }
         r.set(
             "fault",
             json!(format!(
-                "SIGKILL {} of a 3-node R3 cluster at a third of the load",
+                "{fault_text} {} of a 3-node R3 cluster at a third of the load",
                 role.describe()
             )),
         )
@@ -1304,4 +1388,105 @@ async fn s12_broker_and_nats_server_kill_9_at_once() {
 async fn s12_broker_and_listener_kill_9_at_once() {
     let _serial = SERIAL.lock().await;
     two_faults_at_once("broker_and_listener_kill_9", TwoFaults::BrokerAndListener).await;
+}
+
+// ---------------------------------------------------------------------------------------
+// 13. A process freezes (SIGSTOP) for longer than every timeout and comes back (SIGCONT).
+// ---------------------------------------------------------------------------------------
+
+/// One of two brokers freezes: the SDK's retries reach the other; the frozen one wakes
+/// holding requests already stored through the other, and must store nothing twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s13_broker_paused_mid_load() {
+    let _serial = SERIAL.lock().await;
+    pauses::single_node_pause("broker_paused", pauses::Paused::Broker).await;
+}
+
+/// The listener freezes: ingest waits, nothing is lost, every trajectory completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s13_listener_paused_mid_load() {
+    let _serial = SERIAL.lock().await;
+    pauses::single_node_pause("listener_paused", pauses::Paused::Listener).await;
+}
+
+/// The only nats-server freezes: every process's connection is dropped after its pings go
+/// unanswered, and reconnects once the server wakes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s13_nats_server_paused_mid_load() {
+    let _serial = SERIAL.lock().await;
+    pauses::single_node_pause("nats_server_paused", pauses::Paused::NatsServer).await;
+}
+
+/// The consumer's own process freezes past its deliveries' ack wait: its late acks are
+/// refused `delivery_expired` and the trajectories show the redelivery.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s13_consumer_process_paused_past_the_ack_wait() {
+    let _serial = SERIAL.lock().await;
+    paused_consumer::consumer_process_paused("consumer_process_paused").await;
+}
+
+/// The cluster node leading `MSGTRAIL_MESSAGES` freezes and wakes believing it leads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s13_cluster_stream_leader_paused_mid_load() {
+    let _serial = SERIAL.lock().await;
+    cluster_leader_fault(
+        "cluster_stream_leader_paused",
+        Role::MessageStream,
+        NodeFault::Pause,
+    )
+    .await;
+}
+
+/// The cluster node leading `MSGTRAIL_STAGES` freezes and wakes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s13_cluster_stage_stream_leader_paused_mid_load() {
+    let _serial = SERIAL.lock().await;
+    cluster_leader_fault(
+        "cluster_stage_leader_paused",
+        Role::StageStream,
+        NodeFault::Pause,
+    )
+    .await;
+}
+
+// ---------------------------------------------------------------------------------------
+// 14. Clocks that disagree (libfaketime): skewed, two brokers apart, a clock that jumps.
+// ---------------------------------------------------------------------------------------
+
+/// A broker at +1.5 s and a consumer process at −0.7 s: causally ordered trajectories,
+/// bounds that contain the true offsets, no audit violation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s14_broker_and_consumer_clocks_skewed() {
+    let _serial = SERIAL.lock().await;
+    skew::broker_and_consumer_skewed("broker_and_consumer_skewed").await;
+}
+
+/// Two brokers 2.5 s apart serving one producer and one group.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s14_two_brokers_with_different_clocks() {
+    let _serial = SERIAL.lock().await;
+    skew::two_brokers_different_clocks("two_brokers_different_clocks").await;
+}
+
+/// The broker's wall clock jumps +3 s mid-load and back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s14_broker_clock_jumps_mid_load() {
+    let _serial = SERIAL.lock().await;
+    skew::broker_clock_jumps("broker_clock_jumps").await;
+}
+
+// ---------------------------------------------------------------------------------------
+// 15. nats-server's JetStream store fills up, then gets space back.
+// ---------------------------------------------------------------------------------------
+
+/// Uploads fail with a clear error while the store is full, nothing is reported stored that
+/// was not, and uploads succeed again once space is freed. Ignored (run it with
+/// `--ignored`): it fails today, finding 10 — uploads time out instead of a clear error,
+/// and JetStream stores nothing more after the space is freed (~6 min until the load's
+/// deadline).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "finding 10 (RELIABILITY.md): JetStream does not recover after its store filled; ~6 min"]
+async fn s15_nats_store_disk_fills_mid_load() {
+    let _serial = SERIAL.lock().await;
+    full_disk::nats_store_fills("nats_store_full").await;
 }

@@ -159,6 +159,12 @@ pub(crate) struct SystemOptions {
     pub listener_args: Vec<String>,
     /// More environment of the listener process (`OTEL_EXPORTER_OTLP_ENDPOINT`, …).
     pub listener_env: Vec<(String, String)>,
+    /// More environment of each broker process, by index (broker-1's first; brokers past
+    /// the end get none): libfaketime's `LD_PRELOAD` and `FAKETIME` for a skewed clock.
+    pub broker_env: Vec<Vec<(String, String)>>,
+    /// The single node's JetStream store directory instead of one in the scenario's
+    /// directory (a size-limited tmpfs, for a full disk).
+    pub nats_store: Option<PathBuf>,
     /// Run nats-server under deploy/nats/accounts.conf (accounts, users, permissions): the
     /// brokers connect as `broker`, the listener as `listener`, the test's producer and
     /// consumer as the password client `client` with its inbox prefix, the oracle as `broker`.
@@ -181,6 +187,8 @@ impl Default for SystemOptions {
             broker_args: vec![],
             listener_args: vec![],
             listener_env: vec![],
+            broker_env: vec![],
+            nats_store: None,
             deploy_accounts: false,
         }
     }
@@ -315,8 +323,12 @@ impl System {
                 .expect("nats-server starts under deploy/nats/accounts.conf"),
             ))
         } else {
+            let store = options
+                .nats_store
+                .clone()
+                .unwrap_or_else(|| dir.path().join("jetstream"));
             Nats::Single(Box::new(
-                NatsNode::start(&dir.path().join("jetstream")).expect("nats-server must start"),
+                NatsNode::start(&store).expect("nats-server must start"),
             ))
         };
         let producer_id = Identity::generate(id("faults-shop")).with_service_name("faults-shop");
@@ -397,6 +409,26 @@ impl System {
         }
     }
 
+    /// Starts another `msgtrail` process (`args`, e.g. `consume …`) named `name`, connected
+    /// like the brokers, with `env` added; its stdout and stderr go to `<name>.log`.
+    pub(crate) fn spawn_msgtrail(
+        &self,
+        name: &str,
+        args: &[String],
+        env: &[(String, String)],
+    ) -> ChildProcess {
+        let mut spec = self.base_spec(name).args(args.iter().cloned());
+        for (k, v) in env {
+            spec = spec.env(k, v);
+        }
+        ChildProcess::spawn(spec).unwrap_or_else(|e| panic!("{name} starts: {e}"))
+    }
+
+    /// The scenario's scratch directory (logs, clients file, stores).
+    pub(crate) fn dir(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+
     /// The NATS user of the test's own clients (`None` without deploy's accounts).
     pub(crate) fn client_user(&self) -> Option<&'static NatsUser> {
         self.options.user(&CLIENT_USER)
@@ -423,7 +455,10 @@ impl System {
             args.extend(["--replicas".into(), "3".into()]);
         }
         args.extend(self.options.broker_args.iter().cloned());
-        let spec = self.base_spec(&name).args(args);
+        let mut spec = self.base_spec(&name).args(args);
+        for (k, v) in self.options.broker_env.get(n - 1).into_iter().flatten() {
+            spec = spec.env(k, v);
+        }
         self.brokers
             .push(ChildProcess::spawn(spec).expect("broker process starts"));
         self.brokers.len() - 1
@@ -860,6 +895,39 @@ impl History {
         round1(worst)
     }
 
+    /// The longest time after `from_ms` with no `kind` call (`send`, `ack`) ending ok: between
+    /// two ok ends, or from `from_ms` to the first one. 0 when none ended ok after `from_ms`.
+    pub(crate) fn longest_gap_ms(&self, kind: &str, from_ms: f64) -> f64 {
+        let mut ends: Vec<f64> = self
+            .ops()
+            .iter()
+            .filter(|o| o.kind == kind && o.outcome == Outcome::Ok && o.end_ms >= from_ms)
+            .map(|o| o.end_ms)
+            .collect();
+        ends.sort_by(f64::total_cmp);
+        let mut last = from_ms;
+        let mut worst: f64 = 0.0;
+        for e in ends {
+            worst = worst.max(e - last);
+            last = e;
+        }
+        round1(worst)
+    }
+
+    /// From the first to the last end of a `kind` call that did not end ok after `from_ms`
+    /// (`None` when every one did): the window in which such calls failed or timed out.
+    pub(crate) fn failure_window_ms(&self, kind: &str, from_ms: f64) -> Option<(f64, f64)> {
+        let ends: Vec<f64> = self
+            .ops()
+            .iter()
+            .filter(|o| o.kind == kind && o.outcome != Outcome::Ok && o.end_ms >= from_ms)
+            .map(|o| o.end_ms)
+            .collect();
+        let first = ends.iter().copied().reduce(f64::min)?;
+        let last = ends.iter().copied().reduce(f64::max)?;
+        Some((round1(first), round1(last)))
+    }
+
     /// Latencies of the successful `send` calls, ms.
     pub(crate) fn send_latencies(&self) -> Vec<f64> {
         self.ops()
@@ -992,6 +1060,11 @@ pub(crate) struct Progress {
     /// Deliveries of messages the consumer had already acked (redeliveries after a lost
     /// ack reply, or JetStream redeliveries).
     pub redelivered_after_ack: AtomicUsize,
+    /// Deliveries whose ack timed out (unknown) and whose retry with the same token was then
+    /// refused `delivery_expired`: the first try may have been applied (RELIABILITY.md,
+    /// finding 8). The oracle requires their trajectories to show the group's ack, unless a
+    /// redelivery was consumed.
+    pub ack_ambiguous: Mutex<HashSet<MessageId>>,
 }
 
 impl Progress {
@@ -1132,6 +1205,15 @@ pub(crate) fn subscription() -> Subscription {
 /// until the producers are done and every acked upload was consumed, or `deadline`.
 async fn consume(c: Consumer, history: Arc<History>, progress: Arc<Progress>, deadline: Instant) {
     let sub = subscription();
+    // When the last ambiguous ack was seen: its message, if the ack was not applied, comes
+    // back after the ack wait, so the consumer keeps fetching for two ack waits after it.
+    let mut last_ambiguous: Option<Instant> = None;
+    let ack_wait = Duration::from_secs(
+        ACK_WAIT
+            .trim_end_matches('s')
+            .parse()
+            .expect("the suite's ack wait is whole seconds"),
+    );
     loop {
         if progress.stop.load(Ordering::SeqCst) || Instant::now() > deadline {
             return;
@@ -1145,7 +1227,12 @@ async fn consume(c: Consumer, history: Arc<History>, progress: Arc<Progress>, de
                 .map(|a| a.message_id)
                 .collect();
             let consumed = progress.consumed_ids.lock().unwrap();
-            if acked.iter().all(|m| consumed.contains(m)) {
+            let ambiguous = progress.ack_ambiguous.lock().unwrap();
+            let settled = acked
+                .iter()
+                .all(|m| consumed.contains(m) || ambiguous.contains(m));
+            let waited = last_ambiguous.is_none_or(|t| t.elapsed() > ack_wait * 2);
+            if settled && waited {
                 return;
             }
         }
@@ -1174,9 +1261,16 @@ async fn consume(c: Consumer, history: Arc<History>, progress: Arc<Progress>, de
                 .await
                 .map(|_| ());
             let mut tries = 1;
+            let mut unknown_before = false;
             while let Err(e) = &result {
-                history.push("ack", mid.to_string(), start, classify(e));
-                if tries >= 5 || matches!(classify(e), Outcome::Fail(_)) {
+                let outcome = classify(e);
+                history.push("ack", mid.to_string(), start, outcome.clone());
+                if unknown_before && e.is_delivery_expired() {
+                    progress.ack_ambiguous.lock().unwrap().insert(mid);
+                    last_ambiguous = Some(Instant::now());
+                }
+                unknown_before |= matches!(outcome, Outcome::Unknown(_));
+                if tries >= 5 || matches!(outcome, Outcome::Fail(_)) {
                     break;
                 }
                 tries += 1;

@@ -46,6 +46,11 @@ pub(crate) struct NatsArgs {
     /// `_INBOX_CLIENT.<id>` in deploy/nats/accounts.conf.
     #[arg(long, env = "NATS_INBOX_PREFIX", global = true)]
     pub inbox_prefix: Option<String>,
+    /// How long without traffic from NATS before the connection sends a PING; a server that
+    /// stops answering (frozen, or cut off by the network) is left after 2–3 intervals and
+    /// another cluster URL is tried. Default 2 s (`msgtrail_nats::DEFAULT_PING_INTERVAL`).
+    #[arg(long, env = "NATS_PING_INTERVAL", global = true, value_parser = duration_arg)]
+    pub nats_ping_interval: Option<humantime::Duration>,
 }
 
 impl NatsArgs {
@@ -89,6 +94,7 @@ impl NatsArgs {
                 .map(str::trim)
                 .filter(|p| !p.is_empty())
                 .map(str::to_owned),
+            ping_interval: self.nats_ping_interval.map(Into::into),
         })
     }
 }

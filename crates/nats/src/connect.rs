@@ -1,12 +1,30 @@
 //! Connecting to NATS with the usual options: server URLs, user and password, token, creds
-//! file, nkey seed, TLS, inbox prefix. The broker, the listener and the CLI use the same
-//! options.
+//! file, nkey seed, TLS, inbox prefix, ping interval. The broker, the listener, the SDK and
+//! the CLI use the same options.
+//!
+//! **Leaving a dead server.** A connection whose server froze or was cut off by the network
+//! (no RST, no FIN: a black hole) is noticed only by its pings. async-nats sends a PING
+//! after `ping_interval` without any traffic from the server and drops the connection when
+//! a third PING would be outstanding, so a black-holed connection is left
+//! **2–3 × `ping_interval`** after the last byte the server sent, and the client then
+//! reconnects to another URL of the cluster. async-nats' default interval is 60 s (up to
+//! 3 minutes on a dead node); msgtrail's is [`DEFAULT_PING_INTERVAL`] (2 s: a dead
+//! server is left within 4–6 s), set per part with `--nats-ping-interval` /
+//! `NATS_PING_INTERVAL`. A server paused longer than that is left as well: the client
+//! reconnects (to it again once it answers, on a single node).
 
 use secrecy::{ExposeSecret, SecretString};
 use std::path::PathBuf;
+use std::time::Duration;
 
 /// The NATS server a part connects to when none is configured (a local `nats-server`).
 pub const DEFAULT_URL: &str = "nats://127.0.0.1:4222";
+
+/// How long a connection may go without traffic from its server before the client sends a
+/// PING (see the module doc: a silent server is left after 2–3 intervals). 2 s costs one
+/// 6-byte PING/PONG pair per idle connection every 2 s; nats-server itself pings clients
+/// every 2 minutes.
+pub const DEFAULT_PING_INTERVAL: Duration = Duration::from_secs(2);
 
 /// How to reach and authenticate with NATS. The secrets are [`SecretString`]s: `Debug`
 /// shows `[REDACTED]`, and their memory is zeroed when dropped.
@@ -40,6 +58,9 @@ pub struct NatsOptions {
     /// user subscribe only to its own prefix (deploy/nats/accounts.conf: `_INBOX_CLIENT.<id>`),
     /// and the client must then connect with that prefix.
     pub inbox_prefix: Option<String>,
+    /// How long without traffic from the server before a PING; `None`:
+    /// [`DEFAULT_PING_INTERVAL`]. A silent server is left after 2–3 intervals.
+    pub ping_interval: Option<Duration>,
 }
 
 /// Why connecting failed.
@@ -136,6 +157,11 @@ impl NatsOptions {
             check_inbox_prefix(prefix)?;
             opts = opts.custom_inbox_prefix(prefix);
         }
+        let ping = self.ping_interval.unwrap_or(DEFAULT_PING_INTERVAL);
+        if ping.is_zero() {
+            return Err(ConnectError::options("the ping interval must be above 0"));
+        }
+        opts = opts.ping_interval(ping);
         // Every URL is a seed: the client tries them all, and learns the rest of the cluster.
         let addrs = self
             .urls
@@ -208,6 +234,58 @@ mod tests {
         let bad = NatsOptions::url("nats://[not a url");
         let err = bad.connect().await.unwrap_err().to_string();
         assert!(err.contains("invalid NATS URL"), "{err}");
+    }
+
+    fn signal(pid: u32, sig: &str) {
+        let ok = std::process::Command::new("kill")
+            .args([sig, &pid.to_string()])
+            .status()
+            .expect("runs kill")
+            .success();
+        assert!(ok, "kill {sig} {pid}");
+    }
+
+    /// A frozen server (SIGSTOP: the socket stays open, nothing answers) is left within 2–3
+    /// ping intervals, and the connection comes back once the server answers again.
+    #[tokio::test]
+    async fn a_silent_server_is_left_after_its_pings_go_unanswered() {
+        let server = msgtrail_devkit::NatsServer::start().unwrap();
+        let interval = Duration::from_millis(300);
+        let opts = NatsOptions {
+            ping_interval: Some(interval),
+            ..NatsOptions::url(server.url())
+        };
+        let client = opts.connect().await.expect("connects");
+        client.flush().await.unwrap();
+        signal(server.pid(), "-STOP");
+        let stopped = std::time::Instant::now();
+        let connected = || {
+            matches!(
+                client.connection_state(),
+                async_nats::connection::State::Connected
+            )
+        };
+        while connected() && stopped.elapsed() < Duration::from_secs(10) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let left_after = stopped.elapsed();
+        signal(server.pid(), "-CONT");
+        assert!(!connected(), "still connected 10 s after the server froze");
+        assert!(
+            left_after >= interval * 2 && left_after <= interval * 3 + Duration::from_millis(700),
+            "left after {left_after:?} with a {interval:?} ping interval"
+        );
+        let back = std::time::Instant::now();
+        while !connected() && back.elapsed() < Duration::from_secs(10) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(connected(), "reconnects once the server answers");
+        let zero = NatsOptions {
+            ping_interval: Some(Duration::ZERO),
+            ..NatsOptions::url(server.url())
+        };
+        let err = zero.connect().await.unwrap_err().to_string();
+        assert!(err.contains("ping interval"), "{err}");
     }
 
     #[tokio::test]

@@ -16,6 +16,6 @@ pub mod connect;
 pub mod fast_ingest;
 pub mod topology;
 
-pub use connect::{ConnectError, NatsOptions, DEFAULT_URL};
+pub use connect::{ConnectError, NatsOptions, DEFAULT_PING_INTERVAL, DEFAULT_URL};
 /// The type of every secret option, re-exported so callers need not name `secrecy`.
 pub use secrecy::SecretString;

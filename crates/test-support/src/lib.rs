@@ -19,4 +19,6 @@ pub use msgtrail_devkit::{
     ReceivedSpan,
 };
 pub use nats_node::{NatsCluster, NatsNode};
-pub use process::{free_port, msgtrail_binary, workspace_root, ChildProcess, ProcessSpec};
+pub use process::{
+    free_port, msgtrail_binary, signal, workspace_root, ChildProcess, ProcessError, ProcessSpec,
+};

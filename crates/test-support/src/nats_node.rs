@@ -117,6 +117,23 @@ impl NatsNode {
         }
     }
 
+    /// SIGSTOP: the node freezes (connections stay open; no reply, no route traffic, no
+    /// heartbeat) until [`NatsNode::resume`].
+    pub fn pause(&mut self) -> Result<(), crate::ProcessError> {
+        match self.pid() {
+            Some(pid) => crate::signal(pid, "STOP"),
+            None => Ok(()),
+        }
+    }
+
+    /// SIGCONT: a paused node carries on.
+    pub fn resume(&mut self) -> Result<(), crate::ProcessError> {
+        match self.pid() {
+            Some(pid) => crate::signal(pid, "CONT"),
+            None => Ok(()),
+        }
+    }
+
     /// Starts the node again on the same port and store (killing it first if it runs). The
     /// port may linger for a moment after a kill: this retries for up to 10 s.
     pub fn restart(&mut self) -> Result<(), NatsServerError> {

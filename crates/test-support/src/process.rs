@@ -15,7 +15,10 @@
 //! [`ChildProcess`] runs a program with its stdout and stderr appended to a log file (kept
 //! across restarts, with a marker line per start), and is SIGKILLed when dropped.
 //! [`ChildProcess::kill9`] is `kill -9`; [`ChildProcess::terminate`] is SIGTERM then, after a
-//! grace period, SIGKILL; [`ChildProcess::restart`] starts the same command line again.
+//! grace period, SIGKILL; [`ChildProcess::restart`] starts the same command line again;
+//! [`ChildProcess::pause`] / [`ChildProcess::resume`] are SIGSTOP / SIGCONT (a process that
+//! freezes and comes back: a GC stall, a stopped container), also for any pid with
+//! [`signal`].
 
 use std::ffi::OsString;
 use std::io::Write;
@@ -42,6 +45,22 @@ pub enum ProcessError {
     /// Spawning or signalling failed.
     #[error("{0}")]
     Io(#[from] std::io::Error),
+}
+
+/// Sends `sig` (`"STOP"`, `"CONT"`, `"TERM"`, …) to `pid` with the `kill` command.
+pub fn signal(pid: u32, sig: &str) -> Result<(), ProcessError> {
+    let status = Command::new("kill")
+        .args([format!("-{sig}"), pid.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(ProcessError::Io(std::io::Error::other(format!(
+            "kill -{sig} {pid} failed ({status})"
+        ))))
+    }
 }
 
 /// The workspace root (this crate is `crates/test-support`).
@@ -390,6 +409,23 @@ impl ChildProcess {
         }
         self.kill9()?;
         Ok(None)
+    }
+
+    /// SIGSTOP: the process freezes (its sockets stay open, nothing is read or answered)
+    /// until [`ChildProcess::resume`].
+    pub fn pause(&mut self) -> Result<(), ProcessError> {
+        match self.pid() {
+            Some(pid) => signal(pid, "STOP"),
+            None => Ok(()),
+        }
+    }
+
+    /// SIGCONT: a paused process carries on where it stopped.
+    pub fn resume(&mut self) -> Result<(), ProcessError> {
+        match self.pid() {
+            Some(pid) => signal(pid, "CONT"),
+            None => Ok(()),
+        }
     }
 
     /// Starts the same command line again (killing the current incarnation first if it
