@@ -74,7 +74,8 @@ async fn main() {
         Command::Bench(a) => commands::bench::run(&cli.nats, a).await,
     };
     if let Err(e) = result {
-        eprintln!("msgtrail: {e:#}");
+        // One rendering of the chain: each cause once.
+        eprintln!("msgtrail: {}", msgtrail_core::ErrorChain(e.as_ref()));
         std::process::exit(1);
     }
 }
