@@ -1,5 +1,6 @@
 # syntax=docker/dockerfile:1
-# The one image of a msgtrail deployment: the `msgtrail` binary (broker, listener, CLI).
+# The one image of a msgtrail deployment: the `msgtrail` binary (broker, listener, CLI),
+# built without the development commands `dev` and `bench` (--no-default-features).
 # Built from the repository root: `docker build -t msgtrail .` (deploy/docker-compose.yml
 # does it for you).
 
@@ -10,7 +11,7 @@ COPY . .
 # of the cached target dir because cache mounts are not part of the layer.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked -p msgtrail-cli \
+    cargo build --release --locked -p msgtrail-cli --no-default-features \
  && cp target/release/msgtrail /usr/local/bin/msgtrail
 
 FROM debian:bookworm-slim

@@ -112,7 +112,13 @@ async fn a_listener_first_then_brokers_with_three_replicas_leave_every_stream_r3
         brokers.push(
             msgtrail_broker::start(broker_config(&cluster, |_| {}))
                 .await
-                .unwrap_or_else(|e| panic!("broker starts: {e}\n{}", cluster.logs())),
+                .unwrap_or_else(|e| {
+                    panic!(
+                        "broker starts: {}\n{}",
+                        msgtrail_core::ErrorChain(&e),
+                        cluster.logs()
+                    )
+                }),
         );
     }
     for name in STREAMS {
@@ -129,7 +135,7 @@ async fn a_listener_first_then_brokers_with_three_replicas_leave_every_stream_r3
     // A broker that would lower them refuses to start, naming the command that would.
     let err = match msgtrail_broker::start(broker_config(&cluster, |c| c.replicas = 1)).await {
         Ok(_) => panic!("a broker with one replica started on R3 streams"),
-        Err(e) => format!("{e:#}"),
+        Err(e) => msgtrail_core::ErrorChain(&e).to_string(),
     };
     assert!(
         err.contains("nats stream edit MSGTRAIL_MESSAGES --replicas=1 --force"),
@@ -152,10 +158,20 @@ async fn a_listener_and_a_broker_started_together_both_come_up() {
             start_listener(&cluster, &dir, "together"),
             msgtrail_broker::start(config),
         );
-        let listener = listener
-            .unwrap_or_else(|e| panic!("round {round}: listener: {e:#}\n{}", cluster.logs()));
-        let broker =
-            broker.unwrap_or_else(|e| panic!("round {round}: broker: {e:#}\n{}", cluster.logs()));
+        let listener = listener.unwrap_or_else(|e| {
+            panic!(
+                "round {round}: listener: {}\n{}",
+                msgtrail_core::ErrorChain(&e),
+                cluster.logs()
+            )
+        });
+        let broker = broker.unwrap_or_else(|e| {
+            panic!(
+                "round {round}: broker: {}\n{}",
+                msgtrail_core::ErrorChain(&e),
+                cluster.logs()
+            )
+        });
         assert_replicas(&js, "MSGTRAIL_STAGES", 3).await;
         let mut messages = js.get_stream("MSGTRAIL_MESSAGES").await.unwrap();
         let window = messages.info().await.unwrap().config.duplicate_window;

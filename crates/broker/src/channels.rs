@@ -20,9 +20,10 @@ use futures::StreamExt;
 use msgtrail_core::outcome::ChannelOutcome;
 use msgtrail_core::wire::{ChallengeReply, KeepaliveReply, OpenReply, OpenRequest};
 use msgtrail_core::{ClientId, ErrorCode, Role, Stage, StageRecord, WireError};
+use parking_lot::RwLock;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// An open channel.
@@ -54,6 +55,8 @@ pub(crate) struct Channels {
 struct Inner {
     kv: Store,
     nonces: Store,
+    /// parking_lot's lock: it cannot poison (a panic while it is held leaves the map as it
+    /// is; every change is one insert or remove).
     cache: RwLock<HashMap<String, OpenChannel>>,
     clients: ClientRegistry,
     ttl: Duration,
@@ -94,7 +97,7 @@ impl Channels {
         tokio::spawn(async move {
             while let Some(Ok(entry)) = watch.next().await {
                 let Some(inner) = weak.upgrade() else { break };
-                let mut cache = inner.cache.write().expect("channel cache poisoned");
+                let mut cache = inner.cache.write();
                 match entry.operation {
                     Operation::Put => {
                         if let Ok(ch) = serde_json::from_slice::<OpenChannel>(&entry.value) {
@@ -242,7 +245,6 @@ impl Channels {
         self.inner
             .cache
             .write()
-            .expect("channel cache poisoned")
             .insert(channel.id.clone(), channel.clone());
         Ok(())
     }
@@ -259,13 +261,7 @@ impl Channels {
             return Err(unknown());
         }
         let now = now_ms();
-        let cached = self
-            .inner
-            .cache
-            .read()
-            .expect("channel cache poisoned")
-            .get(id)
-            .cloned();
+        let cached = self.inner.cache.read().get(id).cloned();
         if let Some(ch) = cached.filter(|c| c.expires_at_ms > now) {
             return Ok(ch);
         }
@@ -319,11 +315,7 @@ impl Channels {
         self.inner.kv.delete(id).await.map_err(|e| {
             WireError::new(ErrorCode::Unavailable, format!("cannot close channel: {e}"))
         })?;
-        self.inner
-            .cache
-            .write()
-            .expect("channel cache poisoned")
-            .remove(id);
+        self.inner.cache.write().remove(id);
         let mut rec = StageRecord::now(Stage::Channel);
         match ch.role {
             Role::Producer => rec.producer = Some(ch.client_id.clone()),
@@ -349,7 +341,7 @@ async fn sweep_expired(inner: std::sync::Weak<Inner>) {
         let Some(inner) = inner.upgrade() else { break };
         let now = now_ms();
         let expired: Vec<OpenChannel> = {
-            let mut cache = inner.cache.write().expect("channel cache poisoned");
+            let mut cache = inner.cache.write();
             let gone: Vec<String> = cache
                 .iter()
                 .filter(|(_, c)| c.expires_at_ms <= now)

@@ -52,7 +52,7 @@ pub struct ClientsFile {
 #[non_exhaustive]
 pub enum ClientsError {
     /// The file cannot be read.
-    #[error("cannot read clients file {path}: {source}")]
+    #[error("cannot read clients file {path}")]
     Read {
         /// The path.
         path: String,

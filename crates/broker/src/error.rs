@@ -13,7 +13,7 @@ pub enum BrokerError {
     #[error(transparent)]
     Connect(#[from] msgtrail_nats::ConnectError),
     /// JetStream or the service API refused something at startup.
-    #[error("broker setup failed ({step}): {source}")]
+    #[error("broker setup failed ({step})")]
     Setup {
         /// What the broker was setting up.
         step: &'static str,

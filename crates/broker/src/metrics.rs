@@ -1,9 +1,9 @@
 //! Broker counters. They are reported in the NATS service API's stats (`$SRV.STATS.msgtrail`,
 //! `nats micro stats msgtrail`) under each endpoint's `data`, and readable in-process.
 
+use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
 
 /// Monotonic counters of what the broker did and refused.
 #[derive(Debug, Default)]
@@ -67,17 +67,12 @@ impl Metrics {
 
     /// Counts an error reply by its code.
     pub fn error(&self, code: msgtrail_core::ErrorCode) {
-        *self
-            .errors
-            .lock()
-            .expect("metrics lock poisoned")
-            .entry(code.as_str())
-            .or_default() += 1;
+        *self.errors.lock().entry(code.as_str()).or_default() += 1;
     }
 
     /// Error replies so far, by code.
     pub fn errors(&self) -> BTreeMap<&'static str, u64> {
-        self.errors.lock().expect("metrics lock poisoned").clone()
+        self.errors.lock().clone()
     }
 
     /// All counters as JSON.

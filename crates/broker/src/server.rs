@@ -492,7 +492,7 @@ async fn ensure_storage(
             Ok(done) => return Ok(done),
             // A stream the broker refuses to change stays so: say it at once.
             Err(e) if attempt < SETUP_ATTEMPTS && is_transient(&*e) => {
-                tracing::warn!(attempt, error = %e, "JetStream setup failed; retrying");
+                tracing::warn!(attempt, error = %msgtrail_core::ErrorChain(&*e), "JetStream setup failed; retrying");
                 tokio::time::sleep(backoff.next_pause()).await;
                 attempt += 1;
             }

@@ -188,6 +188,7 @@ impl DevFile {
     }
 
     /// Writes the dev file (mode 0600: it holds seeds).
+    #[cfg(feature = "dev")]
     pub(crate) fn save(&self) -> anyhow::Result<PathBuf> {
         use std::os::unix::fs::OpenOptionsExt;
         let path = Self::path();

@@ -29,6 +29,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Start nats-server, a broker and dev identities locally (--demo adds a load).
+    #[cfg(feature = "dev")]
     Dev(commands::dev::DevArgs),
     /// Run a broker.
     Broker(commands::broker::BrokerArgs),
@@ -45,6 +46,7 @@ enum Command {
     /// Check the listener's recent trajectories for what a trajectory must never show.
     Audit(commands::audit::Args),
     /// Benchmark msgtrail against raw JetStream, recording off vs on, listener, lookup, export.
+    #[cfg(feature = "bench")]
     Bench(commands::bench::Args),
 }
 
@@ -59,6 +61,7 @@ async fn main() {
         .with_writer(std::io::stderr)
         .init();
     let result = match cli.command {
+        #[cfg(feature = "dev")]
         Command::Dev(a) => commands::dev::run(a).await,
         Command::Broker(a) => commands::broker::run(&cli.nats, a).await,
         Command::Send(a) => commands::send::run(&cli.nats, a).await,
@@ -67,10 +70,12 @@ async fn main() {
         Command::Trace(a) => commands::trace::run(a).await,
         Command::Stats(a) => commands::stats::run(a).await,
         Command::Audit(a) => commands::audit::run(a).await,
+        #[cfg(feature = "bench")]
         Command::Bench(a) => commands::bench::run(&cli.nats, a).await,
     };
     if let Err(e) = result {
-        eprintln!("msgtrail: {e:#}");
+        // One rendering of the chain: each cause once.
+        eprintln!("msgtrail: {}", msgtrail_core::ErrorChain(e.as_ref()));
         std::process::exit(1);
     }
 }

@@ -5,7 +5,8 @@
 //!
 //! ## Layout
 //! The root holds the shared values: [`Backoff`] (exponential backoff with jitter, for every
-//! retry loop), [`ConfigError`] (the one shape of a refused configuration), the IDs
+//! retry loop), [`ErrorChain`] (an error and its causes on one line, each once),
+//! [`ConfigError`] (the one shape of a refused configuration), the IDs
 //! ([`MessageId`] as UUIDv7, [`RequestId`], [`ClientId`], [`GroupId`], [`BrokerInstance`],
 //! [`Topic`] and the topic grammar), the stage model ([`Stage`]: P1–P4, C1–C8, X1/X2, N1, A1, R1, D1) and
 //! a stage record with its JSON encoding ([`StageRecord`], [`encode_batch`]; stage stream
@@ -29,6 +30,7 @@
 //! other languages.
 
 mod backoff;
+mod chain;
 mod config;
 pub mod frame;
 mod group;
@@ -44,6 +46,7 @@ pub mod trajectory;
 pub mod wire;
 
 pub use backoff::Backoff;
+pub use chain::ErrorChain;
 pub use config::{BoxError, ConfigError};
 pub use group::GroupId;
 pub use ids::{

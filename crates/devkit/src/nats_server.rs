@@ -28,7 +28,7 @@ pub enum NatsServerError {
     #[error("nats-server failed to start: {0}")]
     Start(String),
     /// The binary could not be run at all.
-    #[error("nats-server failed to start: {}: {source}", .bin.display())]
+    #[error("nats-server failed to start: {}", .bin.display())]
     Spawn {
         /// The binary.
         bin: PathBuf,
@@ -36,7 +36,7 @@ pub enum NatsServerError {
         source: std::io::Error,
     },
     /// Filesystem trouble with the temporary directory.
-    #[error("nats-server temp dir: {0}")]
+    #[error("nats-server temp dir")]
     Io(#[from] std::io::Error),
 }
 

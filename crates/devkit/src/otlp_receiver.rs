@@ -138,17 +138,42 @@ pub struct OtlpReceiver {
     requests: mpsc::UnboundedReceiver<ExportTraceServiceRequest>,
     gzip: Arc<AtomicU64>,
     json: Arc<AtomicU64>,
+    throttle: Arc<Throttle>,
     shutdown: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<()>>,
 }
 
-/// The channel to the test, the count of gzip-compressed requests and of JSON ones.
+/// The channel to the test, the count of gzip-compressed requests and of JSON ones, and
+/// the throttling the test asked for.
 #[derive(Clone)]
 struct Forward(
     mpsc::UnboundedSender<ExportTraceServiceRequest>,
     Arc<AtomicU64>,
     Arc<AtomicU64>,
+    Arc<Throttle>,
 );
+
+/// Requests to refuse as a throttling receiver does ([`OtlpReceiver::throttle`]).
+#[derive(Debug, Default)]
+struct Throttle {
+    /// How many more requests to refuse.
+    remaining: AtomicU64,
+    /// The wait to ask for, in milliseconds.
+    wait_ms: AtomicU64,
+    /// Requests refused so far.
+    refused: AtomicU64,
+}
+
+impl Throttle {
+    /// The wait to ask of this request, when it is to be refused.
+    fn take(&self) -> Option<Duration> {
+        self.remaining
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .ok()?;
+        self.refused.fetch_add(1, Ordering::SeqCst);
+        Some(Duration::from_millis(self.wait_ms.load(Ordering::SeqCst)))
+    }
+}
 
 #[tonic::async_trait]
 impl TraceService for Forward {
@@ -156,6 +181,14 @@ impl TraceService for Forward {
         &self,
         request: tonic::Request<ExportTraceServiceRequest>,
     ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        if let Some(wait) = self.3.take() {
+            use tonic_types::{ErrorDetails, StatusExt};
+            return Err(tonic::Status::with_error_details(
+                tonic::Code::Unavailable,
+                "throttled",
+                ErrorDetails::with_retry_info(Some(wait)),
+            ));
+        }
         if request
             .metadata()
             .get("grpc-encoding")
@@ -176,6 +209,16 @@ async fn http_export(
     headers: axum::http::HeaderMap,
     body: Bytes,
 ) -> axum::response::Response {
+    if let Some(wait) = tx.3.take() {
+        // Retry-After is in whole seconds.
+        let secs = wait.as_millis().div_ceil(1000).to_string();
+        return (
+            StatusCode::TOO_MANY_REQUESTS,
+            [(header::RETRY_AFTER, secs)],
+            "throttled",
+        )
+            .into_response();
+    }
     let gzip = headers
         .get(header::CONTENT_ENCODING)
         .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"gzip"));
@@ -250,7 +293,8 @@ impl OtlpReceiver {
         };
         let gzip = Arc::new(AtomicU64::new(0));
         let json = Arc::new(AtomicU64::new(0));
-        let forward = Forward(tx, gzip.clone(), json.clone());
+        let throttle = Arc::new(Throttle::default());
+        let forward = Forward(tx, gzip.clone(), json.clone(), throttle.clone());
         let task = match protocol {
             OtlpProtocol::Grpc => tokio::spawn(async move {
                 let incoming = tonic::transport::server::TcpIncoming::from(listener);
@@ -284,6 +328,7 @@ impl OtlpReceiver {
             requests,
             gzip,
             json,
+            throttle,
             shutdown: Some(shutdown),
             task: Some(task),
         })
@@ -292,6 +337,21 @@ impl OtlpReceiver {
     /// How many requests arrived gzip-compressed.
     pub fn gzip_requests(&self) -> u64 {
         self.gzip.load(Ordering::Relaxed)
+    }
+
+    /// Refuses the next `requests` requests as a receiver that throttles does, asking the
+    /// exporter to wait `wait`: HTTP 429 with `Retry-After` (whole seconds, rounded up),
+    /// gRPC `UNAVAILABLE` with a `RetryInfo` in the status details.
+    pub fn throttle(&self, requests: u64, wait: Duration) {
+        self.throttle
+            .wait_ms
+            .store(wait.as_millis() as u64, Ordering::SeqCst);
+        self.throttle.remaining.store(requests, Ordering::SeqCst);
+    }
+
+    /// How many requests were refused by [`OtlpReceiver::throttle`].
+    pub fn throttled_requests(&self) -> u64 {
+        self.throttle.refused.load(Ordering::SeqCst)
     }
 
     /// How many requests arrived as OTLP/JSON.

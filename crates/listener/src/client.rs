@@ -55,7 +55,7 @@ pub enum ListenerClientError {
         body: ApiError,
     },
     /// The answer could not be understood.
-    #[error("unexpected answer from the listener: {context}: {source}")]
+    #[error("unexpected answer from the listener: {context}")]
     Protocol {
         /// What the client was doing.
         context: String,

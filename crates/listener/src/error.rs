@@ -15,7 +15,7 @@ pub enum ListenerError {
     #[error(transparent)]
     Connect(#[from] msgtrail_nats::ConnectError),
     /// JetStream refused the stream or the consumer.
-    #[error("nats: {context}: {source}")]
+    #[error("nats: {context}")]
     Nats {
         /// What the listener was doing.
         context: String,
@@ -29,7 +29,7 @@ pub enum ListenerError {
     #[error(transparent)]
     Store(#[from] StoreError),
     /// The HTTP address could not be bound.
-    #[error("cannot bind the http api on {addr}: {source}")]
+    #[error("cannot bind the http api on {addr}")]
     Bind {
         /// The address.
         addr: std::net::SocketAddr,
@@ -37,10 +37,10 @@ pub enum ListenerError {
         source: std::io::Error,
     },
     /// A worker task died.
-    #[error("listener task failed: {0}")]
+    #[error("listener task failed")]
     Task(#[from] tokio::task::JoinError),
     /// The HTTP server failed.
-    #[error("listener task failed: http server: {0}")]
+    #[error("listener task failed: http server")]
     Http(#[source] std::io::Error),
 }
 

@@ -74,7 +74,7 @@ pub(crate) async fn consumer(
         if !transient || attempt == SETUP_ATTEMPTS {
             return Err(error);
         }
-        tracing::warn!(attempt, error = %error, "stage stream setup failed; retrying");
+        tracing::warn!(attempt, error = %msgtrail_core::ErrorChain(&error), "stage stream setup failed; retrying");
         tokio::time::sleep(backoff.next_pause()).await;
         attempt += 1;
     }

@@ -70,14 +70,14 @@ pub enum ConnectError {
     /// The options are inconsistent or a file cannot be read.
     #[error("invalid NATS options: {reason}")]
     Options {
-        /// What is wrong, in words (with the cause's text, if any).
+        /// What is wrong, in words (the cause, if any, is the source).
         reason: String,
         /// What refused the option: the file system, the URL parser.
         #[source]
         source: Option<Box<dyn std::error::Error + Send + Sync>>,
     },
     /// NATS refused or could not be reached.
-    #[error("cannot connect to NATS at {urls}: {source}")]
+    #[error("cannot connect to NATS at {urls}")]
     Connect {
         /// The URLs tried.
         urls: String,
@@ -132,7 +132,7 @@ impl NatsOptions {
         }
         if let Some(path) = &self.creds_file {
             opts = opts.credentials_file(path).await.map_err(|e| {
-                let reason = format!("cannot read creds file {}: {e}", path.display());
+                let reason = format!("cannot read creds file {}", path.display());
                 ConnectError::options_caused(reason, e)
             })?;
         }
@@ -167,9 +167,8 @@ impl NatsOptions {
             .urls
             .iter()
             .map(|u| {
-                u.parse::<async_nats::ServerAddr>().map_err(|e| {
-                    ConnectError::options_caused(format!("invalid NATS URL {u:?}: {e}"), e)
-                })
+                u.parse::<async_nats::ServerAddr>()
+                    .map_err(|e| ConnectError::options_caused(format!("invalid NATS URL {u:?}"), e))
             })
             .collect::<Result<Vec<_>, _>>()?;
         let urls = self.urls.join(",");

@@ -9,7 +9,10 @@
 //!
 //! Errors say whether a retry may help, as the OTLP specification lists: gRPC `UNAVAILABLE`,
 //! `RESOURCE_EXHAUSTED`, … and HTTP 429/502/503/504 (and every connection error) are
-//! retryable; anything else (a 400, `INVALID_ARGUMENT`) is not.
+//! retryable; anything else (a 400, `INVALID_ARGUMENT`) is not. A receiver that throttles
+//! says how long to wait, and the exporter waits that long ([`SendError::retry_after`]):
+//! HTTP 429/503 with `Retry-After` (seconds or an HTTP date), gRPC with a `RetryInfo` in the
+//! status details.
 
 use crate::error::ConfigError;
 use crate::export::{Compression, ExportConfig, Protocol};
@@ -35,6 +38,8 @@ pub(crate) struct SendError {
     pub retryable: bool,
     /// What went wrong, with its cause.
     pub message: String,
+    /// How long the receiver asked to wait before the next try (it throttles), if it did.
+    pub retry_after: Option<Duration>,
 }
 
 impl SendError {
@@ -42,6 +47,7 @@ impl SendError {
         SendError {
             retryable: true,
             message: message.to_string(),
+            retry_after: None,
         }
     }
 
@@ -49,6 +55,7 @@ impl SendError {
         SendError {
             retryable: false,
             message: message.to_string(),
+            retry_after: None,
         }
     }
 }
@@ -212,7 +219,18 @@ async fn send_grpc(
                     | DataLoss
             );
             let message = format!("gRPC {:?}: {}", status.code(), status.message());
-            Err(SendError { retryable, message })
+            // The OTLP specification: a retryable status may carry RetryInfo with the delay.
+            let retry_after = retryable
+                .then(|| {
+                    use tonic_types::StatusExt;
+                    status.get_details_retry_info()?.retry_delay
+                })
+                .flatten();
+            Err(SendError {
+                retryable,
+                message,
+                retry_after,
+            })
         }
     }
 }
@@ -246,6 +264,11 @@ async fn read_http_response(
     timeout: Duration,
 ) -> Result<u64, SendError> {
     let status = response.status();
+    let retry_after = response
+        .headers()
+        .get(hyper::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| parse_retry_after(v, std::time::SystemTime::now()));
     let body = tokio::time::timeout(timeout, response.into_body().collect())
         .await
         .map_err(|_| SendError::retry("timed out reading the response"))?
@@ -265,9 +288,25 @@ async fn read_http_response(
     let text = String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned();
     let message = format!("HTTP {status}: {text}");
     match status.as_u16() {
-        429 | 502 | 503 | 504 => Err(SendError::retry(message)),
+        // The OTLP specification: 429 and 503 may say how long to wait (Retry-After).
+        429 | 503 => Err(SendError {
+            retry_after,
+            ..SendError::retry(message)
+        }),
+        502 | 504 => Err(SendError::retry(message)),
         _ => Err(SendError::fatal(message)),
     }
+}
+
+/// An HTTP `Retry-After` value: delay-seconds, or an HTTP date (then the time from `now`
+/// until it; zero when it has passed). `None` when it is neither.
+fn parse_retry_after(value: &str, now: std::time::SystemTime) -> Option<Duration> {
+    let value = value.trim();
+    if let Ok(secs) = value.parse::<u64>() {
+        return Some(Duration::from_secs(secs));
+    }
+    let at = httpdate::parse_http_date(value).ok()?;
+    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
 }
 
 fn rejected(r: &ExportTraceServiceResponse) -> u64 {
@@ -338,5 +377,32 @@ impl Decoder for ResponseDecoder {
         ExportTraceServiceResponse::decode(src.copy_to_bytes(n))
             .map(Some)
             .map_err(|e| tonic::Status::internal(e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::SystemTime;
+
+    #[test]
+    fn retry_after_is_seconds_or_an_http_date() {
+        let now = httpdate::parse_http_date("Wed, 21 Oct 2015 07:28:00 GMT").unwrap();
+        assert_eq!(
+            parse_retry_after("120", now),
+            Some(Duration::from_secs(120))
+        );
+        assert_eq!(parse_retry_after(" 0 ", now), Some(Duration::ZERO));
+        assert_eq!(
+            parse_retry_after("Wed, 21 Oct 2015 07:28:30 GMT", now),
+            Some(Duration::from_secs(30))
+        );
+        assert_eq!(
+            parse_retry_after("Wed, 21 Oct 2015 07:27:00 GMT", now),
+            Some(Duration::ZERO),
+            "a date that has passed: no wait"
+        );
+        assert_eq!(parse_retry_after("soon", SystemTime::now()), None);
+        assert_eq!(parse_retry_after("-5", SystemTime::now()), None);
     }
 }

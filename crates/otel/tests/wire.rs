@@ -348,3 +348,40 @@ async fn gzip_compression_over_both_transports() {
         exporter.shutdown(Duration::from_secs(5)).await;
     }
 }
+
+/// A receiver that throttles (HTTP 429 + `Retry-After`, gRPC `UNAVAILABLE` + `RetryInfo`)
+/// is waited for as long as it asks, not the exporter's 50 ms backoff; then the spans go out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_throttling_receiver_is_waited_for_as_long_as_it_asks() {
+    for (protocol, export) in [
+        (OtlpProtocol::Grpc, Protocol::Grpc),
+        (OtlpProtocol::HttpProtobuf, Protocol::HttpProtobuf),
+    ] {
+        let mut rx = OtlpReceiver::start(protocol, None).await.unwrap();
+        let wait = Duration::from_secs(1);
+        rx.throttle(1, wait);
+        let exporter = TraceExporter::start(config(export, rx.endpoint())).unwrap();
+        assert_eq!(exporter.try_export(spans()), 4);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while rx.throttled_requests() == 0 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{protocol:?}: no request"
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        let refused_at = tokio::time::Instant::now();
+        let got = rx.spans(4, Duration::from_secs(10)).await;
+        let waited = refused_at.elapsed();
+        check_trace(&got);
+        // The polling above saw the refusal up to a few ms late.
+        assert!(
+            waited >= wait - Duration::from_millis(50),
+            "{protocol:?}: retried after {waited:?}, asked to wait {wait:?}"
+        );
+        assert_eq!(rx.throttled_requests(), 1);
+        let stats = exporter.shutdown(Duration::from_secs(5)).await;
+        assert_eq!((stats.exported, stats.dropped()), (4, 0), "{protocol:?}");
+        assert_eq!(stats.export_failures, 1, "{protocol:?}");
+    }
+}

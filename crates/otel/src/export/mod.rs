@@ -24,6 +24,9 @@
 //!   `msgtrail_core::Backoff`); while the endpoint is down, spans pile up in
 //!   the queue until the bound, then new ones are dropped with a count; when it returns, the
 //!   backlog goes out.
+//! - A receiver that throttles (HTTP 429/503 with `Retry-After`, gRPC with `RetryInfo` in
+//!   the status details) is waited for as long as it asks, at most a minute, instead of the
+//!   backoff, as the OTLP specification asks.
 //! - Memory is bounded: at most `queue_capacity` spans queued, plus
 //!   [`ExportConfig::max_in_flight`] requests of at most [`ExportConfig::batch_limit`] spans
 //!   each (bodies of at most [`ExportConfig::max_request_bytes`] before compression), plus

@@ -107,6 +107,9 @@ pub(super) async fn deliver(
     }
 }
 
+/// The longest wait a throttling receiver gets (its `Retry-After` or `RetryInfo`).
+pub(super) const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
+
 /// Sends one body, retrying with backoff until it goes through, fails for good, runs out of
 /// attempts, or shutdown starts (then one last attempt).
 pub(super) async fn send_with_retries(body: Body, shared: &Shared, closing: &CancellationToken) {
@@ -142,8 +145,21 @@ pub(super) async fn send_with_retries(body: Body, shared: &Shared, closing: &Can
             tracing::warn!(spans = n, attempts, error = %e, "OTLP export given up");
             return shared.settle(&stats.dropped_retries, n);
         }
+        // A receiver that throttles says how long to wait: the OTLP specification asks the
+        // client to honour it (capped, so that a bad value does not stall the queue).
+        let pause = match e.retry_after {
+            Some(wait) => {
+                tracing::debug!(
+                    spans = n,
+                    wait_ms = wait.as_millis() as u64,
+                    "the OTLP receiver throttles"
+                );
+                wait.min(MAX_RETRY_AFTER)
+            }
+            None => backoff.next_pause(),
+        };
         tokio::select! {
-            _ = tokio::time::sleep(backoff.next_pause()) => {}
+            _ = tokio::time::sleep(pause) => {}
             _ = closing.cancelled() => {}
         }
     }

@@ -34,6 +34,12 @@
 //! `msgtrail.delivery.mode`, `msgtrail.synthesized`, …), each defined with a brief, a type
 //! and examples in the project's semantic-convention registry, `semconv/` at the repository
 //! root (checked by OTel Weaver, `scripts/semconv-live-check.sh`).
+//!
+//! ## Layout
+//! This module holds the options and the mapping of a hop ([`hop_span`]) and of a whole
+//! trajectory ([`trajectory_spans`]); `ids` the trace and span IDs, parents, hop keys and
+//! `traceparent` links; `events` the stage records as span events; `attributes` the
+//! attributes, operation, kind, service and `error.type` of a hop.
 
 use msgtrail_core::outcome::{Outcome, ProcessOutcome, RedeliveryOutcome, SettleOutcome};
 use msgtrail_core::trace_ids::{self, Hop};
@@ -48,6 +54,16 @@ use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanLinks};
 use opentelemetry_semantic_conventions::attribute;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+mod attributes;
+mod events;
+mod ids;
+
+use attributes::*;
+use events::*;
+pub(crate) use ids::trajectory_trace_id;
+use ids::*;
+pub use ids::{orphan_send_span_id, parse_hop_key, parse_traceparent, process_span_context};
 
 /// `msgtrail.hop.key`: the hop a span is (`send`, `store`, `deliver/<group>/<consumer>/<n>`,
 /// `process/…`). Not `msgtrail.hop`, which would be both an attribute and the prefix of
@@ -95,252 +111,6 @@ pub struct ServiceSpan {
     pub service_name: String,
     /// The span.
     pub span: SpanData,
-}
-
-/// The trace ID of a trajectory: its message ID, or the orphan-upload hash.
-pub(crate) fn trajectory_trace_id(t: &Trajectory) -> Option<TraceId> {
-    if let Some(m) = &t.message_id {
-        return Some(TraceId::from_bytes(trace_ids::trace_id(m)));
-    }
-    match (&t.producer, &t.request_id) {
-        (Some(p), Some(r)) => Some(TraceId::from_bytes(trace_ids::orphan_trace_id(p, r))),
-        _ => None,
-    }
-}
-
-/// The span ID of the only span of an orphan upload (its `send`): the last 8 bytes of the
-/// orphan trace ID, `00…01` if they are all zero.
-pub fn orphan_send_span_id(trace_id: TraceId) -> SpanId {
-    let bytes = trace_id.to_bytes();
-    let mut out = [0u8; 8];
-    out.copy_from_slice(&bytes[8..]);
-    if out == [0; 8] {
-        out[7] = 1;
-    }
-    SpanId::from_bytes(out)
-}
-
-/// The hop a hop key names ([`Hop::parse`], the grammar of docs/PROTOCOL.md §13); `None`
-/// for a text that is not a hop key.
-pub fn parse_hop_key(key: &str) -> Option<Hop<'_>> {
-    Hop::parse(key).ok()
-}
-
-/// The span context of a message's process span for one delivery: what a consumer's
-/// handler uses as the parent of its own spans, with no propagation (docs/ARCHITECTURE.md §3, decision 9). It is
-/// marked remote and sampled.
-///
-/// ```
-/// use msgtrail_core::MessageId;
-/// use opentelemetry::trace::TraceContextExt;
-///
-/// let id: MessageId = "0193a5f2-7c1e-7b2a-9f10-3c4d5e6f7a8b".parse().unwrap();
-/// let parent = msgtrail_otel::process_span_context(&id, "billing", "billing-1", 1);
-/// assert_eq!(parent.trace_id().to_string(), id.trace_hex());
-/// // Spans started in this context are children of the message's process span.
-/// let cx = opentelemetry::Context::new().with_remote_span_context(parent);
-/// # let _ = cx;
-/// ```
-pub fn process_span_context(
-    message_id: &MessageId,
-    group: &str,
-    consumer: &str,
-    attempt: u32,
-) -> SpanContext {
-    let hop = Hop::Process {
-        group,
-        consumer,
-        attempt,
-    };
-    SpanContext::new(
-        TraceId::from_bytes(trace_ids::trace_id(message_id)),
-        SpanId::from_bytes(trace_ids::span_id(message_id, &hop)),
-        TraceFlags::SAMPLED,
-        true,
-        TraceState::NONE,
-    )
-}
-
-/// Parses a W3C `traceparent` (`00-<trace>-<span>-<flags>`) into a remote span context,
-/// with the SDK's [`TraceContextPropagator`] (the W3C grammar, as every OpenTelemetry SDK
-/// reads it: lowercase hex, version `ff` refused, no extra fields in version `00`, flags
-/// other than `sampled` cleared). `None` when it is not a valid traceparent.
-pub fn parse_traceparent(value: &str) -> Option<SpanContext> {
-    use opentelemetry::trace::TraceContextExt as _;
-    let cx = TraceContextPropagator::new().extract(&OneHeader(value));
-    let span = cx.span();
-    let sc = span.span_context();
-    sc.is_valid().then(|| sc.clone())
-}
-
-/// A carrier holding only a `traceparent`.
-struct OneHeader<'a>(&'a str);
-
-impl Extractor for OneHeader<'_> {
-    fn get(&self, key: &str) -> Option<&str> {
-        key.eq_ignore_ascii_case("traceparent").then_some(self.0)
-    }
-
-    fn keys(&self) -> Vec<&str> {
-        vec!["traceparent"]
-    }
-}
-
-/// What each stage record means, for span event names.
-pub(crate) fn stage_label(stage: Stage) -> &'static str {
-    match stage {
-        Stage::UploadSent => "upload sent",
-        Stage::UploadReceived => "upload received, message ID assigned",
-        Stage::Stored => "stored, store-success sent",
-        Stage::StoreConfirmed => "store-success received",
-        Stage::PushSent => "pushed to consumer",
-        Stage::PushReceived => "push received",
-        Stage::PushAckSent => "ack sent",
-        Stage::PushAckReceived => "ack received",
-        Stage::PullSent => "fetch answered",
-        Stage::PullReceived => "fetched message received",
-        Stage::PullAckSent => "ack sent",
-        Stage::PullAckReceived => "ack received",
-        Stage::ProcessStarted => "processing started",
-        Stage::ProcessFinished => "processing finished",
-        Stage::NoMatch => "no matching message",
-        Stage::Channel => "channel",
-        Stage::Redelivery => "redelivery",
-        Stage::Duplicate => "duplicate upload suppressed",
-    }
-}
-
-fn time(nanos: u64) -> SystemTime {
-    UNIX_EPOCH + Duration::from_nanos(nanos)
-}
-
-/// One stage record as a span event at its exact time.
-pub(crate) fn record_event(r: &StageRecord) -> Event {
-    let mut attrs = vec![KeyValue::new("msgtrail.stage", r.stage.code())];
-    let mut put = |k: &'static str, v: Option<String>| {
-        if let Some(v) = v {
-            attrs.push(KeyValue::new(k, v));
-        }
-    };
-    put(
-        attribute::MESSAGING_MESSAGE_ID,
-        r.message_id.map(|m| m.to_string()),
-    );
-    put(
-        attribute::MESSAGING_MESSAGE_CONVERSATION_ID,
-        r.request_id.as_ref().map(|x| x.to_string()),
-    );
-    put(
-        "msgtrail.producer",
-        r.producer.as_ref().map(|x| x.to_string()),
-    );
-    put(
-        "msgtrail.consumer",
-        r.consumer.as_ref().map(|x| x.to_string()),
-    );
-    put(
-        attribute::MESSAGING_CONSUMER_GROUP_NAME,
-        r.group.as_ref().map(|x| x.to_string()),
-    );
-    put(attribute::MESSAGING_DESTINATION_NAME, r.topic.clone());
-    put("msgtrail.outcome", r.outcome.clone());
-    put("msgtrail.detail", r.detail.clone());
-    put("msgtrail.service", r.service.clone());
-    if let Some(a) = r.attempt {
-        attrs.push(KeyValue::new("msgtrail.attempt", i64::from(a)));
-    }
-    if let Some(s) = r.stream_seq {
-        attrs.push(KeyValue::new("msgtrail.stream_seq", s as i64));
-    }
-    Event::new(
-        format!("{} {}", r.stage.code(), stage_label(r.stage)),
-        time(r.at),
-        attrs,
-        0,
-    )
-}
-
-/// Why a hop failed, as a short `error.type`.
-fn error_type(hop: &HopSpan) -> &'static str {
-    // Typed outcomes are read per stage: a settle outcome only from C3/C4/C7/C8, and so on.
-    let outcome = |o: Outcome| {
-        hop.events
-            .iter()
-            .any(|r| r.typed_outcome() == Some(o.clone()))
-    };
-    if outcome(RedeliveryOutcome::DeadLetter.into()) {
-        "dead_letter"
-    } else if outcome(ProcessOutcome::Failed.into()) {
-        "processing_failed"
-    } else if outcome(SettleOutcome::Nack.into()) {
-        "nack"
-    } else if outcome(SettleOutcome::Term.into()) {
-        "term"
-    } else if outcome(RedeliveryOutcome::Redeliver.into()) {
-        "no_ack"
-    } else if hop.end.is_none() {
-        "timeout"
-    } else {
-        "error"
-    }
-}
-
-fn operation(hop: &HopSpan) -> (&'static str, &'static str, SpanKind) {
-    match hop.kind {
-        HopKind::Send => ("send", "send", SpanKind::Producer),
-        // The broker takes the upload in and stores it: CONSUMER, so `process`.
-        HopKind::Store => ("store", "process", SpanKind::Consumer),
-        // The broker sends the message on, pushed or as the answer to a fetch: PRODUCER, so
-        // `send` either way (`receive` is the fetching client's, a CLIENT span).
-        HopKind::Deliver => ("deliver", "send", SpanKind::Producer),
-        HopKind::Process => ("process", "process", SpanKind::Consumer),
-    }
-}
-
-fn service_name(t: &Trajectory, hop: &HopSpan, opts: &MappingOptions) -> String {
-    if let Some(s) = hop.service.as_ref().filter(|s| !s.is_empty()) {
-        return s.clone();
-    }
-    match hop.kind {
-        HopKind::Send => t
-            .producer
-            .as_ref()
-            .map(|p| p.to_string())
-            .unwrap_or_else(|| "unknown-producer".to_owned()),
-        HopKind::Store | HopKind::Deliver => opts.broker_service.clone(),
-        HopKind::Process => hop
-            .consumer
-            .as_ref()
-            .map(|c| c.to_string())
-            .unwrap_or_else(|| "unknown-consumer".to_owned()),
-    }
-}
-
-fn hop_span_id(t: &Trajectory, hop: &HopSpan, trace_id: TraceId) -> Option<SpanId> {
-    if let Some(hex) = &hop.span_id {
-        return SpanId::from_hex(hex).ok();
-    }
-    match (&t.message_id, hop.kind) {
-        (Some(m), _) => hop.id().ok().map(|h| SpanId::from_bytes(h.span_id(m))),
-        (None, HopKind::Send) => Some(orphan_send_span_id(trace_id)),
-        (None, _) => None,
-    }
-}
-
-fn parent_span_id(t: &Trajectory, hop: &HopSpan) -> SpanId {
-    let Some(key) = &hop.parent else {
-        return SpanId::INVALID;
-    };
-    if let Some(p) = t.hop(key).and_then(|p| p.span_id.as_deref()) {
-        if let Ok(id) = SpanId::from_hex(p) {
-            return id;
-        }
-    }
-    // The parent has no record yet: its ID is computable all the same.
-    match (&t.message_id, key.parse::<HopId>()) {
-        (Some(m), Ok(h)) => SpanId::from_bytes(h.span_id(m)),
-        _ => SpanId::INVALID,
-    }
 }
 
 /// Maps one hop of `t` to a span. `None` when the trajectory has no trace ID (no message ID
@@ -400,155 +170,6 @@ pub fn hop_span(t: &Trajectory, hop: &HopSpan, opts: &MappingOptions) -> Option<
         service_name: service_name(t, hop, opts),
         span,
     })
-}
-
-/// The attributes every hop's span has: messaging system and operation, hop key and status,
-/// topic, message ID (or `msgtrail.orphan`) and request ID.
-fn common_attributes(
-    t: &Trajectory,
-    hop: &HopSpan,
-    op_name: &'static str,
-    op_type: &'static str,
-) -> Vec<KeyValue> {
-    let mut attrs = vec![
-        KeyValue::new(attribute::MESSAGING_SYSTEM, MESSAGING_SYSTEM),
-        KeyValue::new(attribute::MESSAGING_OPERATION_NAME, op_name),
-        KeyValue::new(attribute::MESSAGING_OPERATION_TYPE, op_type),
-        KeyValue::new(HOP_KEY, hop.key.clone()),
-        KeyValue::new(
-            "msgtrail.hop.status",
-            match hop.status {
-                HopStatus::Ok => "ok",
-                HopStatus::Error => "error",
-                HopStatus::Incomplete => "incomplete",
-            },
-        ),
-    ];
-    if let Some(topic) = &t.topic {
-        attrs.push(KeyValue::new(
-            attribute::MESSAGING_DESTINATION_NAME,
-            topic.clone(),
-        ));
-    }
-    if let Some(m) = &t.message_id {
-        attrs.push(KeyValue::new(
-            attribute::MESSAGING_MESSAGE_ID,
-            m.to_string(),
-        ));
-    } else {
-        attrs.push(KeyValue::new("msgtrail.orphan", true));
-    }
-    if let Some(r) = &t.request_id {
-        attrs.push(KeyValue::new(
-            attribute::MESSAGING_MESSAGE_CONVERSATION_ID,
-            r.to_string(),
-        ));
-    }
-    attrs
-}
-
-/// The producer side's attributes (send and store hops): client ID, body size, upload
-/// attempts and duplicates, stream sequence.
-fn producer_attributes(t: &Trajectory, hop: &HopSpan, attrs: &mut Vec<KeyValue>) {
-    if let Some(p) = &t.producer {
-        attrs.push(KeyValue::new(attribute::MESSAGING_CLIENT_ID, p.to_string()));
-    }
-    if let Some(size) = t.payload_size {
-        attrs.push(KeyValue::new(
-            attribute::MESSAGING_MESSAGE_BODY_SIZE,
-            size as i64,
-        ));
-    }
-    if hop.kind == HopKind::Send {
-        attrs.push(KeyValue::new(
-            "msgtrail.upload.attempts",
-            i64::from(t.upload_attempts),
-        ));
-        if t.duplicates > 0 {
-            attrs.push(KeyValue::new(
-                "msgtrail.upload.duplicates",
-                i64::from(t.duplicates),
-            ));
-        }
-    }
-    if let Some(seq) = hop.events.iter().find_map(|r| r.stream_seq) {
-        attrs.push(KeyValue::new("msgtrail.stream_seq", seq as i64));
-    }
-}
-
-/// The consumer side's attributes (deliver and process hops): group, consumer, attempt and
-/// delivery mode.
-fn consumer_attributes(hop: &HopSpan, attrs: &mut Vec<KeyValue>) {
-    if let Some(g) = &hop.group {
-        attrs.push(KeyValue::new(
-            attribute::MESSAGING_CONSUMER_GROUP_NAME,
-            g.to_string(),
-        ));
-    }
-    if let Some(c) = &hop.consumer {
-        attrs.push(KeyValue::new(attribute::MESSAGING_CLIENT_ID, c.to_string()));
-    }
-    if let Some(a) = hop.attempt {
-        attrs.push(KeyValue::new("msgtrail.attempt", i64::from(a)));
-    }
-    if let Some(m) = hop.mode {
-        let mode = match m {
-            DeliveryMode::Push => "push",
-            DeliveryMode::Pull => "pull",
-        };
-        attrs.push(KeyValue::new("msgtrail.delivery.mode", mode));
-    }
-}
-
-/// What a hop says of itself: synthesized, the broker that timed it, its clock estimate,
-/// impossible timestamps, the reason.
-fn detail_attributes(hop: &HopSpan, attrs: &mut Vec<KeyValue>) {
-    if hop.synthesized {
-        attrs.push(KeyValue::new("msgtrail.synthesized", true));
-    }
-    // Broker-side spans (store, deliver) name the broker process whose clock timed them.
-    if let Some(b) = &hop.broker {
-        attrs.push(KeyValue::new(BROKER_INSTANCE, b.to_string()));
-    }
-    if let Some(c) = &hop.clock {
-        attrs.push(KeyValue::new("msgtrail.clock.offset", c.offset_nanos));
-        attrs.push(KeyValue::new(
-            "msgtrail.clock.bound",
-            i64::try_from(c.bound_nanos).unwrap_or(i64::MAX),
-        ));
-    }
-    if let Some(why) = &hop.impossible {
-        attrs.push(KeyValue::new("msgtrail.timestamps.impossible", why.clone()));
-    }
-    if let Some(reason) = &hop.reason {
-        attrs.push(KeyValue::new("msgtrail.reason", reason.clone()));
-    }
-}
-
-/// The span's events (its records, and for the send hop the records of no hop) in time order,
-/// and its links (the producer's traceparent, on the send hop).
-fn events_and_links(t: &Trajectory, hop: &HopSpan) -> (Vec<Event>, Vec<Link>) {
-    let mut events: Vec<Event> = hop.events.iter().map(record_event).collect();
-    let mut links = Vec::new();
-    if hop.kind == HopKind::Send {
-        // Records that belong to no hop but carry this message's IDs (a D1 without a P1,
-        // for instance) still show on the trace: on its root.
-        events.extend(t.other_records.iter().map(record_event));
-        let tp = t
-            .traceparent
-            .as_deref()
-            .or_else(|| hop.events.iter().find_map(|r| r.traceparent.as_deref()));
-        if let Some(cx) = tp.and_then(parse_traceparent) {
-            links.push(Link::new(
-                cx,
-                vec![KeyValue::new("msgtrail.link", "producer traceparent")],
-                0,
-            ));
-        }
-    }
-    events.sort_by_key(|e| e.timestamp);
-
-    (events, links)
 }
 
 /// Where the span ends: the hop's end, else (failed hops) now, else its last record; never
