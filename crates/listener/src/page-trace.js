@@ -203,10 +203,20 @@ function render(t) {
     [...others, t.message_id].sort().map(m => m === t.message_id ? `<span class="mono">${esc(m)}</span> (this one)` : `<a href="#${esc(encodeURIComponent(m))}" class="mono">${esc(m)}</a>`).join(", ")}</div>` : "";
   const traceHref = uiLink(traceUi, t.trace_id);
   const link = traceHref ? ` <a id="traceLink" href="${esc(traceHref)}" target="_blank" rel="noopener">open the trace in the tracing UI</a>` : "";
-  // As many ticks as the axis has room for (about 90 px each; the axis is about half the
-  // trajectory's width); none in the last 8 %, where its label would run off the axis.
-  const room = Math.max(2, Math.min(8, Math.floor(($("traceBody").clientWidth || 800) * 0.45 / 90)));
-  const ticks = axisTicks(t0 - first, end - first, room).map(k => {
+  // As many ticks as the axis has room for: about 90 px each, and fewer while their labels
+  // (about 7 px a character, 14 px between them) would touch. The axis is the drawn one's
+  // width, else about a third of the trajectory's. None in the last 8 %, where its label
+  // would run off the axis.
+  const axisEl = document.querySelector("table.wf .axis");
+  const axisPx = (axisEl && axisEl.clientWidth) || ($("traceBody").clientWidth || 800) * 0.35;
+  let want = Math.max(2, Math.min(8, Math.floor(axisPx / 90)));
+  let marks = axisTicks(t0 - first, end - first, want);
+  const labelPx = () => Math.max(0, ...marks.map(k => k.label.length)) * 7 + 14;
+  while (want > 2 && labelPx() > axisPx / marks.length) marks = axisTicks(t0 - first, end - first, --want);
+  // Still crowded (long labels on a narrow axis): every second (or n-th) tick keeps a label.
+  const every = Math.max(1, Math.ceil(labelPx() / (axisPx / Math.max(1, marks.length))));
+  if (every > 1) marks = marks.filter((_, i) => i % every === 0);
+  const ticks = marks.map(k => {
     const x = (k.at - (t0 - first)) / span * 100;
     return x > 92 ? "" : `<span style="left:${x.toFixed(2)}%" class="${x < 6 ? "first" : ""}">${k.label}</span>`;
   }).join("");
