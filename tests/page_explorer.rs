@@ -188,7 +188,8 @@ async fn layout_and_a_result_list_to_scan() {
             .js(&format!(r#"return {ROWS}.map(r => ({{ id: r.dataset.id, cells: [...r.cells].map(c => c.innerText),
                 nanos: +r.querySelector('td.dur').dataset.nanos,
                 bar: r.querySelector('.mini i').getBoundingClientRect().width / r.querySelector('.mini').getBoundingClientRect().width,
-                tail: r.querySelector('.mono').innerText, producer: r.querySelector('.prod').innerText }}));"#))
+                tail: r.querySelector('.mono').innerText, producer: r.querySelector('.prod').innerText,
+                groups: r.cells[2].firstChild.textContent, attempts: r.querySelector('.attempts')?.innerText }}));"#))
             .await;
         let rows = rows.as_array().unwrap();
         let longest = api.iter().map(summary_duration).max().unwrap() as f64;
@@ -218,10 +219,14 @@ async fn layout_and_a_result_list_to_scan() {
                 "bar ∝ duration: {row}"
             );
             let groups = m["groups"].as_object().unwrap().len();
-            assert!(
-                row["cells"][2].as_str().unwrap() == groups.to_string(),
-                "{row}"
-            );
+            assert_eq!(row["groups"], groups.to_string(), "{row}");
+            // Its delivery attempts over all groups, as the API counts them: at least one per
+            // group that got it.
+            let attempts = m["attempts"]
+                .as_u64()
+                .expect("a new summary counts attempts");
+            assert!(attempts >= groups as u64, "{m}");
+            assert_eq!(row["attempts"], format!("{attempts} att."), "{row}");
             assert_eq!(row["producer"], "shop", "{row}");
         }
         // Sorting by the end-to-end column: longest first, then shortest first.

@@ -283,6 +283,7 @@ mod tests {
                 redelivered: false,
                 dead_lettered: false,
                 attrs: BTreeMap::new(),
+                attempts: None,
             }),
             ..Default::default()
         }

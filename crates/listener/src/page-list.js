@@ -143,7 +143,7 @@ function rowHtml(m) {
   return `<tr class="msg" tabindex="-1" data-key="${esc(m.key)}" data-id="${esc(id)}" data-producer="${esc(m.message_id ? "" : m.producer)}" aria-selected="false">
     <td class="t" title="${esc(at)}">${at.slice(0, 10) === today() ? at.slice(11) : at}</td>
     <td>${esc(m.topic)}<div class="dim sub"><span class="mono" title="${esc(id)}">${esc(tail)}</span> · <span class="prod" title="producer">${esc(m.producer)}</span></div></td>
-    <td class="n" title="${esc(groups.map(([g, s]) => g + ": " + s).join(", ") || "no group got it yet")}">${groups.length}</td>
+    <td class="n" title="${esc(groups.map(([g, s]) => g + ": " + s).join(", ") || "no group got it yet")}${m.attempts != null ? esc(`; ${m.attempts} delivery attempts`) : ""}">${groups.length}${m.attempts != null ? `<div class="dim sub attempts">${m.attempts} att.</div>` : ""}</td>
     <td class="dur" data-nanos="${d}"><span class="${done ? "" : "incomplete"}" title="${done ? "end to end, its slowest group" : "its records so far: no group has consumed it"}">${dur(d)}</span><div class="mini"><i style="width:${(d / longest * 100).toFixed(1)}%"></i></div></td>
     <td class="${m.state}">${m.state}${failed ? ` <span class="warn mark-failed" title="${esc(m.failure || "a hop failed, a later attempt recovered")}">⚠ had a failure</span>` : ""}${
       m.redelivered ? ` <span class="warn mark-redelivered" title="delivered again to some group">↻ redelivered</span>` : ""}${
@@ -157,7 +157,7 @@ function drawMore(upTo) {
   $("count").textContent = drawn < listRows.length ? `(${listRows.length} found, first ${drawn} drawn: scroll for more)` : `(${listRows.length} shown)`;
   return true;
 }
-const COLUMNS = [["first seen", "recent", "oldest"], ["topic, ID · producer"], ["groups", "groups"], ["end to end", "longest", "shortest"], ["state", "problems"]];
+const COLUMNS = [["first seen", "recent", "oldest"], ["topic, ID · producer"], ["groups · attempts", "groups"], ["end to end", "longest", "shortest"], ["state", "problems"]];
 function renderList(list) {
   const table = $("list"), hadFocus = table.contains(document.activeElement);
   const focusedKey = hadFocus ? document.activeElement.dataset.key : null;

@@ -27,6 +27,8 @@ enum Tag {
     Flags = 1,
     /// The attributes: a count, then key and value strings.
     Attrs = 2,
+    /// The delivery attempts over all groups: a varint (absent in values written before it).
+    Attempts = 3,
 }
 
 /// How a stored summary names its message ID.
@@ -173,6 +175,14 @@ impl MessageSummary {
             w.varint(a.len() as u64);
             w.bytes(&a);
         }
+        if let Some(n) = self.attempts {
+            let mut a = Writer::with_capacity(5);
+            a.varint(u64::from(n));
+            let a = a.finish();
+            w.u8(Tag::Attempts as u8);
+            w.varint(a.len() as u64);
+            w.bytes(&a);
+        }
         w.u8(Tag::End as u8);
     }
 
@@ -248,6 +258,7 @@ impl MessageSummary {
             redelivered: false,
             dead_lettered: false,
             attrs: BTreeMap::new(),
+            attempts: None,
         };
         match naming {
             Naming::Names => s.derive_missing_flags(),
@@ -278,6 +289,9 @@ fn read_tagged(r: &mut Reader<'_>, s: &mut MessageSummary) -> Result<(), CodecEr
                 let k = f.str()?.to_owned();
                 s.attrs.insert(k, f.str()?.to_owned());
             }
+        } else if tag == Tag::Attempts as u8 {
+            let n = f.varint()?;
+            s.attempts = Some(u32::try_from(n).or_else(|_| f.fail(format!("{n} attempts")))?);
         } else {
             continue; // a field of a later version
         }
@@ -318,6 +332,7 @@ mod tests {
             redelivered: true,
             dead_lettered: false,
             attrs: [("category".to_owned(), "refund".to_owned())].into(),
+            attempts: Some(3),
         }
     }
 
@@ -379,6 +394,7 @@ mod tests {
             (5, 7, [true, true, true, false])
         );
         assert!(s.failed && !s.redelivered && !s.dead_lettered && s.attrs.is_empty());
+        assert_eq!(s.attempts, None, "version 1 kept no attempt count");
         // Written again, it is version 2 and reads back the same.
         assert_eq!(s.encode()[0], SUMMARY_V2);
         assert_eq!(MessageSummary::decode("k", &s.encode()).unwrap(), s);
@@ -429,6 +445,29 @@ mod tests {
         later.pop();
         later.extend([9, 2, 0xAB, 0xCD, Tag::End as u8]);
         assert_eq!(MessageSummary::decode("k", &later).unwrap(), s);
+    }
+
+    #[test]
+    fn the_attempt_count_is_kept_and_unknown_in_values_written_before_it() {
+        let mut s = sample();
+        let with = s.encode();
+        assert_eq!(
+            MessageSummary::decode("k", &with).unwrap().attempts,
+            Some(3)
+        );
+        s.attempts = None;
+        let without = s.encode();
+        // Tag, length, one varint byte.
+        assert_eq!(with.len(), without.len() + 3);
+        assert_eq!(
+            MessageSummary::decode("k", &without).unwrap().attempts,
+            None
+        );
+        s.attempts = Some(300);
+        assert_eq!(
+            MessageSummary::decode("k", &s.encode()).unwrap().attempts,
+            Some(300)
+        );
     }
 
     #[test]

@@ -58,6 +58,10 @@ pub struct MessageSummary {
     /// Its attributes (from P2; at most 32, docs/PROTOCOL.md §2), for the attribute search.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub attrs: BTreeMap<String, String>,
+    /// How many delivery attempts it had, over all groups (one per deliver hop); `None` for a
+    /// summary stored before the count was kept, until a new record rewrites it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempts: Option<u32>,
 }
 
 impl MessageSummary {
@@ -88,6 +92,7 @@ impl MessageSummary {
                     .iter()
                     .any(|g| g.state == MessageState::DeadLettered),
             attrs: t.attrs.clone(),
+            attempts: Some(delivery_attempts(t)),
         }
     }
 
@@ -157,4 +162,14 @@ pub(crate) fn new_latencies(old: &[(Segment, u64)], new: &[(Segment, u64)]) -> V
         out.extend(fresh.iter().take(gained).map(|v| (*seg, *v)));
     }
     out
+}
+
+/// The delivery attempts of a trajectory, over all groups: its deliver hops.
+fn delivery_attempts(t: &Trajectory) -> u32 {
+    let n = t
+        .hops
+        .iter()
+        .filter(|h| h.kind == msgtrail_core::trajectory::HopKind::Deliver)
+        .count();
+    u32::try_from(n).unwrap_or(u32::MAX)
 }
