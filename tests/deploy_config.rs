@@ -588,7 +588,7 @@ async fn store_evidence_reader(
                 durable_name: Some("msgtrail-listener-stored".into()),
                 filter_subject: "msgtrail.msg.>".into(),
                 headers_only: true,
-                ack_policy: async_nats::jetstream::consumer::AckPolicy::All,
+                ack_policy: async_nats::jetstream::consumer::AckPolicy::Explicit,
                 ..Default::default()
             },
         )

@@ -14,7 +14,7 @@
 //! - [`run`] waits for the message stream (the broker creates it; until then it retries
 //!   every second and logs once), then reads it through a durable pull consumer named
 //!   `<durable_name>-stored` ([`consumer_config`]: filter `msgtrail.msg.>`, headers only,
-//!   deliver all, one ack per transaction: `AckPolicy::All`). Headers-only delivery keeps payloads off the wire;
+//!   deliver all, explicit acks after each transaction commits). Headers-only delivery keeps payloads off the wire;
 //!   JetStream then adds `Nats-Msg-Size`, the payload size.
 //! - [`records_of`] turns one stored message into its P2 and P3 [`StageRecord`]s — the same
 //!   fields and the same P2 time as the P2 the broker writes, plus the outcome [`RECOVERED`].
@@ -68,8 +68,8 @@ pub fn consumer_name(durable: &str) -> String {
 }
 
 /// The store-evidence consumer: every stored message (`msgtrail.msg.>`) from the start of
-/// the stream, headers only; each transaction's messages acknowledged by one ack once its
-/// records are committed (`AckPolicy::All`: one in-order reader, see `ingest::apply`).
+/// the stream, headers only; each transaction's messages acknowledged once its records are
+/// committed (explicit acks, see `ingest::ack_batch`).
 pub(crate) fn consumer_config(
     name: &str,
     batch_size: usize,
@@ -80,7 +80,7 @@ pub(crate) fn consumer_config(
         description: Some("msgtrail listener: store evidence (P2/P3) of stored messages".into()),
         filter_subject: format!("{MESSAGE_SUBJECT_PREFIX}.>"),
         headers_only: true,
-        ack_policy: consumer::AckPolicy::All,
+        ack_policy: consumer::AckPolicy::Explicit,
         ack_wait,
         max_ack_pending: (batch_size * 8).max(1024) as i64,
         deliver_policy: consumer::DeliverPolicy::All,
@@ -579,7 +579,7 @@ mod tests {
         assert_eq!(c.durable_name.as_deref(), Some("msgtrail-listener-stored"));
         assert_eq!(c.filter_subject, "msgtrail.msg.>");
         assert!(c.headers_only);
-        assert_eq!(c.ack_policy, consumer::AckPolicy::All);
+        assert_eq!(c.ack_policy, consumer::AckPolicy::Explicit);
         assert_eq!(c.deliver_policy, consumer::DeliverPolicy::All);
     }
 }

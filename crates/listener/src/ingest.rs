@@ -46,7 +46,7 @@ pub(crate) async fn consumer(
         durable_name: Some(durable.to_owned()),
         description: Some("msgtrail listener".to_owned()),
         // One reader applies batches in order and acks each with one ack (`apply`).
-        ack_policy: consumer::AckPolicy::All,
+        ack_policy: consumer::AckPolicy::Explicit,
         ack_wait,
         max_ack_pending: (batch_size * 8).max(1024) as i64,
         deliver_policy: consumer::DeliverPolicy::All,
@@ -93,13 +93,10 @@ fn consumer_error_is_transient(e: &ConsumerError) -> bool {
 /// `config`'s: a listener started with a shorter ack wait than the consumer was created
 /// with would otherwise still wait the old one out after a crash.
 ///
-/// An existing consumer with messages delivered and not acknowledged (a listener that
-/// crashed mid-batch), or with another ack policy (an earlier version's explicit acks), is
-/// replaced by one that starts right after its ack floor. With `AckPolicy::All` this is what
-/// keeps a restart from losing anything: JetStream would deliver new messages before it
-/// redelivers the unacknowledged ones, and acking a new one would acknowledge those too,
-/// stored or not. Replaced, the consumer delivers everything past the floor in stream order;
-/// the store skips what it already holds. (JetStream cannot change an ack policy in place.)
+/// An existing consumer with another ack policy (one this branch of the code briefly created
+/// with `AckPolicy::All`) is replaced by one that starts right after its ack floor, in stream
+/// order; the store skips what it already holds. (JetStream cannot change an ack policy in
+/// place.)
 pub(crate) async fn durable_consumer(
     stream: &jetstream::stream::Stream,
     config: consumer::pull::Config,
@@ -108,7 +105,7 @@ pub(crate) async fn durable_consumer(
     let mut c: consumer::PullConsumer =
         stream.get_or_create_consumer(&name, config.clone()).await?;
     let info = c.info().await?.clone();
-    if info.config.ack_policy != config.ack_policy || info.num_ack_pending > 0 {
+    if info.config.ack_policy != config.ack_policy {
         let start_sequence = info.ack_floor.stream_sequence + 1;
         tracing::info!(
             consumer = %name,
@@ -301,12 +298,11 @@ fn redecode_stages(msgs: &[jetstream::Message]) -> Vec<StageRecord> {
 
 /// Applies a batch to the store in one transaction, then acknowledges its messages: after
 /// the commit, so that a crash loses nothing (JetStream redelivers what was not acked, and
-/// the store skips the records it already holds). One ack per transaction: both consumers
-/// ack all (`AckPolicy::All`), so acking the batch's highest stream sequence acknowledges
-/// every message up to it ([`ack_batch`]).
+/// the store skips the records it already holds); each message is acked explicitly
+/// ([`ack_batch`] says why not one ack per transaction).
 ///
 /// When the store cannot write (a full disk, an I/O error) the batch is kept and tried again
-/// until it commits — never skipped, since a later ack would acknowledge it too — with
+/// until it commits — never skipped — with
 /// its messages kept in progress meanwhile: nothing is acked that was not stored, reads go
 /// on, the outage is one error line and one recovery line however many attempts fail
 /// (`Stats::store_failed`; `/healthz` answers 503 meanwhile), and the store is reopened when
@@ -395,17 +391,17 @@ pub(crate) async fn apply(
     }
 }
 
-/// Acknowledges a committed batch with one ack: its highest stream sequence, which with
-/// `AckPolicy::All` acknowledges every message up to it. Sound because each consumer has one
-/// reader that applies batches in order and never moves past one it could not store, so
-/// every message below that sequence is stored (or was terminated as undecodable).
+/// Acknowledges a committed batch: each of its messages (`AckPolicy::Explicit`).
+///
+/// Not one ack for the batch's highest sequence under `AckPolicy::All`: a pull response lost
+/// on the way (a fetch that expired while the server was paused or cut off, whose messages
+/// then went to an inbox nobody reads) leaves deliveries this reader never saw, and acking a
+/// later message would acknowledge them too, unstored. Explicit acks let JetStream redeliver
+/// them after the ack wait (the fault suite's paused nats-server caught exactly that).
 async fn ack_batch(acks: &[jetstream::Message], source: Source) {
-    let last = acks
-        .iter()
-        .max_by_key(|m| m.info().map_or(0, |i| i.stream_sequence));
-    if let Some(m) = last {
+    for m in acks {
         if let Err(e) = m.ack().await {
-            tracing::warn!(error = %e, ?source, "ack failed; the messages will be redelivered and their records skipped");
+            tracing::warn!(error = %e, ?source, "ack failed; the message will be redelivered and its records skipped");
         }
     }
 }

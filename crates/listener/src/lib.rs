@@ -29,8 +29,9 @@
 //! - **Nothing lost, nothing doubled**: a batch is committed (fsynced) before its
 //!   stage-stream (or message-stream) messages are acked; redelivered records are recognised by
 //!   `StageRecord::dedup_key` and skipped (tests kill a listener process with SIGKILL
-//!   mid-backlog and restart it). One ack per transaction: both consumers ack all
-//!   (`AckPolicy::All`), and the batch's highest stream sequence is acked.
+//!   mid-backlog and restart it). Each message is acked explicitly after its transaction
+//!   commits (not one `AckPolicy::All` ack per transaction: a pull response lost in flight
+//!   would be acknowledged unstored; see `ingest::ack_batch`).
 //! - **A full disk loses nothing**: a transaction that fails (ENOSPC, an I/O error) is kept
 //!   and tried again until it commits, its messages unacknowledged and kept in progress; the
 //!   store is reopened after an I/O error, reads go on, `/healthz` answers 503 and

@@ -353,10 +353,10 @@ async fn a_stored_message_alone_gives_its_store_hop() {
         .unwrap();
     assert!(info.config.headers_only);
     assert_eq!(info.config.filter_subject, "msgtrail.msg.>");
-    // One ack per transaction (issue 20): acking the batch's last message acks all before it.
+    // Explicit acks: a delivery lost in flight is redelivered, never acknowledged by a later ack.
     assert_eq!(
         info.config.ack_policy,
-        async_nats::jetstream::consumer::AckPolicy::All
+        async_nats::jetstream::consumer::AckPolicy::Explicit
     );
     assert_eq!(info.num_ack_pending, 0, "every stored message acked");
     let _ = stream.info().await.unwrap();
