@@ -126,6 +126,23 @@ function axisTicks(a, b, want = 5) {
   return out;
 }
 
+// The axis's tick labels over [a, b] for an axis `axisPx` wide: about one per 90 px, fewer
+// while their labels (about 7 px a character, 14 px between them) would touch, and every
+// n-th kept when still crowded (never fewer than two). None in the last 8 %, where its label
+// would run off the axis.
+function axisHtml(a, b, span, axisPx) {
+  let want = Math.max(2, Math.min(8, Math.floor(axisPx / 90)));
+  let marks = axisTicks(a, b, want);
+  const labelPx = () => Math.max(0, ...marks.map(k => k.label.length)) * 7 + 14;
+  while (want > 2 && labelPx() > axisPx / marks.length) marks = axisTicks(a, b, --want);
+  const at = k => (k.at - a) / span * 100;
+  marks = marks.filter(k => at(k) <= 92);
+  // Still crowded: every n-th label, never fewer than two.
+  const every = Math.min(Math.max(1, marks.length - 1), Math.max(1, Math.ceil(labelPx() / (axisPx / Math.max(1, marks.length)))));
+  if (every > 1) marks = marks.filter((_, i) => i % every === 0);
+  return marks.map(k => `<span style="left:${at(k).toFixed(2)}%" class="${at(k) < 6 ? "first" : ""}">${k.label}</span>`).join("");
+}
+
 function render(t) {
   const out = $("traceBody");
   const now = Math.max(nowNanos(), t.last_at);
@@ -203,23 +220,7 @@ function render(t) {
     [...others, t.message_id].sort().map(m => m === t.message_id ? `<span class="mono">${esc(m)}</span> (this one)` : `<a href="#${esc(encodeURIComponent(m))}" class="mono">${esc(m)}</a>`).join(", ")}</div>` : "";
   const traceHref = uiLink(traceUi, t.trace_id);
   const link = traceHref ? ` <a id="traceLink" href="${esc(traceHref)}" target="_blank" rel="noopener">open the trace in the tracing UI</a>` : "";
-  // As many ticks as the axis has room for: about 90 px each, and fewer while their labels
-  // (about 7 px a character, 14 px between them) would touch. The axis is the drawn one's
-  // width, else about a third of the trajectory's. None in the last 8 %, where its label
-  // would run off the axis.
-  const axisEl = document.querySelector("table.wf .axis");
-  const axisPx = (axisEl && axisEl.clientWidth) || ($("traceBody").clientWidth || 800) * 0.35;
-  let want = Math.max(2, Math.min(8, Math.floor(axisPx / 90)));
-  let marks = axisTicks(t0 - first, end - first, want);
-  const labelPx = () => Math.max(0, ...marks.map(k => k.label.length)) * 7 + 14;
-  while (want > 2 && labelPx() > axisPx / marks.length) marks = axisTicks(t0 - first, end - first, --want);
-  // Still crowded (long labels on a narrow axis): every second (or n-th) tick keeps a label.
-  const every = Math.max(1, Math.ceil(labelPx() / (axisPx / Math.max(1, marks.length))));
-  if (every > 1) marks = marks.filter((_, i) => i % every === 0);
-  const ticks = marks.map(k => {
-    const x = (k.at - (t0 - first)) / span * 100;
-    return x > 92 ? "" : `<span style="left:${x.toFixed(2)}%" class="${x < 6 ? "first" : ""}">${k.label}</span>`;
-  }).join("");
+  const ticks = axisHtml(t0 - first, end - first, span, ($("traceBody").clientWidth || 800) * 0.35);
   const clocks = (t.clocks || []).map(c => `<tr><td>${clientLink(c.client)}</td><td>${c.broker ? "vs broker " + esc(c.broker) : ""}</td><td>${signed(c.offset_nanos)} ± ${msb(c.bound_nanos)}</td>
     <td>round trip ${msb(c.round_trip_nanos)}</td><td>${c.samples} exchange(s)</td></tr>`).join("");
   const zoomBar = `<div class="zoom" id="zoomBar"><span>zoom</span><button type="button" data-zoom="in" id="zoomIn" aria-label="Zoom in" title="twice as close, around the open hop (else the middle); Ctrl+wheel over the bars zooms at the cursor">+</button>
@@ -248,6 +249,10 @@ function render(t) {
     ${clocks ? `<h3>Clocks against the broker's</h3><table id="clocks">${clocks}</table>` : ""}
     <p class="diag"><b>Diagnosis:</b> ${esc(t.diagnosis)}</p>
     ${t.failure ? `<p class="error">Failure point: ${esc(t.failure)}</p>` : ""}`;
+  // The ticks again at the axis's real width, now that it is laid out: the same for every
+  // render of the same range, whatever was drawn before.
+  const axisEl = out.querySelector("table.wf .axis");
+  if (axisEl && axisEl.clientWidth) axisEl.innerHTML = axisHtml(t0 - first, end - first, span, axisEl.clientWidth);
 }
 // What a deliver hop's bar is marked with: a dead letter (the broker's R1 says why) or a
 // redelivery (a later attempt of the same group; why: the attempt's failure).
