@@ -332,7 +332,9 @@ mod tests {
         let leader = cluster.meta_leader(Duration::from_secs(20)).unwrap();
         let i = cluster.index_of(&leader).expect("the leader is a node");
         cluster.nodes[i].kill9();
-        let next = cluster.meta_leader(Duration::from_secs(20)).unwrap();
+        // What is tested is that the helper names the new leader, not how fast nats-server
+        // elects one: on a loaded 2-core machine one full-suite run saw no leader for 20 s.
+        let next = cluster.meta_leader(Duration::from_secs(60)).unwrap();
         assert_ne!(next, leader);
         assert!(cluster.names().contains(&next));
     }
