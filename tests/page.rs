@@ -9,7 +9,7 @@ use fantoccini::key::Key;
 use fantoccini::Locator;
 use msgtrail_client::Outgoing;
 use msgtrail_core::trajectory::{MessageState, Trajectory};
-use msgtrail_e2e::browser::{http_get, pull, Browser};
+use msgtrail_e2e::browser::{dead_letter, http_get, pull, Browser};
 use msgtrail_e2e::{TestListener, TestSystem};
 use serde_json::Value;
 use std::path::PathBuf;
@@ -284,19 +284,7 @@ async fn search_and_the_api_errors() {
     assert_eq!(found[0]["message_id"], refund.as_str());
 
     // A third message that billing fails on every attempt: dead-lettered.
-    let producer = sys.producer("shop").await;
-    let billing = sys.consumer("billing-1").await;
-    let dead = producer
-        .send_message(Outgoing::new("orders.us", "x").attr("category", "sale"))
-        .await
-        .unwrap()
-        .message_id
-        .to_string();
-    for _ in 0..msgtrail_e2e::MAX_DELIVER {
-        pull(&billing, "billing", "orders.*", Some("no stock")).await;
-    }
-    l.trajectory_when(&dead, |t| t.state == MessageState::DeadLettered)
-        .await;
+    let dead = dead_letter(&sys, &l).await;
     let set = |of: &[&String]| {
         let mut v: Vec<&str> = of.iter().map(|s| s.as_str()).collect();
         v.sort();

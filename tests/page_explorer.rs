@@ -11,7 +11,7 @@
 
 use msgtrail_client::Outgoing;
 use msgtrail_core::trajectory::{MessageState, Trajectory};
-use msgtrail_e2e::browser::{http_get, pull, sub, Browser};
+use msgtrail_e2e::browser::{dead_letter, http_get, pull, sub, Browser};
 use msgtrail_e2e::{TestListener, TestSystem};
 use serde_json::Value;
 use std::time::Duration;
@@ -419,24 +419,6 @@ async fn layout_and_a_result_list_to_scan() {
     b.until("still all", &format!("{ROWS}.length === 4"), &ids)
         .await;
     b.close().await;
-}
-
-/// Billing fails a message on every attempt: dead-lettered. Returns its ID.
-async fn dead_letter(sys: &TestSystem, l: &TestListener) -> String {
-    let producer = sys.producer("shop").await;
-    let billing = sys.consumer("billing-1").await;
-    let dead = producer
-        .send_message(Outgoing::new("orders.us", "x").attr("category", "sale"))
-        .await
-        .unwrap()
-        .message_id
-        .to_string();
-    for _ in 0..msgtrail_e2e::MAX_DELIVER {
-        pull(&billing, "billing", "orders.*", Some("no stock")).await;
-    }
-    l.trajectory_when(&dead, |t| t.state == MessageState::DeadLettered)
-        .await;
-    dead
 }
 
 /// The axis: (from, to, tick labels) in nanoseconds from the first record.

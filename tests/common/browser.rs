@@ -283,3 +283,24 @@ async fn retry_if_stale(attempt: u32, what: &str, err: fantoccini::error::CmdErr
     assert!(stale && attempt < 5, "{what}: {err} (attempt {attempt})");
     tokio::time::sleep(Duration::from_millis(100)).await;
 }
+
+/// Sends a message to `orders.us` that group `billing` fails on every attempt, until it is
+/// dead-lettered. Returns its ID.
+pub async fn dead_letter(sys: &crate::TestSystem, l: &TestListener) -> String {
+    let producer = sys.producer("shop").await;
+    let billing = sys.consumer("billing-1").await;
+    let dead = producer
+        .send_message(msgtrail_client::Outgoing::new("orders.us", "x").attr("category", "sale"))
+        .await
+        .unwrap()
+        .message_id
+        .to_string();
+    for _ in 0..crate::MAX_DELIVER {
+        pull(&billing, "billing", "orders.*", Some("no stock")).await;
+    }
+    l.trajectory_when(&dead, |t| {
+        t.state == msgtrail_core::trajectory::MessageState::DeadLettered
+    })
+    .await;
+    dead
+}
