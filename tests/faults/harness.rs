@@ -1068,6 +1068,16 @@ pub(crate) struct Progress {
 }
 
 impl Progress {
+    /// The message IDs of every acked upload so far.
+    pub(crate) fn acked_message_ids(&self) -> HashSet<MessageId> {
+        self.uploads
+            .lock()
+            .unwrap()
+            .values()
+            .map(|a| a.message_id)
+            .collect()
+    }
+
     /// Waits until `n` uploads are acked (or `within` passes).
     pub(crate) async fn wait_acked(&self, n: usize, within: Duration) {
         let deadline = Instant::now() + within;
@@ -1219,13 +1229,7 @@ async fn consume(c: Consumer, history: Arc<History>, progress: Arc<Progress>, de
             return;
         }
         if progress.producers_done.load(Ordering::SeqCst) {
-            let acked: HashSet<MessageId> = progress
-                .uploads
-                .lock()
-                .unwrap()
-                .values()
-                .map(|a| a.message_id)
-                .collect();
+            let acked = progress.acked_message_ids();
             let consumed = progress.consumed_ids.lock().unwrap();
             let ambiguous = progress.ack_ambiguous.lock().unwrap();
             let settled = acked

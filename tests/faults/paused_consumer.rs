@@ -59,14 +59,7 @@ pub(crate) async fn consumer_process_paused(scenario: &str) {
         blocking(|| consumer.pause()).expect("SIGSTOP the consumer");
         tokio::time::sleep(PAUSE).await;
         blocking(|| consumer.resume()).expect("SIGCONT the consumer");
-        let acked: Vec<_> = finished
-            .progress
-            .uploads
-            .lock()
-            .unwrap()
-            .values()
-            .map(|a| a.message_id)
-            .collect();
+        let acked = finished.progress.acked_message_ids();
         let mut exits = 0;
         let deadline = Instant::now() + Duration::from_secs(60);
         // Done when every message was consumed, or nothing new came for three ack waits

@@ -269,14 +269,7 @@ pub(crate) async fn broker_and_consumer_skewed(scenario: &str) {
         )
         .await;
         let finished = run.finish().await;
-        let acked: Vec<_> = finished
-            .progress
-            .uploads
-            .lock()
-            .unwrap()
-            .values()
-            .map(|a| a.message_id)
-            .collect();
+        let acked = finished.progress.acked_message_ids();
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let got: std::collections::HashSet<_> =
