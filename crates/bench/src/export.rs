@@ -49,6 +49,25 @@ pub struct ExportResult {
     /// handed to the exporter to the receiver's acknowledgement.
     #[serde(default)]
     pub latency_at_80pct: Latency,
+    /// The paced run's offer: the rate asked for and the rate the exporter took.
+    #[serde(default)]
+    pub paced: PacedOffer,
+}
+
+/// What the paced run offered. The offer waits while the exporter's queue is within a
+/// chunk of its bound (as a producer that respects back-pressure does), so an exporter
+/// that cannot keep up with the asked rate shows here as a lower `offered_per_sec` and a
+/// longer latency — not as dropped spans.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PacedOffer {
+    /// Spans per second asked for: 80 % of the gRPC run's rate.
+    pub target_per_sec: f64,
+    /// Spans per second actually handed to the exporter, first offer to last.
+    pub offered_per_sec: f64,
+    /// Spans offered.
+    pub spans: u64,
+    /// Times the offer waited for room in the queue.
+    pub backpressure_waits: u64,
 }
 
 /// One protocol's run.
@@ -103,7 +122,7 @@ pub(crate) async fn run(
     let grpc = run_protocol(Protocol::Grpc, &all, timeout, progress).await?;
     let http = run_protocol(Protocol::HttpProtobuf, &all, timeout, progress).await?;
     let rate = grpc.export.per_sec * 0.8;
-    let latency_at_80pct = paced_latency(&all, rate, timeout).await?;
+    let (latency_at_80pct, paced) = paced_latency(&all, rate, timeout).await?;
     Ok(ExportResult {
         spans_per_trajectory: per,
         mapping: mapping_tp,
@@ -113,6 +132,7 @@ pub(crate) async fn run(
         dropped: grpc.dropped,
         http,
         latency_at_80pct,
+        paced,
     })
 }
 
@@ -122,12 +142,13 @@ const PACED_CHUNK: usize = 64;
 /// Offers `all` over gRPC at `rate` spans per second (at most 5 s of them), in chunks of
 /// [`PACED_CHUNK`], and records each chunk's time from offer to acknowledgement: a chunk is
 /// acknowledged when the exporter's exported count covers it (requests may complete out of
-/// order, so this is an upper bound per chunk).
+/// order, so this is an upper bound per chunk). The offer respects the queue's bound (see
+/// [`PacedOffer`]); a span dropped all the same (by retries running out) fails the run.
 async fn paced_latency(
     all: &[ServiceSpan],
     rate: f64,
     timeout: Duration,
-) -> Result<Latency, BenchError> {
+) -> Result<(Latency, PacedOffer), BenchError> {
     let receiver = OtlpReceiver::start_grpc()
         .await
         .map_err(|e| BenchError::Otlp(e.into()))?;
@@ -144,8 +165,10 @@ async fn paced_latency(
         Arc::new(AtomicU64::new(0)),
         stop.clone(),
     );
+    let capacity = config.queue_capacity as u64;
     let exporter = TraceExporter::start(config).map_err(|e| BenchError::Otlp(e.into()))?;
     let spans = ((rate.max(1.0) * 5.0) as usize).min(all.len());
+    let mut waits = 0u64;
     let interval = Duration::from_secs_f64(PACED_CHUNK as f64 / rate.max(1.0));
     let mut offered: Vec<(u64, Instant)> = Vec::new();
     let mut recorder = Recorder::default();
@@ -164,27 +187,63 @@ async fn paced_latency(
             record(&offered, &mut next, exporter.snapshot().exported);
             tokio::time::sleep(Duration::from_micros(500)).await;
         }
+        // The chunk's time starts when it is offered, so a wait for room counts in it.
+        let offered_at = Instant::now();
+        while exporter.snapshot().queued + chunk.len() as u64 > capacity {
+            waits += 1;
+            record(&offered, &mut next, exporter.snapshot().exported);
+            if Instant::now() > deadline {
+                return Err(paced_late(
+                    timeout,
+                    exporter.snapshot().exported,
+                    cumulative,
+                ));
+            }
+            tokio::time::sleep(Duration::from_micros(500)).await;
+        }
         exporter.try_export(chunk.iter().cloned());
         cumulative += chunk.len() as u64;
-        offered.push((cumulative, Instant::now()));
+        offered.push((cumulative, offered_at));
     }
+    let offer_elapsed = start.elapsed();
     while next < offered.len() {
         let s = exporter.snapshot();
         record(&offered, &mut next, s.exported);
-        if s.dropped() > 0 || Instant::now() > deadline {
-            return Err(BenchError::Timeout {
-                scenario: "S6 paced export".into(),
-                secs: timeout.as_secs(),
-                done: s.exported,
-                total: cumulative,
-            });
+        if s.dropped() > 0 {
+            return Err(BenchError::Config(format!(
+                "S6 paced export: the exporter dropped {} of {cumulative} spans (queue full {}, retries {}, rejected {}, shutdown {})",
+                s.dropped(),
+                s.dropped_queue_full,
+                s.dropped_retries,
+                s.rejected,
+                s.dropped_shutdown,
+            )));
+        }
+        if Instant::now() > deadline {
+            return Err(paced_late(timeout, s.exported, cumulative));
         }
         tokio::time::sleep(Duration::from_micros(500)).await;
     }
     exporter.shutdown(Duration::from_secs(5)).await;
     stop.store(true, Ordering::Relaxed);
     let _ = counter.await;
-    Ok(recorder.summary())
+    let offer = PacedOffer {
+        target_per_sec: rate,
+        offered_per_sec: cumulative as f64 / offer_elapsed.as_secs_f64().max(1e-9),
+        spans: cumulative,
+        backpressure_waits: waits,
+    };
+    Ok((recorder.summary(), offer))
+}
+
+/// The paced run did not finish in time.
+fn paced_late(timeout: Duration, done: u64, total: u64) -> BenchError {
+    BenchError::Timeout {
+        scenario: "S6 paced export".into(),
+        secs: timeout.as_secs(),
+        done,
+        total,
+    }
 }
 
 /// Counts the spans and requests a receiver gets until `stop`.
@@ -287,4 +346,35 @@ async fn run_protocol(
         requests: requests.load(Ordering::Relaxed),
         dropped: snap.dropped(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::synth::{stage_messages, Mix};
+
+    /// Spans of synthetic trajectories, at least `n` of them.
+    fn spans(n: usize) -> Vec<ServiceSpan> {
+        let recorded = stage_messages(&Mix::plain(64), 1_700_000_000_000_000_000);
+        let template = crate::lookup::template(&recorded).expect("a template trajectory");
+        let t = Trajectory::assemble(template, &AssembleOptions::default()).expect("assembles");
+        let one = trajectory_spans(&t, &MappingOptions::default());
+        assert!(!one.is_empty());
+        one.iter().cycle().take(n).cloned().collect()
+    }
+
+    /// An offer far faster than any exporter waits for room in the queue instead of
+    /// dropping spans (three queues' worth, so the bound is reached), and says so.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_paced_offer_faster_than_the_exporter_waits_instead_of_dropping() {
+        let capacity = ExportConfig::default().queue_capacity;
+        let all = spans(3 * capacity);
+        let (latency, offer) = paced_latency(&all, 1e9, Duration::from_secs(120))
+            .await
+            .expect("the paced run finishes without drops");
+        assert_eq!(offer.spans, all.len() as u64);
+        assert_eq!(latency.count as usize, all.len().div_ceil(PACED_CHUNK));
+        assert!(offer.backpressure_waits > 0, "{offer:?}");
+        assert!(offer.offered_per_sec < offer.target_per_sec, "{offer:?}");
+    }
 }

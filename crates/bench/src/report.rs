@@ -401,8 +401,9 @@ impl Report {
         let l = &s6.latency_at_80pct;
         let _ = writeln!(
             s,
-            "S6 OTLP/gRPC at 80 % of that rate, offer to acknowledgement: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms ({} chunks)",
+            "S6 OTLP/gRPC at 80 % of that rate, offer to acknowledgement: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms ({} chunks); offered {:.0} of {:.0} spans/s asked ({} waits for queue room)",
             l.p50_ms, l.p99_ms, l.max_ms, l.count,
+            s6.paced.offered_per_sec, s6.paced.target_per_sec, s6.paced.backpressure_waits,
         );
     }
 
