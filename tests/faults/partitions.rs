@@ -24,7 +24,7 @@ use crate::{
 use msgtrail_core::subjects::{MESSAGE_STREAM, STAGE_STREAM};
 use msgtrail_test_support::ROOT;
 use serde_json::{json, Value};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -85,9 +85,12 @@ fn node_label(node: &str) -> String {
     node.trim_start_matches("faults-").to_owned()
 }
 
+/// A client connection as a node lists it: the node's index and its connection ID.
+type ConnId = (usize, u64);
+
 /// Client connections by the host they come from (its label), on the nodes `nodes` (by
-/// index) — those the test can reach; a node that does not answer counts nothing.
-fn connections_by_host(sys: &System, nodes: &[usize]) -> BTreeMap<String, usize> {
+/// index) — those the test can reach; a node that does not answer lists nothing.
+fn connections_by_host(sys: &System, nodes: &[usize]) -> BTreeMap<String, BTreeSet<ConnId>> {
     let net = sys.network().expect("a partition scenario has namespaces");
     let by_ip: HashMap<String, String> = net
         .hosts()
@@ -95,7 +98,7 @@ fn connections_by_host(sys: &System, nodes: &[usize]) -> BTreeMap<String, usize>
         .map(|h| (h.addr().to_string(), h.label().to_owned()))
         .collect();
     let cluster = cluster_of(sys);
-    let mut out = BTreeMap::new();
+    let mut out: BTreeMap<String, BTreeSet<ConnId>> = BTreeMap::new();
     for &i in nodes {
         let Ok(v) = blocking(|| cluster.nodes[i].monitor("/connz?limit=1024")) else {
             continue;
@@ -103,10 +106,15 @@ fn connections_by_host(sys: &System, nodes: &[usize]) -> BTreeMap<String, usize>
         for c in v["connections"].as_array().into_iter().flatten() {
             let ip = c["ip"].as_str().unwrap_or_default();
             let label = by_ip.get(ip).cloned().unwrap_or_else(|| ip.to_owned());
-            *out.entry(label).or_default() += 1;
+            let cid = c["cid"].as_u64().unwrap_or_default();
+            out.entry(label).or_default().insert((i, cid));
         }
     }
     out
+}
+
+fn count(conns: &BTreeMap<String, BTreeSet<ConnId>>, label: &str) -> usize {
+    conns.get(label).map_or(0, BTreeSet::len)
 }
 
 /// The leader of `stream` as the node `i` sees it (`/jsz?accounts=true&streams=true`; no
@@ -129,13 +137,21 @@ fn stream_leader_seen_by(sys: &System, i: usize, stream: &str) -> Option<String>
 #[derive(Debug, Default)]
 struct Movement {
     /// Connections per host before the cut (all nodes).
-    before: BTreeMap<String, usize>,
+    before: BTreeMap<String, BTreeSet<ConnId>>,
+    /// The connections of `before` the cut broke (host and node on different sides).
+    broken: BTreeSet<ConnId>,
     /// Per host on the test's side: ms after the cut until all its connections were on the
     /// nodes of that side again (it left the cut-off node). Per host across the cut: ms until
     /// the test's side's nodes held none of its connections (the server dropped them).
     settled_ms: BTreeMap<String, Option<f64>>,
-    /// Per host: ms after healing until the nodes held its connections again.
+    /// Per host: ms after healing until the nodes held as many of its connections as before
+    /// the cut, not counting connections the cut broke that a node still lists.
     back_ms: BTreeMap<String, Option<f64>>,
+    /// ms after healing until no node listed any connection the cut broke (a server keeps a
+    /// black-holed client until its own pings fail: nats-server's default interval is 2 min).
+    broken_gone_ms: Option<f64>,
+    /// Broken connections still listed at the moment of healing.
+    broken_listed_at_heal: usize,
     /// ms after the cut until a node of the test's side named a new leader of the stream
     /// (node cuts only).
     new_leader_ms: Option<f64>,
@@ -143,8 +159,13 @@ struct Movement {
 
 impl Movement {
     fn json(&self) -> Value {
+        let before: BTreeMap<&String, usize> =
+            self.before.iter().map(|(k, v)| (k, v.len())).collect();
         json!({
-            "connections_before": self.before,
+            "connections_before": before,
+            "connections_broken_by_cut": self.broken.len(),
+            "broken_still_listed_at_heal": self.broken_listed_at_heal,
+            "broken_gone_after_heal_ms": self.broken_gone_ms,
             "settled_after_cut_ms": self.settled_ms,
             "back_after_heal_ms": self.back_ms,
             "new_stream_leader_after_ms": self.new_leader_ms,
@@ -219,6 +240,17 @@ pub(crate) async fn partition(scenario: &str, cut: Cut, sync_always: bool) {
             before: connections_by_host(&sys, &all),
             ..Default::default()
         };
+        let side_of = |label: &str| side.iter().any(|l| l == label);
+        mv.broken = mv
+            .before
+            .iter()
+            .flat_map(|(label, ids)| {
+                ids.iter()
+                    .filter(|(node, _)| side_of(&node_label(&names[*node])) != side_of(label))
+                    .copied()
+                    .collect::<Vec<_>>()
+            })
+            .collect();
         let leads_at_cut = match &victim_node {
             Some(v) => crate::led_by(&sys, v, &crate::Leaders::read(&sys).await).await,
             None => vec![],
@@ -238,11 +270,11 @@ pub(crate) async fn partition(scenario: &str, cut: Cut, sync_always: bool) {
         };
         while cut_at.elapsed() < CUT {
             let now = connections_by_host(&sys, &reachable);
-            for (label, &n) in &mv.before {
+            for (label, ids) in &mv.before {
                 let settled = if on_test_side(label) {
-                    now.get(label).copied().unwrap_or(0) >= n
+                    count(&now, label) >= ids.len()
                 } else {
-                    now.get(label).copied().unwrap_or(0) == 0
+                    count(&now, label) == 0
                 };
                 let entry = mv.settled_ms.entry(label.clone()).or_insert(None);
                 if settled && entry.is_none() {
@@ -268,21 +300,44 @@ pub(crate) async fn partition(scenario: &str, cut: Cut, sync_always: bool) {
         // Every process's connections back; a cut node a current member of both streams.
         let js = async_nats::jetstream::new(sys.admin.clone());
         let mut rejoin_ms = None;
+        let mut brokers_back_ms = None;
+        let mut first = true;
         while healed_at.elapsed() < Duration::from_secs(60) {
             let now = connections_by_host(&sys, &all);
-            for (label, &n) in &mv.before {
+            let listed_broken = now
+                .values()
+                .flatten()
+                .filter(|c| mv.broken.contains(c))
+                .count();
+            if first {
+                mv.broken_listed_at_heal = listed_broken;
+                first = false;
+            }
+            if listed_broken == 0 && mv.broken_gone_ms.is_none() {
+                mv.broken_gone_ms = Some(ms(healed_at));
+            }
+            for (label, ids) in &mv.before {
+                let working = now
+                    .get(label)
+                    .map_or(0, |c| c.iter().filter(|c| !mv.broken.contains(c)).count());
                 let entry = mv.back_ms.entry(label.clone()).or_insert(None);
-                if entry.is_none() && now.get(label).copied().unwrap_or(0) >= n {
+                if entry.is_none() && working >= ids.len() {
                     *entry = Some(ms(healed_at));
                 }
+            }
+            if brokers_back_ms.is_none() && sys.broker_instances().await >= 2 {
+                brokers_back_ms = Some(ms(healed_at));
             }
             if let (Some(v), None) = (&victim_node, rejoin_ms) {
                 if rejoined(&js, MESSAGE_STREAM, v).await && rejoined(&js, STAGE_STREAM, v).await {
                     rejoin_ms = Some(ms(healed_at));
                 }
             }
-            let all_back = mv.back_ms.values().all(Option::is_some);
-            if all_back && (victim_node.is_none() || rejoin_ms.is_some()) {
+            let all_back = mv.back_ms.values().all(Option::is_some) && brokers_back_ms.is_some();
+            // Broken connections a node still lists are waited for 20 s at most.
+            let broken_done =
+                mv.broken_gone_ms.is_some() || healed_at.elapsed() > Duration::from_secs(20);
+            if all_back && broken_done && (victim_node.is_none() || rejoin_ms.is_some()) {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
@@ -303,6 +358,7 @@ pub(crate) async fn partition(scenario: &str, cut: Cut, sync_always: bool) {
             .set("acked_at_cut", json!(acked_at_cut))
             .set("acked_during_cut", json!(acked_during_cut))
             .set("movement", mv.json())
+            .set("brokers_answering_after_heal_ms", json!(brokers_back_ms))
             .set("stage_contradictions", json!(contradictions.len()))
             .set(
                 "longest_without_acked_upload_ms",
@@ -351,6 +407,11 @@ pub(crate) async fn partition(scenario: &str, cut: Cut, sync_always: bool) {
         assert!(
             back.is_empty(),
             "not connected again 60 s after healing: {back:?}; {:?}",
+            r.json
+        );
+        assert!(
+            brokers_back_ms.is_some(),
+            "not both brokers answer service discovery 60 s after healing: {:?}",
             r.json
         );
         if matches!(cut, Cut::Broker) {
