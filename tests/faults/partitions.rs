@@ -380,6 +380,19 @@ pub(crate) async fn partition(scenario: &str, cut: Cut, sync_always: bool) {
                 .set("cut_node_leads", json!(leads_at_cut))
                 .set("rejoined_after_heal_ms", json!(rejoin_ms));
         }
+        let unconsumed = crate::pauses::unconsumed_diagnoses(&sys, &finished, 3).await;
+        if !unconsumed.is_empty() {
+            let ids: Vec<&String> = unconsumed.keys().collect();
+            let mut attempts = BTreeMap::new();
+            for o in h.ops().iter().filter(|o| o.kind == "ack") {
+                if ids.contains(&&o.key) {
+                    let e = attempts.entry(o.key.clone()).or_insert_with(Vec::new);
+                    e.push(format!("{:.0}-{:.0} {:?}", o.start_ms, o.end_ms, o.outcome));
+                }
+            }
+            r.set("unconsumed_diagnosis", json!(unconsumed))
+                .set("unconsumed_ack_calls", json!(attempts));
+        }
         r.print();
         r.assert_sound(true, &sys);
         assert!(
