@@ -21,7 +21,7 @@ use msgtrail_core::wire::Subscription;
 use msgtrail_core::{ClientId, MessageId, RequestId, Stage};
 use msgtrail_listener::ListenerClient;
 use msgtrail_test_support::{free_port, msgtrail_binary, ChildProcess, ProcessSpec};
-use msgtrail_test_support::{NatsCluster, NatsNode};
+use msgtrail_test_support::{NatsCluster, NatsNode, Network};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
@@ -169,6 +169,14 @@ pub(crate) struct SystemOptions {
     /// brokers connect as `broker`, the listener as `listener`, the test's producer and
     /// consumer as the password client `client` with its inbox prefix, the oracle as `broker`.
     pub deploy_accounts: bool,
+    /// Every process in a network namespace of its own (crates/test-support's `netns`): the
+    /// cluster's nodes (hosts `n1`–`n3`), each broker (`broker-<n>`) and the listener
+    /// (`listener`) on one bridge, the test's clients on the root end (`root`), so that a
+    /// scenario can partition them ([`System::cut_off`]). Needs root, `ip` and `cluster`.
+    /// The test's own clients then ping every 2 s like the SDK's `NatsOptions`.
+    pub netns: bool,
+    /// JetStream `sync_interval: always` on the nodes (only with `netns`).
+    pub nats_sync_always: bool,
 }
 
 impl SystemOptions {
@@ -190,6 +198,8 @@ impl Default for SystemOptions {
             broker_env: vec![],
             nats_store: None,
             deploy_accounts: false,
+            netns: false,
+            nats_sync_always: false,
         }
     }
 }
@@ -214,6 +224,8 @@ pub(crate) struct System {
     clients_file: PathBuf,
     listener_data: PathBuf,
     dir: tempfile::TempDir,
+    /// The namespaces (with `netns`); last, so that every process is gone before they are.
+    network: Option<Network>,
 }
 
 fn id(s: &str) -> ClientId {
@@ -273,12 +285,16 @@ pub(crate) fn deploy_accounts_config() -> String {
 
 /// Connects to every URL of `urls` (each a seed), retrying until `within` passes.
 pub(crate) async fn connect(urls: &[String]) -> async_nats::Client {
-    connect_as(urls, None).await
+    connect_as(urls, None, None).await
 }
 
-/// Connects to every URL of `urls` as `user` (`None`: no authentication), retrying for up
-/// to 20 s.
-pub(crate) async fn connect_as(urls: &[String], user: Option<&NatsUser>) -> async_nats::Client {
+/// Connects to every URL of `urls` as `user` (`None`: no authentication), pinging after
+/// `ping` without traffic (`None`: async-nats' 60 s), retrying for up to 20 s.
+pub(crate) async fn connect_as(
+    urls: &[String],
+    user: Option<&NatsUser>,
+    ping: Option<Duration>,
+) -> async_nats::Client {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let addrs: Vec<async_nats::ServerAddr> = urls.iter().map(|u| u.parse().unwrap()).collect();
@@ -290,6 +306,9 @@ pub(crate) async fn connect_as(urls: &[String], user: Option<&NatsUser>) -> asyn
         };
         if let Some(prefix) = user.and_then(|u| u.inbox_prefix) {
             options = options.custom_inbox_prefix(prefix);
+        }
+        if let Some(ping) = ping {
+            options = options.ping_interval(ping);
         }
         match options.retry_on_initial_connect().connect(addrs).await {
             Ok(c) => return c,
@@ -310,7 +329,16 @@ impl System {
             .prefix("msgtrail-faults-")
             .tempdir()
             .unwrap();
-        let nats = if options.cluster {
+        let mut network = options.netns.then(|| {
+            assert!(options.cluster, "SystemOptions::netns runs a cluster");
+            Network::create().unwrap_or_else(|e| panic!("{e}"))
+        });
+        let nats = if let Some(net) = network.as_mut() {
+            Nats::Cluster(
+                NatsCluster::start_in(net, 3, options.nats_sync_always)
+                    .expect("a 3-node nats cluster starts in network namespaces"),
+            )
+        } else if options.cluster {
             Nats::Cluster(NatsCluster::start(3).expect("a 3-node nats cluster starts"))
         } else if options.deploy_accounts {
             Nats::Single(Box::new(
@@ -349,13 +377,23 @@ impl System {
                   "topics": ["orders.>"], "service_name": "shop-frontend" }));
         }
         std::fs::write(&clients_file, serde_json::to_vec_pretty(&clients).unwrap()).unwrap();
-        let admin = connect_as(&nats.urls(), options.user(&BROKER_USER)).await;
+        let ping = options
+            .netns
+            .then_some(msgtrail_nats::DEFAULT_PING_INTERVAL);
+        let admin = connect_as(&nats.urls(), options.user(&BROKER_USER), ping).await;
         let listener_data = dir.path().join("listener-data");
+        let listener_addr = match network.as_mut() {
+            Some(net) => {
+                let host = net.add_host("listener").unwrap_or_else(|e| panic!("{e}"));
+                format!("{}:8080", host.addr())
+            }
+            None => format!("127.0.0.1:{}", free_port()),
+        };
         let mut sys = System {
             nats,
             brokers: vec![],
             listener: None,
-            listener_addr: format!("127.0.0.1:{}", free_port()),
+            listener_addr,
             producer_id,
             consumer_id,
             admin,
@@ -363,6 +401,7 @@ impl System {
             clients_file,
             listener_data,
             dir,
+            network,
         };
         for _ in 0..options.brokers {
             sys.spawn_broker();
@@ -401,12 +440,49 @@ impl System {
         } else {
             &LISTENER_USER
         };
-        match self.options.user(user) {
+        let spec = match self.options.user(user) {
             Some(u) => spec
                 .env("NATS_USER", u.user)
                 .env("NATS_PASSWORD", u.password),
             None => spec,
+        };
+        // With namespaces, a broker or the listener runs in the host of its name.
+        match self.network.as_ref().and_then(|n| n.host(name).ok()) {
+            Some(host) => host.wrap(spec),
+            None => spec,
         }
+    }
+
+    /// The network of namespaces (with `netns`).
+    pub(crate) fn network(&self) -> Option<&Network> {
+        self.network.as_ref()
+    }
+
+    /// Partitions the system: the hosts labelled `side` (`n1`, `broker-1`, `listener`,
+    /// `root` for the test's own clients) from all others (with `netns`).
+    pub(crate) fn cut_off(&mut self, side: &[&str]) {
+        let net = self
+            .network
+            .as_mut()
+            .expect("a partition needs SystemOptions::netns");
+        net.cut_off(side)
+            .unwrap_or_else(|e| panic!("cut off {side:?}: {e}"));
+    }
+
+    /// Ends the partition.
+    pub(crate) fn heal(&mut self) {
+        let net = self
+            .network
+            .as_mut()
+            .expect("a partition needs SystemOptions::netns");
+        net.heal().unwrap_or_else(|e| panic!("heal: {e}"));
+    }
+
+    /// How often the test's own clients ping a silent server (`None`: async-nats' 60 s).
+    fn client_ping(&self) -> Option<Duration> {
+        self.options
+            .netns
+            .then_some(msgtrail_nats::DEFAULT_PING_INTERVAL)
     }
 
     /// Starts another `msgtrail` process (`args`, e.g. `consume …`) named `name`, connected
@@ -438,6 +514,9 @@ impl System {
     pub(crate) fn spawn_broker(&mut self) -> usize {
         let n = self.brokers.len() + 1;
         let name = format!("broker-{n}");
+        if let Some(net) = self.network.as_mut() {
+            net.add_host(&name).unwrap_or_else(|e| panic!("{e}"));
+        }
         let mut args: Vec<String> = vec![
             "broker".into(),
             "--clients".into(),
@@ -594,7 +673,7 @@ impl System {
     /// A producer on its own NATS connection (every URL a seed), with a short request timeout
     /// so that a dead broker costs a retry, not a long wait.
     pub(crate) async fn producer(&self) -> Producer {
-        let nats = connect_as(&self.nats.urls(), self.client_user()).await;
+        let nats = connect_as(&self.nats.urls(), self.client_user(), self.client_ping()).await;
         let options = ProducerOptions::default().timeout(Duration::from_secs(2));
         retry_open(|| {
             Producer::connect_with(nats.clone(), self.producer_id.clone(), options.clone())
@@ -604,7 +683,7 @@ impl System {
 
     /// A consumer on its own NATS connection.
     pub(crate) async fn consumer(&self) -> Consumer {
-        let nats = connect_as(&self.nats.urls(), self.client_user()).await;
+        let nats = connect_as(&self.nats.urls(), self.client_user(), self.client_ping()).await;
         retry_open(|| {
             Consumer::connect_with(
                 nats.clone(),

@@ -12,6 +12,8 @@
 //! ([`NatsCluster::meta_leader`]): no JetStream API request names it without the system
 //! account, which these nodes do not configure.
 
+use crate::nats_netns::{NetnsNats, ROUTE_PORT};
+use crate::netns::{Host, NetnsError, Network};
 use crate::process::{free_port, free_ports};
 use crate::{NatsServer, NatsServerError, NatsServerOptions};
 use std::io::{Read, Write};
@@ -24,6 +26,8 @@ pub struct NatsNode {
     name: String,
     options: NatsServerOptions,
     server: Option<NatsServer>,
+    /// The process when the node runs in a network namespace (then `server` stays `None`).
+    netns: Option<NetnsNats>,
     url: String,
     earlier_logs: String,
 }
@@ -55,7 +59,36 @@ impl NatsNode {
             name: name.to_owned(),
             options,
             server: Some(server),
+            netns: None,
             url,
+            earlier_logs: String::new(),
+        })
+    }
+
+    /// Starts a node named `name` in `host`'s network namespace, listening on the host's
+    /// address (ports [`crate::CLIENT_PORT`], [`crate::MONITOR_PORT`]), its store in
+    /// `store_dir`, `extra_config` appended, JetStream syncing every write when
+    /// `sync_always` (`sync_interval: always`; otherwise nats-server's default, every 2 min).
+    pub fn start_in(
+        host: &Host,
+        name: &str,
+        store_dir: &Path,
+        extra_config: String,
+        sync_always: bool,
+    ) -> Result<Self, NatsServerError> {
+        let server = NetnsNats::start(host, name, store_dir, &extra_config, sync_always)?;
+        let options = NatsServerOptions {
+            store_dir: Some(store_dir.to_path_buf()),
+            extra_config,
+            monitoring: true,
+            ..Default::default()
+        };
+        Ok(NatsNode {
+            name: name.to_owned(),
+            options,
+            server: None,
+            url: server.url().to_owned(),
+            netns: Some(server),
             earlier_logs: String::new(),
         })
     }
@@ -72,7 +105,10 @@ impl NatsNode {
 
     /// The HTTP monitoring URL of the running incarnation (`None` while it is down).
     pub fn monitor_url(&self) -> Option<&str> {
-        self.server.as_ref().and_then(NatsServer::monitor_url)
+        match &self.netns {
+            Some(n) => n.pid().map(|_| n.monitor_url()),
+            None => self.server.as_ref().and_then(NatsServer::monitor_url),
+        }
     }
 
     /// `GET <path>` of the node's monitoring port (`/jsz`, `/connz?subs=1`) as JSON, read
@@ -94,12 +130,15 @@ impl NatsNode {
 
     /// Whether the node's process is running.
     pub fn is_running(&self) -> bool {
-        self.server.is_some()
+        self.pid().is_some()
     }
 
     /// The process ID, while it runs.
     pub fn pid(&self) -> Option<u32> {
-        self.server.as_ref().map(NatsServer::pid)
+        match &self.netns {
+            Some(n) => n.pid(),
+            None => self.server.as_ref().map(NatsServer::pid),
+        }
     }
 
     /// The JetStream store directory.
@@ -109,6 +148,10 @@ impl NatsNode {
 
     /// `kill -9` (the server's drop is a SIGKILL and a wait); its log is kept.
     pub fn kill9(&mut self) {
+        if let Some(n) = &mut self.netns {
+            n.kill9();
+            return;
+        }
         if let Some(s) = self.server.take() {
             self.earlier_logs.push_str(&s.log());
             self.earlier_logs
@@ -137,6 +180,9 @@ impl NatsNode {
     /// Starts the node again on the same port and store (killing it first if it runs). The
     /// port may linger for a moment after a kill: this retries for up to 10 s.
     pub fn restart(&mut self) -> Result<(), NatsServerError> {
+        if let Some(n) = &mut self.netns {
+            return n.restart();
+        }
         self.kill9();
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
@@ -156,6 +202,9 @@ impl NatsNode {
 
     /// The logs of every incarnation so far.
     pub fn logs(&self) -> String {
+        if let Some(n) = &self.netns {
+            return n.log();
+        }
         let mut out = self.earlier_logs.clone();
         if let Some(s) = &self.server {
             out.push_str(&s.log());
@@ -215,6 +264,42 @@ impl NatsCluster {
             );
             let store = dir.path().join(format!("store-{}", i + 1));
             nodes.push(NatsNode::start_with(&name, &store, client_ports[i], extra)?);
+        }
+        Ok(NatsCluster { nodes, _dir: dir })
+    }
+
+    /// Starts `n` nodes in namespaces of `network` (hosts `n1` … `nN`, nodes `faults-n1` …),
+    /// routed to each other on the bridge, each with its own store; JetStream syncs every
+    /// write when `sync_always`. A partition of the network then cuts routes and client
+    /// connections alike ([`Network::cut_off`]).
+    pub fn start_in(
+        network: &mut Network,
+        n: usize,
+        sync_always: bool,
+    ) -> Result<Self, NatsServerError> {
+        let netns = |e: NetnsError| NatsServerError::Start(e.to_string());
+        let dir = tempfile::Builder::new()
+            .prefix("msgtrail-cluster-")
+            .tempdir()?;
+        let hosts = (1..=n)
+            .map(|i| network.add_host(&format!("n{i}")))
+            .collect::<Result<Vec<Host>, _>>()
+            .map_err(netns)?;
+        let routes = hosts
+            .iter()
+            .map(|h| format!("\"nats-route://{}:{ROUTE_PORT}\"", h.addr()))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let mut nodes = Vec::with_capacity(n);
+        for (i, host) in hosts.iter().enumerate() {
+            let name = format!("faults-n{}", i + 1);
+            let extra = format!(
+                "server_name: {name}\n\
+                 cluster {{\n  name: {CLUSTER_NAME}\n  listen: \"{}:{ROUTE_PORT}\"\n  routes: [ {routes} ]\n}}\n",
+                host.addr()
+            );
+            let store = dir.path().join(format!("store-{}", i + 1));
+            nodes.push(NatsNode::start_in(host, &name, &store, extra, sync_always)?);
         }
         Ok(NatsCluster { nodes, _dir: dir })
     }
@@ -337,5 +422,49 @@ mod tests {
         let next = cluster.meta_leader(Duration::from_secs(60)).unwrap();
         assert_ne!(next, leader);
         assert!(cluster.names().contains(&next));
+    }
+
+    /// A cluster in namespaces: the meta leader cut off alone, the two others elect another
+    /// (its own `/jsz` is unreachable from this side of the cut); healed, all three agree
+    /// again. Each node also keeps its client URL on the bridge.
+    #[test]
+    fn a_cut_off_meta_leader_is_replaced_and_rejoins_after_healing() {
+        let mut net = Network::create().expect("network namespaces (root, ip)");
+        let cluster = NatsCluster::start_in(&mut net, 3, false).expect("a cluster in netns");
+        for (node, host) in cluster.nodes.iter().zip(&net.hosts()[1..]) {
+            assert_eq!(
+                node.url(),
+                format!("nats://{}:{}", host.addr(), crate::CLIENT_PORT)
+            );
+        }
+        let leader = cluster.meta_leader(Duration::from_secs(60)).unwrap();
+        let i = cluster.index_of(&leader).unwrap();
+        net.cut_off(&[&format!("n{}", i + 1)]).unwrap();
+        assert!(
+            cluster.nodes[i].jsz().is_err(),
+            "the cut node still answers"
+        );
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let next = loop {
+            let seen: Vec<Option<String>> = cluster
+                .nodes
+                .iter()
+                .enumerate()
+                .filter(|(j, _)| *j != i)
+                .map(|(_, n)| {
+                    n.jsz()
+                        .ok()
+                        .and_then(|v| v["meta_cluster"]["leader"].as_str().map(str::to_owned))
+                })
+                .collect();
+            match &seen[..] {
+                [Some(a), Some(b)] if a == b && *a != leader => break a.clone(),
+                _ if Instant::now() > deadline => panic!("no new meta leader: {seen:?}"),
+                _ => std::thread::sleep(Duration::from_millis(200)),
+            }
+        };
+        net.heal().unwrap();
+        let after = cluster.meta_leader(Duration::from_secs(60)).unwrap();
+        assert_eq!(after, next, "the healed node follows the new leader");
     }
 }
