@@ -76,9 +76,12 @@ impl ObservedTrace {
     pub fn from_traceparent(value: &str) -> Option<Self> {
         let v = value.trim();
         let mut parts = v.split('-');
-        let (ver, trace, span, flags) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+        let (ver, trace, span, flags) =
+            (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
         let lower_hex = |s: &str, n: usize| {
-            s.len() == n && s.bytes().all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c))
+            s.len() == n
+                && s.bytes()
+                    .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c))
         };
         if !lower_hex(ver, 2) || ver == "ff" || !lower_hex(trace, 32) || !lower_hex(span, 16) {
             return None;
@@ -123,7 +126,9 @@ mod hex16 {
     pub(super) fn serialize<S: serde::Serializer>(b: &[u8; 16], s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(&crate::trace_ids::hex(b))
     }
-    pub(super) fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<[u8; 16], D::Error> {
+    pub(super) fn deserialize<'de, D: serde::Deserializer<'de>>(
+        d: D,
+    ) -> Result<[u8; 16], D::Error> {
         let t = <String as serde::Deserialize>::deserialize(d)?;
         u128::from_str_radix(&t, 16)
             .map(u128::to_be_bytes)

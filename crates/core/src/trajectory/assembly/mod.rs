@@ -296,9 +296,9 @@ fn header(recs: &[StageRecord]) -> Trajectory {
 /// the `Nats-Msg-Id`.
 fn observation(recs: &[StageRecord]) -> Option<crate::observed::Observation> {
     use crate::outcome::StoreOutcome;
-    let p3 = recs.iter().find(|r| {
-        r.stage == Stage::Stored && r.store_outcome() == Some(StoreOutcome::Observed)
-    })?;
+    let p3 = recs
+        .iter()
+        .find(|r| r.stage == Stage::Stored && r.store_outcome() == Some(StoreOutcome::Observed))?;
     Some(crate::observed::Observation {
         stream: p3.producer.as_ref()?.as_str().to_owned(),
         stream_seq: p3.stream_seq?,
@@ -307,7 +307,10 @@ fn observation(recs: &[StageRecord]) -> Option<crate::observed::Observation> {
             .iter()
             .find_map(|r| r.traceparent.as_deref())
             .and_then(crate::observed::ObservedTrace::from_traceparent),
-        unseen: crate::observed::UNSEEN.iter().map(|s| (*s).to_owned()).collect(),
+        unseen: crate::observed::UNSEEN
+            .iter()
+            .map(|s| (*s).to_owned())
+            .collect(),
     })
 }
 
