@@ -32,8 +32,11 @@ async fn app_consumer(s: &jetstream::stream::Stream, name: &str) -> consumer::Pu
     .unwrap()
 }
 
-/// `(outcome of the attempt's settle or R1, attempt)` of every deliver hop of `consumer`.
-fn attempts(t: &Trajectory, consumer: &str) -> Vec<(u32, Vec<(Stage, Option<String>)>)> {
+/// A deliver hop's events: (stage, outcome).
+type Events = Vec<(Stage, Option<String>)>;
+
+/// `(attempt, events)` of every deliver hop of `consumer`.
+fn attempts(t: &Trajectory, consumer: &str) -> Vec<(u32, Events)> {
     t.hops
         .iter()
         .filter(|h| {
