@@ -3,7 +3,7 @@
 //!
 //! | kind | grammar | example |
 //! | --- | --- | --- |
-//! | [`MessageId`] | UUIDv7, assigned by the broker | `0193a5f2-7c1e-7b2a-9f10-3c4d5e6f7a8b` |
+//! | [`MessageId`] | UUIDv7, assigned by the broker (UUIDv8 in observe mode) | `0193a5f2-7c1e-7b2a-9f10-3c4d5e6f7a8b` |
 //! | [`RequestId`] | 1–128 of `A-Z a-z 0-9 . _ : -` | `order-42:try` |
 //! | [`ClientId`] (producer, consumer, group) | 1–64 of `A-Z a-z 0-9 _ -` | `billing-1` |
 //! | [`Topic`] | 1–16 dot-separated tokens of `A-Z a-z 0-9 _ -`, at most 200 bytes | `orders.eu` |
@@ -43,7 +43,9 @@ fn name_error(kind: &'static str, value: &str, rule: &'static str) -> IdError {
     }
 }
 
-/// A message ID: a UUIDv7 assigned by the broker when it receives an upload (stage P2).
+/// A message ID: a UUIDv7 assigned by the broker when it receives an upload (stage P2), or
+/// a UUIDv8 that observe mode derives from a message of a JetStream stream msgtrail does not
+/// own ([`crate::observed::observed_message_id`]).
 ///
 /// Its 128 bits are also the OpenTelemetry trace ID of the message's trajectory, so the text
 /// form with the dashes removed is what to paste into Jaeger or Tempo.
@@ -67,16 +69,23 @@ impl MessageId {
         self.0.as_u128()
     }
 
-    /// Builds an ID from its 128 bits, checking it is a UUIDv7.
+    /// Builds an ID from its 128 bits, checking it is a UUIDv7 (or an observed UUIDv8).
     pub fn from_u128(v: u128) -> Result<Self, IdError> {
         let u = Uuid::from_u128(v);
-        if u.get_version_num() != 7 {
+        if !is_message_id_version(u.get_version_num()) {
             return Err(IdError::MessageId(u.hyphenated().to_string()));
         }
         Ok(MessageId(u))
     }
 
-    /// The millisecond Unix timestamp embedded in the UUIDv7: when the broker assigned it.
+    /// Whether this is an observed message's ID (a UUIDv8 of observe mode), not one a broker
+    /// assigned.
+    pub fn is_observed(&self) -> bool {
+        self.0.get_version_num() == 8
+    }
+
+    /// The millisecond Unix timestamp embedded in the UUIDv7: when the broker assigned it
+    /// (meaningless for an observed ID, whose bits are a hash).
     pub fn unix_millis(&self) -> u64 {
         (self.0.as_u128() >> 80) as u64
     }
@@ -103,7 +112,7 @@ impl FromStr for MessageId {
     type Err = IdError;
     fn from_str(s: &str) -> Result<Self, IdError> {
         let u = Uuid::try_parse(s.trim()).map_err(|_| IdError::MessageId(s.to_owned()))?;
-        if u.get_version_num() != 7 {
+        if !is_message_id_version(u.get_version_num()) {
             return Err(IdError::MessageId(s.to_owned()));
         }
         Ok(MessageId(u))
@@ -121,6 +130,11 @@ impl From<MessageId> for String {
     fn from(id: MessageId) -> String {
         id.to_string()
     }
+}
+
+/// UUID versions a message ID may have: 7 (assigned by a broker) and 8 (observe mode).
+fn is_message_id_version(v: usize) -> bool {
+    v == 7 || v == 8
 }
 
 fn check_chars(

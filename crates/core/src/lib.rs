@@ -15,6 +15,8 @@
 //! `subjects::MESSAGE_STREAM`):
 //! - [`trace_ids`]: the documented derivation of OpenTelemetry trace and span IDs from
 //!   message IDs, so every part computes the same IDs without propagating context.
+//! - [`observed`]: observe mode's message IDs (UUIDv8 of stream and sequence), the trace a
+//!   stored `traceparent` joins, and what observe mode cannot see.
 //! - [`outcome`]: the typed outcome of each stage (per-stage enums over the record's
 //!   outcome text).
 //! - [`frame`]: the binary frames of the batched message path and the compact stage-record
@@ -36,6 +38,7 @@ pub mod frame;
 mod group;
 pub mod headers;
 mod ids;
+pub mod observed;
 pub mod outcome;
 mod record;
 mod stage;

@@ -10,7 +10,7 @@
 //!
 //! | stage | enum | texts |
 //! | --- | --- | --- |
-//! | P2, P3 | [`StoreOutcome`] | `refused`, `recovered` |
+//! | P2, P3 | [`StoreOutcome`] | `refused`, `recovered`, `observed` |
 //! | P4 | [`ConfirmOutcome`] | `duplicate` |
 //! | C3, C4, C7, C8 | [`SettleOutcome`] (= [`SettleKind`]) | `ack`, `nack`, `term` |
 //! | X2 | [`ProcessOutcome`] | `ok`, `failed` |
@@ -66,6 +66,9 @@ outcome_enum! {
         /// P2/P3: recovered by the listener from the stored message itself rather than
         /// written by the broker ([`crate::record::RECOVERED`]).
         Recovered = "recovered",
+        /// P2/P3: observe mode read them from a message of a JetStream stream msgtrail does
+        /// not own ([`crate::observed`]); both are at JetStream's stored time.
+        Observed = "observed",
     }
 }
 
@@ -268,6 +271,7 @@ mod tests {
                 "refused",
             ),
             (Stage::Stored, StoreOutcome::Recovered.into(), "recovered"),
+            (Stage::Stored, StoreOutcome::Observed.into(), "observed"),
             (
                 Stage::StoreConfirmed,
                 ConfirmOutcome::Duplicate.into(),

@@ -14,6 +14,9 @@ pub enum ListenerError {
     /// NATS could not be reached (the options are inconsistent, or the server refused).
     #[error(transparent)]
     Connect(#[from] msgtrail_nats::ConnectError),
+    /// Observe mode could not create or bring its stream (`MSGTRAIL_OBSERVE`) to its settings.
+    #[error("observe mode")]
+    Observe(#[from] Box<msgtrail_nats::topology::TopologyError>),
     /// JetStream refused the stream or the consumer.
     #[error("nats: {context}")]
     Nats {

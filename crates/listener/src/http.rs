@@ -135,7 +135,22 @@ const SPAN_ID_SLOT: &str = "{span_id}";
 /// handler or extractor runs. The comparison is constant-time (`subtle`): the token is a
 /// secret, and the time a comparison takes must not say how much of a guess was right.
 async fn require_token(State(st): State<AppState>, req: Request, next: Next) -> Response {
-    let Some(want) = st.token.as_ref() else {
+    check_token(st.token, req, next).await
+}
+
+/// Puts `router`'s routes behind the API's bearer token (for routes another module owns,
+/// such as observe mode's `/api/observe`).
+pub(crate) fn protect(router: Router, token: Option<SecretString>) -> Router {
+    let token = token.map(Arc::new);
+    router.route_layer(middleware::from_fn(move |req: Request, next: Next| {
+        check_token(token.clone(), req, next)
+    }))
+}
+
+/// Answers 401 unless the request carries `want` as its bearer token (any request passes
+/// when no token is configured).
+async fn check_token(want: Option<Arc<SecretString>>, req: Request, next: Next) -> Response {
+    let Some(want) = want else {
         return next.run(req).await;
     };
     let got = req

@@ -213,12 +213,14 @@ pub(crate) enum Source {
         /// Messages that carried no store evidence (acked all the same).
         without_evidence: u64,
     },
+    /// Observe mode ([`crate::observe`]): stored messages of an observed stream, or
+    /// nats-server's consumer events captured in `MSGTRAIL_OBSERVE`.
+    Observed,
 }
 
 /// One store transaction's worth of work: the records to apply and the JetStream messages
 /// they came from, acknowledged only once the transaction committed. Both ingest sources
 /// (the stage stream here, the message stream in [`crate::evidence`]) end in [`apply`].
-#[derive(Debug)]
 pub(crate) struct Batch {
     /// Where the messages come from.
     pub source: Source,
@@ -230,7 +232,21 @@ pub(crate) struct Batch {
     pub oldest_published: Option<i128>,
     /// Decodes `acks` into the records again, for another attempt after the store failed
     /// (the first attempt consumed `records`).
-    pub redecode: fn(&[jetstream::Message]) -> Vec<StageRecord>,
+    pub redecode: Redecode,
+}
+
+/// How a [`Batch`]'s messages are decoded into its records again.
+pub(crate) type Redecode = Arc<dyn Fn(&[jetstream::Message]) -> Vec<StageRecord> + Send + Sync>;
+
+impl std::fmt::Debug for Batch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Batch")
+            .field("source", &self.source)
+            .field("records", &self.records.len())
+            .field("acks", &self.acks.len())
+            .field("oldest_published", &self.oldest_published)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Batch {
@@ -239,6 +255,12 @@ impl Batch {
         source: Source,
         redecode: fn(&[jetstream::Message]) -> Vec<StageRecord>,
     ) -> Self {
+        Self::with_redecode(source, Arc::new(redecode))
+    }
+
+    /// An empty batch from `source` whose messages `redecode` (a closure, which may hold
+    /// what decoding needs) turns into its records again.
+    pub(crate) fn with_redecode(source: Source, redecode: Redecode) -> Self {
         Batch {
             source,
             records: Vec::new(),
@@ -334,11 +356,12 @@ pub(crate) async fn apply(
         // (they are known to decode), so that the common path copies nothing.
         let recs = records.take().unwrap_or_else(|| redecode(&acks));
         // Stored messages that all carried no evidence need no transaction, only their acks.
-        let result = if recs.is_empty() && matches!(source, Source::Stored { .. }) {
-            Ok(Ok(None))
-        } else {
-            store_in_progress(store, recs, now, &acks).await
-        };
+        let result =
+            if recs.is_empty() && matches!(source, Source::Stored { .. } | Source::Observed) {
+                Ok(Ok(None))
+            } else {
+                store_in_progress(store, recs, now, &acks).await
+            };
         let error = match result {
             Ok(Ok(mut outcome)) => {
                 if let Some(end) = stats.store_written(now) {
@@ -450,6 +473,11 @@ fn count_applied(
             }
             if let Some(l) = lag_ms {
                 stats.set_last_lag(l);
+            }
+        }
+        Source::Observed => {
+            if let Some(o) = outcome {
+                stats.record_batch(messages, o, now);
             }
         }
         Source::Stored { without_evidence } => {

@@ -65,6 +65,9 @@
 //!   blocking ingest.
 //! - `ingest`: the durable pull consumer on the stage stream; batches, ack after commit
 //!   (`ingest::apply`, shared by both sources).
+//! - `observe`: observe mode — trajectories of JetStream streams msgtrail does not own,
+//!   from their stored messages and nats-server's ack metrics and advisories
+//!   (`--observe`), fed through the same `ingest::apply`; `GET /api/observe`.
 //! - `evidence`: store evidence — the durable headers-only consumer on the message stream
 //!   (`<durable_name>-stored`), P2/P3 recovered from each stored message, waiting for the
 //!   stream when the broker has not created it yet.
@@ -91,6 +94,7 @@ mod evidence;
 mod export;
 mod http;
 mod ingest;
+mod observe;
 mod search;
 mod stats;
 mod store;
@@ -108,6 +112,7 @@ pub use config::{
 };
 pub use error::{ConfigError, ListenerError, QueryError, StoreError};
 pub use evidence::consumer_name as evidence_consumer_name;
+pub use observe::ObserveConfig;
 pub use search::{had_failure, redelivered};
 pub use stats::{Funnel, LatencyRow, LatencyStats, Stats, StatsSnapshot};
 pub use store::{SearchQuery, StorageReport, Store, TableUsage, DEFAULT_STORE_CACHE_BYTES};
@@ -282,6 +287,27 @@ pub async fn start_with_client(
         let (store, stats, exporter) = (store.clone(), stats.clone(), exporter.clone());
         tasks.spawn(evidence::run(source, store, stats, exporter, stop.clone()));
     }
+    let observing = match config.observe.clone() {
+        Some(o) => Some(
+            observe::spawn(
+                o,
+                js.clone(),
+                &config.durable_name,
+                config.batch_size,
+                config.ack_wait,
+                config.replicas,
+                observe::Sinks {
+                    store: store.clone(),
+                    stats: stats.clone(),
+                    exporter: exporter.clone(),
+                },
+                stop.clone(),
+                &mut tasks,
+            )
+            .await?,
+        ),
+        None => None,
+    };
     tasks.spawn(housekeeping(
         config.clone(),
         consumer,
@@ -298,6 +324,10 @@ pub async fn start_with_client(
         config.token.clone(),
         config.trace_ui.as_ref(),
     );
+    let app = match observing {
+        Some(status) => app.merge(observe::http::routes(status, config.token.clone())),
+        None => app,
+    };
     tasks.spawn(serve_http(listener, app, stop.clone()));
     tracing::info!(%http_addr, data_dir = %config.data_dir.display(), "listener started");
     Ok(ListenerHandle {

@@ -89,6 +89,39 @@ pub fn dead_letter_stream(replicas: usize, max_age: Duration) -> stream::Config 
     }
 }
 
+/// The stream observe mode captures nats-server's events into, `MSGTRAIL_OBSERVE`.
+pub const OBSERVE_STREAM: &str = "MSGTRAIL_OBSERVE";
+
+/// The nats-server event subjects observe mode captures for one observed stream: the
+/// consumer ack metrics and the nak, term and max-deliveries advisories of every consumer
+/// on it (core NATS events, lost when nobody listens; this stream keeps them).
+pub fn observe_subjects(stream: &str) -> [String; 4] {
+    [
+        format!("$JS.EVENT.METRIC.CONSUMER.ACK.{stream}.*"),
+        format!("$JS.EVENT.ADVISORY.CONSUMER.MSG_NAKED.{stream}.*"),
+        format!("$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED.{stream}.*"),
+        format!("$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{stream}.*"),
+    ]
+}
+
+/// The observe stream, `MSGTRAIL_OBSERVE`: the events of [`observe_subjects`] for each
+/// observed stream, kept `max_age`, read by the listener's durable consumer.
+pub fn observe_stream(streams: &[String], replicas: usize, max_age: Duration) -> stream::Config {
+    stream::Config {
+        name: OBSERVE_STREAM.to_owned(),
+        subjects: streams.iter().flat_map(|s| observe_subjects(s)).collect(),
+        storage: stream::StorageType::File,
+        retention: stream::RetentionPolicy::Limits,
+        num_replicas: replicas,
+        max_age,
+        description: Some(
+            "msgtrail observe mode: ack metrics and nak/term/max-deliveries advisories of observed streams"
+                .into(),
+        ),
+        ..Default::default()
+    }
+}
+
 /// A bucket of the brokers' state: one value per key, entries expire after `ttl` (zero:
 /// never).
 pub fn bucket(name: &str, replicas: usize, ttl: Duration) -> kv::Config {

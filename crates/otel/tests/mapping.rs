@@ -457,3 +457,35 @@ fn traceparent_follows_the_w3c_grammar() {
         assert!(parse_traceparent(bad).is_none(), "{bad:?} accepted");
     }
 }
+
+/// Observe mode: an observed message with a stored traceparent joins the producer's trace;
+/// its root span is a remote child of the producer's span, every span says it was observed.
+#[test]
+fn an_observed_message_joins_the_producers_trace() {
+    let t = common::observed();
+    let spans = msgtrail_otel::trajectory_spans(&t, &Default::default());
+    assert!(spans.len() >= 3, "{}", spans.len());
+    for s in &spans {
+        let sc = &s.span.span_context;
+        assert_eq!(
+            sc.trace_id().to_string(),
+            "0af7651916cd43dd8448eb211c80319c"
+        );
+        assert!(s
+            .span
+            .attributes
+            .iter()
+            .any(|kv| kv.key.as_str() == "msgtrail.observed"));
+    }
+    let root = spans
+        .iter()
+        .find(|s| s.span.name.starts_with("send"))
+        .expect("a send span");
+    assert_eq!(root.span.parent_span_id.to_string(), "b7ad6b7169203331");
+    assert!(root.span.parent_span_is_remote);
+    let store = spans
+        .iter()
+        .find(|s| s.span.name.starts_with("store"))
+        .unwrap();
+    assert_eq!(store.span.parent_span_id, root.span.span_context.span_id());
+}

@@ -95,6 +95,15 @@ pub(crate) struct Args {
     /// one. The listener never lowers them.
     #[arg(long)]
     pub replicas: Option<usize>,
+    /// Observe mode: also trace these JetStream streams of applications that do not use
+    /// msgtrail (comma-separated; they need not exist yet), from their stored messages and
+    /// nats-server's ack metrics and nak/term/max-deliveries advisories.
+    #[arg(long, value_delimiter = ',')]
+    pub observe: Vec<String>,
+    /// With --observe: set every observed consumer's sample_freq to 100% (without it, a
+    /// consumer that does not sample every ack is only named, with the command that fixes it).
+    #[arg(long, requires = "observe")]
+    pub observe_set_sample_freq: bool,
 }
 
 impl Args {
@@ -125,6 +134,10 @@ impl Args {
             store_evidence: !self.no_store_evidence,
             ack_wait: self.ack_wait.into(),
             replicas: self.replicas,
+            observe: (!self.observe.is_empty()).then(|| msgtrail_listener::ObserveConfig {
+                set_sample_freq: self.observe_set_sample_freq,
+                ..msgtrail_listener::ObserveConfig::streams(self.observe.clone())
+            }),
             ..Default::default()
         }
     }

@@ -407,6 +407,11 @@ pub struct Trajectory {
     pub clocks: Vec<ClockEstimate>,
     /// How many distinct records the trajectory was built from.
     pub record_count: usize,
+    /// Set when the trajectory was built in observe mode, from nats-server's own events
+    /// about a stream msgtrail does not own: the stream and sequence, the producer's trace
+    /// it joins, and what observe mode cannot see.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed: Option<crate::observed::Observation>,
 }
 
 /// A client's clock offset against the broker's, from one NTP-style exchange: the client

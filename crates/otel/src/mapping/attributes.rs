@@ -181,3 +181,17 @@ pub(super) fn detail_attributes(hop: &HopSpan, attrs: &mut Vec<KeyValue>) {
         attrs.push(KeyValue::new("msgtrail.reason", reason.clone()));
     }
 }
+
+/// What every span of an observed trajectory says (observe mode, docs/ARCHITECTURE.md):
+/// `msgtrail.observed`, the stream and its sequence.
+pub(super) fn observed_attributes(t: &Trajectory, attrs: &mut Vec<KeyValue>) {
+    let Some(o) = &t.observed else {
+        return;
+    };
+    attrs.push(KeyValue::new("msgtrail.observed", true));
+    attrs.push(KeyValue::new("msgtrail.observed.stream", o.stream.clone()));
+    attrs.push(KeyValue::new(
+        "msgtrail.observed.stream_seq",
+        i64::try_from(o.stream_seq).unwrap_or(i64::MAX),
+    ));
+}

@@ -3,8 +3,13 @@
 
 use super::*;
 
-/// The trace ID of a trajectory: its message ID, or the orphan-upload hash.
+/// The trace ID of a trajectory: the producer's when an observed message carried a
+/// `traceparent` ([`msgtrail_core::observed::ObservedTrace`]), else its message ID, or the
+/// orphan-upload hash.
 pub(crate) fn trajectory_trace_id(t: &Trajectory) -> Option<TraceId> {
+    if let Some(j) = joined_trace(t) {
+        return Some(TraceId::from_bytes(j.trace_id));
+    }
     if let Some(m) = &t.message_id {
         return Some(TraceId::from_bytes(trace_ids::trace_id(m)));
     }
@@ -103,9 +108,16 @@ pub(super) fn hop_span_id(t: &Trajectory, hop: &HopSpan, trace_id: TraceId) -> O
     }
 }
 
+/// The producer's trace an observed trajectory joins, if any.
+pub(super) fn joined_trace(t: &Trajectory) -> Option<msgtrail_core::observed::ObservedTrace> {
+    t.observed.as_ref().and_then(|o| o.joins)
+}
+
+/// The parent of a hop's span: its parent hop's span; for the root of an observed trajectory
+/// that joins the producer's trace, the producer's span (remote); otherwise none.
 pub(super) fn parent_span_id(t: &Trajectory, hop: &HopSpan) -> SpanId {
     let Some(key) = &hop.parent else {
-        return SpanId::INVALID;
+        return joined_trace(t).map_or(SpanId::INVALID, |j| SpanId::from_bytes(j.parent_span_id));
     };
     if let Some(p) = t.hop(key).and_then(|p| p.span_id.as_deref()) {
         if let Ok(id) = SpanId::from_hex(p) {

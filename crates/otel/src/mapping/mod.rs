@@ -17,7 +17,11 @@
 //! - trace ID = the message ID's 16 bytes ([`msgtrail_core::trace_ids::trace_id`]); for an
 //!   upload that never reached the broker, the orphan hash of (producer, request ID);
 //! - span ID = [`msgtrail_core::trace_ids::span_id`] of (message ID, hop); an orphan's only
-//!   span, its `send`, takes the last 8 bytes of the orphan trace ID (`00…01` if zero).
+//!   span, its `send`, takes the last 8 bytes of the orphan trace ID (`00…01` if zero);
+//! - observe mode ([`msgtrail_core::observed`]): when the stored message carried a W3C
+//!   `traceparent`, the trace ID is the producer's and the root (`send`) span's parent is
+//!   the producer's span (remote), so the hops show inside the app's own trace; every span
+//!   of an observed trajectory carries `msgtrail.observed = true`.
 //!
 //! Every stage record of a hop becomes a span event at its exact time, named
 //! `{code} {what}` (`P1 upload sent`) with the record's IDs as attributes. A failed or
@@ -130,6 +134,7 @@ pub fn hop_span(t: &Trajectory, hop: &HopSpan, opts: &MappingOptions) -> Option<
         HopKind::Deliver | HopKind::Process => consumer_attributes(hop, &mut attrs),
     }
     detail_attributes(hop, &mut attrs);
+    observed_attributes(t, &mut attrs);
     let status = match hop.status {
         HopStatus::Error => {
             attrs.push(KeyValue::new(attribute::ERROR_TYPE, error_type(hop)));
@@ -154,7 +159,8 @@ pub fn hop_span(t: &Trajectory, hop: &HopSpan, opts: &MappingOptions) -> Option<
             TraceState::NONE,
         ),
         parent_span_id: parent_span_id(t, hop),
-        parent_span_is_remote: false,
+        // Only the root of an observed trajectory has a parent outside it: the producer's.
+        parent_span_is_remote: hop.parent.is_none() && joined_trace(t).is_some(),
         span_kind: kind,
         name: name.into(),
         start_time: time(hop.start),

@@ -149,6 +149,24 @@ pub(crate) fn synthesized_root() -> Trajectory {
     assemble(r, None)
 }
 
+/// An observed message (observe mode) whose stored `traceparent` makes it join the
+/// producer's trace: the `msgtrail.observed*` attributes.
+pub(crate) fn observed() -> Trajectory {
+    let id = msgtrail_core::observed::observed_message_id("ORDERS", 7);
+    let mut r = upload(false);
+    r.extend(delivery(1, 10, true));
+    for x in r.iter_mut() {
+        x.message_id = Some(id);
+        if matches!(x.stage, Stage::UploadReceived | Stage::Stored) {
+            x.outcome = Some("observed".into());
+            x.producer = Some(ClientId::new("ORDERS").unwrap());
+            x.stream_seq = Some(7);
+            x.traceparent = Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into());
+        }
+    }
+    assemble(r, None)
+}
+
 /// A retried upload the broker flagged duplicate, a hop whose clock timestamps contradict
 /// each other and a dead-lettered delivery: the attributes the plain fixtures do not reach.
 pub(crate) fn dead_lettered_with_bad_clock() -> Trajectory {
@@ -187,6 +205,7 @@ pub(crate) fn every_fixture_spans() -> Vec<msgtrail_otel::ServiceSpan> {
         orphan(),
         synthesized_root(),
         dead_lettered_with_bad_clock(),
+        observed(),
     ]
     .iter()
     .flat_map(|t| msgtrail_otel::trajectory_spans(t, &opts))

@@ -92,8 +92,17 @@ pub(crate) const NOT_FOUND_EXIT: i32 = 2;
 #[derive(Debug, ClapArgs)]
 pub(crate) struct Args {
     /// A message ID (UUIDv7) or a request ID.
-    #[arg(required_unless_present = "client")]
+    #[arg(required_unless_present_any = ["client", "stream"])]
     pub id: Option<String>,
+    /// Observe mode: the observed JetStream stream of the message (with --seq or --msg-id).
+    #[arg(long, conflicts_with_all = ["id", "client"])]
+    pub stream: Option<String>,
+    /// With --stream: the message's stream sequence.
+    #[arg(long, requires = "stream", conflicts_with = "msg_id")]
+    pub seq: Option<u64>,
+    /// With --stream: the message's Nats-Msg-Id.
+    #[arg(long, requires = "stream")]
+    pub msg_id: Option<String>,
     /// Instead of a message: the client events (no-match notices N1, channel events A1) of
     /// this producer or consumer, newest first.
     #[arg(long, conflicts_with = "id")]
@@ -136,8 +145,18 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
         }
         return Ok(());
     }
-    let id = args.id.clone().unwrap_or_default();
-    let t = match client.trajectory(&id, args.producer.as_deref()).await {
+    let (id, producer) = match (&args.stream, args.seq, &args.msg_id) {
+        // An observed message's ID is computed from its stream and sequence; its
+        // Nats-Msg-Id is its request ID, the stream its producer (msgtrail_core::observed).
+        (Some(stream), Some(seq), _) => (
+            msgtrail_core::observed::observed_message_id(stream, seq).to_string(),
+            None,
+        ),
+        (Some(stream), None, Some(msg_id)) => (msg_id.clone(), Some(stream.clone())),
+        (Some(_), None, None) => anyhow::bail!("--stream needs --seq or --msg-id"),
+        _ => (args.id.clone().unwrap_or_default(), args.producer.clone()),
+    };
+    let t = match client.trajectory(&id, producer.as_deref()).await {
         Ok(t) => t,
         Err(e) if e.is_not_found() => {
             // Exit status 2 tells scripts "not found" apart from a failed query (1).

@@ -254,7 +254,11 @@ fn header(recs: &[StageRecord]) -> Trajectory {
     let topic = p2
         .and_then(|r| r.topic.clone())
         .or_else(|| recs.iter().find_map(|r| r.topic.clone()));
+    let observed = observation(recs);
+    // An observed message whose producer passed a traceparent joins the producer's trace.
+    let joined = observed.as_ref().and_then(|o| o.joins);
     let trace_id = match (&message_id, &producer, &request_id) {
+        _ if joined.is_some() => joined.map(|j| j.trace_hex()),
         (Some(m), _, _) => Some(m.trace_hex()),
         (None, Some(p), Some(r)) => Some(trace_ids::hex(&trace_ids::orphan_trace_id(p, r))),
         _ => None,
@@ -283,7 +287,31 @@ fn header(recs: &[StageRecord]) -> Trajectory {
         other_records: Vec::new(),
         clocks: Vec::new(),
         record_count: recs.len(),
+        observed,
     }
+}
+
+/// How the message was observed, when its P3 is one observe mode wrote
+/// ([`crate::outcome::StoreOutcome::Observed`]): its producer is the stream, its request ID
+/// the `Nats-Msg-Id`.
+fn observation(recs: &[StageRecord]) -> Option<crate::observed::Observation> {
+    use crate::outcome::StoreOutcome;
+    let p3 = recs
+        .iter()
+        .find(|r| r.stage == Stage::Stored && r.store_outcome() == Some(StoreOutcome::Observed))?;
+    Some(crate::observed::Observation {
+        stream: p3.producer.as_ref()?.as_str().to_owned(),
+        stream_seq: p3.stream_seq?,
+        nats_msg_id: p3.request_id.as_ref().map(|r| r.as_str().to_owned()),
+        joins: recs
+            .iter()
+            .find_map(|r| r.traceparent.as_deref())
+            .and_then(crate::observed::ObservedTrace::from_traceparent),
+        unseen: crate::observed::UNSEEN
+            .iter()
+            .map(|s| (*s).to_owned())
+            .collect(),
+    })
 }
 
 /// The delivery attempt a fully keyed record belongs to.

@@ -1,0 +1,165 @@
+//! Which observed streams exist and which durable consumers are on them, found again every
+//! discovery interval: a stream or consumer that appears later is picked up with a log line.
+//!
+//! A consumer whose `sample_freq` is not 100 % emits no ack metric for some acks; it is
+//! named at once (WARN, with the `nats consumer edit` command that fixes it) and in
+//! `GET /api/observe`; with `--observe-set-sample-freq` the listener sets it to 100 %
+//! itself, the only change it ever makes to the observed application.
+
+use async_nats::jetstream::{self, consumer};
+use futures::TryStreamExt;
+use msgtrail_core::trajectory::DeliveryMode;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::sync::RwLock;
+
+/// One consumer on an observed stream, as discovery last saw it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub(crate) struct ObservedConsumer {
+    /// Push (a deliver subject) or pull.
+    pub mode: &'static str,
+    /// Its `sample_freq`, percent (0: unset).
+    pub sample_freq: u8,
+    /// Whether every ack emits a metric (`sample_freq` 100 %): without, acked attempts show
+    /// no delivery or ack.
+    pub every_ack_sampled: bool,
+    /// The command that makes every ack sampled, when it is not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fix: Option<String>,
+}
+
+/// One observed stream.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub(crate) struct ObservedStream {
+    /// Whether the stream exists (observation starts when it appears).
+    pub exists: bool,
+    /// Its durable consumers (not msgtrail's own), by name.
+    pub consumers: BTreeMap<String, ObservedConsumer>,
+}
+
+/// What discovery knows, shared with the event reader (a consumer's mode) and the API.
+#[derive(Debug, Default)]
+pub(crate) struct ObserveStatus {
+    streams: RwLock<BTreeMap<String, ObservedStream>>,
+}
+
+impl ObserveStatus {
+    /// A status with every configured stream not found yet.
+    pub(crate) fn new(streams: &[String]) -> Self {
+        let map = streams
+            .iter()
+            .map(|s| (s.clone(), ObservedStream::default()))
+            .collect();
+        ObserveStatus {
+            streams: RwLock::new(map),
+        }
+    }
+
+    /// The delivery mode of a consumer: push when discovery saw a deliver subject, else pull.
+    pub(crate) fn mode(&self, stream: &str, consumer: &str) -> DeliveryMode {
+        let streams = self.streams.read().unwrap_or_else(|p| p.into_inner());
+        match streams.get(stream).and_then(|s| s.consumers.get(consumer)) {
+            Some(c) if c.mode == "push" => DeliveryMode::Push,
+            _ => DeliveryMode::Pull,
+        }
+    }
+
+    /// Every observed stream and its consumers.
+    pub(crate) fn snapshot(&self) -> BTreeMap<String, ObservedStream> {
+        self.streams
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn set(&self, stream: &str, value: ObservedStream) -> Option<ObservedStream> {
+        self.streams
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(stream.to_owned(), value)
+    }
+}
+
+/// The `nats` CLI command that samples every ack of a consumer.
+pub(crate) fn fix_command(stream: &str, consumer: &str) -> String {
+    format!("nats consumer edit {stream} {consumer} --sample 100 --force")
+}
+
+/// Looks at one stream once: whether it exists, its consumers (except `own`, msgtrail's),
+/// logging what is new; with `set_sample_freq`, raises each consumer's `sample_freq` to 100.
+pub(crate) async fn discover(
+    js: &jetstream::Context,
+    status: &ObserveStatus,
+    stream: &str,
+    own: &str,
+    set_sample_freq: bool,
+) -> Result<(), async_nats::Error> {
+    let before = status.snapshot().remove(stream).unwrap_or_default();
+    let s = match js.get_stream(stream).await {
+        Ok(s) => s,
+        Err(e) => {
+            if before.exists {
+                tracing::warn!(%stream, error = %e, "observed stream gone or unreachable; waiting for it");
+            } else {
+                tracing::debug!(%stream, error = %e, "observed stream not there yet");
+            }
+            status.set(stream, ObservedStream::default());
+            return Err(e.into());
+        }
+    };
+    if !before.exists {
+        tracing::info!(%stream, "observing stream");
+    }
+    let mut now = ObservedStream {
+        exists: true,
+        consumers: BTreeMap::new(),
+    };
+    let infos: Vec<consumer::Info> = s.consumers().try_collect().await?;
+    for info in infos {
+        let Some(name) = info.config.durable_name.clone() else {
+            continue; // ephemeral: no group a trajectory can name over time
+        };
+        if name == own {
+            continue;
+        }
+        let mut freq = info.config.sample_frequency;
+        if freq < 100 && set_sample_freq {
+            let updated = consumer::Config {
+                sample_frequency: 100,
+                ..info.config.clone()
+            };
+            match s.update_consumer(updated).await {
+                Ok(_) => {
+                    tracing::info!(%stream, consumer = %name, from = freq, "set the consumer's sample_freq to 100% (--observe-set-sample-freq)");
+                    freq = 100;
+                }
+                Err(e) => {
+                    tracing::warn!(%stream, consumer = %name, error = %e, "could not set the consumer's sample_freq")
+                }
+            }
+        }
+        let mode = if info.config.deliver_subject.is_some() {
+            "push"
+        } else {
+            "pull"
+        };
+        let c = ObservedConsumer {
+            mode,
+            sample_freq: freq,
+            every_ack_sampled: freq >= 100,
+            fix: (freq < 100).then(|| fix_command(stream, &name)),
+        };
+        if before.consumers.get(&name) != Some(&c) {
+            match &c.fix {
+                Some(fix) => tracing::warn!(
+                    %stream, consumer = %name, sample_freq = freq,
+                    "observed consumer does not sample every ack: its acked deliveries will be missing; run `{fix}` (or start the listener with --observe-set-sample-freq)"
+                ),
+                None => tracing::info!(%stream, consumer = %name, mode, "observing consumer"),
+            }
+        }
+        now.consumers.insert(name, c);
+    }
+    status.set(stream, now);
+    Ok(())
+}
