@@ -44,7 +44,20 @@ fn main() {
         total as f64 / secs
     );
     let report = store.storage().expect("storage report");
-    let file = std::fs::metadata(dir.path().join("listener.redb")).map_or(0, |m| m.len());
+    // The store is a directory (fjall): what its files take on disk.
+    fn disk(dir: &std::path::Path) -> u64 {
+        std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| match e.metadata() {
+                Ok(m) if m.is_dir() => disk(&e.path()),
+                Ok(m) => std::os::unix::fs::MetadataExt::blocks(&m) * 512,
+                Err(_) => 0,
+            })
+            .sum()
+    }
+    let file = disk(dir.path());
     println!(
         "file: {:.0} B per message, pages in use {:.0} B per message",
         file as f64 / messages as f64,

@@ -33,17 +33,22 @@ pub(crate) struct Keyspaces {
 impl Keyspaces {
     /// Every keyspace with its name, in the store's order.
     pub(super) fn all(&self) -> [(&'static str, &SingleWriterTxKeyspace); 9] {
-        [
-            ("records", &self.records),
-            ("summaries", &self.summaries),
-            ("requests", &self.requests),
-            ("by_topic", &self.by_topic),
-            ("by_state", &self.by_state),
-            ("by_time", &self.by_time),
-            ("counters", &self.counters),
-            ("client_events", &self.events),
-            ("client_event_counts", &self.event_counts),
-        ]
+        let ks = [
+            &self.records,
+            &self.summaries,
+            &self.requests,
+            &self.by_topic,
+            &self.by_state,
+            &self.by_time,
+            &self.counters,
+            &self.events,
+            &self.event_counts,
+        ];
+        let mut i = 0;
+        ks.map(|k| {
+            i += 1;
+            (NAMES[i - 1], k)
+        })
     }
 }
 
@@ -51,26 +56,57 @@ impl Keyspaces {
 pub(crate) struct Engine {
     pub(super) db: SingleWriterTxDatabase,
     pub(super) ks: Keyspaces,
+    /// Whether this open created a keyspace.
+    created: bool,
 }
+
+/// Every keyspace's name.
+const NAMES: [&str; 9] = [
+    "records",
+    "summaries",
+    "requests",
+    "by_topic",
+    "by_state",
+    "by_time",
+    "counters",
+    "client_events",
+    "client_event_counts",
+];
 
 impl Engine {
     /// Opens (or creates) the database in `dir`, its block cache bounded to `cache_bytes`.
     pub(super) fn open(dir: &Path, cache_bytes: usize) -> Result<Engine, StoreError> {
+        let engine = Engine::open_once(dir, cache_bytes)?;
+        if !engine.created {
+            return Ok(engine);
+        }
+        // Creating keyspaces writes fjall's own keyspace of keyspaces several times over and
+        // leaves its superseded tables on disk until the next open deletes them. Opening
+        // again at once deletes them now: otherwise a later reopen (after an I/O error, e.g.
+        // on a full disk) would free that room and let writes through for a moment.
+        drop(engine);
+        Engine::open_once(dir, cache_bytes)
+    }
+
+    fn open_once(dir: &Path, cache_bytes: usize) -> Result<Engine, StoreError> {
         let db = SingleWriterTxDatabase::builder(dir)
             .cache_size(cache_bytes as u64)
             .open()?;
+        let created = NAMES.iter().any(|n| !db.keyspace_exists(n));
         let ks = |name: &str| db.keyspace(name, KeyspaceCreateOptions::default);
+        let [records, summaries, requests, by_topic, by_state, by_time, counters, events, event_counts] =
+            NAMES.map(ks);
         let ks = Keyspaces {
-            records: ks("records")?,
-            summaries: ks("summaries")?,
-            requests: ks("requests")?,
-            by_topic: ks("by_topic")?,
-            by_state: ks("by_state")?,
-            by_time: ks("by_time")?,
-            counters: ks("counters")?,
-            events: ks("client_events")?,
-            event_counts: ks("client_event_counts")?,
+            records: records?,
+            summaries: summaries?,
+            requests: requests?,
+            by_topic: by_topic?,
+            by_state: by_state?,
+            by_time: by_time?,
+            counters: counters?,
+            events: events?,
+            event_counts: event_counts?,
         };
-        Ok(Engine { db, ks })
+        Ok(Engine { db, ks, created })
     }
 }
