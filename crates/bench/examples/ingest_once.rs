@@ -27,7 +27,11 @@ fn main() {
         .collect();
     drop(decoded);
     let dir = tempfile::tempdir().expect("temp dir");
-    let store = msgtrail_listener::Store::open(dir.path(), 0, Default::default()).expect("open");
+    let record_bytes: usize = set.iter().map(Vec::len).sum();
+    let wrote_before = written();
+    let store = msgtrail_listener::Store::open(dir.path(), 0, Default::default())
+        .expect("open")
+        .cache_capacity(messages as usize);
     let start = Instant::now();
     for chunk in set.chunks(per_tx) {
         let mut records = Vec::new();
@@ -43,8 +47,31 @@ fn main() {
         "{total} records of {messages} messages in {secs:.2} s: {:.0} records/s",
         total as f64 / secs
     );
+    let cache = store.cache_stats();
     let report = store.storage().expect("storage report");
-    let file = std::fs::metadata(dir.path().join("listener.redb")).map_or(0, |m| m.len());
+    // Bytes the process wrote to disk (its memtables flushed by `storage`) per byte of
+    // stage records ingested (as the stage stream carries them).
+    let wrote = written() - wrote_before;
+    println!(
+        "write amplification {:.2} ({wrote} B written for {record_bytes} B of stage records); cache {:.0} B per cached message ({} messages)",
+        wrote as f64 / record_bytes as f64,
+        cache.bytes as f64 / cache.messages.max(1) as f64,
+        cache.messages
+    );
+    // The store is a directory (fjall): what its files take on disk.
+    fn disk(dir: &std::path::Path) -> u64 {
+        std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| match e.metadata() {
+                Ok(m) if m.is_dir() => disk(&e.path()),
+                Ok(m) => std::os::unix::fs::MetadataExt::blocks(&m) * 512,
+                Err(_) => 0,
+            })
+            .sum()
+    }
+    let file = disk(dir.path());
     println!(
         "file: {:.0} B per message, pages in use {:.0} B per message",
         file as f64 / messages as f64,
@@ -62,4 +89,16 @@ fn main() {
             per(t.fragmented_bytes)
         );
     }
+}
+
+/// `write_bytes` of this process (`/proc/self/io`): bytes it caused to be written to disk.
+fn written() -> u64 {
+    std::fs::read_to_string("/proc/self/io")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("write_bytes: "))
+                .and_then(|v| v.trim().parse().ok())
+        })
+        .unwrap_or(0)
 }

@@ -313,9 +313,7 @@ pub(crate) fn run(
         .map_err(|e| BenchError::Listener(e.into()))?
         .allocated_bytes;
     drop(store);
-    let file = std::fs::metadata(dir.path().join("listener.redb"))
-        .map(|m| m.len())
-        .unwrap_or(0);
+    let file = crate::measure::disk_bytes(dir.path());
     let mut out = IngestResult {
         stage_messages: set.len() as u64,
         transactions: got.transactions,

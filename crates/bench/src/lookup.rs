@@ -106,9 +106,7 @@ pub(crate) fn run(
     }
     let fill = Throughput::new(messages * per, start.elapsed());
     drop(phase);
-    let store_bytes = std::fs::metadata(dir.path().join("listener.redb"))
-        .map(|m| m.len())
-        .unwrap_or(0);
+    let store_bytes = crate::measure::disk_bytes(dir.path());
 
     let phase = progress.phase("S5 lookups", queries);
     let mut rec = Recorder::default();

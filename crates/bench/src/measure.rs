@@ -234,6 +234,24 @@ impl Countdown {
     }
 }
 
+/// Bytes a directory's files take on disk (allocated blocks, every level): the store's size
+/// (`listener.fjall` is a directory of sorted tables and a journal).
+pub(crate) fn disk_bytes(dir: &std::path::Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let mut total = 0;
+    for e in entries.flatten() {
+        let Ok(m) = e.metadata() else { continue };
+        total += if m.is_dir() {
+            disk_bytes(&e.path())
+        } else {
+            std::os::unix::fs::MetadataExt::blocks(&m) * 512
+        };
+    }
+    total
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

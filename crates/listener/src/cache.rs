@@ -1,7 +1,7 @@
 //! The in-memory cache of in-flight messages: for each message key it holds every record
 //! stored under that key, the fingerprints of their dedup keys, their stored size and the
 //! summary, exactly as committed. [`crate::Store::apply`] uses it instead of reading a
-//! message back from redb.
+//! message back from the store.
 //!
 //! It holds messages compactly — their records in the store's own stored form
 //! ([`crate::store::records`]), the summary encoded ([`MessageSummary::encode`]) — and
@@ -52,8 +52,11 @@ pub(crate) struct Cached {
     pub records: Vec<StageRecord>,
     /// Fingerprints of their dedup keys ([`crate::store::records::dedup_hash`]).
     pub dedup_keys: HashSet<u64>,
-    /// Bytes they take in the records table (key and value).
+    /// Bytes they take in the records keyspace (keys and values).
     pub bytes: u64,
+    /// How many record chunks the store holds for the message (numbered from 0; a batch
+    /// appends one).
+    pub chunks: u32,
     /// The stored summary.
     pub summary: Option<MessageSummary>,
     /// `records` as stored, when known to match them (set when read or written, cleared
@@ -89,6 +92,7 @@ struct Entry {
     records: Box<[u8]>,
     dedup: Box<[u64]>,
     bytes: u64,
+    chunks: u32,
     summary: Option<Box<[u8]>>,
     /// Whether the summary's state is final (evicted first).
     done: bool,
@@ -108,6 +112,7 @@ impl Entry {
             records: records.into_boxed_slice(),
             dedup: dedup.into_boxed_slice(),
             bytes: c.bytes,
+            chunks: c.chunks,
             done: c.summary.as_ref().is_some_and(|s| s.state.is_final()),
             summary: match (c.summary, c.summary_encoded) {
                 (Some(_), Some(b)) => Some(b.into_boxed_slice()),
@@ -130,6 +135,7 @@ impl Entry {
             records,
             dedup_keys: self.dedup.iter().copied().collect(),
             bytes: self.bytes,
+            chunks: self.chunks,
             summary,
             encoded: Some(self.records.to_vec()),
             summary_encoded: None,

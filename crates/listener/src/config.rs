@@ -48,9 +48,9 @@ pub struct ListenerConfig {
     /// In-flight messages kept in memory so that ingest does not read them back from the
     /// store (0 keeps none). Each costs about 9–18 KB.
     pub cache_messages: usize,
-    /// Bytes of the store engine's page cache (redb), on top of the in-flight cache: the
-    /// process's memory grows up to about this much as the store is read and written.
-    /// Default [`crate::DEFAULT_STORE_CACHE_BYTES`] (1 GiB, redb's own default).
+    /// Bytes of the store engine's block cache (fjall), on top of the in-flight cache and
+    /// fjall's write buffers: the process's memory grows up to about this much as the store
+    /// is read. Default [`crate::DEFAULT_STORE_CACHE_BYTES`] (256 MiB).
     pub store_cache_bytes: usize,
     /// Deadlines of the watchdog, per hop.
     pub deadlines: Deadlines,

@@ -59,7 +59,10 @@ pub enum StoreError {
         /// What went wrong.
         reason: String,
     },
-    /// A read or write failed.
+    /// A read or write of the store's engine (fjall) failed.
+    #[error("store: {0}")]
+    Engine(#[from] fjall::Error),
+    /// A read of a store written by an earlier (redb) version failed while migrating it.
     #[error("store: {0}")]
     Db(#[from] redb::Error),
     /// The blocking task running a store operation died.
@@ -71,14 +74,21 @@ pub enum StoreError {
 }
 
 impl StoreError {
-    /// Whether this is an I/O error of the store's file (a full disk, a failing device):
-    /// redb refuses every later operation until the database is opened again.
+    /// Whether this is an I/O error of the store's files (a full disk, a failing device):
+    /// the engine refuses every later write (fjall poisons the database) until the store is
+    /// opened again ([`crate::Store::recover`]).
     pub fn is_io(&self) -> bool {
         matches!(
             self,
-            StoreError::Db(redb::Error::Io(_) | redb::Error::PreviousIo)
-        )
+            StoreError::Engine(fjall::Error::Io(_) | fjall::Error::Poisoned)
+                | StoreError::Db(redb::Error::Io(_) | redb::Error::PreviousIo)
+        ) || matches!(self, StoreError::Engine(fjall::Error::Storage(lsm_tree_io)) if is_lsm_io(lsm_tree_io))
     }
+}
+
+/// Whether an error of fjall's LSM tree is an I/O error.
+fn is_lsm_io(e: &fjall::LsmError) -> bool {
+    matches!(e, fjall::LsmError::Io(_))
 }
 
 impl ListenerError {

@@ -55,7 +55,7 @@ pub(crate) struct Args {
     /// In-flight messages kept in memory for ingest (0 keeps none; each costs ~9–18 KB).
     #[arg(long, default_value_t = defaults().cache_messages)]
     pub cache_messages: usize,
-    /// Page cache of the store engine (redb), on top of the in-flight messages: the process
+    /// Block cache of the store engine (fjall), on top of the in-flight messages: the process
     /// grows up to about this much as the store is read and written.
     #[arg(long, default_value_t = ByteSize(defaults().store_cache_bytes as u64), value_parser = size_arg)]
     pub store_cache: ByteSize,

@@ -10,7 +10,7 @@
 //!    summary, and turn the difference into counters, state changes and latencies.
 //! 5. [`Pass::count_reuploads`]: messages stored again after the dedup window.
 //!
-//! The transaction commits after the passes; the cache gets the touched messages back only
+//! The transaction commits (one atomic, fsynced fjall batch) after the passes; the cache gets the touched messages back only
 //! then (see [`crate::cache`]).
 
 use super::tables::{nearest, orphan_key, Tables};
@@ -65,7 +65,6 @@ struct Inserted {
 /// One batch being applied.
 pub(super) struct Pass<'a, 't> {
     store: &'a Store,
-    tx: &'t redb::WriteTransaction,
     t: &'a mut Tables<'t>,
     cache: &'a mut Cache,
     /// Message IDs formatted as keys, once per batch.
@@ -77,14 +76,12 @@ pub(super) struct Pass<'a, 't> {
 impl<'a, 't> Pass<'a, 't> {
     pub(super) fn new(
         store: &'a Store,
-        tx: &'t redb::WriteTransaction,
         t: &'a mut Tables<'t>,
         cache: &'a mut Cache,
         now: u64,
     ) -> Self {
         Pass {
             store,
-            tx,
             t,
             cache,
             keys: HashMap::new(),
@@ -260,7 +257,7 @@ impl<'a, 't> Pass<'a, 't> {
         }
         self.bump(Counter::Unkeyed.into(), 1)?;
         self.out.unkeyed_records += 1;
-        client_events::record(self.tx, r)?;
+        client_events::record(self.t, r)?;
         Ok(())
     }
 
@@ -372,10 +369,11 @@ impl<'a, 't> Pass<'a, 't> {
     ) -> Result<(String, Cached), StoreError> {
         let mut own = self.take_message(&key, &mut moves.taken)?;
         let moved = moves.moves.remove(&key).unwrap_or_default();
+        let held = own.records.len();
         let ins = self.insert_new(&mut own, moved, fresh);
         let shrunk = moves.shrunk.contains(&key);
         if ins.count > 0 || shrunk {
-            let delta = self.t.put_records(&key, &mut own)?;
+            let delta = self.t.put_records(&key, &mut own, held, shrunk)?;
             self.bump(Counter::Bytes.into(), delta)?;
         }
         let topic_events = self.count_events(&ins.fresh)?;

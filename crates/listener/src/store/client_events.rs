@@ -5,26 +5,19 @@
 //!
 //! How the parts meet: [`super::Store::apply`] hands every unkeyed record to [`record`]
 //! inside its own write transaction (one call where it counts them); [`record`] keeps a
-//! bounded ring per client (the newest [`PER_CLIENT`] events) in the [`EVENTS`] table, keyed
-//! by (client, time, fingerprint) so that a redelivered batch stores an event once, with the
-//! ring sizes in [`SIZES`]. [`super::Store::client_events`] reads one client's events back,
+//! bounded ring per client (the newest [`PER_CLIENT`] events) in the `client_events` keyspace,
+//! keyed by (client, time, fingerprint) so that a redelivered batch stores an event once, with
+//! the ring sizes in `client_event_counts`. [`super::Store::client_events`] reads one client's events back,
 //! newest first; [`prune`] drops events older than the retention age (called by
 //! [`super::Store::enforce_retention`]). The stored form is the record's JSON.
 
-use super::tables::corrupt;
+use super::tables::{corrupt, counter_value, keys, Tables};
 use super::Store;
 use crate::error::StoreError;
+use fjall::Readable;
 use msgtrail_core::Stage;
 use msgtrail_core::StageRecord;
-use redb::{ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
 use std::hash::{Hash, Hasher};
-
-/// Client events by (client, time, fingerprint of the record): the record as JSON.
-pub(super) const EVENTS: TableDefinition<'static, (&str, u64, u64), &[u8]> =
-    TableDefinition::new("client_events");
-/// How many events each client has in [`EVENTS`].
-pub(super) const SIZES: TableDefinition<'static, &str, u64> =
-    TableDefinition::new("client_event_counts");
 
 /// The most events kept per client: older ones make room for new ones.
 pub(crate) const PER_CLIENT: u64 = 512;
@@ -57,62 +50,65 @@ fn fingerprint(r: &StageRecord) -> u64 {
 
 /// Keeps `r` in its client's ring if it is a client event naming a client; returns whether
 /// it was new. The oldest event of a full ring goes.
-pub(super) fn record(tx: &WriteTransaction, r: &StageRecord) -> Result<bool, StoreError> {
+pub(super) fn record(t: &mut Tables<'_>, r: &StageRecord) -> Result<bool, StoreError> {
     let Some(client) = client_of(r).filter(|_| is_client_event(r)) else {
         return Ok(false);
     };
-    let mut events = tx.open_table(EVENTS)?;
-    let mut sizes = tx.open_table(SIZES)?;
-    let json = r.to_json();
-    let fresh = events
-        .insert((client, r.at, fingerprint(r)), json.as_bytes())?
-        .is_none();
-    if !fresh {
+    let ks = t.ks;
+    let key = keys::event(client, r.at, fingerprint(r));
+    let tx = t.tx();
+    if tx.contains_key(&ks.events, &key)? {
         return Ok(false);
     }
-    let mut size = sizes.get(client)?.map(|v| v.value()).unwrap_or(0) + 1;
+    tx.insert(&ks.events, key, r.to_json().into_bytes());
+    let mut size = match tx.get(&ks.event_counts, client)? {
+        Some(v) => counter_value(&v)?,
+        None => 0,
+    } + 1;
     while size > PER_CLIENT {
-        let oldest = events
-            .range((client, 0u64, 0u64)..=(client, u64::MAX, u64::MAX))?
-            .next()
-            .transpose()?
-            .map(|(k, _)| (k.value().1, k.value().2));
-        let Some((at, fp)) = oldest else { break };
-        events.remove((client, at, fp))?;
+        let oldest = tx.prefix(&ks.events, keys::event_prefix(client)).next();
+        let Some(oldest) = oldest else { break };
+        let k = oldest.key()?;
+        tx.remove(&ks.events, k);
         size -= 1;
     }
-    sizes.insert(client, size)?;
+    tx.insert(&ks.event_counts, client, size.to_be_bytes().as_slice());
     Ok(true)
 }
 
 /// Drops the client events older than `cutoff` (Unix nanoseconds); returns how many.
-pub(super) fn prune(tx: &WriteTransaction, cutoff: u64) -> Result<u64, StoreError> {
-    let mut events = tx.open_table(EVENTS)?;
-    let mut sizes = tx.open_table(SIZES)?;
-    let clients: Vec<String> = sizes
-        .iter()?
-        .map(|item| item.map(|(k, _)| k.value().to_owned()))
-        .collect::<Result<_, _>>()?;
+pub(super) fn prune(t: &mut Tables<'_>, cutoff: u64) -> Result<u64, StoreError> {
+    let ks = t.ks;
+    let tx = t.tx();
+    let mut clients = Vec::new();
+    for item in tx.iter(&ks.event_counts) {
+        let (k, v) = item.into_inner()?;
+        let name = String::from_utf8(k.to_vec()).map_err(corrupt)?;
+        clients.push((name, counter_value(&v)?));
+    }
     let mut dropped = 0;
-    for client in clients {
-        let old: Vec<(u64, u64)> = events
-            .range((client.as_str(), 0u64, 0u64)..(client.as_str(), cutoff, 0u64))?
-            .map(|item| item.map(|(k, _)| (k.value().1, k.value().2)))
+    for (client, size) in clients {
+        let old: Vec<_> = tx
+            .range(
+                &ks.events,
+                keys::event(&client, 0, 0)..keys::event(&client, cutoff, 0),
+            )
+            .map(|g| g.key())
             .collect::<Result<_, _>>()?;
-        for (at, fp) in &old {
-            events.remove((client.as_str(), *at, *fp))?;
-        }
         let n = old.len() as u64;
+        for k in old {
+            tx.remove(&ks.events, k);
+        }
         dropped += n;
-        let left = sizes
-            .get(client.as_str())?
-            .map(|v| v.value())
-            .unwrap_or(0)
-            .saturating_sub(n);
+        let left = size.saturating_sub(n);
         if left == 0 {
-            sizes.remove(client.as_str())?;
-        } else {
-            sizes.insert(client.as_str(), left)?;
+            tx.remove(&ks.event_counts, client.as_str());
+        } else if n > 0 {
+            tx.insert(
+                &ks.event_counts,
+                client.as_str(),
+                left.to_be_bytes().as_slice(),
+            );
         }
     }
     Ok(dropped)
@@ -126,20 +122,16 @@ impl Store {
         client: &str,
         limit: usize,
     ) -> Result<Vec<StageRecord>, StoreError> {
-        let tx = self.db()?.begin_read()?;
-        let events = match tx.open_table(EVENTS) {
-            Ok(t) => t,
-            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
-            Err(e) => return Err(e.into()),
-        };
+        let db = self.db()?;
+        let snap = db.db.read_tx();
         let mut out = Vec::new();
-        for item in events
-            .range((client, 0u64, 0u64)..=(client, u64::MAX, u64::MAX))?
+        for item in snap
+            .prefix(&db.ks.events, keys::event_prefix(client))
             .rev()
             .take(limit.min(MAX_LIMIT))
         {
-            let (_, v) = item?;
-            out.push(serde_json::from_slice(v.value()).map_err(corrupt)?);
+            let v = item.value()?;
+            out.push(serde_json::from_slice(&v).map_err(corrupt)?);
         }
         Ok(out)
     }

@@ -1,66 +1,64 @@
-//! The embedded store (redb): stage records per message, the shadow-message summaries and
-//! their indexes, persistent counters, retention.
+//! The embedded store (fjall, an LSM tree): stage records per message, the shadow-message
+//! summaries and their indexes, persistent counters, retention.
 //!
-//! ## Tables
-//! Message keys are stored in their binary form ([`key::StoredKey`]: 17 bytes for a message
-//! ID), states as their fixed codes.
-//!
-//! | table | key | value |
-//! | --- | --- | --- |
-//! | `records_v3` | message key | every record of the message, compact ([`records`]) |
-//! | `summaries_v3` | message key | [`MessageSummary`], compact ([`MessageSummary::encode`]) |
-//! | `requests_v3` | (request ID, producer) | the key it is linked to and every message stored under it (`store/requests.rs`) |
-//! | `by_topic_v3` | (topic, first time, message key) | () |
-//! | `by_state_v3` | (state code, last time, message key) | () |
-//! | `by_time_v3` | (first time, message key) | () |
-//! | `counters` | name | u64 |
+//! ## Keyspaces
+//! One fjall database, `listener.fjall` in the data directory; its keyspaces and key layouts
+//! are in `store/engine.rs` and `store/tables.rs`. Message keys are stored in their binary
+//! form ([`key::StoredKey`]: 17 bytes for a message ID), states as their fixed codes.
 //!
 //! A *message key* ([`MessageKey`]) is the message ID, or `orphan/<producer>/<request-id>` for records of an
 //! upload the broker has not (yet) answered. When a record linking both arrives (P2), the
 //! orphan's records move under the message ID, so P1-before-P2 and P2-before-P1 end alike.
 //!
 //! A request ID names several messages when its producer uploaded it again after the
-//! broker's dedup window (which stores it anew, under a new message ID): its `requests_v3` row
+//! broker's dedup window (which stores it anew, under a new message ID): its `requests` row
 //! keeps every message stored under (request ID, producer), in upload order (message IDs are
 //! UUIDv7). Each message past the first counts once (`duplicates_after_window`), the
 //! trajectories name each other ([`Trajectory::same_request`], filled at lookup time), and a
 //! record without message ID (a P1) goes to the message whose ID was assigned nearest its
 //! time — moving when a nearer one arrives — so the arrival order changes nothing.
 //!
-//! A message's records are one value, rewritten when a batch brings it new records (a
-//! message is touched by a few batches in its life, so this costs less than a row per record
-//! and its indexes). The store skips a record whose [`StageRecord::dedup_key`] it already
-//! holds (by a 64-bit fingerprint, [`records::dedup_hash`]), so a redelivered batch writes
-//! nothing new and counts nothing twice. A batch is one write transaction, committed (fsynced)
+//! ## Records are appended, never rewritten
+//! The records one batch brings a message are one *chunk*, written once under (message key,
+//! chunk number): a message's records are one prefix scan, and a batch writes only what is
+//! new. Only a message that gives records away (an orphan merged, a P1 moving to a nearer
+//! message of its request ID) has its chunks replaced. The store skips a record whose
+//! [`StageRecord::dedup_key`] it already holds (by a 64-bit fingerprint,
+//! [`records::dedup_hash`], kept per message in the in-flight cache), so a redelivered batch
+//! writes nothing new and counts nothing twice. A batch is one write transaction — one
+//! atomic fjall batch across the keyspaces, fsynced ([`fjall::PersistMode::SyncAll`]) —
 //! before the ingest acks the stage-stream messages it came from; its passes are in
 //! `store/apply.rs`.
 //!
 //! ## Upgrading an earlier store
-//! [`Store::open`] moves what earlier versions wrote into the current tables, one version
-//! step per transaction (`store/migrate.rs`): the first version's JSON rows per record and
-//! JSON summaries, then the second version's text-keyed tables. A row that does not parse
-//! fails the open naming it ([`StoreError::Corrupt`]) and leaves the old tables as they were.
+//! [`Store::open`] migrates a `listener.redb` written by an earlier (redb) version into
+//! fjall (`store/migrate.rs`), then renames it `listener.redb.migrated`. A row that does not
+//! parse fails the open naming it ([`StoreError::Corrupt`]) and leaves the old file as it was.
 
 use crate::cache::{Cache, CacheStats, DEFAULT_CACHE_MESSAGES};
 use crate::counters::{Counter, CounterKey};
 use crate::error::StoreError;
 use crate::summary::{state_code, topic_state};
 pub(crate) use crate::summary::{MessageSummary, StateDelta, TopicState};
-use base64::Engine;
+use base64::Engine as _;
 pub(crate) use key::MessageKey;
 use msgtrail_core::trajectory::{AssembleOptions, Deadlines, MessageState, Segment, Trajectory};
 use msgtrail_core::{MessageId, StageRecord};
-use redb::{Database, ReadableDatabase, ReadableTable, TableHandle};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard};
+
+use engine::Engine;
 use std::time::Duration;
 
 mod apply;
 pub(crate) mod client_events;
+mod engine;
 pub(crate) mod key;
+#[cfg(test)]
+mod legacy;
 mod migrate;
 mod query;
 pub(crate) mod records;
@@ -151,28 +149,28 @@ pub struct RetentionOutcome {
     pub state_changes: Vec<StateDelta>,
 }
 
-/// One table's share of the store ([`Store::storage`]).
+/// One keyspace's share of the store ([`Store::storage`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TableUsage {
-    /// The table's name.
+    /// The keyspace's name (`journal` for the write-ahead journal).
     pub name: String,
-    /// How many rows it has.
+    /// How many rows it has (fjall's estimate: it counts overwritten and deleted rows not
+    /// yet compacted away).
     pub entries: u64,
-    /// Bytes of keys and values.
+    /// Bytes of its sorted tables on disk (compressed blocks, their indexes and filters).
     pub stored_bytes: u64,
-    /// Bytes of branch pages and other metadata.
+    /// Always 0 on fjall (its tables' metadata is in `stored_bytes`).
     pub metadata_bytes: u64,
-    /// Bytes of its pages left unused.
+    /// Always 0 on fjall (an LSM tree leaves no pages half empty).
     pub fragmented_bytes: u64,
 }
 
 /// Where the store's bytes go ([`Store::storage`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StorageReport {
-    /// Every table, in the store's order.
+    /// Every keyspace, in the store's order, then the journal.
     pub tables: Vec<TableUsage>,
-    /// Bytes of the pages in use (the file may be larger: it grows in steps and keeps
-    /// freed pages for reuse).
+    /// Bytes on disk: every keyspace's sorted tables and the journal.
     pub allocated_bytes: u64,
 }
 
@@ -180,13 +178,13 @@ pub struct StorageReport {
 /// so async code calls it through `spawn_blocking`.
 pub struct Store {
     /// The open database: `None` only while [`Store::recover`] reopens it after an I/O
-    /// error (redb refuses every operation after one until it is opened again).
-    db: RwLock<Option<Database>>,
-    /// The database file, to open it again.
+    /// error (fjall refuses every write after one until it is opened again).
+    db: RwLock<Option<Engine>>,
+    /// The database directory, to open it again.
     path: PathBuf,
     /// Set when an operation failed with an I/O error: [`Store::recover`] reopens then.
     io_failed: AtomicBool,
-    /// redb's page cache, bytes (kept to open the database again the same way).
+    /// fjall's block cache, bytes (kept to open the database again the same way).
     cache_bytes: usize,
     payload_head_bytes: usize,
     deadlines: Deadlines,
@@ -204,12 +202,13 @@ impl std::fmt::Debug for Store {
     }
 }
 
-/// redb's page cache by default, bytes: redb's own default (1 GiB), stated so that a
-/// user sees it and can bound it (`ListenerConfig::store_cache_bytes`, `--store-cache`).
-pub const DEFAULT_STORE_CACHE_BYTES: usize = 1 << 30;
+/// The engine's block cache by default, bytes (256 MiB), stated so that a user sees it and
+/// can bound it (`ListenerConfig::store_cache_bytes`, `--store-cache`). Beside it fjall
+/// keeps its write buffers (memtables, flushed past 64 MiB per keyspace by default).
+pub const DEFAULT_STORE_CACHE_BYTES: usize = 256 << 20;
 
 impl Store {
-    /// Opens (or creates) the store file `listener.redb` in `dir`, with the default page
+    /// Opens (or creates) the store `listener.fjall` in `dir`, with the default block
     /// cache ([`DEFAULT_STORE_CACHE_BYTES`]).
     pub fn open(
         dir: &Path,
@@ -224,9 +223,10 @@ impl Store {
         )
     }
 
-    /// Opens (or creates) the store file `listener.redb` in `dir`, its page cache bounded to
-    /// `cache_bytes` (redb fills it as it reads and writes pages; the process's memory grows
-    /// up to about this much on top of the in-flight cache).
+    /// Opens (or creates) the store `listener.fjall` in `dir`, its block cache bounded to
+    /// `cache_bytes` (the process's memory grows up to about this much, and fjall's write
+    /// buffers, on top of the in-flight cache). A `listener.redb` an earlier version wrote
+    /// there is migrated first (`store/migrate.rs`).
     pub fn open_with_cache(
         dir: &Path,
         payload_head_bytes: usize,
@@ -237,25 +237,14 @@ impl Store {
             path: dir.display().to_string(),
             reason: e.to_string(),
         })?;
-        let path = dir.join("listener.redb");
-        let db = open_db(&path, cache_bytes).map_err(|e| StoreError::Open {
+        let path = dir.join(STORE_DIR);
+        let engine = Engine::open(&path, cache_bytes).map_err(|e| StoreError::Open {
             path: path.display().to_string(),
             reason: e.to_string(),
         })?;
-        // Create every table up front so read transactions never meet a missing one.
-        let tx = db.begin_write()?;
-        drop(Tables::open(&tx)?);
-        tx.commit()?;
-        let migrated = migrate::migrate_v1(&db)?;
-        let rekeyed = migrate::migrate_v2(&db)?;
-        if rekeyed > 0 {
-            tracing::info!(messages = rekeyed, path = %path.display(), "moved the store's tables to binary keys");
-        }
-        if migrated > 0 {
-            tracing::info!(messages = migrated, path = %path.display(), "moved the records of a first-version store into the compact form");
-        }
+        migrate::from_redb(dir, &engine)?;
         Ok(Store {
-            db: RwLock::new(Some(db)),
+            db: RwLock::new(Some(engine)),
             path,
             io_failed: AtomicBool::new(false),
             cache_bytes,
@@ -280,36 +269,43 @@ impl Store {
         self
     }
 
-    /// Where the store's bytes go, per table: what a size analysis reads (the bench's
-    /// examples print it).
+    /// Where the store's bytes go, per keyspace: what a size analysis reads (the bench's
+    /// examples print it). It flushes the write buffers first, so that what is stored is
+    /// on disk and counted.
     pub fn storage(&self) -> Result<StorageReport, StoreError> {
-        use redb::ReadableTableMetadata;
-        let tx = self.db()?.begin_read()?;
+        let db = self.db()?;
         let mut tables = Vec::new();
-        for handle in tx.list_tables()? {
-            let table = tx.open_untyped_table(handle.clone())?;
-            let stats = table.stats()?;
+        let mut allocated = 0;
+        for (name, ks) in db.ks.all() {
+            ks.inner().rotate_memtable_and_wait()?;
+            let bytes = ks.inner().disk_space();
+            allocated += bytes;
             tables.push(TableUsage {
-                name: handle.name().to_owned(),
-                entries: table.len()?,
-                stored_bytes: stats.stored_bytes(),
-                metadata_bytes: stats.metadata_bytes(),
-                fragmented_bytes: stats.fragmented_bytes(),
+                name: name.to_owned(),
+                entries: ks.approximate_len() as u64,
+                stored_bytes: bytes,
+                metadata_bytes: 0,
+                fragmented_bytes: 0,
             });
         }
-        drop(tx);
-        let tx = self.db()?.begin_write()?;
-        let stats = tx.stats()?;
-        tx.abort()?;
+        let journal = db.db.inner().journal_disk_space()?;
+        allocated += journal;
+        tables.push(TableUsage {
+            name: "journal".to_owned(),
+            entries: db.db.journal_count() as u64,
+            stored_bytes: journal,
+            metadata_bytes: 0,
+            fragmented_bytes: 0,
+        });
         Ok(StorageReport {
             tables,
-            allocated_bytes: stats.allocated_pages() * stats.page_size() as u64,
+            allocated_bytes: allocated,
         })
     }
 
     /// The open database, for one operation: an error while [`Store::recover`] has not
     /// managed to open it again after an I/O error.
-    pub(crate) fn db(&self) -> Result<Db<'_>, StoreError> {
+    pub(super) fn db(&self) -> Result<Db<'_>, StoreError> {
         let guard = self.db.read().unwrap_or_else(|e| e.into_inner());
         if guard.is_none() {
             return Err(StoreError::Open {
@@ -320,8 +316,8 @@ impl Store {
         Ok(Db(guard))
     }
 
-    /// Notes an error of a write: an I/O error (a full disk, a failing device) makes redb
-    /// refuse every later operation until the database is opened again, which
+    /// Notes an error of a write: an I/O error (a full disk, a failing device) makes fjall
+    /// refuse every later write until the database is opened again, which
     /// [`Store::recover`] does.
     fn note_error<T>(&self, r: Result<T, StoreError>) -> Result<T, StoreError> {
         if let Err(e) = &r {
@@ -335,8 +331,8 @@ impl Store {
     /// After a failed write: opens the database again if an I/O error requires it (the
     /// committed state is what the file holds; the in-flight cache only ever holds committed
     /// state, so it stays). Returns whether it reopened. Fails (and is called again later)
-    /// while the file cannot be opened, e.g. while a transaction of the old handle is still
-    /// alive or the disk is still full.
+    /// while the database cannot be opened, e.g. while the old handle's background work
+    /// still holds its lock or the disk is still full.
     pub fn recover(&self) -> Result<bool, StoreError> {
         if !self.io_failed.load(Ordering::Acquire) {
             return Ok(false);
@@ -344,9 +340,9 @@ impl Store {
         // Writers hold the cache lock from before they begin until after they commit.
         let _writers = self.lock_cache();
         let mut db = self.db.write().unwrap_or_else(|e| e.into_inner());
-        // Close the old handle first: redb locks the file while a handle is open.
+        // Close the old handle first: fjall locks the directory while a handle is open.
         drop(db.take());
-        let opened = open_db(&self.path, self.cache_bytes).map_err(|e| StoreError::Open {
+        let opened = Engine::open(&self.path, self.cache_bytes).map_err(|e| StoreError::Open {
             path: self.path.display().to_string(),
             reason: e.to_string(),
         })?;
@@ -411,14 +407,14 @@ impl Store {
 
     fn apply_inner(&self, records: Vec<StageRecord>, now: u64) -> Result<ApplyOutcome, StoreError> {
         let mut cache = self.lock_cache();
-        let tx = self.db()?.begin_write()?;
+        let db = self.db()?;
+        let mut t = Tables::begin(&db);
         let (staged, out) = {
-            let mut t = Tables::open(&tx)?;
-            let mut pass = apply::Pass::new(self, &tx, &mut t, &mut cache, now);
+            let mut pass = apply::Pass::new(self, &mut t, &mut cache, now);
             let staged = pass.run(records)?;
             (staged, std::mem::take(&mut pass.out))
         };
-        tx.commit()?;
+        t.commit()?;
         cache.put_all(staged);
         Ok(out)
     }
@@ -451,9 +447,9 @@ impl Store {
         let mut out = DeadlineOutcome::default();
         let mut cache = self.lock_cache();
         let mut changed: Vec<(String, MessageSummary)> = Vec::new();
-        let tx = self.db()?.begin_write()?;
+        let db = self.db()?;
+        let mut t = Tables::begin(&db);
         {
-            let mut t = Tables::open(&tx)?;
             let (candidates, truncated) = open_candidates(&t, since, cutoff, max)?;
             out.next_since = if truncated {
                 since
@@ -474,7 +470,7 @@ impl Store {
             t.count_states(&out.state_changes, &mut deltas)?;
             t.flush(&deltas)?;
         }
-        tx.commit()?;
+        t.commit()?;
         for (key, new) in changed {
             cache.set_summary(&key, &new);
         }
@@ -536,23 +532,17 @@ impl Store {
     ) -> Result<RetentionOutcome, StoreError> {
         let mut out = RetentionOutcome::default();
         let mut cache = self.lock_cache();
-        let tx = self.db()?.begin_write()?;
+        let db = self.db()?;
+        let mut t = Tables::begin(&db);
         {
-            let mut t = Tables::open(&tx)?;
             let cutoff = max_age.map(|a| now.saturating_sub(a.as_nanos() as u64));
-            let mut bytes = t
-                .counters
-                .get(COUNTER_BYTES)?
-                .map(|v| v.value())
-                .unwrap_or(0);
+            let mut bytes = t.counter(COUNTER_BYTES)?;
             let target = max_bytes.map(|m| m / 10 * 9);
             let over = max_bytes.is_some_and(|m| bytes > m);
             while (out.deleted as usize) < max {
-                let first = t.by_time.first()?.map(|(k, _)| {
-                    let (at, key) = k.value();
-                    (at, key.to_vec())
-                });
-                let Some((at, stored)) = first else { break };
+                let Some((at, stored)) = t.oldest()? else {
+                    break;
+                };
                 let key = tables::key_text(&stored)?;
                 let too_old = cutoff.is_some_and(|c| at < c);
                 let too_big = over && target.is_some_and(|tg| bytes > tg);
@@ -565,7 +555,7 @@ impl Store {
                 let (freed, summary) = t.delete_message(&key)?;
                 if summary.is_none() {
                     // An index entry without a summary: drop it so the loop advances.
-                    t.by_time.remove((at, stored.as_slice()))?;
+                    t.remove_by_time(at, &stored);
                 }
                 bytes = bytes.saturating_sub(freed);
                 out.deleted += 1;
@@ -575,7 +565,7 @@ impl Store {
                 }
             }
             if let Some(c) = cutoff {
-                client_events::prune(&tx, c)?;
+                client_events::prune(&mut t, c)?;
             }
             let mut ignored = BTreeMap::new();
             t.count_states(&out.state_changes, &mut ignored)?;
@@ -587,23 +577,21 @@ impl Store {
             t.flush(&ignored)?;
             t.flush_requests()?;
         }
-        tx.commit()?;
+        t.commit()?;
         Ok(out)
     }
 }
 
-/// Opens (or creates) the database file at `path` with a page cache of `cache_bytes`.
-fn open_db(path: &Path, cache_bytes: usize) -> Result<Database, redb::DatabaseError> {
-    Database::builder().set_cache_size(cache_bytes).create(path)
-}
+/// The store's directory in the data directory.
+const STORE_DIR: &str = "listener.fjall";
 
 /// The open database, borrowed for one operation ([`Store::db`]).
-pub(crate) struct Db<'a>(RwLockReadGuard<'a, Option<Database>>);
+pub(super) struct Db<'a>(RwLockReadGuard<'a, Option<Engine>>);
 
 impl std::ops::Deref for Db<'_> {
-    type Target = Database;
+    type Target = Engine;
 
-    fn deref(&self) -> &Database {
+    fn deref(&self) -> &Engine {
         // Store::db hands one out only while the database is open.
         self.0
             .as_ref()
@@ -641,16 +629,17 @@ fn open_candidates(
         return Ok((candidates, false));
     }
     for st in OPEN {
-        let code = state_code(st);
-        for item in t
-            .by_state
-            .range((code, since, &[][..])..(code, cutoff, &[][..]))?
-        {
-            let (k, _) = item?;
-            candidates.push(tables::key_text(k.value().2)?);
-            if candidates.len() >= max {
-                return Ok((candidates, true));
-            }
+        let left = max - candidates.len();
+        // One more than is left tells whether there were more.
+        let mut found = t.in_state(state_code(st), since, cutoff, left + 1)?;
+        if found.len() > left {
+            found.truncate(left);
+            candidates.extend(found);
+            return Ok((candidates, true));
+        }
+        candidates.extend(found);
+        if candidates.len() >= max {
+            return Ok((candidates, true));
         }
     }
     Ok((candidates, false))

@@ -2,17 +2,14 @@
 //! summaries and their indexes, counters and state counts.
 
 use super::requests::RequestEntry;
-use super::tables::{
-    corrupt, key_text, state_range, stored, BY_STATE, BY_TIME, BY_TOPIC, COUNTERS, RECORDS,
-    REQUESTS, SUMMARIES,
-};
+use super::tables::{corrupt, counter_value, key_text, keys, stored};
 use super::{records, SearchQuery, Store};
 use crate::counters::{STATE_PREFIX, TOPIC_PREFIX};
 use crate::error::{QueryError, StoreError};
-use crate::summary::{MessageSummary, TopicState};
+use crate::summary::{state_code, MessageSummary, TopicState};
+use fjall::Readable;
 use msgtrail_core::trajectory::{MessageState, Trajectory};
 use msgtrail_core::{MessageId, RequestId};
-use redb::{ReadableDatabase, ReadableTable};
 use std::collections::BTreeMap;
 
 /// Most summaries one search reads before it answers with what it found.
@@ -23,19 +20,26 @@ impl Store {
     /// naming the other messages stored under its producer and request ID
     /// ([`Trajectory::same_request`]).
     pub fn trajectory(&self, key: &str, now: u64) -> Result<Option<Trajectory>, StoreError> {
-        let tx = self.db()?.begin_read()?;
-        let records = tx.open_table(RECORDS)?;
-        let recs = match records.get(stored(key)?.as_bytes())? {
-            Some(v) => records::decode(v.value()).map_err(corrupt)?,
-            None => return Ok(None),
-        };
+        let db = self.db()?;
+        let tx = db.db.read_tx();
+        let sk = stored(key)?;
+        let mut recs = Vec::new();
+        for item in tx.prefix(&db.ks.records, sk.as_bytes()) {
+            let (k, v) = item.into_inner()?;
+            if keys::is_chunk_of(&k, sk.as_bytes()) {
+                recs.extend(records::decode(&v).map_err(corrupt)?);
+            }
+        }
+        if recs.is_empty() {
+            return Ok(None);
+        }
         let Some(mut t) = Trajectory::assemble(recs, &self.options(now)) else {
             return Ok(None);
         };
         if let (Some(m), Some(p), Some(q)) = (t.message_id, &t.producer, &t.request_id) {
-            let requests = tx.open_table(REQUESTS)?;
-            let others: Vec<MessageId> = match requests.get((q.as_str(), p.as_str()))? {
-                Some(v) => RequestEntry::decode(v.value())?
+            let row = tx.get(&db.ks.requests, keys::request(q.as_str(), p.as_str()))?;
+            let others: Vec<MessageId> = match row {
+                Some(v) => RequestEntry::decode(&v)?
                     .messages
                     .into_iter()
                     .filter(|id| *id != m)
@@ -56,19 +60,17 @@ impl Store {
         id: &str,
         producer: Option<&str>,
     ) -> Result<BTreeMap<String, Vec<String>>, StoreError> {
-        let tx = self.db()?.begin_read()?;
+        let db = self.db()?;
+        let tx = db.db.read_tx();
         let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
-        let requests = tx.open_table(REQUESTS)?;
-        for item in requests.range((id, "")..)? {
-            let (k, val) = item?;
-            let (r, p) = k.value();
-            if r != id {
-                break;
-            }
+        for item in tx.prefix(&db.ks.requests, keys::request_prefix(id)) {
+            let (k, val) = item.into_inner()?;
+            let p =
+                keys::producer_of(&k).ok_or_else(|| corrupt(format!("request key {k:02x?}")))?;
             if producer.is_some_and(|want| want != p) {
                 continue;
             }
-            let e = RequestEntry::decode(val.value())?;
+            let e = RequestEntry::decode(&val)?;
             let keys: Vec<String> = if e.messages.is_empty() {
                 e.link.into_iter().collect()
             } else {
@@ -130,8 +132,9 @@ impl Store {
         if from >= to {
             return Ok(Vec::new());
         }
-        let tx = self.db()?.begin_read()?;
-        let summaries = tx.open_table(SUMMARIES)?;
+        let db = self.db()?;
+        let tx = db.db.read_tx();
+        let summaries = &db.ks.summaries;
         let mut out = Vec::new();
         let mut examined = 0usize;
         // Looks at one candidate; true when the search is done (enough results, or the
@@ -139,8 +142,8 @@ impl Store {
         let mut consider =
             |key: &[u8], out: &mut Vec<MessageSummary>| -> Result<bool, StoreError> {
                 examined += 1;
-                if let Some(v) = summaries.get(key)? {
-                    let s = MessageSummary::decode(&key_text(key)?, v.value()).map_err(corrupt)?;
+                if let Some(v) = tx.get(summaries, key)? {
+                    let s = MessageSummary::decode(&key_text(key)?, &v).map_err(corrupt)?;
                     let wanted = q.state.is_none_or(|st| st == s.state)
                         && q.topic
                             .as_deref()
@@ -154,29 +157,32 @@ impl Store {
                 }
                 Ok(out.len() >= limit || examined >= SEARCH_SCAN_MAX)
             };
+        let bad = |what: &str, k: &[u8]| corrupt(format!("{what} key {k:02x?}"));
         if let Some(topic) = &q.topic {
-            let idx = tx.open_table(BY_TOPIC)?;
-            for item in idx
-                .range((topic.as_str(), from, &[][..])..(topic.as_str(), to, &[][..]))?
-                .rev()
-            {
-                if consider(item?.0.value().2, &mut out)? {
+            let range = keys::topic_bound(topic, from)..keys::topic_bound(topic, to);
+            for item in tx.range(&db.ks.by_topic, range).rev() {
+                let k = item.key()?;
+                let key = keys::topic_key_of(&k).ok_or_else(|| bad("by_topic", &k))?;
+                if consider(key, &mut out)? {
                     break;
                 }
             }
         } else if let Some(state) = q.state {
             // by_state is ordered by the last record time (never before the first), so the
             // range from `from` holds every candidate; the first time is checked above.
-            let idx = tx.open_table(BY_STATE)?;
-            for item in idx.range(state_range(state, from))?.rev() {
-                if consider(item?.0.value().2, &mut out)? {
+            for item in tx.range(&db.ks.by_state, state_range(state, from)).rev() {
+                let k = item.key()?;
+                let (_, key) = keys::timed(&k, 1).ok_or_else(|| bad("by_state", &k))?;
+                if consider(key, &mut out)? {
                     break;
                 }
             }
         } else {
-            let idx = tx.open_table(BY_TIME)?;
-            for item in idx.range((from, &[][..])..(to, &[][..]))?.rev() {
-                if consider(item?.0.value().1, &mut out)? {
+            let range = from.to_be_bytes()..to.to_be_bytes();
+            for item in tx.range(&db.ks.by_time, range).rev() {
+                let k = item.key()?;
+                let (_, key) = keys::timed(&k, 0).ok_or_else(|| bad("by_time", &k))?;
+                if consider(key, &mut out)? {
                     break;
                 }
             }
@@ -188,12 +194,12 @@ impl Store {
 
     /// The persistent counters.
     pub fn counters(&self) -> Result<BTreeMap<String, u64>, StoreError> {
-        let tx = self.db()?.begin_read()?;
-        let c = tx.open_table(COUNTERS)?;
+        let db = self.db()?;
+        let tx = db.db.read_tx();
         let mut out = BTreeMap::new();
-        for item in c.iter()? {
-            let (k, v) = item?;
-            out.insert(k.value().to_owned(), v.value());
+        for item in tx.iter(&db.ks.counters) {
+            let (k, v) = item.into_inner()?;
+            out.insert(counter_name(&k)?, counter_value(&v)?);
         }
         Ok(out)
     }
@@ -205,16 +211,16 @@ impl Store {
         since: u64,
         max: usize,
     ) -> Result<Vec<MessageSummary>, StoreError> {
-        let tx = self.db()?.begin_read()?;
-        let idx = tx.open_table(BY_STATE)?;
-        let summaries = tx.open_table(SUMMARIES)?;
+        let db = self.db()?;
+        let tx = db.db.read_tx();
         let mut out = Vec::new();
         for st in MessageState::ALL {
-            for item in idx.range(state_range(*st, since))? {
-                let item = item?;
-                let key = item.0.value().2;
-                if let Some(v) = summaries.get(key)? {
-                    let s = MessageSummary::decode(&key_text(key)?, v.value()).map_err(corrupt)?;
+            for item in tx.range(&db.ks.by_state, state_range(*st, since)) {
+                let k = item.key()?;
+                let (_, key) =
+                    keys::timed(&k, 1).ok_or_else(|| corrupt(format!("by_state key {k:02x?}")))?;
+                if let Some(v) = tx.get(&db.ks.summaries, key)? {
+                    let s = MessageSummary::decode(&key_text(key)?, &v).map_err(corrupt)?;
                     out.push(s);
                 }
             }
@@ -226,11 +232,11 @@ impl Store {
 
     /// How many shadow messages are in each state, all topics (a scan of the state index).
     pub fn state_totals(&self) -> Result<BTreeMap<MessageState, u64>, StoreError> {
-        let tx = self.db()?.begin_read()?;
-        let idx = tx.open_table(BY_STATE)?;
+        let db = self.db()?;
+        let tx = db.db.read_tx();
         let mut out = BTreeMap::new();
         for st in MessageState::ALL {
-            let n = idx.range(state_range(*st, 0))?.count() as u64;
+            let n = tx.range(&db.ks.by_state, state_range(*st, 0)).count() as u64;
             if n > 0 {
                 out.insert(*st, n);
             }
@@ -241,22 +247,34 @@ impl Store {
     /// How many shadow messages each topic has in each state, from the persistent per-topic
     /// state counters (kept in the same transactions as the summaries).
     pub fn state_counts(&self) -> Result<BTreeMap<TopicState, u64>, StoreError> {
-        let tx = self.db()?.begin_read()?;
-        let counters = tx.open_table(COUNTERS)?;
+        let db = self.db()?;
+        let tx = db.db.read_tx();
         let mut out = BTreeMap::new();
         let marker = format!("/{STATE_PREFIX}");
-        for item in counters.range(TOPIC_PREFIX..)? {
-            let (k, v) = item?;
-            let Some(rest) = k.value().strip_prefix(TOPIC_PREFIX) else {
+        for item in tx.prefix(&db.ks.counters, TOPIC_PREFIX) {
+            let (k, v) = item.into_inner()?;
+            let name = counter_name(&k)?;
+            let Some(rest) = name.strip_prefix(TOPIC_PREFIX) else {
                 break;
             };
             let Some((topic, state)) = rest.rsplit_once(&marker) else {
                 continue;
             };
-            if let (Ok(st), n @ 1..) = (state.parse::<MessageState>(), v.value()) {
+            if let (Ok(st), n @ 1..) = (state.parse::<MessageState>(), counter_value(&v)?) {
                 out.insert((topic.to_owned(), st), n);
             }
         }
         Ok(out)
     }
+}
+
+/// The `by_state` keys of one state whose last time is at or after `since`.
+fn state_range(st: MessageState, since: u64) -> std::ops::Range<Vec<u8>> {
+    let c = state_code(st);
+    keys::state_bound(c, since)..keys::state_bound(c + 1, 0)
+}
+
+/// A counter's name as stored.
+fn counter_name(k: &[u8]) -> Result<String, StoreError> {
+    String::from_utf8(k.to_vec()).map_err(corrupt)
 }

@@ -1,6 +1,11 @@
-//! The store's tables and the operations one write transaction does on them ([`Tables`]):
-//! rows of records and summaries, their indexes, request-ID links and counters.
+//! The store's keyspaces and the operations one write transaction does on them
+//! ([`Tables`]): record chunks and summaries, their indexes, request-ID links and counters.
+//!
+//! Every key is built here ([`keys`]); a transaction is one fjall write transaction (it
+//! reads its own writes), committed as one atomic batch across the keyspaces and persisted
+//! ([`fjall::PersistMode::SyncAll`]) before [`Tables::commit`] returns.
 
+use super::engine::{Engine, Keyspaces};
 use super::key::StoredKey;
 use super::requests::RequestEntry;
 use super::{records, Deltas, MessageKey};
@@ -8,58 +13,147 @@ use crate::cache::Cached;
 use crate::counters::{Counter, CounterKey};
 use crate::error::StoreError;
 use crate::summary::{state_code, MessageSummary, StateDelta};
+use fjall::{PersistMode, Readable, SingleWriterWriteTx};
 use foldhash::HashMap;
-use msgtrail_core::trajectory::MessageState;
 use msgtrail_core::{MessageId, StageRecord};
-use redb::{ReadableTable, Table, TableDefinition};
 use std::collections::BTreeSet;
 
 /// Counter name: bytes of stored records (keys and values), what size retention measures.
 pub(crate) const COUNTER_BYTES: &str = "bytes";
 
-// Message keys are in their stored form ([`StoredKey`]), states as their stored codes
-// ([`state_code`]), a request's messages as 16-byte IDs: fixed-width where they can be, and
-// a third of the text forms' size.
+/// The keys of every keyspace. Strings are length-prefixed (u16, big-endian) so that one
+/// never runs into the next field; times are big-endian so that keys sort by time.
+pub(super) mod keys {
+    fn string(out: &mut Vec<u8>, s: &str) {
+        let b = &s.as_bytes()[..s.len().min(u16::MAX as usize)];
+        out.extend_from_slice(&(b.len() as u16).to_be_bytes());
+        out.extend_from_slice(b);
+    }
 
-/// Stored message key → the message's records, compact ([`records`]).
-pub(super) const RECORDS: TableDefinition<'static, &[u8], &[u8]> =
-    TableDefinition::new("records_v3");
-/// Stored message key → its summary, compact ([`MessageSummary::encode`]).
-pub(super) const SUMMARIES: TableDefinition<'static, &[u8], &[u8]> =
-    TableDefinition::new("summaries_v3");
-/// (request ID, producer) → the key it is linked to and every message stored under it
-/// ([`RequestEntry`]).
-pub(super) const REQUESTS: TableDefinition<'static, (&str, &str), &[u8]> =
-    TableDefinition::new("requests_v3");
-/// (topic, first time, stored key) → ().
-pub(super) const BY_TOPIC: TableDefinition<'static, (&str, u64, &[u8]), ()> =
-    TableDefinition::new("by_topic_v3");
-/// (state code, last time, stored key) → ().
-pub(super) const BY_STATE: TableDefinition<'static, (u8, u64, &[u8]), ()> =
-    TableDefinition::new("by_state_v3");
-/// (first time, stored key) → ().
-pub(super) const BY_TIME: TableDefinition<'static, (u64, &[u8]), ()> =
-    TableDefinition::new("by_time_v3");
-/// Counter name → value.
-pub(super) const COUNTERS: TableDefinition<'static, &str, u64> = TableDefinition::new("counters");
+    /// `records`: stored key · chunk number (u32): a message's chunks are one prefix scan,
+    /// in the order they were appended.
+    pub(in crate::store) fn record(key: &[u8], chunk: u32) -> Vec<u8> {
+        let mut k = Vec::with_capacity(key.len() + 4);
+        k.extend_from_slice(key);
+        k.extend_from_slice(&chunk.to_be_bytes());
+        k
+    }
+
+    /// Whether a key found by the prefix scan of `key` is one of `key`'s chunks (an orphan
+    /// key may be the prefix of a longer one; every record key is its message key and 4
+    /// bytes, so the length tells them apart).
+    pub(in crate::store) fn is_chunk_of(found: &[u8], key: &[u8]) -> bool {
+        found.len() == key.len() + 4
+    }
+
+    /// The chunk number of a record key.
+    pub(in crate::store) fn chunk_of(found: &[u8]) -> u32 {
+        let n = found.len();
+        u32::from_be_bytes(found[n - 4..].try_into().expect("4 bytes"))
+    }
+
+    /// `requests`: request ID · producer.
+    pub(in crate::store) fn request(request: &str, producer: &str) -> Vec<u8> {
+        let mut k = Vec::with_capacity(4 + request.len() + producer.len());
+        string(&mut k, request);
+        k.extend_from_slice(producer.as_bytes());
+        k
+    }
+
+    /// The prefix of every `requests` key of one request ID.
+    pub(in crate::store) fn request_prefix(request: &str) -> Vec<u8> {
+        let mut k = Vec::with_capacity(2 + request.len());
+        string(&mut k, request);
+        k
+    }
+
+    /// The producer of a `requests` key.
+    pub(in crate::store) fn producer_of(k: &[u8]) -> Option<&str> {
+        let n = u16::from_be_bytes(k.get(..2)?.try_into().ok()?) as usize;
+        std::str::from_utf8(k.get(2 + n..)?).ok()
+    }
+
+    /// `by_topic`: topic · first time · stored key.
+    pub(in crate::store) fn by_topic(topic: &str, at: u64, key: &[u8]) -> Vec<u8> {
+        let mut k = topic_bound(topic, at);
+        k.extend_from_slice(key);
+        k
+    }
+
+    /// The `by_topic` keys of `topic` from `at` on start here.
+    pub(in crate::store) fn topic_bound(topic: &str, at: u64) -> Vec<u8> {
+        let mut k = Vec::with_capacity(2 + topic.len() + 8 + 17);
+        string(&mut k, topic);
+        k.extend_from_slice(&at.to_be_bytes());
+        k
+    }
+
+    /// The stored key of a `by_topic` key.
+    pub(in crate::store) fn topic_key_of(k: &[u8]) -> Option<&[u8]> {
+        let n = u16::from_be_bytes(k.get(..2)?.try_into().ok()?) as usize;
+        k.get(2 + n + 8..)
+    }
+
+    /// `by_state`: state code · last time · stored key.
+    pub(in crate::store) fn by_state(code: u8, at: u64, key: &[u8]) -> Vec<u8> {
+        let mut k = state_bound(code, at);
+        k.extend_from_slice(key);
+        k
+    }
+
+    /// The `by_state` keys of state `code` from `at` on start here.
+    pub(in crate::store) fn state_bound(code: u8, at: u64) -> Vec<u8> {
+        let mut k = Vec::with_capacity(9 + 17);
+        k.push(code);
+        k.extend_from_slice(&at.to_be_bytes());
+        k
+    }
+
+    /// (time, stored key) of a `by_state` or `by_time` key: `skip` bytes before the time.
+    pub(in crate::store) fn timed(k: &[u8], skip: usize) -> Option<(u64, &[u8])> {
+        let at = u64::from_be_bytes(k.get(skip..skip + 8)?.try_into().ok()?);
+        Some((at, k.get(skip + 8..)?))
+    }
+
+    /// `by_time`: first time · stored key.
+    pub(in crate::store) fn by_time(at: u64, key: &[u8]) -> Vec<u8> {
+        let mut k = Vec::with_capacity(8 + key.len());
+        k.extend_from_slice(&at.to_be_bytes());
+        k.extend_from_slice(key);
+        k
+    }
+
+    /// `client_events`: client · time · fingerprint.
+    pub(in crate::store) fn event(client: &str, at: u64, fp: u64) -> Vec<u8> {
+        let mut k = event_prefix(client);
+        k.extend_from_slice(&at.to_be_bytes());
+        k.extend_from_slice(&fp.to_be_bytes());
+        k
+    }
+
+    /// The prefix of one client's `client_events` keys.
+    pub(in crate::store) fn event_prefix(client: &str) -> Vec<u8> {
+        let mut k = Vec::with_capacity(2 + client.len() + 16);
+        string(&mut k, client);
+        k
+    }
+}
+
+/// A counter's stored value.
+pub(super) fn counter_value(v: &[u8]) -> Result<u64, StoreError> {
+    v.try_into()
+        .map(u64::from_be_bytes)
+        .map_err(|_| StoreError::Corrupt(format!("counter value {v:02x?}")))
+}
 
 /// The stored form of a key the store itself wrote (its text form always parses).
 pub(super) fn stored(key: &str) -> Result<StoredKey, StoreError> {
     StoredKey::parse(key).map_err(corrupt)
 }
 
-/// The text form of a stored key read from a table.
+/// The text form of a stored key read from a keyspace.
 pub(super) fn key_text(bytes: &[u8]) -> Result<String, StoreError> {
     StoredKey::text(bytes).map_err(corrupt)
-}
-
-/// The `by_state` rows of one state whose last time is at or after `since`.
-pub(super) fn state_range(
-    st: MessageState,
-    since: u64,
-) -> std::ops::Range<(u8, u64, &'static [u8])> {
-    let c = state_code(st);
-    (c, since, &[][..])..(c + 1, 0, &[][..])
 }
 
 pub(super) fn orphan_key(producer: &str, request_id: &str) -> String {
@@ -88,14 +182,10 @@ pub(super) fn nearest(set: &BTreeSet<MessageId>, at: u64) -> Option<MessageId> {
         .min_by_key(|m| (m.unix_millis().saturating_mul(1_000_000).abs_diff(at), *m))
 }
 
+/// One write transaction over the keyspaces.
 pub(super) struct Tables<'t> {
-    pub(super) records: Table<'t, &'static [u8], &'static [u8]>,
-    pub(super) summaries: Table<'t, &'static [u8], &'static [u8]>,
-    pub(super) requests: Table<'t, (&'static str, &'static str), &'static [u8]>,
-    pub(super) by_topic: Table<'t, (&'static str, u64, &'static [u8]), ()>,
-    pub(super) by_state: Table<'t, (u8, u64, &'static [u8]), ()>,
-    pub(super) by_time: Table<'t, (u64, &'static [u8]), ()>,
-    pub(super) counters: Table<'t, &'static str, u64>,
+    tx: SingleWriterWriteTx<'t>,
+    pub(super) ks: &'t Keyspaces,
     /// The request rows this transaction read or changed, by (request ID, producer): every
     /// request operation goes through them, and the changed ones are written once, by
     /// [`Tables::flush_requests`], which every transaction that changes them calls before
@@ -104,17 +194,38 @@ pub(super) struct Tables<'t> {
 }
 
 impl<'t> Tables<'t> {
-    pub(super) fn open(tx: &'t redb::WriteTransaction) -> Result<Self, StoreError> {
-        Ok(Tables {
-            records: tx.open_table(RECORDS)?,
-            summaries: tx.open_table(SUMMARIES)?,
-            requests: tx.open_table(REQUESTS)?,
-            by_topic: tx.open_table(BY_TOPIC)?,
-            by_state: tx.open_table(BY_STATE)?,
-            by_time: tx.open_table(BY_TIME)?,
-            counters: tx.open_table(COUNTERS)?,
+    /// Begins a write transaction (the engine has one writer at a time).
+    pub(super) fn begin(engine: &'t Engine) -> Self {
+        Tables {
+            tx: engine.db.write_tx().durability(Some(PersistMode::SyncAll)),
+            ks: &engine.ks,
             request_rows: HashMap::default(),
-        })
+        }
+    }
+
+    /// Commits: one atomic batch across the keyspaces, on disk (fsynced) when this returns.
+    pub(super) fn commit(self) -> Result<(), StoreError> {
+        self.tx.commit()?;
+        Ok(())
+    }
+
+    /// The transaction, for the modules that keep their own keyspaces
+    /// ([`super::client_events`]).
+    pub(super) fn tx(&mut self) -> &mut SingleWriterWriteTx<'t> {
+        &mut self.tx
+    }
+
+    /// A counter's value as this transaction sees it.
+    pub(super) fn counter(&self, name: &str) -> Result<u64, StoreError> {
+        match self.tx.get(&self.ks.counters, name)? {
+            Some(v) => counter_value(&v),
+            None => Ok(0),
+        }
+    }
+
+    fn set_counter(&mut self, name: &str, v: u64) {
+        self.tx
+            .insert(&self.ks.counters, name, v.to_be_bytes().as_slice());
     }
 
     pub(super) fn bump(
@@ -123,7 +234,7 @@ impl<'t> Tables<'t> {
         by: i64,
         out: &mut Deltas,
     ) -> Result<(), StoreError> {
-        // Deltas gather in `out` and reach the table once per transaction (`flush`).
+        // Deltas gather in `out` and reach the keyspace once per transaction (`flush`).
         if by != 0 {
             *out.entry(key).or_default() += by;
         }
@@ -171,25 +282,15 @@ impl<'t> Tables<'t> {
     pub(super) fn flush(&mut self, deltas: &Deltas) -> Result<(), StoreError> {
         for (key, by) in deltas {
             let name = key.to_string();
-            let cur = self
-                .counters
-                .get(name.as_str())?
-                .map(|v| v.value())
-                .unwrap_or(0);
-            self.counters
-                .insert(name.as_str(), cur.saturating_add_signed(*by))?;
+            let cur = self.counter(&name)?;
+            self.set_counter(&name, cur.saturating_add_signed(*by));
         }
         Ok(())
     }
 
     pub(super) fn sub_bytes(&mut self, by: u64) -> Result<(), StoreError> {
-        let cur = self
-            .counters
-            .get(COUNTER_BYTES)?
-            .map(|v| v.value())
-            .unwrap_or(0);
-        self.counters
-            .insert(COUNTER_BYTES, cur.saturating_sub(by))?;
+        let cur = self.counter(COUNTER_BYTES)?;
+        self.set_counter(COUNTER_BYTES, cur.saturating_sub(by));
         Ok(())
     }
 
@@ -204,8 +305,11 @@ impl<'t> Tables<'t> {
         let k = (request.to_owned(), producer.to_owned());
         if !self.request_rows.contains_key(&k) {
             let mut row = RequestRow {
-                entry: match self.requests.get((request, producer))? {
-                    Some(v) => RequestEntry::decode(v.value())?,
+                entry: match self
+                    .tx
+                    .get(&self.ks.requests, keys::request(request, producer))?
+                {
+                    Some(v) => RequestEntry::decode(&v)?,
                     None => RequestEntry::default(),
                 },
                 dirty: false,
@@ -270,47 +374,79 @@ impl<'t> Tables<'t> {
             if !row.dirty {
                 continue;
             }
-            let k = (request.as_str(), producer.as_str());
+            let k = keys::request(request, producer);
             if row.entry.is_empty() {
-                self.requests.remove(k)?;
+                self.tx.remove(&self.ks.requests, k);
             } else {
-                self.requests.insert(k, row.entry.encode()?.as_slice())?;
+                self.tx
+                    .insert(&self.ks.requests, k, row.entry.encode()?.as_slice());
             }
             row.dirty = false;
         }
         Ok(())
     }
 
+    /// A message's records, as this transaction sees them.
     pub(super) fn load_records(&self, key: &str) -> Result<Vec<StageRecord>, StoreError> {
-        match self.records.get(stored(key)?.as_bytes())? {
-            Some(v) => records::decode(v.value()).map_err(corrupt),
-            None => Ok(Vec::new()),
-        }
+        Ok(self.load_cached_records(key)?.records)
     }
 
-    /// Writes a message's records (or removes the row of a message left without any);
-    /// returns the change in stored bytes.
-    pub(super) fn put_records(&mut self, key: &str, c: &mut Cached) -> Result<i64, StoreError> {
-        let old = c.bytes as i64;
-        let key = stored(key)?;
-        if c.records.is_empty() {
-            self.records.remove(key.as_bytes())?;
-            c.bytes = 0;
-            c.encoded = None;
-        } else {
-            let v = records::encode(&c.records);
-            c.bytes = (key.as_bytes().len() + v.len()) as u64;
-            self.records.insert(key.as_bytes(), v.as_slice())?;
-            c.encoded = Some(v);
+    /// A message's record chunks: every record, their bytes and the chunk count.
+    fn load_cached_records(&self, key: &str) -> Result<Cached, StoreError> {
+        let sk = stored(key)?;
+        let mut c = Cached::default();
+        for item in self.tx.prefix(&self.ks.records, sk.as_bytes()) {
+            let (k, v) = item.into_inner()?;
+            if !keys::is_chunk_of(&k, sk.as_bytes()) {
+                continue;
+            }
+            c.bytes += (k.len() + v.len()) as u64;
+            c.chunks = c.chunks.max(keys::chunk_of(&k) + 1);
+            c.records.extend(records::decode(&v).map_err(corrupt)?);
         }
+        Ok(c)
+    }
+
+    /// Writes what a message gained: the records from `from` on as one new chunk, appended
+    /// (nothing stored is rewritten), or — when the message gave records away (`rewrite`)
+    /// — all of them as one chunk in place of the old ones (a message left without records
+    /// has none). Returns the change in stored bytes.
+    pub(super) fn put_records(
+        &mut self,
+        key: &str,
+        c: &mut Cached,
+        from: usize,
+        rewrite: bool,
+    ) -> Result<i64, StoreError> {
+        let old = c.bytes as i64;
+        let sk = stored(key)?;
+        let sk = sk.as_bytes();
+        if rewrite {
+            for n in 0..c.chunks {
+                self.tx.remove(&self.ks.records, keys::record(sk, n));
+            }
+            c.chunks = 0;
+            c.bytes = 0;
+        }
+        let new = if rewrite {
+            &c.records[..]
+        } else {
+            &c.records[from.min(c.records.len())..]
+        };
+        if !new.is_empty() {
+            let v = records::encode(new);
+            let k = keys::record(sk, c.chunks);
+            c.bytes += (k.len() + v.len()) as u64;
+            self.tx.insert(&self.ks.records, k, v);
+            c.chunks += 1;
+        }
+        c.encoded = None;
         Ok(c.bytes as i64 - old)
     }
 
     pub(super) fn summary(&self, key: &str) -> Result<Option<MessageSummary>, StoreError> {
-        match self.summaries.get(stored(key)?.as_bytes())? {
-            Some(v) => Ok(Some(
-                MessageSummary::decode(key, v.value()).map_err(corrupt)?,
-            )),
+        match self.tx.get(&self.ks.summaries, stored(key)?.as_bytes())? {
+            Some(v) => Ok(Some(MessageSummary::decode(key, &v).map_err(corrupt)?)),
             None => Ok(None),
         }
     }
@@ -318,11 +454,15 @@ impl<'t> Tables<'t> {
     pub(super) fn unindex(&mut self, s: &MessageSummary) -> Result<(), StoreError> {
         let key = stored(&s.key)?;
         let key = key.as_bytes();
-        self.by_topic
-            .remove((s.topic.as_deref().unwrap_or(""), s.first_at, key))?;
-        self.by_state
-            .remove((state_code(s.state), s.last_at, key))?;
-        self.by_time.remove((s.first_at, key))?;
+        let topic = s.topic.as_deref().unwrap_or("");
+        self.tx
+            .remove(&self.ks.by_topic, keys::by_topic(topic, s.first_at, key));
+        self.tx.remove(
+            &self.ks.by_state,
+            keys::by_state(state_code(s.state), s.last_at, key),
+        );
+        self.tx
+            .remove(&self.ks.by_time, keys::by_time(s.first_at, key));
         Ok(())
     }
 
@@ -343,52 +483,57 @@ impl<'t> Tables<'t> {
         let same_state = old.is_some_and(|o| (o.state, o.last_at) == (new.state, new.last_at));
         if let Some(o) = old {
             if !same_topic {
-                self.by_topic
-                    .remove((o.topic.as_deref().unwrap_or(""), o.first_at, key))?;
-                self.by_time.remove((o.first_at, key))?;
+                let (t, at) = topic(o);
+                self.tx
+                    .remove(&self.ks.by_topic, keys::by_topic(t, at, key));
+                self.tx.remove(&self.ks.by_time, keys::by_time(at, key));
             }
             if !same_state {
-                self.by_state
-                    .remove((state_code(o.state), o.last_at, key))?;
+                self.tx.remove(
+                    &self.ks.by_state,
+                    keys::by_state(state_code(o.state), o.last_at, key),
+                );
             }
         }
         if !same_topic {
-            self.by_topic
-                .insert((new.topic.as_deref().unwrap_or(""), new.first_at, key), ())?;
-            self.by_time.insert((new.first_at, key), ())?;
+            let (t, at) = topic(new);
+            self.tx
+                .insert(&self.ks.by_topic, keys::by_topic(t, at, key), []);
+            self.tx.insert(&self.ks.by_time, keys::by_time(at, key), []);
         }
         if !same_state {
-            self.by_state
-                .insert((state_code(new.state), new.last_at, key), ())?;
+            self.tx.insert(
+                &self.ks.by_state,
+                keys::by_state(state_code(new.state), new.last_at, key),
+                [],
+            );
         }
         let value = new.encode();
-        self.summaries.insert(key, value.as_slice())?;
+        self.tx.insert(&self.ks.summaries, key, value.as_slice());
         Ok(value)
     }
 
-    /// Reads a message as the cache holds it: its records, their dedup keys and size, its
-    /// summary.
+    /// Reads a message as the cache holds it: its records, their dedup keys, size and chunk
+    /// count, its summary.
     pub(super) fn load_cached(&self, key: &str) -> Result<Cached, StoreError> {
-        let mut c = Cached::default();
-        let sk = stored(key)?;
-        if let Some(v) = self.records.get(sk.as_bytes())? {
-            c.bytes = (sk.as_bytes().len() + v.value().len()) as u64;
-            c.records = records::decode(v.value()).map_err(corrupt)?;
-            c.dedup_keys = c.records.iter().map(records::dedup_hash).collect();
-            c.encoded = Some(v.value().to_vec());
-        }
+        let mut c = self.load_cached_records(key)?;
+        c.dedup_keys = c.records.iter().map(records::dedup_hash).collect();
         c.summary = self.summary(key)?;
         Ok(c)
     }
 
-    /// Deletes a message the cache held (its records are known, nothing is read back);
+    /// Deletes a message the cache held (its chunks are known, nothing is read back);
     /// returns (bytes freed, its summary).
     pub(super) fn delete_known(
         &mut self,
         key: &str,
         c: Cached,
     ) -> Result<(u64, Option<MessageSummary>), StoreError> {
-        self.records.remove(stored(key)?.as_bytes())?;
+        let sk = stored(key)?;
+        for n in 0..c.chunks {
+            self.tx
+                .remove(&self.ks.records, keys::record(sk.as_bytes(), n));
+        }
         self.delete_summary(key, c.summary.as_ref())?;
         self.sub_bytes(c.bytes)?;
         Ok((c.bytes, c.summary))
@@ -402,7 +547,7 @@ impl<'t> Tables<'t> {
         if let Some(s) = s {
             self.unindex(s)?;
             let sk = stored(key)?;
-            self.summaries.remove(sk.as_bytes())?;
+            self.tx.remove(&self.ks.summaries, sk.as_bytes());
             if let (Some(p), Some(r)) = (&s.producer, &s.request_id) {
                 let row = self.request_row(r.as_str(), p.as_str())?;
                 if row.entry.link.as_deref() == Some(key) {
@@ -422,14 +567,54 @@ impl<'t> Tables<'t> {
         &mut self,
         key: &str,
     ) -> Result<(u64, Option<MessageSummary>), StoreError> {
+        let c = self.load_cached_records(key)?;
+        let freed = c.bytes;
         let sk = stored(key)?;
-        let freed = match self.records.remove(sk.as_bytes())? {
-            Some(v) => (sk.as_bytes().len() + v.value().len()) as u64,
-            None => 0,
-        };
+        for n in 0..c.chunks {
+            self.tx
+                .remove(&self.ks.records, keys::record(sk.as_bytes(), n));
+        }
         let summary = self.summary(key)?;
         self.delete_summary(key, summary.as_ref())?;
         self.sub_bytes(freed)?;
         Ok((freed, summary))
+    }
+
+    /// The oldest `by_time` entry: (first time, stored key).
+    pub(super) fn oldest(&self) -> Result<Option<(u64, Vec<u8>)>, StoreError> {
+        let Some(g) = self.tx.first_key_value(&self.ks.by_time) else {
+            return Ok(None);
+        };
+        let k = g.key()?;
+        let (at, key) = keys::timed(&k, 0).ok_or_else(|| corrupt(format!("by_time {k:02x?}")))?;
+        Ok(Some((at, key.to_vec())))
+    }
+
+    /// Removes a `by_time` entry.
+    pub(super) fn remove_by_time(&mut self, at: u64, key: &[u8]) {
+        self.tx.remove(&self.ks.by_time, keys::by_time(at, key));
+    }
+
+    /// The keys of messages in state `code` whose last record is in `[since, cutoff)`, in
+    /// that order, at most `max`.
+    pub(super) fn in_state(
+        &self,
+        code: u8,
+        since: u64,
+        cutoff: u64,
+        max: usize,
+    ) -> Result<Vec<String>, StoreError> {
+        let mut out = Vec::new();
+        let range = keys::state_bound(code, since)..keys::state_bound(code, cutoff);
+        for item in self.tx.range(&self.ks.by_state, range) {
+            if out.len() >= max {
+                break;
+            }
+            let k = item.key()?;
+            let (_, key) =
+                keys::timed(&k, 1).ok_or_else(|| corrupt(format!("by_state {k:02x?}")))?;
+            out.push(key_text(key)?);
+        }
+        Ok(out)
     }
 }
