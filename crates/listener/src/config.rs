@@ -83,6 +83,9 @@ pub struct ListenerConfig {
     /// and creates a new one with one; the listener never lowers them (the brokers'
     /// `--replicas` sets them too).
     pub replicas: Option<usize>,
+    /// Membership of a group of listeners sharing the stage partitions (`--group`); `None`
+    /// (the default) reads every stage record alone, as a single listener always has.
+    pub group: Option<crate::cluster::GroupConfig>,
 }
 
 impl Default for ListenerConfig {
@@ -108,6 +111,7 @@ impl Default for ListenerConfig {
             trace_ui: None,
             store_evidence: true,
             replicas: None,
+            group: None,
         }
     }
 }
@@ -133,6 +137,9 @@ impl ListenerConfig {
         }
         if self.replicas.is_some_and(|r| r == 0 || r > 5) {
             return bad("replicas", "must be 1 to 5");
+        }
+        if let Some(g) = &self.group {
+            g.validate()?;
         }
         if self.ack_wait < Duration::from_secs(1) {
             return bad("ack_wait", "must be at least one second");
