@@ -2,7 +2,7 @@
 //! over the live members, pure and deterministic, so every member computes the same owners
 //! from the same membership without talking to the others.
 //!
-//! For partition `p`, every member `m` gets the score `fnv1a64("<m>/<p>")`; the `copies`
+//! For partition `p`, every member `m` gets the score `splitmix64(fnv1a64("<m>/<p>"))`; the `copies`
 //! members with the highest scores own `p`, in score order, and the first is its
 //! **primary** (the one that exports its traces). A member joining or leaving moves only the
 //! partitions whose top `copies` it enters or leaves (about `copies × P / members` of them),
@@ -20,9 +20,14 @@ pub(crate) enum Role {
     Copy,
 }
 
-/// The score of `member` for `partition`: higher wins.
+/// The score of `member` for `partition`: higher wins. FNV-1a alone scores names that
+/// differ in one late character nearly alike (one member then loses every partition), so its
+/// value goes through the SplitMix64 finalizer, which spreads every input bit over the word.
 fn score(member: &str, partition: Partition) -> u64 {
-    fnv1a64(format!("{member}/{partition}").as_bytes())
+    let mut z = fnv1a64(format!("{member}/{partition}").as_bytes());
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 /// The owners of `partition` among `members`, primary first; at most `copies` of them.
