@@ -46,6 +46,10 @@ pub struct BrokerConfig {
     pub stage_batch_linger: Duration,
     /// Turn stage recording off entirely (benchmarks only: msgtrail without its purpose).
     pub record_stages: bool,
+    /// Publish stage batches split by partition on `msgtrail.stages.<p>`
+    /// (`msgtrail_core::partition`), for a group of listeners; off, on the legacy
+    /// `msgtrail.stages` (fewer, fuller batches for a single listener, which reads both).
+    pub stage_partitions: bool,
     /// Store upload batches as fast-ingest batches (one JetStream ack per batch) when the
     /// server has them (nats-server ≥ 2.14; the broker turns `allow_batched` on for the
     /// message stream). Off, or on older servers: one PubAck per message, all in flight.
@@ -82,6 +86,7 @@ impl Default for BrokerConfig {
             stage_batch_max: 256,
             stage_batch_linger: Duration::from_millis(20),
             record_stages: true,
+            stage_partitions: false,
             fast_ingest: true,
             shutdown_grace: Duration::from_secs(10),
             max_concurrent_requests: 512,

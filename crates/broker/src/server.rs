@@ -12,7 +12,7 @@ pub use crate::error::BrokerError;
 use crate::metrics::Metrics;
 use crate::push::PushManager;
 use crate::relay::Relay;
-use crate::stage_sink::StageSink;
+use crate::stage_sink::{SinkMode, StageSink};
 use crate::upload::Uploader;
 use async_nats::service::{self, ServiceExt};
 use async_nats::HeaderMap;
@@ -243,7 +243,7 @@ pub async fn start(config: BrokerConfig) -> Result<RunningBroker, BrokerError> {
         config.stage_buffer,
         config.stage_batch_max,
         config.stage_batch_linger,
-        config.record_stages,
+        SinkMode::of(&config),
     );
     let shutdown = CancellationToken::new();
     let (handlers, deliverer) =

@@ -10,12 +10,17 @@
 //! full retry queue or a shutdown that cannot drain it gives records up, counted in
 //! `stage_publish_failed`. Every record is also a `tracing` event with target
 //! `msgtrail::stage` (level DEBUG).
+//!
+//! Partitioned (`--stage-partitions`, for a group of listeners), a batch is split by
+//! partition (`msgtrail_core::partition`) and each part published on its partition's
+//! subject `msgtrail.stages.<p>`; otherwise every batch goes on the legacy `msgtrail.stages`.
 
 use crate::metrics::Metrics;
 use bytes::Bytes;
 use futures::stream::FuturesUnordered;
 use futures::StreamExt;
 use msgtrail_core::frame::encode_stage_batch;
+use msgtrail_core::partition;
 use msgtrail_core::subjects::STAGE_SUBJECT;
 use msgtrail_core::Backoff;
 use msgtrail_core::Emitter;
@@ -41,6 +46,28 @@ enum Item {
     Stored(oneshot::Sender<()>),
 }
 
+/// Whether and where the sink writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SinkMode {
+    /// Records are only traced, never written.
+    Off,
+    /// Every batch on the legacy `msgtrail.stages`.
+    Legacy,
+    /// Batches split by partition on `msgtrail.stages.<p>`.
+    Partitioned,
+}
+
+impl SinkMode {
+    /// The mode a broker's configuration asks for.
+    pub(crate) fn of(config: &crate::BrokerConfig) -> Self {
+        match (config.record_stages, config.stage_partitions) {
+            (false, _) => SinkMode::Off,
+            (true, false) => SinkMode::Legacy,
+            (true, true) => SinkMode::Partitioned,
+        }
+    }
+}
+
 /// A cheap handle to hand stage records to the writer.
 #[derive(Debug, Clone)]
 pub(crate) struct StageSink {
@@ -52,7 +79,7 @@ pub(crate) struct StageSink {
 
 impl StageSink {
     /// Starts the writer task; it ends after every sink clone is dropped and the buffer is
-    /// flushed. With `enabled` false, records are only traced, never written.
+    /// flushed. With [`SinkMode::Off`], records are only traced, never written.
     pub(crate) fn start(
         js: async_nats::jetstream::Context,
         instance: BrokerInstance,
@@ -60,9 +87,10 @@ impl StageSink {
         buffer: usize,
         batch_max: usize,
         linger: Duration,
-        enabled: bool,
+        mode: SinkMode,
     ) -> (StageSink, JoinHandle<()>) {
-        if !enabled {
+        let partitioned = mode == SinkMode::Partitioned;
+        if mode == SinkMode::Off {
             let sink = StageSink {
                 tx: None,
                 instance,
@@ -71,7 +99,14 @@ impl StageSink {
             return (sink, tokio::spawn(async {}));
         }
         let (tx, rx) = mpsc::channel(buffer);
-        let writer = tokio::spawn(write_batches(js, rx, metrics.clone(), batch_max, linger));
+        let writer = tokio::spawn(write_batches(
+            js,
+            rx,
+            metrics.clone(),
+            batch_max,
+            linger,
+            partitioned,
+        ));
         (
             StageSink {
                 tx: Some(tx),
@@ -135,6 +170,8 @@ impl StageSink {
 struct Pending {
     /// The order in which the writer sent it, from 1.
     seq: u64,
+    /// The subject: the legacy one, or the partition's of its records.
+    subject: async_nats::Subject,
     bytes: Bytes,
     records: u64,
     tries: u32,
@@ -200,7 +237,7 @@ async fn publish(
     js: &async_nats::jetstream::Context,
     p: Pending,
 ) -> Result<AckFuture, (Pending, PublishError)> {
-    match js.publish(STAGE_SUBJECT, p.bytes.clone()).await {
+    match js.publish(p.subject.clone(), p.bytes.clone()).await {
         Ok(ack) => Ok(Box::pin(async move {
             let res = ack.await.map(|_| ());
             (p, res)
@@ -221,6 +258,8 @@ struct StageWriter {
     sent: u64,
     /// The failures since the stage stream last stored a batch, logged once per episode.
     outage: Outage,
+    /// Whether batches are split by partition (module docs).
+    partitioned: bool,
 }
 
 /// The writer task: one `select!` over publish acks, due retries and new records; a new
@@ -231,6 +270,7 @@ async fn write_batches(
     metrics: Arc<Metrics>,
     batch_max: usize,
     linger: Duration,
+    partitioned: bool,
 ) {
     let mut w = StageWriter {
         js,
@@ -240,6 +280,7 @@ async fn write_batches(
         waiters: Waiters::default(),
         sent: 0,
         outage: Outage::default(),
+        partitioned,
     };
     let mut batch = Vec::with_capacity(batch_max);
     let mut open = true;
@@ -329,14 +370,29 @@ impl StageWriter {
         if batch.is_empty() {
             return;
         }
+        if !self.partitioned {
+            let bytes = encode_stage_batch(batch.iter()).into();
+            let records = batch.len() as u64;
+            batch.clear();
+            return self.send_part(STAGE_SUBJECT.into(), bytes, records).await;
+        }
+        for (p, part) in partition::split(batch.drain(..)) {
+            let bytes = encode_stage_batch(part.iter()).into();
+            self.send_part(p.subject().into(), bytes, part.len() as u64)
+                .await;
+        }
+    }
+
+    /// Publishes one stage-stream message, or schedules it for another try.
+    async fn send_part(&mut self, subject: async_nats::Subject, bytes: Bytes, records: u64) {
         self.sent += 1;
         let pending = Pending {
             seq: self.sent,
-            records: batch.len() as u64,
-            bytes: encode_stage_batch(batch.iter()).into(),
+            subject,
+            records,
+            bytes,
             tries: 0,
         };
-        batch.clear();
         match publish(&self.js, pending).await {
             Ok(ack) => self.acks.push(ack),
             Err((p, e)) => {
@@ -531,6 +587,7 @@ mod tests {
         let t0 = tokio::time::Instant::now();
         let batch = |tries| Pending {
             seq: 1,
+            subject: STAGE_SUBJECT.into(),
             records: 10,
             bytes: Bytes::new(),
             tries,

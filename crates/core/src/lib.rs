@@ -22,6 +22,8 @@
 //! - [`frame`]: the binary frames of the batched message path and the compact stage-record
 //!   encoding (stage stream version 2).
 //! - [`subjects`]: the NATS subjects and stream names of the protocol.
+//! - [`partition`]: the documented hash that splits stage records into partitions
+//!   (`msgtrail.stages.<p>`) so that several listeners share them.
 //! - [`headers`]: the NATS header names of the protocol.
 //! - [`wire`]: the JSON bodies of requests and replies, and the error codes.
 //! - [`time`]: wall-clock timestamps as Unix nanoseconds.
@@ -40,6 +42,7 @@ pub mod headers;
 mod ids;
 pub mod observed;
 pub mod outcome;
+pub mod partition;
 mod record;
 mod stage;
 pub mod subjects;

@@ -86,6 +86,9 @@ pub struct ListenerConfig {
     /// Observe mode: also trace these JetStream streams of applications that do not use
     /// msgtrail (`msgtrail listener --observe`; see `crate::observe`). `None`: off.
     pub observe: Option<crate::ObserveConfig>,
+    /// Membership of a group of listeners sharing the stage partitions (`--group`); `None`
+    /// (the default) reads every stage record alone, as a single listener always has.
+    pub group: Option<crate::cluster::GroupConfig>,
 }
 
 impl Default for ListenerConfig {
@@ -112,6 +115,7 @@ impl Default for ListenerConfig {
             store_evidence: true,
             replicas: None,
             observe: None,
+            group: None,
         }
     }
 }
@@ -140,6 +144,8 @@ impl ListenerConfig {
         }
         if let Some(o) = &self.observe {
             o.validate()?;
+        if let Some(g) = &self.group {
+            g.validate()?;
         }
         if self.ack_wait < Duration::from_secs(1) {
             return bad("ack_wait", "must be at least one second");

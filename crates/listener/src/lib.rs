@@ -59,6 +59,8 @@
 //! - `client`: a small HTTP client of the API (used by `msgtrail trace` and `stats`).
 //! - `clocks`: per (client, broker instance) clock estimates over the last minute of
 //!   records, fed at ingest, outside the store (`GET /api/clients/{id}`).
+//! - [`cluster`]: a group of listeners sharing the stage partitions (`--group`): KV
+//!   membership, rendezvous assignment, one consumer per held partition, the HTTP fan-out.
 //! - `config`: [`ListenerConfig`], its defaults and environment variable names.
 //! - `error`: configuration, runtime, store and query errors.
 //! - `export`: changed trajectories to the OTLP pipeline of `msgtrail-otel`, never
@@ -86,6 +88,7 @@
 mod cache;
 mod client;
 mod clocks;
+pub mod cluster;
 mod codec;
 mod config;
 mod counters;
@@ -249,14 +252,20 @@ pub async fn start_with_client(
     let store = open_store(&config).await?;
     let stats = load_stats(&config, &store, started_at).await?;
     let js = async_nats::jetstream::new(client);
-    let consumer = ingest::consumer(
-        &js,
-        &config.durable_name,
-        config.batch_size,
-        config.ack_wait,
-        config.replicas,
-    )
-    .await?;
+    // In a group the partition workers (crate::cluster) read the stage stream instead.
+    let consumer = match &config.group {
+        None => Some(
+            ingest::consumer(
+                &js,
+                &config.durable_name,
+                config.batch_size,
+                config.ack_wait,
+                config.replicas,
+            )
+            .await?,
+        ),
+        Some(_) => None,
+    };
 
     let (listener, http_addr) = bind(config.http_addr).await?;
 
@@ -271,18 +280,22 @@ pub async fn start_with_client(
         None => None,
     };
     let clocks = Arc::new(clocks::ClockWindow::new());
-    tasks.spawn(ingest::run(
-        consumer.clone(),
-        ingest::Sinks {
-            store: store.clone(),
-            stats: stats.clone(),
-            exporter: exporter.clone(),
-            clocks: clocks.clone(),
-        },
-        config.batch_size,
-        stop.clone(),
-    ));
-    if config.store_evidence {
+    if let Some(consumer) = &consumer {
+        tasks.spawn(ingest::run(
+            consumer.clone(),
+            ingest::Sinks {
+                store: store.clone(),
+                stats: stats.clone(),
+                exporter: exporter.clone(),
+                clocks: clocks.clone(),
+            },
+            config.batch_size,
+            stop.clone(),
+        ));
+    }
+    // Store evidence reads the whole message stream: in a group it would store every
+    // partition's messages on every member (not done yet; docs/ARCHITECTURE.md decision 12).
+    if config.store_evidence && config.group.is_none() {
         let source = evidence_source(&config, &js);
         let (store, stats, exporter) = (store.clone(), stats.clone(), exporter.clone());
         tasks.spawn(evidence::run(source, store, stats, exporter, stop.clone()));
@@ -313,10 +326,13 @@ pub async fn start_with_client(
         consumer,
         store.clone(),
         stats.clone(),
-        exporter.clone(),
+        // In a group the watchdog's trajectories are not exported: the partitions' primaries
+        // export what they apply, and a watchdog pass covers every partition held.
+        exporter.clone().filter(|_| config.group.is_none()),
         stop.clone(),
     ));
-    let app = http::router(
+    let cluster_exporter = exporter.clone();
+    let mut app = http::router(
         store.clone(),
         stats.clone(),
         clocks,
@@ -324,10 +340,32 @@ pub async fn start_with_client(
         config.token.clone(),
         config.trace_ui.as_ref(),
     );
-    let app = match observing {
+    app = match observing {
         Some(status) => app.merge(observe::http::routes(status, config.token.clone())),
         None => app,
     };
+    if let Some(group) = &config.group {
+        let url = group
+            .advertise_url
+            .clone()
+            .unwrap_or_else(|| format!("http://{http_addr}"));
+        let coordinator = cluster::Coordinator {
+            group: group.clone(),
+            url,
+            ingest: cluster::PartitionIngestDeps {
+                js: js.clone(),
+                replicas: config.replicas,
+                batch_size: config.batch_size,
+                ack_wait: config.ack_wait,
+                store: store.clone(),
+                stats: stats.clone(),
+            },
+            exporter: cluster_exporter,
+        };
+        let (view, task) = cluster::start(coordinator, stop.clone()).await?;
+        tasks.spawn(task);
+        app = cluster::layer(app, view);
+    }
     tasks.spawn(serve_http(listener, app, stop.clone()));
     tracing::info!(%http_addr, data_dir = %config.data_dir.display(), "listener started");
     Ok(ListenerHandle {
@@ -450,7 +488,7 @@ pub async fn run_with_client(
 /// The watchdog (deadlines), the lag poll and retention, on their intervals.
 async fn housekeeping(
     config: ListenerConfig,
-    mut consumer: async_nats::jetstream::consumer::PullConsumer,
+    mut consumer: Option<async_nats::jetstream::consumer::PullConsumer>,
     store: Arc<Store>,
     stats: Arc<Stats>,
     exporter: Option<export::ExportSender>,
@@ -468,9 +506,11 @@ async fn housekeeping(
             _ = stop.cancelled() => return Ok(()),
             _ = watchdog.tick() => {
                 let now = now_nanos();
-                match consumer.info().await {
-                    Ok(info) => stats.set_pending(info.num_pending, info.num_ack_pending as u64, now),
-                    Err(e) => tracing::debug!(error = %e, "consumer info unavailable"),
+                if let Some(consumer) = consumer.as_mut() {
+                    match consumer.info().await {
+                        Ok(info) => stats.set_pending(info.num_pending, info.num_ack_pending as u64, now),
+                        Err(e) => tracing::debug!(error = %e, "consumer info unavailable"),
+                    }
                 }
                 // While the store cannot write the ingest retries (and logs the outage once):
                 // a deadline pass would only fail too.

@@ -60,11 +60,17 @@ pub fn message_stream(
 }
 
 /// The stage stream, `MSGTRAIL_STAGES`: batches of stage records the brokers write and the
-/// listener reads.
+/// listeners read, on the legacy `msgtrail.stages` and the partitions' `msgtrail.stages.<p>`
+/// (`msgtrail_core::partition`). Limits retention with the maximum age: a listener that takes
+/// a partition over rebuilds it by replaying the partition's subject from the start, so the
+/// stream must keep as long as the listeners keep (the default age is both's default).
 pub fn stage_stream(replicas: usize, max_age: Duration) -> stream::Config {
     stream::Config {
         name: s::STAGE_STREAM.to_owned(),
-        subjects: vec![s::STAGE_SUBJECT.to_owned()],
+        subjects: vec![
+            s::STAGE_SUBJECT.to_owned(),
+            msgtrail_core::partition::wildcard(),
+        ],
         storage: stream::StorageType::File,
         retention: stream::RetentionPolicy::Limits,
         num_replicas: replicas,

@@ -45,6 +45,10 @@ pub(crate) struct BrokerArgs {
     /// start, `b-` and eight hex digits); unique among running brokers.
     #[arg(long, env = "MSGTRAIL_INSTANCE_NAME")]
     pub instance_name: Option<msgtrail_core::BrokerInstance>,
+    /// Publish stage records split by partition on `msgtrail.stages.<p>`, for a group of
+    /// listeners (`msgtrail listener --group`); a single listener reads either.
+    #[arg(long, env = "MSGTRAIL_STAGE_PARTITIONS")]
+    pub stage_partitions: bool,
 }
 
 /// Runs the broker until a signal.
@@ -62,6 +66,7 @@ pub(crate) async fn run(nats: &NatsArgs, args: BrokerArgs) -> anyhow::Result<()>
         record_payload_bytes: args.record_payload_bytes,
         max_concurrent_requests: args.max_concurrent_requests,
         instance_name: args.instance_name,
+        stage_partitions: args.stage_partitions,
         ..Default::default()
     };
     config.validate()?;

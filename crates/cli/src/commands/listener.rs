@@ -104,6 +104,20 @@ pub(crate) struct Args {
     /// consumer that does not sample every ack is only named, with the command that fixes it).
     #[arg(long, requires = "observe")]
     pub observe_set_sample_freq: bool,
+    /// Join a group of listeners sharing the stage partitions (the brokers then run with
+    /// `--stage-partitions`); every member answers for all. Unset: one listener reads every
+    /// record, as before.
+    #[arg(long, env = "MSGTRAIL_LISTENER_GROUP")]
+    pub group: Option<String>,
+    /// This listener's name in its group (unique among the members; required with --group).
+    #[arg(long, env = "MSGTRAIL_INSTANCE_NAME", requires = "group")]
+    pub instance_name: Option<String>,
+    /// Listeners holding each partition (2 survives one listener's death with no gap).
+    #[arg(long, default_value_t = 1, requires = "group")]
+    pub copies: usize,
+    /// The URL the other members reach this one's API at (default: http://<--addr>).
+    #[arg(long, requires = "group")]
+    pub advertise_url: Option<String>,
 }
 
 impl Args {
@@ -138,6 +152,15 @@ impl Args {
                 set_sample_freq: self.observe_set_sample_freq,
                 ..msgtrail_listener::ObserveConfig::streams(self.observe.clone())
             }),
+            group: self
+                .group
+                .clone()
+                .map(|name| msgtrail_listener::cluster::GroupConfig {
+                    instance: self.instance_name.clone().unwrap_or_default(),
+                    name,
+                    copies: self.copies,
+                    advertise_url: self.advertise_url.clone(),
+                }),
             ..Default::default()
         }
     }

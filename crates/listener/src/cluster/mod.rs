@@ -1,0 +1,352 @@
+//! A group of listeners sharing the stage partitions (`--group`): membership on a KV
+//! bucket with a time to live, ownership by rendezvous hashing, one durable consumer per
+//! (listener, partition), and an HTTP layer that lets any member answer for all
+//! (docs/ARCHITECTURE.md, decision 12).
+//!
+//! How the parts meet: [`run`] is one task that beats ([`membership`]), reads the live
+//! members, computes the partitions this member holds ([`assignment`]) and starts or stops
+//! one [`partition_ingest`] worker per held partition (the primary's exports); it publishes
+//! what it knows in a [`ClusterView`], which [`fanout`] reads to route lookups to an owner
+//! and to merge searches over every member.
+
+mod assignment;
+mod fanout;
+mod membership;
+mod partition_ingest;
+
+pub use membership::{HeldPartition, MemberInfo, HEARTBEAT, MEMBER_BUCKET, MEMBER_TTL};
+
+pub use fanout::{LOCAL_HEADER, PARTIAL_HEADER};
+
+pub(crate) use fanout::layer;
+
+use crate::error::ListenerError;
+use crate::export::ExportSender;
+use assignment::Role;
+use msgtrail_core::partition::Partition;
+use partition_ingest::PartitionIngest;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, RwLock};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+/// Most owners a partition can be given.
+pub const MAX_COPIES: usize = 5;
+
+/// A listener's membership of a group (`--group`, `--instance-name`, `--copies`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupConfig {
+    /// The group's name: listeners with the same name share the partitions.
+    pub name: String,
+    /// This listener's name in the group (unique among its members).
+    pub instance: String,
+    /// Owners of each partition (2 survives one listener's death with no gap).
+    pub copies: usize,
+    /// The base URL the others reach this listener's API at; `None`: `http://<bound address>`.
+    pub advertise_url: Option<String>,
+}
+
+impl GroupConfig {
+    /// Checks the names (they become consumer names and KV keys) and the copies.
+    pub fn validate(&self) -> Result<(), crate::ConfigError> {
+        let bad =
+            |field: &'static str, why: &str| Err(crate::ConfigError::field("listener", field, why));
+        let name_ok = |s: &str| {
+            !s.is_empty()
+                && s.len() <= 64
+                && s.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        };
+        if !name_ok(&self.name) {
+            return bad("group", "must be 1-64 characters of A-Z a-z 0-9 _ -");
+        }
+        if !name_ok(&self.instance) {
+            return bad(
+                "instance_name",
+                "must be 1-64 characters of A-Z a-z 0-9 _ -",
+            );
+        }
+        if self.copies == 0 || self.copies > MAX_COPIES {
+            return bad("copies", "must be 1 to 5");
+        }
+        Ok(())
+    }
+}
+
+/// What a member knows of its group, shared by the coordinator, the partition workers and
+/// the HTTP fan-out.
+#[derive(Debug)]
+pub(crate) struct ClusterView {
+    me: String,
+    copies: usize,
+    inner: RwLock<ViewState>,
+}
+
+#[derive(Debug, Default)]
+struct ViewState {
+    /// The live members (this one included once it has beaten).
+    members: BTreeMap<String, MemberInfo>,
+    /// Held partitions: role, and messages still pending in the partition's consumer
+    /// (`None` until first polled).
+    held: BTreeMap<Partition, (Role, Option<u64>)>,
+}
+
+impl ClusterView {
+    fn new(me: &str, copies: usize) -> Self {
+        ClusterView {
+            me: me.to_owned(),
+            copies,
+            inner: RwLock::new(ViewState::default()),
+        }
+    }
+
+    /// This member's name.
+    pub(crate) fn me(&self) -> &str {
+        &self.me
+    }
+
+    /// Notes a held partition's pending count; returns whether it was ready before.
+    pub(crate) fn partition_progress(&self, p: Partition, pending: u64) -> bool {
+        let mut s = self.inner.write().expect("cluster view lock");
+        match s.held.get_mut(&p) {
+            Some((_, seen)) => {
+                let was = *seen == Some(0);
+                // Once caught up it stays ready: a backlog under load is not a rebuild.
+                if !was {
+                    *seen = Some(pending);
+                }
+                was
+            }
+            None => false,
+        }
+    }
+
+    /// The partitions held, with role and readiness, for the heartbeat and `/metrics`.
+    pub(crate) fn held(&self) -> Vec<HeldPartition> {
+        let s = self.inner.read().expect("cluster view lock");
+        s.held
+            .iter()
+            .map(|(p, (r, pending))| HeldPartition::new(*p, *r, *pending == Some(0)))
+            .collect()
+    }
+
+    /// Messages still to replay in partitions being rebuilt (for `/metrics`).
+    pub(crate) fn rebuild_pending(&self) -> u64 {
+        let s = self.inner.read().expect("cluster view lock");
+        s.held
+            .values()
+            .filter(|(_, p)| *p != Some(0))
+            .map(|(_, p)| p.unwrap_or(0))
+            .sum()
+    }
+
+    /// The live members' URLs in the order to ask them for `p`: its owners, ready ones
+    /// first, primary first; then nobody else (an ID of `p` is only stored by its owners).
+    pub(crate) fn owners_of(&self, p: Partition) -> Vec<(String, String)> {
+        let s = self.inner.read().expect("cluster view lock");
+        let owners = assignment::owners(p, s.members.keys().map(String::as_str), self.copies);
+        let ready = |name: &str| {
+            s.members
+                .get(name)
+                .is_some_and(|m| m.partitions.iter().any(|h| h.partition == p && h.ready))
+        };
+        let mut out: Vec<(bool, String, String)> = owners
+            .iter()
+            .filter_map(|n| {
+                s.members
+                    .get(*n)
+                    .map(|m| (!ready(n), n.to_string(), m.url.clone()))
+            })
+            .collect();
+        out.sort_by_key(|(not_ready, _, _)| *not_ready);
+        out.into_iter().map(|(_, n, u)| (n, u)).collect()
+    }
+
+    /// Members that together hold every partition (one owner each, ready ones preferred),
+    /// this one first when it is among them: the targets of a merged search.
+    pub(crate) fn cover(&self) -> Vec<(String, String)> {
+        let mut picked: Vec<(String, String)> = Vec::new();
+        for p in Partition::all() {
+            let owners = self.owners_of(p);
+            if owners.iter().any(|o| picked.contains(o)) {
+                continue;
+            }
+            if let Some(o) = owners
+                .iter()
+                .find(|(n, _)| *n == self.me)
+                .or(owners.first())
+            {
+                picked.push(o.clone());
+            }
+        }
+        picked.sort_by_key(|(n, _)| *n != self.me);
+        picked
+    }
+}
+
+/// Everything the coordinator needs.
+#[derive(Debug)]
+pub(crate) struct Coordinator {
+    /// The group.
+    pub group: GroupConfig,
+    /// This member's API base URL.
+    pub url: String,
+    /// What each partition worker needs.
+    pub ingest: PartitionIngestDeps,
+    /// The trace export, handed to the primary's workers.
+    pub exporter: Option<ExportSender>,
+}
+
+/// The parts of a partition worker that do not depend on the partition.
+#[derive(Debug, Clone)]
+pub(crate) struct PartitionIngestDeps {
+    /// JetStream.
+    pub js: async_nats::jetstream::Context,
+    /// Replicas of the stage stream and the membership bucket, as configured.
+    pub replicas: Option<usize>,
+    /// Most messages per store transaction.
+    pub batch_size: usize,
+    /// The consumers' ack wait.
+    pub ack_wait: std::time::Duration,
+    /// The store.
+    pub store: Arc<crate::store::Store>,
+    /// The statistics.
+    pub stats: Arc<crate::stats::Stats>,
+}
+
+/// Joins the group: creates the membership bucket and the stage stream (as a reader) and
+/// returns the view and the coordinator's task.
+pub(crate) async fn start(
+    c: Coordinator,
+    stop: CancellationToken,
+) -> Result<
+    (
+        Arc<ClusterView>,
+        impl std::future::Future<Output = Result<(), ListenerError>>,
+    ),
+    ListenerError,
+> {
+    let js = &c.ingest.js;
+    let membership =
+        membership::Membership::join(js, &c.group.name, &c.group.instance, c.ingest.replicas)
+            .await?;
+    let desired = msgtrail_nats::topology::stage_stream(
+        c.ingest.replicas.unwrap_or(1),
+        msgtrail_nats::topology::DEFAULT_STAGE_MAX_AGE,
+    );
+    let stream = msgtrail_nats::topology::ensure_stream(
+        js,
+        &desired,
+        msgtrail_nats::topology::Policy::reader(c.ingest.replicas),
+    )
+    .await
+    .map_err(|e| ListenerError::nats("stage stream", e))?;
+    let view = Arc::new(ClusterView::new(&c.group.instance, c.group.copies));
+    let worker = PartitionIngest {
+        stream,
+        durable_base: format!("{}-{}", c.group.name, c.group.instance),
+        batch_size: c.ingest.batch_size,
+        ack_wait: c.ingest.ack_wait,
+        store: c.ingest.store.clone(),
+        stats: c.ingest.stats.clone(),
+        view: view.clone(),
+    };
+    let task = run(c, membership, worker, view.clone(), stop);
+    Ok((view, task))
+}
+
+/// The coordinator: beat, read the members, hold what the assignment says, until `stop`.
+async fn run(
+    c: Coordinator,
+    membership: membership::Membership,
+    worker: PartitionIngest,
+    view: Arc<ClusterView>,
+    stop: CancellationToken,
+) -> Result<(), ListenerError> {
+    let me = c.group.instance.clone();
+    let mut workers: HashMap<Partition, (Role, CancellationToken)> = HashMap::new();
+    let mut tasks: JoinSet<Result<(), ListenerError>> = JoinSet::new();
+    let mut tick = tokio::time::interval(HEARTBEAT);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Wait a couple of beats before the first assignment, so that listeners started together
+    // see each other before anyone takes every partition.
+    let mut beats = 0u32;
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            _ = tick.tick() => {}
+            Some(r) = tasks.join_next(), if !tasks.is_empty() => {
+                if let Ok(Err(e)) = r {
+                    tracing::warn!(error = %msgtrail_core::ErrorChain(&e), "partition worker ended");
+                }
+                continue;
+            }
+        }
+        beats += 1;
+        let info = MemberInfo {
+            name: me.clone(),
+            url: c.url.clone(),
+            partitions: view.held(),
+        };
+        if let Err(e) = membership.beat(&info).await {
+            tracing::warn!(error = %msgtrail_core::ErrorChain(&e), "heartbeat failed");
+            continue;
+        }
+        let mut members = match membership.members().await {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::warn!(error = %msgtrail_core::ErrorChain(&e), "reading the members failed");
+                continue;
+            }
+        };
+        members.insert(me.clone(), info);
+        let want: BTreeMap<Partition, Role> = if beats >= 2 {
+            assignment::held(&me, members.keys().map(String::as_str), c.group.copies)
+                .into_iter()
+                .collect()
+        } else {
+            BTreeMap::new()
+        };
+        // Stop what is no longer held (or held in another role: restarted below).
+        workers.retain(|p, (role, token)| {
+            let keep = want.get(p) == Some(role);
+            if !keep {
+                token.cancel();
+            }
+            keep
+        });
+        let mut changed = false;
+        {
+            let mut s = view.inner.write().expect("cluster view lock");
+            s.members = members;
+            s.held.retain(|p, _| want.contains_key(p));
+            for (p, role) in &want {
+                let e = s.held.entry(*p).or_insert((*role, None));
+                e.0 = *role;
+            }
+        }
+        for (p, role) in want {
+            if workers.contains_key(&p) {
+                continue;
+            }
+            changed = true;
+            let token = stop.child_token();
+            let exporter = (role == Role::Primary)
+                .then(|| c.exporter.clone())
+                .flatten();
+            tasks.spawn(worker.clone().run(p, exporter, token.clone()));
+            workers.insert(p, (role, token));
+        }
+        if changed {
+            let mut held: Vec<String> = workers
+                .iter()
+                .map(|(p, (r, _))| format!("{p}{}", if *r == Role::Primary { "*" } else { "" }))
+                .collect();
+            held.sort();
+            tracing::info!(members = view.inner.read().expect("cluster view lock").members.len(), held = %held.join(","), "partitions assigned (* primary)");
+        }
+    }
+    membership.leave().await;
+    while tasks.join_next().await.is_some() {}
+    Ok(())
+}
