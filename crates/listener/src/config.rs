@@ -144,6 +144,7 @@ impl ListenerConfig {
         }
         if let Some(o) = &self.observe {
             o.validate()?;
+        }
         if let Some(g) = &self.group {
             g.validate()?;
         }
