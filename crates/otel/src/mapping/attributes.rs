@@ -189,9 +189,9 @@ pub(super) fn observed_attributes(t: &Trajectory, attrs: &mut Vec<KeyValue>) {
         return;
     };
     attrs.push(KeyValue::new("msgtrail.observed", true));
-    attrs.push(KeyValue::new("msgtrail.observed.stream", o.stream.clone()));
+    attrs.push(KeyValue::new("msgtrail.observe.stream", o.stream.clone()));
     attrs.push(KeyValue::new(
-        "msgtrail.observed.stream_seq",
+        "msgtrail.observe.stream_seq",
         i64::try_from(o.stream_seq).unwrap_or(i64::MAX),
     ));
 }

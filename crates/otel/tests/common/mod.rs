@@ -150,7 +150,7 @@ pub(crate) fn synthesized_root() -> Trajectory {
 }
 
 /// An observed message (observe mode) whose stored `traceparent` makes it join the
-/// producer's trace: the `msgtrail.observed*` attributes.
+/// producer's trace: the `msgtrail.observed` and `msgtrail.observe.*` attributes.
 pub(crate) fn observed() -> Trajectory {
     let id = msgtrail_core::observed::observed_message_id("ORDERS", 7);
     let mut r = upload(false);
