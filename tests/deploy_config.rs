@@ -217,6 +217,21 @@ fn tracing_stack_configs_parse_and_connect() {
     }
 }
 
+/// The body of a GET of `path` on a node's monitoring port (plain HTTP/1.0 over loopback).
+fn monitor_get(port: u16, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut conn = std::net::TcpStream::connect(("127.0.0.1", port)).expect("monitor port");
+    write!(conn, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
+    let mut response = String::new();
+    conn.read_to_string(&mut response).unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").expect("an HTTP response");
+    assert!(
+        head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200"),
+        "{head}"
+    );
+    body.to_owned()
+}
+
 /// Ports and directories of one loopback node.
 struct NodePorts {
     client: u16,
@@ -600,6 +615,15 @@ async fn store_evidence_reader(
 async fn three_node_cluster_from_the_deploy_config_enforces_permissions() {
     let cluster = Cluster::start();
     let urls = cluster.urls();
+
+    // Every node pings its clients every 5 s and drops one after 3 missed pings (finding
+    // 12: the 2-minute default kept a cut-off broker's subscription for the whole cut).
+    for ports in &cluster.ports {
+        let varz = monitor_get(ports.monitor, "/varz");
+        let varz: serde_json::Value = serde_json::from_str(&varz).expect("/varz is JSON");
+        assert_eq!(varz["ping_interval"], 5_000_000_000u64, "{varz}");
+        assert_eq!(varz["ping_max"], 3, "{varz}");
+    }
 
     // The broker creates an R3 stream once the cluster has elected a JetStream meta leader.
     let broker_opts = || {

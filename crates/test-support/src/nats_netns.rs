@@ -32,7 +32,8 @@ pub(crate) struct NetnsNats {
 
 impl NetnsNats {
     /// Writes the configuration (the host's address, `store_dir`, JetStream's
-    /// `sync_interval: always` when `sync_always`, then `extra_config`) and starts the server
+    /// `sync_interval: always` when `sync_always`, the client pings deploy/nats/nats.conf
+    /// sets — every 5 s, three missed drop the client — then `extra_config`) and starts the server
     /// in `host`'s namespace; returns once its client port accepts connections.
     pub(crate) fn start(
         host: &Host,
@@ -53,6 +54,7 @@ impl NetnsNats {
         };
         let config = format!(
             "listen: \"{ip}:{CLIENT_PORT}\"\nhttp: \"{ip}:{MONITOR_PORT}\"\n\
+             ping_interval: \"5s\"\nping_max: 3\n\
              jetstream {{ store_dir: {:?}{sync} }}\n{extra_config}\n",
             store_dir.display().to_string()
         );
