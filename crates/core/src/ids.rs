@@ -59,6 +59,16 @@ impl MessageId {
         MessageId(Uuid::now_v7())
     }
 
+    /// A new message ID for a message received now, in partition `p` of the stage stream:
+    /// a UUIDv7 whose last four random bits are `p` (`crate::partition`: the broker mints
+    /// each message's ID in its request's partition, so the request's P1 and the message's
+    /// records reach the same listeners).
+    pub fn new_in(p: crate::partition::Partition) -> Self {
+        let bits = Uuid::now_v7().as_u128();
+        let mask = u128::from(crate::partition::PARTITION_BITS);
+        MessageId(Uuid::from_u128((bits & !mask) | u128::from(p.index())))
+    }
+
     /// The 16 bytes of the ID, big-endian as in the text form.
     pub fn as_bytes(&self) -> &[u8; 16] {
         self.0.as_bytes()

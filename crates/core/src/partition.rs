@@ -2,19 +2,29 @@
 //! to, so that every record of one message reaches the listeners that own its partition
 //! (docs/ARCHITECTURE.md, decision 12).
 //!
-//! The partition of a record is a documented hash of its **partition key**, the first of:
-//! 1. its message ID (the 16 bytes of the UUID) — every record from P2 on, the relayed
-//!    client records, recovered store evidence, late reports;
-//! 2. its request ID (UTF-8 bytes) — a client's P1 of an attempt the broker never stored,
-//!    kept under (producer, request ID) until a record carrying both IDs links it;
-//! 3. its producer, else its consumer (UTF-8 bytes) — channel and subscription records (A1,
-//!    N1) that belong to no message;
+//! The partition of a record is the first of:
+//! 1. its message ID's partition: the low four bits of the ID's last byte
+//!    ([`Partition::of_message`]) — every record from P2 on, the relayed client records,
+//!    recovered store evidence, late reports;
+//! 2. the hash of its request ID (UTF-8 bytes, [`Partition::of_request`]) — a client's P1,
+//!    which carries no message ID, kept under (producer, request ID) until a record carrying
+//!    both IDs links it;
+//! 3. the hash of its producer, else its consumer (UTF-8 bytes) — channel and subscription
+//!    records (A1, N1) that belong to no message;
 //! 4. nothing: partition 0.
+//!
+//! **One request, one partition.** The broker mints each message ID *in its request's
+//! partition* ([`crate::MessageId::new_in`]: a UUIDv7 whose last four random bits are the
+//! partition of the request ID), so a P1 (request ID only) and every record of the message
+//! stored for it (message ID) land in the same partition, and the listener that owns it
+//! links them as a single listener does — also for a request stored again after the dedup
+//! window (a new message ID, the same partition). An ID minted otherwise (an older broker,
+//! an observed message's UUIDv8) has random low bits: its records still share one
+//! partition, evenly spread; only the link to a P1 of another partition is then missing.
 //!
 //! The hash is 64-bit FNV-1a over the key's bytes, taken modulo [`PARTITIONS`]: stable across
 //! versions, languages and platforms (a client in another language computes the same
-//! partition with a dozen lines), cheap (one multiply per byte), and even over UUIDv7s,
-//! whose random tail decides the low bits.
+//! partition with a dozen lines) and cheap (one multiply per byte).
 //!
 //! Records are published on [`subject`]`(p)`, `msgtrail.stages.<p>`; the legacy
 //! [`crate::subjects::STAGE_SUBJECT`] stays part of the stage stream, for brokers that do
@@ -29,6 +39,10 @@ use std::fmt;
 /// and listener computes partitions with this constant, and changing it moves records between
 /// partitions (a new stage-stream version, not a setting).
 pub const PARTITIONS: u16 = 16;
+
+/// The bits of a message ID's last byte that name its partition ([`PARTITIONS`] − 1).
+pub(crate) const PARTITION_BITS: u8 = (PARTITIONS - 1) as u8;
+const _: () = assert!(PARTITIONS.is_power_of_two() && PARTITIONS <= 256);
 
 /// One partition of the stage stream, `0..PARTITIONS`.
 #[derive(
@@ -58,9 +72,15 @@ impl Partition {
         Partition((fnv1a64(key) % u64::from(PARTITIONS)) as u16)
     }
 
-    /// The partition of a message ID (its 16 bytes).
+    /// The partition of a message ID: the low four bits of its last byte (random in a
+    /// UUIDv7, the request's partition in one minted by [`crate::MessageId::new_in`]).
     pub fn of_message(id: &crate::MessageId) -> Self {
-        Self::of_bytes(id.as_bytes())
+        Partition(u16::from(id.as_bytes()[15] & PARTITION_BITS))
+    }
+
+    /// The partition of a request ID: the hash of its UTF-8 bytes.
+    pub fn of_request(request: &crate::RequestId) -> Self {
+        Self::of_bytes(request.as_str().as_bytes())
     }
 
     /// The partition of a record: by its partition key (module docs).
@@ -68,7 +88,7 @@ impl Partition {
         if let Some(id) = &r.message_id {
             Self::of_message(id)
         } else if let Some(req) = &r.request_id {
-            Self::of_bytes(req.as_str().as_bytes())
+            Self::of_request(req)
         } else if let Some(c) = r.producer.as_ref().or(r.consumer.as_ref()) {
             Self::of_bytes(c.as_str().as_bytes())
         } else {
@@ -160,6 +180,29 @@ mod tests {
         c8.message_id = Some(id);
         assert_eq!(Partition::of_record(&p2), Partition::of_message(&id));
         assert_eq!(Partition::of_record(&c8), Partition::of_message(&id));
+    }
+
+    #[test]
+    fn a_request_and_the_message_minted_for_it_share_a_partition() {
+        for i in 0..200 {
+            let req = RequestId::new(format!("req-{i}")).unwrap();
+            let mut p1 = record(Stage::UploadSent);
+            p1.request_id = Some(req.clone());
+            let id = MessageId::new_in(Partition::of_request(&req));
+            let mut c8 = record(Stage::PullAckReceived);
+            c8.message_id = Some(id);
+            assert_eq!(
+                Partition::of_record(&p1),
+                Partition::of_record(&c8),
+                "{req}"
+            );
+            // Still a UUIDv7 of now: the partition takes random bits only.
+            assert_eq!(id.as_u128() >> 76 & 0xF, 7, "version 7: {id}");
+            assert!(MessageId::from_u128(id.as_u128()).is_ok());
+        }
+        // The partition is in the ID itself: anyone computes it from the text form.
+        let id: MessageId = "01a236af-0ba1-7175-aa0a-477e0f3bfac7".parse().unwrap();
+        assert_eq!(Partition::of_message(&id).index(), 7);
     }
 
     #[test]

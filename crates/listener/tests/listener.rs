@@ -6,7 +6,7 @@ use msgtrail_core::encode_batch;
 use msgtrail_core::subjects::{STAGE_STREAM, STAGE_SUBJECT};
 use msgtrail_core::trajectory::{AssembleOptions, HopStatus, MessageState, Trajectory};
 use msgtrail_core::Stage;
-use msgtrail_core::{ClientId, MessageId, RequestId, StageRecord};
+use msgtrail_core::{MessageId, RequestId, StageRecord};
 use msgtrail_listener::ListenerClient;
 use msgtrail_listener::ListenerConfig;
 use msgtrail_nats::topology::{stage_stream, DEFAULT_STAGE_MAX_AGE};
@@ -16,151 +16,8 @@ use std::path::Path;
 use std::time::Duration;
 
 mod common;
+use common::scenario::{Scenario, MS};
 use common::*;
-
-const MS: u64 = 1_000_000;
-
-/// Builds the records of one scenario, relative to a base time.
-struct Scenario {
-    t0: u64,
-    id: MessageId,
-    req: RequestId,
-    producer: ClientId,
-    topic: String,
-    out: Vec<StageRecord>,
-}
-
-impl Scenario {
-    fn new(t0: u64, producer: &str, req: &str, topic: &str) -> Self {
-        Scenario {
-            t0,
-            id: MessageId::new(),
-            req: RequestId::new(req).unwrap(),
-            producer: ClientId::new(producer).unwrap(),
-            topic: topic.to_owned(),
-            out: Vec::new(),
-        }
-    }
-    fn rec(&self, stage: Stage, ms: u64) -> StageRecord {
-        let mut r = StageRecord::at(stage, self.t0 + ms * MS);
-        r.topic = Some(self.topic.clone());
-        r
-    }
-    fn upload(&mut self, stage: Stage, ms: u64, attempt: Option<u32>) -> &mut Self {
-        let mut r = self.rec(stage, ms);
-        r.request_id = Some(self.req.clone());
-        r.producer = Some(self.producer.clone());
-        r.attempt = attempt;
-        if stage != Stage::UploadSent {
-            r.message_id = Some(self.id);
-        }
-        if stage == Stage::UploadReceived {
-            r.payload_size = Some(4);
-            r.payload_head = Some("aGVsbG8=".into()); // "hello"
-            r.attrs.insert("category".into(), "refund".into());
-            r.service = Some("broker".into());
-        }
-        self.out.push(r);
-        self
-    }
-    // One call per record keeps the scenarios readable as a table of stages.
-    #[allow(clippy::too_many_arguments)]
-    fn deliver(
-        &mut self,
-        stage: Stage,
-        ms: u64,
-        group: &str,
-        consumer: &str,
-        attempt: u32,
-        outcome: Option<&str>,
-        detail: Option<&str>,
-    ) -> &mut Self {
-        let mut r = self.rec(stage, ms);
-        r.message_id = Some(self.id);
-        r.group = Some(ClientId::new(group).unwrap());
-        r.consumer = Some(ClientId::new(consumer).unwrap());
-        r.attempt = Some(attempt);
-        r.outcome = outcome.map(Into::into);
-        r.detail = detail.map(Into::into);
-        self.out.push(r);
-        self
-    }
-    /// A full pull delivery that is processed with `result` and settled with `settle`.
-    fn pull(
-        &mut self,
-        ms: u64,
-        group: &str,
-        consumer: &str,
-        attempt: u32,
-        fail: Option<&str>,
-    ) -> &mut Self {
-        let settle = if fail.is_some() { "nack" } else { "ack" };
-        self.deliver(Stage::PullSent, ms, group, consumer, attempt, None, None)
-            .deliver(
-                Stage::PullReceived,
-                ms + 1,
-                group,
-                consumer,
-                attempt,
-                None,
-                None,
-            )
-            .deliver(
-                Stage::ProcessStarted,
-                ms + 2,
-                group,
-                consumer,
-                attempt,
-                None,
-                None,
-            )
-            .deliver(
-                Stage::ProcessFinished,
-                ms + 5,
-                group,
-                consumer,
-                attempt,
-                Some(if fail.is_some() { "failed" } else { "ok" }),
-                fail,
-            )
-            .deliver(
-                Stage::PullAckSent,
-                ms + 6,
-                group,
-                consumer,
-                attempt,
-                Some(settle),
-                None,
-            )
-            .deliver(
-                Stage::PullAckReceived,
-                ms + 7,
-                group,
-                consumer,
-                attempt,
-                Some(settle),
-                None,
-            );
-        if fail.is_some() {
-            self.deliver(
-                Stage::Redelivery,
-                ms + 7,
-                group,
-                consumer,
-                attempt,
-                Some("redeliver"),
-                Some("nack"),
-            );
-        }
-        self
-    }
-    fn stored(&mut self, ms: u64) -> &mut Self {
-        self.upload(Stage::UploadSent, ms, Some(1))
-            .upload(Stage::UploadReceived, ms + 1, None)
-            .upload(Stage::Stored, ms + 2, None)
-            .upload(Stage::StoreConfirmed, ms + 3, None)
-    }
-}
 
 /// Several trajectories: success by pull, failure then success, a P1 that never reached the
 /// broker, a delivery never acked, a duplicate upload, two consumer groups with push.
@@ -862,29 +719,17 @@ async fn trajectories_are_exported_as_spans_once_per_hop() {
     assert!(more.is_empty(), "{} extra spans", more.len());
 }
 
-/// Environment of [`child_listener_process`]: the NATS URL, the store and a file to write
-/// the HTTP address to.
-const CHILD_ENV: [&str; 3] = [
-    "MSGTRAIL_TEST_CHILD_NATS",
-    "MSGTRAIL_TEST_CHILD_DIR",
-    "MSGTRAIL_TEST_CHILD_ADDR_FILE",
-];
-
 /// Not a test on its own: the kill -9 test runs this test binary again with only this
 /// test, as a listener process it can SIGKILL. Without the environment it does nothing.
 #[tokio::test]
 #[ignore = "run by a_kill_9_mid_stream_loses_nothing as its child process"]
 async fn child_listener_process() {
-    let (Ok(url), Ok(dir), Ok(addr_file)) = (
-        std::env::var(CHILD_ENV[0]),
-        std::env::var(CHILD_ENV[1]),
-        std::env::var(CHILD_ENV[2]),
-    ) else {
+    let Some((url, dir, addr_file)) = child_settings() else {
         return;
     };
     let mut cfg = ListenerConfig {
         nats: msgtrail_nats::NatsOptions::url(url),
-        data_dir: dir.into(),
+        data_dir: dir,
         http_addr: "127.0.0.1:0".parse().unwrap(),
         // Small batches: many transactions, so the kill lands between some of them.
         batch_size: 2,
@@ -893,35 +738,12 @@ async fn child_listener_process() {
     };
     cfg.retention_max_age = None;
     let handle = msgtrail_listener::start(cfg).await.unwrap();
-    let tmp = format!("{addr_file}.tmp");
-    std::fs::write(&tmp, handle.http_addr().to_string()).unwrap();
-    std::fs::rename(&tmp, &addr_file).unwrap();
+    announce_address(&handle, &addr_file);
     std::future::pending::<()>().await;
 }
 
 fn spawn_child(server: &NatsServer, dir: &Path, addr_file: &Path) -> std::process::Child {
-    let _ = std::fs::remove_file(addr_file);
-    std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "child_listener_process",
-            "--exact",
-            "--ignored",
-            "--nocapture",
-        ])
-        .env(CHILD_ENV[0], server.url())
-        .env(CHILD_ENV[1], dir)
-        .env(CHILD_ENV[2], addr_file)
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap()
-}
-
-async fn child_client(addr_file: &Path) -> ListenerClient {
-    let addr = eventually("the child listener's address", || async {
-        std::fs::read_to_string(addr_file).ok()
-    })
-    .await;
-    ListenerClient::new(&format!("http://{addr}"), None).unwrap()
+    spawn_test_child("child_listener_process", server.url(), dir, addr_file)
 }
 
 #[tokio::test]

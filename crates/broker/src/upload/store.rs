@@ -3,6 +3,7 @@
 //! the original's ID when JetStream names a duplicate.
 
 use super::*;
+use msgtrail_core::partition::Partition;
 use msgtrail_nats::fast_ingest::FastMessage;
 
 /// What JetStream said of one stored upload.
@@ -65,7 +66,12 @@ impl Uploader {
     ) -> Vec<Result<UploadReply, WireError>> {
         let pending: Vec<(Upload, u64, MessageId)> = uploads
             .into_iter()
-            .map(|(up, received_at)| (up, received_at, MessageId::new()))
+            .map(|(up, received_at)| {
+                // Minted in the request's stage partition: its P1 and every record of
+                // the message reach the same listeners (msgtrail_core::partition).
+                let id = MessageId::new_in(Partition::of_request(&up.request_id));
+                (up, received_at, id)
+            })
             .collect();
         let mut acks: Vec<Option<Result<Ack, WireError>>> = std::iter::repeat_with(|| None)
             .take(pending.len())

@@ -2,6 +2,8 @@
 //! context, waiting for a condition, an API client.
 #![allow(dead_code)]
 
+pub(crate) mod scenario;
+
 use msgtrail_listener::ListenerClient;
 use msgtrail_listener::ListenerHandle;
 use msgtrail_test_support::NatsServer;
@@ -59,4 +61,56 @@ where
 /// A client of the listener's HTTP API.
 pub(crate) fn client(h: &ListenerHandle) -> ListenerClient {
     ListenerClient::new(&format!("http://{}", h.http_addr()), None).unwrap()
+}
+
+/// Environment of a child listener process: the NATS URL, its store directory, the file it
+/// announces its API address in.
+const CHILD_ENV: [&str; 3] = [
+    "MSGTRAIL_TEST_CHILD_NATS",
+    "MSGTRAIL_TEST_CHILD_DIR",
+    "MSGTRAIL_TEST_CHILD_ADDR_FILE",
+];
+
+/// Runs the ignored test `test` of this test binary as a child process — a listener the
+/// test can kill with SIGKILL — on the nats-server at `nats_url` with its store in `dir`.
+/// The child reads its settings with [`child_settings`] and announces its API with
+/// [`announce_address`]; [`child_client`] waits for it.
+pub(crate) fn spawn_test_child(
+    test: &str,
+    nats_url: &str,
+    dir: &std::path::Path,
+    addr_file: &std::path::Path,
+) -> std::process::Child {
+    let _ = std::fs::remove_file(addr_file);
+    std::process::Command::new(std::env::current_exe().unwrap())
+        .args([test, "--exact", "--ignored", "--nocapture"])
+        .env(CHILD_ENV[0], nats_url)
+        .env(CHILD_ENV[1], dir)
+        .env(CHILD_ENV[2], addr_file)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+/// In a child process started by [`spawn_test_child`]: (NATS URL, store directory, address
+/// file); `None` when the test runs on its own (it then does nothing).
+pub(crate) fn child_settings() -> Option<(String, std::path::PathBuf, String)> {
+    let var = |i: usize| std::env::var(CHILD_ENV[i]).ok();
+    Some((var(0)?, var(1)?.into(), var(2)?))
+}
+
+/// In a child process: writes the listener's API address to `addr_file` (atomically).
+pub(crate) fn announce_address(h: &ListenerHandle, addr_file: &str) {
+    let tmp = format!("{addr_file}.tmp");
+    std::fs::write(&tmp, h.http_addr().to_string()).unwrap();
+    std::fs::rename(&tmp, addr_file).unwrap();
+}
+
+/// A client of the child listener that announces its address in `addr_file`.
+pub(crate) async fn child_client(addr_file: &std::path::Path) -> ListenerClient {
+    let addr = eventually("the child listener's address", || async {
+        std::fs::read_to_string(addr_file).ok()
+    })
+    .await;
+    ListenerClient::new(&format!("http://{addr}"), None).unwrap()
 }
