@@ -395,6 +395,18 @@ impl<'t> Tables<'t> {
     fn load_cached_records(&self, key: &str) -> Result<Cached, StoreError> {
         let sk = stored(key)?;
         let mut c = Cached::default();
+        // Every message with records has chunk 0 (chunks are numbered from 0 and a rewrite
+        // starts again at 0), so one point read — which the engine's bloom filters answer
+        // mostly without touching a table — tells a message new to the store apart, and most
+        // messages a batch touches are new: a prefix scan builds an iterator over every
+        // memtable and table first.
+        if self
+            .tx
+            .get(&self.ks.records, keys::record(sk.as_bytes(), 0))?
+            .is_none()
+        {
+            return Ok(c);
+        }
         for item in self.tx.prefix(&self.ks.records, sk.as_bytes()) {
             let (k, v) = item.into_inner()?;
             if !keys::is_chunk_of(&k, sk.as_bytes()) {
