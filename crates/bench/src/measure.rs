@@ -196,6 +196,9 @@ pub(crate) struct Countdown {
     done: Arc<AtomicU64>,
     total: Arc<AtomicU64>,
     finished: Arc<std::sync::Mutex<Option<Instant>>>,
+    /// A count whose time is noted too ([`Countdown::marked`]); 0: none.
+    mark: u64,
+    marked: Arc<std::sync::Mutex<Option<Instant>>>,
 }
 
 impl Countdown {
@@ -205,7 +208,20 @@ impl Countdown {
             done,
             total: Arc::new(AtomicU64::new(total)),
             finished: Arc::default(),
+            mark: 0,
+            marked: Arc::default(),
         }
+    }
+
+    /// Also notes when `mark` units are done (the end of a warm-up counted in units).
+    pub(crate) fn with_mark(mut self, mark: u64) -> Self {
+        self.mark = mark;
+        self
+    }
+
+    /// When `mark` units were done (`None` before, or without a mark).
+    pub(crate) fn marked(&self) -> Option<Instant> {
+        *self.marked.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Counts into `done` towards a total not known yet ([`Countdown::close`] gives it).
@@ -230,7 +246,11 @@ impl Countdown {
 
     /// One more unit done.
     pub(crate) fn one(&self) {
-        if self.done.fetch_add(1, Ordering::SeqCst) + 1 >= self.total.load(Ordering::SeqCst) {
+        let n = self.done.fetch_add(1, Ordering::SeqCst) + 1;
+        if n == self.mark {
+            *self.marked.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+        }
+        if n >= self.total.load(Ordering::SeqCst) {
             self.note_finished();
         }
     }
@@ -378,6 +398,14 @@ mod tests {
         assert!(!c.is_done() && c.finished().is_none());
         c.one();
         assert!(c.is_done() && c.finished().is_some());
+        assert!(c.marked().is_none());
+        let m = Countdown::new(Arc::new(AtomicU64::new(0)), 3).with_mark(2);
+        m.one();
+        assert!(m.marked().is_none());
+        m.one();
+        let at = m.marked().expect("marked at 2");
+        m.one();
+        assert!(m.finished().unwrap() >= at);
     }
 
     #[test]

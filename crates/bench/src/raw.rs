@@ -7,7 +7,9 @@
 //! - *consume*: `consumers` tasks on one durable pull consumer fetch batches and ack each
 //!   message explicitly, from a stream filled by the publish run; completed = a message
 //!   fetched and its ack sent. In a timed run the stream holds what the timed publish run
-//!   stored, so the window ends early when the stream is drained first;
+//!   stored: the warm-up is the same share of those messages as of the publish run's time,
+//!   and the window runs from the end of the warm-up until the stream is drained (shorter
+//!   than the configured window when fetching outruns publishing; `consume.seconds` says);
 //! - *pipeline*: both at once on an empty stream; each payload carries its send time, so the
 //!   consumers measure end-to-end latency; completed = as for *consume*.
 //!
@@ -187,11 +189,21 @@ pub(crate) async fn run(
 
     // Consume alone, from the filled stream.
     let consumer = make_consumer(&stream, "raw-consume").await?;
+    // Timed, the stream holds what the timed publish run stored, and consume drains it
+    // faster than it was filled: the warm-up is the same share of its messages as of the
+    // publish run's time, and the window runs from then until the stream is drained.
     let phase = progress.phase(&format!("{label} S1 consume"), published);
-    let window = Window::start(p.timed);
-    let done = Countdown::new(phase.counter(), published);
-    let (_, end) = consume(consumer, p, done, window.clone(), "S1 consume").await?;
-    let consume_tp = window.throughput(end);
+    let warm = p.timed.map_or(0, |t| {
+        let share = t.warmup.as_secs_f64() / (t.warmup + t.window).as_secs_f64();
+        (published as f64 * share) as u64
+    });
+    let window = Window::start(None);
+    let done = Countdown::new(phase.counter(), published).with_mark(warm);
+    let (_, end) = consume(consumer, p, done.clone(), window.clone(), "S1 consume").await?;
+    let consume_tp = match done.marked() {
+        Some(from) if p.timed.is_some() => Throughput::new(published - warm, end - from),
+        _ => window.throughput(end),
+    };
     drop(phase);
 
     // Both at once, on an empty stream: as fast as it goes, then paced (skipped when the
