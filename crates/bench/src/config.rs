@@ -213,3 +213,38 @@ impl BenchConfig {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_estimate_grows_with_windows_repetitions_and_durable() {
+        let d = BenchConfig::default();
+        let base = d.estimate();
+        let more = BenchConfig {
+            reps: 5,
+            ..d.clone()
+        }
+        .estimate();
+        let longer = BenchConfig {
+            measure_window: Duration::from_secs(10),
+            ..d.clone()
+        }
+        .estimate();
+        let durable = BenchConfig {
+            durable: true,
+            ..d.clone()
+        }
+        .estimate();
+        assert!(more > base && longer > base && durable > base);
+        // Three repetitions of 8 runs of 6 s on two payload sizes: at least 288 s of load.
+        assert!(base >= Duration::from_secs(288), "{base:?}");
+        assert!(BenchConfig::quick().estimate() < Duration::from_secs(120));
+        let fixed = BenchConfig {
+            measure_window: Duration::ZERO,
+            ..d
+        };
+        assert!(fixed.timed().is_none() && fixed.validate().is_ok());
+    }
+}

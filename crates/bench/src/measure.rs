@@ -110,7 +110,8 @@ impl Progress {
         }
     }
 
-    /// Starts a phase of `total` units; count done units on the returned `Phase`.
+    /// Starts a phase of `total` units (0: a timed run, no total known); count done units on
+    /// the returned `Phase`.
     pub fn phase(&self, name: &str, total: u64) -> Phase {
         let done = Arc::new(AtomicU64::new(0));
         let stop = Arc::new(AtomicBool::new(false));
@@ -122,16 +123,21 @@ impl Progress {
                     std::thread::sleep(Duration::from_millis(200));
                     let d = done.load(Ordering::Relaxed);
                     let rate = d as f64 / start.elapsed().as_secs_f64().max(1e-9);
-                    let pct = (d * 100).checked_div(total).unwrap_or(0);
+                    let line = match (d * 100).checked_div(total) {
+                        Some(pct) => format!("{d:>10}/{total:<10} {pct:>3}%"),
+                        None => format!("{d:>10} (timed)      "),
+                    };
                     let _ = write!(
                         std::io::stderr(),
-                        "\r\x1b[2K{name:<28} {d:>10}/{total:<10} {pct:>3}% {rate:>12.0}/s"
+                        "\r\x1b[2K{name:<28} {line} {rate:>12.0}/s"
                     );
                 }
             }))
         } else {
-            if self.enabled {
+            if self.enabled && total > 0 {
                 eprintln!("{name}: {total} …");
+            } else if self.enabled {
+                eprintln!("{name}: timed …");
             }
             None
         };

@@ -49,6 +49,10 @@ pub struct RawResult {
     pub e2e: Latency,
     /// The pipeline at a fixed rate.
     pub paced: Paced,
+    /// The repetition (0-based) the latencies come from: the one whose `pipeline` rate is
+    /// the median (the lower middle one for an even count); the rates are the medians.
+    #[serde(default)]
+    pub repetition: u32,
     /// `pipeline` msgs/s of each repetition, in run order.
     #[serde(default)]
     pub reps: Vec<f64>,
@@ -139,6 +143,15 @@ impl Load {
         }
     }
 
+    /// The progress line's total: `messages`, or 0 for a timed run (no total known).
+    pub(crate) fn progress_total(&self) -> u64 {
+        if self.timed.is_some() {
+            0
+        } else {
+            self.messages
+        }
+    }
+
     /// When one producer sends its message `i` (`None` unpaced: at once).
     pub fn slot(&self, start: tokio::time::Instant, i: u64) -> Option<tokio::time::Instant> {
         let per_producer = self.rate? / self.producers as f64;
@@ -181,7 +194,7 @@ pub(crate) async fn run(
         .map_err(BenchError::nats)?;
 
     // Publish alone.
-    let phase = progress.phase(&format!("{label} S1 publish"), p.messages);
+    let phase = progress.phase(&format!("{label} S1 publish"), p.progress_total());
     let window = Window::start(p.timed);
     let (publish_ack, published, last) = publish(&js, p, &window, phase.counter()).await?;
     let publish_tp = window.throughput(last);
@@ -261,7 +274,7 @@ async fn pipeline(
 ) -> Result<(Recorder, Recorder, Throughput), BenchError> {
     stream.purge().await.map_err(BenchError::nats)?;
     let consumer = make_consumer(stream, consumer_name).await?;
-    let phase = progress.phase(label, p.messages);
+    let phase = progress.phase(label, p.progress_total());
     let window = Window::start(p.timed);
     let done = counting(p, phase.counter());
     let consumers = tokio::spawn({
@@ -327,7 +340,7 @@ pub(crate) async fn run_fast(
         .map_err(BenchError::nats)?;
     enable_on_stream(client, RAW_STREAM).await.map_err(nats)?;
     let consumer = make_consumer(&stream, "raw-fast").await?;
-    let phase = progress.phase(&format!("{label} S1F pipeline"), p.messages);
+    let phase = progress.phase(&format!("{label} S1F pipeline"), p.progress_total());
     let window = Window::start(p.timed);
     let done = counting(p, phase.counter());
     let consumers = tokio::spawn({

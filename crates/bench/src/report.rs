@@ -146,7 +146,9 @@ fn median_raw(reps: &[&RawResult]) -> RawResult {
     let pipeline = rates(|r| r.pipeline.per_sec);
     let publish = rates(|r| r.publish.per_sec);
     let consume = rates(|r| r.consume.per_sec);
-    let mut out = reps[median_index(&pipeline)].clone();
+    let i = median_index(&pipeline);
+    let mut out = reps[i].clone();
+    out.repetition = i as u32;
     out.pipeline.per_sec = median(&pipeline);
     out.publish.per_sec = median(&publish);
     out.consume.per_sec = median(&consume);

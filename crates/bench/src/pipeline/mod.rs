@@ -397,7 +397,7 @@ impl Drive<'_> {
         label: &str,
     ) -> Result<Measured, BenchError> {
         let p = self.p;
-        let phase = progress.phase(label, load.messages);
+        let phase = progress.phase(label, load.progress_total());
         let consumed = match load.timed {
             Some(_) => Countdown::open(phase.counter()),
             None => Countdown::new(phase.counter(), load.messages),
