@@ -53,6 +53,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         fetch_batch: 128,
         rate: None,
         timeout: Duration::from_secs(3600),
+        // A fixed count: the profile compares instruction counts of `messages` messages.
+        timed: None,
     };
     let params = PipelineParams {
         nats_url: server.url().to_owned(),

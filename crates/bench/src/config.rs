@@ -4,6 +4,14 @@
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
+fn one() -> u32 {
+    1
+}
+
+fn replay_default() -> usize {
+    BenchConfig::default().replay_stage_messages
+}
+
 /// The benchmark's settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct BenchConfig {
@@ -11,8 +19,24 @@ pub struct BenchConfig {
     /// pipeline runs purge msgtrail's streams there, so the run refuses a server whose
     /// streams hold data.
     pub nats_url: Option<String>,
-    /// Messages per S1–S3 run (per payload size).
+    /// Messages per S1–S3 saturated run (per payload size) when `measure_window` is zero
+    /// (a fixed-count run, measured from the start to the last completion); unused by
+    /// timed runs.
     pub messages: u64,
+    /// The measured window of every saturated S1–S3 run (wall clock; rate = completions in
+    /// the window ÷ the window). Zero: fixed-count runs of `messages` instead.
+    #[serde(default)]
+    pub measure_window: Duration,
+    /// Load before the window that is not counted (timed runs only).
+    #[serde(default)]
+    pub warmup: Duration,
+    /// Repetitions of every saturated S1–S3 run, interleaved (all scenarios, then all again).
+    #[serde(default = "one")]
+    pub reps: u32,
+    /// Most stage-stream messages of S3 (its first repetition, per payload size) kept for
+    /// S4's replay and S5/S6's template, so that S4's length does not grow with the window.
+    #[serde(default = "replay_default")]
+    pub replay_stage_messages: usize,
     /// Payload sizes, bytes; S1–S3 run once per size.
     pub payload_sizes: Vec<usize>,
     /// Producers (S2, S3) and publishing tasks (S1).
@@ -53,6 +77,10 @@ impl Default for BenchConfig {
         BenchConfig {
             nats_url: None,
             messages: 20_000,
+            measure_window: Duration::from_secs(5),
+            warmup: Duration::from_secs(1),
+            reps: 3,
+            replay_stage_messages: 5_000,
             payload_sizes: vec![128, 1024],
             producers: 4,
             consumers: 4,
@@ -74,10 +102,15 @@ impl Default for BenchConfig {
 }
 
 impl BenchConfig {
-    /// `--quick`: every scenario with small counts, well under a minute (CI runs it).
+    /// `--quick`: every scenario with small counts and 300 ms windows after 100 ms of
+    /// warm-up, twice: about a minute (CI runs it).
     pub fn quick() -> Self {
         BenchConfig {
             messages: 400,
+            measure_window: Duration::from_millis(300),
+            warmup: Duration::from_millis(100),
+            reps: 2,
+            replay_stage_messages: 1_000,
             payload_sizes: vec![128, 1024],
             producers: 2,
             consumers: 2,
@@ -104,11 +137,60 @@ impl BenchConfig {
         self
     }
 
+    /// The span of a saturated run: `None` for fixed-count runs (`measure_window` zero).
+    pub fn timed(&self) -> Option<crate::Timed> {
+        (!self.measure_window.is_zero()).then_some(crate::Timed {
+            warmup: self.warmup,
+            window: self.measure_window,
+        })
+    }
+
+    /// A rough estimate of the whole run's wall clock, printed at the start. Per variant
+    /// (and `--durable` doubles it), payload size and repetition: eight saturated runs (S1
+    /// publish, fetch + ack, both at once; S1F; S2; S2 batch 1; S3; S3L) of warm-up + window
+    /// (a fixed-count run: `messages` at an assumed 10,000 msgs/s), plus about 1 s each of
+    /// setup and drain, plus S3's listener catching up (assumed as long as the load); the
+    /// latency runs once per payload size (three of `latency_messages` at `latency_rate`);
+    /// S4–S6 from their counts at rates measured before (BENCHMARKS.md: ~200 k records/s
+    /// ingest, ~300 k records/s fill, ~70 k spans/s export).
+    pub fn estimate(&self) -> Duration {
+        let load = match self.timed() {
+            Some(t) => (t.warmup + t.window).as_secs_f64(),
+            None => self.messages as f64 / 10_000.0,
+        };
+        let per_rep = 8.0 * (load + 1.0) + load;
+        let sizes = self.payload_sizes.len() as f64;
+        let paced = 3.0 * self.latency_messages as f64 / self.latency_rate;
+        let variants = if self.durable && self.nats_url.is_none() {
+            2.0
+        } else {
+            1.0
+        };
+        let s1_s3 = variants * sizes * (f64::from(self.reps) * per_rep + paced);
+        // S4: the mix (~12 records a message) three times, the ten-record workload, the
+        // replay; S5: ~10 records a message; S6: three exports.
+        let s4 = (self.ingest_messages as f64 * 46.0
+            + (self.replay_stage_messages as f64 * 50.0 * self.ingest_copies as f64))
+            / 200_000.0;
+        let s5 = self.lookup_messages as f64 * 10.0 / 300_000.0;
+        let s6 = self.export_spans as f64 * 3.0 / 70_000.0;
+        Duration::from_secs_f64(s1_s3 + s4 + s5 + s6 + 5.0)
+    }
+
     /// Checks the values that would make a scenario meaningless.
     pub fn validate(&self) -> Result<(), crate::BenchError> {
         let bad = |m: &str| Err(crate::BenchError::Config(m.to_owned()));
-        if self.messages == 0 {
-            return bad("messages must be at least 1");
+        if self.messages == 0 && self.measure_window.is_zero() {
+            return bad("messages must be at least 1 (or a measured window given)");
+        }
+        if self.reps == 0 {
+            return bad("reps must be at least 1");
+        }
+        if self.replay_stage_messages == 0 {
+            return bad("the replay must keep at least one stage-stream message");
+        }
+        if self.warmup + self.measure_window >= self.scenario_timeout {
+            return bad("warm-up + window must be shorter than the scenario timeout");
         }
         if self.payload_sizes.is_empty() || self.payload_sizes.iter().any(|s| *s < 16) {
             return bad(
@@ -129,5 +211,40 @@ impl BenchConfig {
             return bad("lookup messages, lookup queries and export spans must be at least 1");
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_estimate_grows_with_windows_repetitions_and_durable() {
+        let d = BenchConfig::default();
+        let base = d.estimate();
+        let more = BenchConfig {
+            reps: 5,
+            ..d.clone()
+        }
+        .estimate();
+        let longer = BenchConfig {
+            measure_window: Duration::from_secs(10),
+            ..d.clone()
+        }
+        .estimate();
+        let durable = BenchConfig {
+            durable: true,
+            ..d.clone()
+        }
+        .estimate();
+        assert!(more > base && longer > base && durable > base);
+        // Three repetitions of 8 runs of 6 s on two payload sizes: at least 288 s of load.
+        assert!(base >= Duration::from_secs(288), "{base:?}");
+        assert!(BenchConfig::quick().estimate() < Duration::from_secs(120));
+        let fixed = BenchConfig {
+            measure_window: Duration::ZERO,
+            ..d
+        };
+        assert!(fixed.timed().is_none() && fixed.validate().is_ok());
     }
 }

@@ -13,6 +13,12 @@
 //!   per message, as many messages as it keeps in memory. redb's page cache is bounded by
 //!   its own setting, not per message, and is not in the figure.
 //!
+//! - write amplification: the bytes this process wrote to the storage layer while the
+//!   synthetic mix was ingested, flushed and closed (`/proc/self/io` `write_bytes`: the
+//!   store exposes its size on disk but no count of bytes written, [`crate::procfs`]) ÷ the
+//!   logical bytes ingested (the encoded stage-stream messages, redelivered ones included);
+//! - the process's peak resident set over all of S4 ([`crate::procfs::PeakRss`]).
+//!
 //! NATS is left out on purpose: S3 reports the listener's catch-up behind a real stage
 //! stream; S4 isolates the listener's own cost.
 
@@ -79,6 +85,24 @@ pub struct IngestResult {
     /// maximum ingest ([`crate::queryable`]).
     #[serde(default)]
     pub queryable_ms: Latency,
+    /// Logical bytes the synthetic-mix run ingested: the encoded stage-stream messages
+    /// (what the stage stream would deliver), redelivered ones included.
+    #[serde(default)]
+    pub logical_bytes: u64,
+    /// Bytes this process wrote to the storage layer during that run, the store's flush and
+    /// close included (`/proc/self/io` `write_bytes` before and after; 0 where unreadable).
+    #[serde(default)]
+    pub disk_write_bytes: u64,
+    /// `disk_write_bytes ÷ logical_bytes` (0 where unreadable).
+    #[serde(default)]
+    pub write_amplification: f64,
+    /// Peak resident set of the process during S4, bytes.
+    #[serde(default)]
+    pub peak_rss_bytes: u64,
+    /// How it was read: `VmHWM after clear_refs 5` (the kernel's high-water mark, reset
+    /// at the start of S4) or `VmRSS sampled every 50 ms` (the reset refused).
+    #[serde(default)]
+    pub peak_rss_method: String,
 }
 
 /// The share of the measured maximum ingest at which arrival-to-queryable is measured.
@@ -295,7 +319,9 @@ pub(crate) fn run(
     batch: usize,
     progress: &Progress,
 ) -> Result<IngestResult, BenchError> {
+    let peak = crate::procfs::PeakRss::start();
     let set = synthetic_set(messages);
+    let logical_bytes: u64 = set.iter().map(|m| m.len() as u64).sum();
     let total: u64 = set
         .iter()
         .filter_map(|m| decode_batch(m).ok())
@@ -304,6 +330,7 @@ pub(crate) fn run(
     let dir = tempfile::Builder::new()
         .prefix("msgtrail-bench-ingest-")
         .tempdir()?;
+    let written_before = crate::procfs::write_bytes();
     let store = open_store(dir.path(), 0)?;
     let phase = progress.phase("S4 listener ingest (synthetic mix)", total);
     let got = ingest(&store, &set, batch, &phase);
@@ -313,6 +340,10 @@ pub(crate) fn run(
         .map_err(|e| BenchError::Listener(e.into()))?
         .allocated_bytes;
     drop(store);
+    let disk_write_bytes = match (written_before, crate::procfs::write_bytes()) {
+        (Some(a), Some(b)) => b.saturating_sub(a),
+        _ => 0,
+    };
     let file = crate::measure::disk_bytes(dir.path());
     let mut out = IngestResult {
         stage_messages: set.len() as u64,
@@ -325,6 +356,9 @@ pub(crate) fn run(
         store_bytes_per_message: file as f64 / messages.max(1) as f64,
         store_bytes_in_use_per_message: in_use as f64 / messages.max(1) as f64,
         transaction_ms: got.per_transaction,
+        logical_bytes,
+        disk_write_bytes,
+        write_amplification: disk_write_bytes as f64 / logical_bytes.max(1) as f64,
         ..Default::default()
     };
     drop(set);
@@ -361,6 +395,9 @@ pub(crate) fn run(
     let (n, per) = counted_inflight(DEFAULT_CACHE_MESSAGES as u64, batch)?;
     out.inflight_messages = n;
     out.counted_bytes_per_inflight_message = per;
+    let (rss, method) = peak.finish();
+    out.peak_rss_bytes = rss;
+    out.peak_rss_method = method.to_owned();
     Ok(out)
 }
 

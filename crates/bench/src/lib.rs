@@ -15,7 +15,12 @@
 //! ## Layout
 //! - `config`: [`BenchConfig`]: counts, payload sizes, producers and consumers; the
 //!   `--quick` and `--large` presets.
-//! - `measure`: HDR latency summaries, throughput, and the progress line on stderr.
+//! - `measure`: HDR latency summaries, throughput, the measured window of a timed run
+//!   (warm-up, then the window), and the progress line on stderr.
+//! - `reps`: the median and spread of a scenario's repetitions, ratios over paired
+//!   repetitions.
+//! - `procfs`: what the kernel says of this process (`/proc/self/io` bytes written, peak
+//!   resident set), for S4.
 //! - `raw`: S1, raw JetStream with async-nats (publish window, fetch + ack, both at once).
 //! - `pipeline`: S2 and S3, the msgtrail pipeline with stage recording off and on (with a
 //!   listener running); `pipeline::setup` readies its streams and clients.
@@ -34,17 +39,20 @@ mod ingest;
 mod lookup;
 mod measure;
 mod pipeline;
+mod procfs;
 mod queryable;
 mod raw;
 mod report;
+mod reps;
 mod run;
 mod synth;
 
 pub use config::BenchConfig;
 pub use error::BenchError;
-pub use measure::Progress;
+pub use measure::{Progress, Timed};
 pub use pipeline::{run as run_pipeline, ListenerTiming, PipelineParams};
 pub use raw::Load;
 pub use report::Report;
+pub use reps::PairedRatio;
 pub use run::run;
 pub use synth::{stage_messages, Mix};

@@ -33,12 +33,6 @@ impl Recorder {
         let _ = self.0.record(us.max(1));
     }
 
-    /// Records the time since `sent_nanos` (Unix nanoseconds, e.g. carried in a payload).
-    pub(crate) fn record_since_nanos(&mut self, sent_nanos: u64) {
-        let now = msgtrail_core::time::now_nanos();
-        self.record_micros(now.saturating_sub(sent_nanos) / 1000);
-    }
-
     /// Adds another recorder's samples.
     pub(crate) fn merge(&mut self, other: &Recorder) {
         let _ = self.0.add(&other.0);
@@ -116,7 +110,8 @@ impl Progress {
         }
     }
 
-    /// Starts a phase of `total` units; count done units on the returned `Phase`.
+    /// Starts a phase of `total` units (0: a timed run, no total known); count done units on
+    /// the returned `Phase`.
     pub fn phase(&self, name: &str, total: u64) -> Phase {
         let done = Arc::new(AtomicU64::new(0));
         let stop = Arc::new(AtomicBool::new(false));
@@ -128,16 +123,21 @@ impl Progress {
                     std::thread::sleep(Duration::from_millis(200));
                     let d = done.load(Ordering::Relaxed);
                     let rate = d as f64 / start.elapsed().as_secs_f64().max(1e-9);
-                    let pct = (d * 100).checked_div(total).unwrap_or(0);
+                    let line = match (d * 100).checked_div(total) {
+                        Some(pct) => format!("{d:>10}/{total:<10} {pct:>3}%"),
+                        None => format!("{d:>10} (timed)      "),
+                    };
                     let _ = write!(
                         std::io::stderr(),
-                        "\r\x1b[2K{name:<28} {d:>10}/{total:<10} {pct:>3}% {rate:>12.0}/s"
+                        "\r\x1b[2K{name:<28} {line} {rate:>12.0}/s"
                     );
                 }
             }))
         } else {
-            if self.enabled {
+            if self.enabled && total > 0 {
                 eprintln!("{name}: {total} …");
+            } else if self.enabled {
+                eprintln!("{name}: timed …");
             }
             None
         };
@@ -193,12 +193,18 @@ impl Drop for Phase {
 }
 
 /// Counts done units towards a total, from many tasks, and notes when the last one was done:
-/// a consumer still waiting on an empty fetch must not stretch the measured time.
+/// a consumer still waiting on an empty fetch must not stretch the measured time. The total
+/// is known at the start of a fixed-count run ([`Countdown::new`]); a timed run opens the
+/// count ([`Countdown::open`]) and closes it with what the producers sent
+/// ([`Countdown::close`]) once they stop.
 #[derive(Debug, Clone)]
 pub(crate) struct Countdown {
     done: Arc<AtomicU64>,
-    total: u64,
+    total: Arc<AtomicU64>,
     finished: Arc<std::sync::Mutex<Option<Instant>>>,
+    /// A count whose time is noted too ([`Countdown::marked`]); 0: none.
+    mark: u64,
+    marked: Arc<std::sync::Mutex<Option<Instant>>>,
 }
 
 impl Countdown {
@@ -206,15 +212,52 @@ impl Countdown {
     pub(crate) fn new(done: Arc<AtomicU64>, total: u64) -> Self {
         Countdown {
             done,
-            total,
+            total: Arc::new(AtomicU64::new(total)),
             finished: Arc::default(),
+            mark: 0,
+            marked: Arc::default(),
         }
+    }
+
+    /// Also notes when `mark` units are done (the end of a warm-up counted in units).
+    pub(crate) fn with_mark(mut self, mark: u64) -> Self {
+        self.mark = mark;
+        self
+    }
+
+    /// When `mark` units were done (`None` before, or without a mark).
+    pub(crate) fn marked(&self) -> Option<Instant> {
+        *self.marked.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Counts into `done` towards a total not known yet ([`Countdown::close`] gives it).
+    pub(crate) fn open(done: Arc<AtomicU64>) -> Self {
+        Countdown::new(done, u64::MAX)
+    }
+
+    /// The total is `total` from now on; finished at once when it is already reached.
+    pub(crate) fn close(&self, total: u64) {
+        self.total.store(total, Ordering::SeqCst);
+        if self.done.load(Ordering::SeqCst) >= total {
+            self.note_finished();
+        }
+    }
+
+    fn note_finished(&self) {
+        self.finished
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_or_insert_with(Instant::now);
     }
 
     /// One more unit done.
     pub(crate) fn one(&self) {
-        if self.done.fetch_add(1, Ordering::Relaxed) + 1 == self.total {
-            *self.finished.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+        let n = self.done.fetch_add(1, Ordering::SeqCst) + 1;
+        if n == self.mark {
+            *self.marked.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+        }
+        if n >= self.total.load(Ordering::SeqCst) {
+            self.note_finished();
         }
     }
 
@@ -223,14 +266,111 @@ impl Countdown {
         self.done.load(Ordering::Relaxed)
     }
 
+    /// The total (`u64::MAX` while open).
+    pub(crate) fn total(&self) -> u64 {
+        self.total.load(Ordering::SeqCst)
+    }
+
     /// Whether the total is reached.
     pub(crate) fn is_done(&self) -> bool {
-        self.done() >= self.total
+        self.done.load(Ordering::SeqCst) >= self.total()
     }
 
     /// When the last unit was done.
     pub(crate) fn finished(&self) -> Option<Instant> {
         *self.finished.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The span of a timed saturated run: a warm-up that is not counted, then the measured
+/// window (wall clock).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timed {
+    /// Load before the window, not counted.
+    pub warmup: Duration,
+    /// The measured window.
+    pub window: Duration,
+}
+
+/// Counts a run's completions (what "completed" is depends on the scenario: an ack
+/// received, a message processed and acked) in its measured window.
+///
+/// Timed (`Some(Timed)`): only completions between the end of the warm-up and the end of
+/// the window count, and the rate is that count ÷ the window. Fixed count (`None`): every
+/// completion counts, from the start to the last one.
+#[derive(Debug, Clone)]
+pub(crate) struct Window {
+    start: Instant,
+    bounds: Option<(Instant, Instant)>,
+    counted: Arc<AtomicU64>,
+}
+
+impl Window {
+    /// Starts the clock now.
+    pub(crate) fn start(timed: Option<Timed>) -> Self {
+        let start = Instant::now();
+        Window {
+            start,
+            bounds: timed.map(|t| (start + t.warmup, start + t.warmup + t.window)),
+            counted: Arc::default(),
+        }
+    }
+
+    /// The same window with a count of its own (a second kind of completion in the same
+    /// run, e.g. uploads confirmed beside messages acked).
+    pub(crate) fn sibling(&self) -> Self {
+        Window {
+            counted: Arc::default(),
+            ..self.clone()
+        }
+    }
+
+    /// Whether now is inside the measured window (always in a fixed-count run).
+    pub(crate) fn inside(&self) -> bool {
+        match self.bounds {
+            None => true,
+            Some((from, to)) => {
+                let now = Instant::now();
+                now >= from && now < to
+            }
+        }
+    }
+
+    /// Notes one completion now; true when it counted (inside the window).
+    pub(crate) fn note(&self) -> bool {
+        let inside = self.inside();
+        if inside {
+            self.counted.fetch_add(1, Ordering::Relaxed);
+        }
+        inside
+    }
+
+    /// Whether a timed run's window has ended: producers stop then. Never in a fixed-count
+    /// run.
+    pub(crate) fn over(&self) -> bool {
+        self.bounds.is_some_and(|(_, to)| Instant::now() >= to)
+    }
+
+    /// Whether this is a timed run.
+    pub(crate) fn is_timed(&self) -> bool {
+        self.bounds.is_some()
+    }
+
+    /// Completions counted so far.
+    pub(crate) fn counted(&self) -> u64 {
+        self.counted.load(Ordering::Relaxed)
+    }
+
+    /// The rate: timed, the completions in the window ÷ the window, the window cut short
+    /// at `last` when the work ran out before its end (a drained stream); fixed count, every
+    /// completion ÷ the time from the start to `last`.
+    pub(crate) fn throughput(&self, last: Instant) -> Throughput {
+        match self.bounds {
+            None => Throughput::new(self.counted(), last - self.start),
+            Some((from, to)) if last > from => Throughput::new(self.counted(), last.min(to) - from),
+            // Done before the warm-up ended: nothing counted; report the whole run.
+            Some(_) => Throughput::new(0, last - self.start),
+        }
     }
 }
 
@@ -264,6 +404,49 @@ mod tests {
         assert!(!c.is_done() && c.finished().is_none());
         c.one();
         assert!(c.is_done() && c.finished().is_some());
+        assert!(c.marked().is_none());
+        let m = Countdown::new(Arc::new(AtomicU64::new(0)), 3).with_mark(2);
+        m.one();
+        assert!(m.marked().is_none());
+        m.one();
+        let at = m.marked().expect("marked at 2");
+        m.one();
+        assert!(m.finished().unwrap() >= at);
+    }
+
+    #[test]
+    fn open_countdown_finishes_when_closed_at_what_is_done() {
+        let c = Countdown::open(Arc::new(AtomicU64::new(0)));
+        c.one();
+        c.one();
+        assert!(!c.is_done() && c.finished().is_none());
+        c.close(3);
+        assert!(!c.is_done() && c.finished().is_none());
+        c.one();
+        assert!(c.is_done() && c.finished().is_some());
+        let d = Countdown::open(Arc::new(AtomicU64::new(0)));
+        d.one();
+        d.close(1);
+        assert!(d.is_done() && d.finished().is_some());
+    }
+
+    #[test]
+    fn window_counts_only_after_the_warm_up() {
+        let w = Window::start(Some(Timed {
+            warmup: Duration::from_millis(40),
+            window: Duration::from_millis(60),
+        }));
+        assert!(!w.note() && !w.over());
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(w.note() && w.note());
+        std::thread::sleep(Duration::from_millis(60));
+        assert!(!w.note() && w.over());
+        let t = w.throughput(Instant::now());
+        assert_eq!(t.count, 2);
+        assert!((t.seconds - 0.06).abs() < 1e-6, "{t:?}");
+        let f = Window::start(None);
+        assert!(f.note() && !f.over());
+        assert_eq!(f.throughput(Instant::now()).count, 1);
     }
 
     #[test]

@@ -2,14 +2,22 @@
 //! measured against.
 //!
 //! Three runs on a stream of its own (`BENCH_RAW`, file storage like the message stream):
-//! - *publish*: `producers` tasks each keep `window` publish acks in flight;
+//! - *publish*: `producers` tasks each keep `window` publish acks in flight; completed = a
+//!   publish ack received;
 //! - *consume*: `consumers` tasks on one durable pull consumer fetch batches and ack each
-//!   message explicitly, from a stream filled by the publish run;
+//!   message explicitly, from a stream filled by the publish run; completed = a message
+//!   fetched and its ack sent. In a timed run the stream holds what the timed publish run
+//!   stored: the warm-up is the same share of those messages as of the publish run's time,
+//!   and the window runs from the end of the warm-up until the stream is drained (shorter
+//!   than the configured window when fetching outruns publishing; `consume.seconds` says);
 //! - *pipeline*: both at once on an empty stream; each payload carries its send time, so the
-//!   consumers measure end-to-end latency.
+//!   consumers measure end-to-end latency; completed = as for *consume*.
+//!
+//! A timed run ([`crate::measure::Window`]) publishes until its window ends, then lets the
+//! consumers drain what was published, counting only what completed inside the window.
 
 use crate::error::BenchError;
-use crate::measure::{Countdown, Latency, Progress, Recorder, Throughput};
+use crate::measure::{Countdown, Latency, Progress, Recorder, Throughput, Window};
 use async_nats::jetstream::{self, consumer::pull, consumer::AckPolicy, stream};
 use bytes::Bytes;
 use futures::stream::FuturesUnordered;
@@ -41,6 +49,28 @@ pub struct RawResult {
     pub e2e: Latency,
     /// The pipeline at a fixed rate.
     pub paced: Paced,
+    /// The repetition (0-based) the latencies come from: the one whose `pipeline` rate is
+    /// the median (the lower middle one for an even count); the rates are the medians.
+    #[serde(default)]
+    pub repetition: u32,
+    /// `pipeline` msgs/s of each repetition, in run order.
+    #[serde(default)]
+    pub reps: Vec<f64>,
+    /// (max − min) ÷ median of `reps`.
+    #[serde(default)]
+    pub spread: f64,
+    /// `publish` msgs/s of each repetition.
+    #[serde(default)]
+    pub publish_reps: Vec<f64>,
+    /// (max − min) ÷ median of `publish_reps`.
+    #[serde(default)]
+    pub publish_spread: f64,
+    /// `consume` msgs/s of each repetition.
+    #[serde(default)]
+    pub consume_reps: Vec<f64>,
+    /// (max − min) ÷ median of `consume_reps`.
+    #[serde(default)]
+    pub consume_spread: f64,
 }
 
 /// A payload of `size` bytes whose first 8 bytes are the send time (Unix nanoseconds).
@@ -81,6 +111,9 @@ pub struct Load {
     pub rate: Option<f64>,
     /// Bound of each run.
     pub timeout: Duration,
+    /// A timed run (warm-up, then the measured window; `messages` unused); `None`: a
+    /// fixed-count run of `messages`.
+    pub timed: Option<crate::measure::Timed>,
 }
 
 impl Load {
@@ -95,6 +128,7 @@ impl Load {
             fetch_batch: config.fetch_batch,
             rate: None,
             timeout: config.scenario_timeout,
+            timed: config.timed(),
         }
     }
 
@@ -104,7 +138,17 @@ impl Load {
         Load {
             messages: config.latency_messages,
             rate: Some(config.latency_rate),
+            timed: None,
             ..self.clone()
+        }
+    }
+
+    /// The progress line's total: `messages`, or 0 for a timed run (no total known).
+    pub(crate) fn progress_total(&self) -> u64 {
+        if self.timed.is_some() {
+            0
+        } else {
+            self.messages
         }
     }
 
@@ -150,21 +194,33 @@ pub(crate) async fn run(
         .map_err(BenchError::nats)?;
 
     // Publish alone.
-    let phase = progress.phase(&format!("{label} S1 publish"), p.messages);
-    let start = Instant::now();
-    let publish_ack = publish(&js, p, phase.counter()).await?;
-    let publish_tp = Throughput::new(p.messages, start.elapsed());
+    let phase = progress.phase(&format!("{label} S1 publish"), p.progress_total());
+    let window = Window::start(p.timed);
+    let (publish_ack, published, last) = publish(&js, p, &window, phase.counter()).await?;
+    let publish_tp = window.throughput(last);
     drop(phase);
 
     // Consume alone, from the filled stream.
     let consumer = make_consumer(&stream, "raw-consume").await?;
-    let phase = progress.phase(&format!("{label} S1 consume"), p.messages);
-    let start = Instant::now();
-    let (_, end) = consume(consumer, p, phase.counter(), "S1 consume").await?;
-    let consume_tp = Throughput::new(p.messages, end - start);
+    // Timed, the stream holds what the timed publish run stored, and consume drains it
+    // faster than it was filled: the warm-up is the same share of its messages as of the
+    // publish run's time, and the window runs from then until the stream is drained.
+    let phase = progress.phase(&format!("{label} S1 consume"), published);
+    let warm = p.timed.map_or(0, |t| {
+        let share = t.warmup.as_secs_f64() / (t.warmup + t.window).as_secs_f64();
+        (published as f64 * share) as u64
+    });
+    let window = Window::start(None);
+    let done = Countdown::new(phase.counter(), published).with_mark(warm);
+    let (_, end) = consume(consumer, p, done.clone(), window.clone(), "S1 consume").await?;
+    let consume_tp = match done.marked() {
+        Some(from) if p.timed.is_some() => Throughput::new(published - warm, end - from),
+        _ => window.throughput(end),
+    };
     drop(phase);
 
-    // Both at once, on an empty stream: as fast as it goes, then paced.
+    // Both at once, on an empty stream: as fast as it goes, then paced (skipped when the
+    // paced load has no messages: the repetitions after the first).
     let (e2e, _, pipeline_tp) = pipeline(
         &js,
         &stream,
@@ -174,15 +230,20 @@ pub(crate) async fn run(
         &format!("{label} S1 pipeline"),
     )
     .await?;
-    let (paced_e2e, paced_send, _) = pipeline(
-        &js,
-        &stream,
-        paced,
-        "raw-paced",
-        progress,
-        &format!("{label} S1 paced"),
-    )
-    .await?;
+    let (paced_e2e, paced_send) = if paced.messages > 0 {
+        let (e, s, _) = pipeline(
+            &js,
+            &stream,
+            paced,
+            "raw-paced",
+            progress,
+            &format!("{label} S1 paced"),
+        )
+        .await?;
+        (e, s)
+    } else {
+        (Recorder::default(), Recorder::default())
+    };
     let _ = js.delete_stream(RAW_STREAM).await;
     Ok(RawResult {
         payload_bytes: p.payload_bytes,
@@ -197,6 +258,7 @@ pub(crate) async fn run(
             e2e: paced_e2e.summary(),
             send: paced_send.summary(),
         },
+        ..Default::default()
     })
 }
 
@@ -212,15 +274,27 @@ async fn pipeline(
 ) -> Result<(Recorder, Recorder, Throughput), BenchError> {
     stream.purge().await.map_err(BenchError::nats)?;
     let consumer = make_consumer(stream, consumer_name).await?;
-    let phase = progress.phase(label, p.messages);
-    let start = Instant::now();
+    let phase = progress.phase(label, p.progress_total());
+    let window = Window::start(p.timed);
+    let done = counting(p, phase.counter());
     let consumers = tokio::spawn({
-        let (p, counter) = (p.clone(), phase.counter());
-        async move { consume(consumer, &p, counter, "S1 pipeline").await }
+        let (p, done, window) = (p.clone(), done.clone(), window.clone());
+        async move { consume(consumer, &p, done, window, "S1 pipeline").await }
     });
-    let send = publish(js, p, Arc::new(AtomicU64::new(0))).await?;
+    let (send, published, _) = publish(js, p, &window, Arc::new(AtomicU64::new(0))).await?;
+    done.close(published);
     let (e2e, end) = consumers.await.map_err(|e| BenchError::Nats(e.into()))??;
-    Ok((e2e, send, Throughput::new(p.messages, end - start)))
+    Ok((e2e, send, window.throughput(end)))
+}
+
+/// The consumers' count of a run: towards `p.messages`, or open until the publishers of a
+/// timed run stop and close it with what they published.
+fn counting(p: &Load, done: Arc<AtomicU64>) -> Countdown {
+    if p.timed.is_some() {
+        Countdown::open(done)
+    } else {
+        Countdown::new(done, p.messages)
+    }
 }
 
 async fn make_consumer(
@@ -266,22 +340,32 @@ pub(crate) async fn run_fast(
         .map_err(BenchError::nats)?;
     enable_on_stream(client, RAW_STREAM).await.map_err(nats)?;
     let consumer = make_consumer(&stream, "raw-fast").await?;
-    let phase = progress.phase(&format!("{label} S1F pipeline"), p.messages);
-    let start = Instant::now();
+    let phase = progress.phase(&format!("{label} S1F pipeline"), p.progress_total());
+    let window = Window::start(p.timed);
+    let done = counting(p, phase.counter());
     let consumers = tokio::spawn({
-        let (p, counter) = (p.clone(), phase.counter());
-        async move { consume(consumer, &p, counter, "S1F pipeline").await }
+        let (p, done, window) = (p.clone(), done.clone(), window.clone());
+        async move { consume(consumer, &p, done, window, "S1F pipeline").await }
     });
     let producers: Vec<_> = (0..p.producers)
         .map(|i| {
-            let (client, p) = (client.clone(), p.clone());
+            let (client, p, window) = (client.clone(), p.clone(), window.clone());
             tokio::spawn(async move {
                 let fast = FastIngest::unproven(client, RAW_STREAM, p.timeout)
                     .await
                     .map_err(nats)?;
                 let mut left = share(p.messages, p.producers, i);
-                while left > 0 {
-                    let n = left.min(p.window.max(1) as u64);
+                let mut stored = 0u64;
+                while if window.is_timed() {
+                    !window.over()
+                } else {
+                    left > 0
+                } {
+                    let n = if window.is_timed() {
+                        p.window.max(1) as u64
+                    } else {
+                        left.min(p.window.max(1) as u64)
+                    };
                     let batch = (0..n)
                         .map(|_| FastMessage {
                             subject: RAW_SUBJECT.to_owned(),
@@ -291,49 +375,62 @@ pub(crate) async fn run_fast(
                         .collect();
                     // What the server did not store is sent again (the raw path has no
                     // dedup; the consumers count what arrives).
-                    left -= fast.publish(batch).await.map_err(nats)?.count as u64;
+                    let count = fast.publish(batch).await.map_err(nats)?.count as u64;
+                    left = left.saturating_sub(count);
+                    stored += count;
                 }
-                Ok::<_, BenchError>(())
+                Ok::<_, BenchError>(stored)
             })
         })
         .collect();
+    let mut published = 0;
     for t in producers {
-        t.await.map_err(|e| BenchError::Nats(e.into()))??;
+        published += t.await.map_err(|e| BenchError::Nats(e.into()))??;
     }
+    done.close(published);
     let (_, end) = consumers.await.map_err(|e| BenchError::Nats(e.into()))??;
     drop(phase);
     let _ = js.delete_stream(RAW_STREAM).await;
-    Ok(Some(Throughput::new(p.messages, end - start)))
+    Ok(Some(window.throughput(end)))
 }
 
-/// Publishes `p.messages` from `p.producers` tasks, each with `p.window` acks in flight;
-/// returns the publish-to-ack latencies.
+/// Publishes from `p.producers` tasks, each with `p.window` acks in flight: `p.messages` in
+/// all, or until `window` is over in a timed run; returns the publish-to-ack latencies
+/// (inside the window), how many were published (acked) in all, and when the last ack came.
 async fn publish(
     js: &jetstream::Context,
     p: &Load,
+    window: &Window,
     done: Arc<AtomicU64>,
-) -> Result<Recorder, BenchError> {
+) -> Result<(Recorder, u64, Instant), BenchError> {
     let mut tasks = Vec::new();
     for i in 0..p.producers {
-        let (js, done, load) = (js.clone(), done.clone(), p.clone());
-        let (n, window, size) = (share(p.messages, p.producers, i), p.window, p.payload_bytes);
+        let (js, done, load, window) = (js.clone(), done.clone(), p.clone(), window.clone());
+        let (n, in_flight, size) = (share(p.messages, p.producers, i), p.window, p.payload_bytes);
         tasks.push(tokio::spawn(async move {
             let mut rec = Recorder::default();
             let mut acks = FuturesUnordered::new();
             let t0 = tokio::time::Instant::now();
-            for k in 0..n {
+            let mut k = 0u64;
+            let mut acked = 0u64;
+            let timed = window.is_timed();
+            while if timed { !window.over() } else { k < n } {
                 // Waiting for the slot, keep taking acks so that their latency is exact.
                 if let Some(at) = load.slot(t0, k) {
                     loop {
                         tokio::select! {
                             _ = tokio::time::sleep_until(at) => break,
-                            Some(r) = acks.next(), if !acks.is_empty() => note(&mut rec, &done, r)?,
+                            Some(r) = acks.next(), if !acks.is_empty() => {
+                                note(&mut rec, &done, &window, r)?;
+                                acked += 1;
+                            }
                         }
                     }
                 }
-                while acks.len() >= window {
+                while acks.len() >= in_flight {
                     if let Some(r) = acks.next().await {
-                        note(&mut rec, &done, r)?;
+                        note(&mut rec, &done, &window, r)?;
+                        acked += 1;
                     }
                 }
                 let sent = Instant::now();
@@ -342,17 +439,20 @@ async fn publish(
                     .await
                     .map_err(BenchError::nats)?;
                 acks.push(async move { (sent, ack.await) });
+                k += 1;
             }
             while let Some(r) = acks.next().await {
-                note(&mut rec, &done, r)?;
+                note(&mut rec, &done, &window, r)?;
+                acked += 1;
             }
-            Ok::<_, BenchError>(rec)
+            Ok::<_, BenchError>((rec, acked, Instant::now()))
         }));
     }
     let mut all = Recorder::default();
+    let (mut published, mut last) = (0, Instant::now());
     let deadline = tokio::time::Instant::now() + p.timeout;
     for t in tasks {
-        let rec = tokio::time::timeout_at(deadline, t)
+        let (rec, acked, end) = tokio::time::timeout_at(deadline, t)
             .await
             .map_err(|_| BenchError::Timeout {
                 scenario: "S1 publish".into(),
@@ -362,34 +462,40 @@ async fn publish(
             })?
             .map_err(|e| BenchError::Nats(e.into()))??;
         all.merge(&rec);
+        published += acked;
+        last = last.max(end);
     }
-    Ok(all)
+    Ok((all, published, last))
 }
 
 fn note<T, E: Into<msgtrail_core::BoxError>>(
     rec: &mut Recorder,
     done: &AtomicU64,
+    window: &Window,
     (sent, r): (Instant, Result<T, E>),
 ) -> Result<(), BenchError> {
     r.map_err(BenchError::nats)?;
-    rec.record(sent.elapsed());
+    if window.note() {
+        rec.record(sent.elapsed());
+    }
     done.fetch_add(1, Ordering::Relaxed);
     Ok(())
 }
 
-/// Fetches and acks `p.messages` from `p.consumers` tasks; returns the end-to-end latencies
-/// and when the last message was acked.
+/// Fetches and acks from `p.consumers` tasks until `done` reaches its total; returns the
+/// end-to-end latencies (of the messages acked inside `window`) and when the last message
+/// was acked.
 async fn consume(
     consumer: jetstream::consumer::PullConsumer,
     p: &Load,
-    done: Arc<AtomicU64>,
+    done: Countdown,
+    window: Window,
     scenario: &str,
 ) -> Result<(Recorder, Instant), BenchError> {
     let deadline = tokio::time::Instant::now() + p.timeout;
-    let done = Countdown::new(done, p.messages);
     let mut tasks = Vec::new();
     for _ in 0..p.consumers {
-        let (consumer, done) = (consumer.clone(), done.clone());
+        let (consumer, done, window) = (consumer.clone(), done.clone(), window.clone());
         let batch = p.fetch_batch;
         tasks.push(tokio::spawn(async move {
             let mut rec = Recorder::default();
@@ -403,10 +509,13 @@ async fn consume(
                     .map_err(BenchError::nats)?;
                 while let Some(m) = msgs.next().await {
                     let m = m.map_err(BenchError::nats)?;
-                    if let Some(t) = payload_stamp(&m.payload) {
-                        rec.record_since_nanos(t);
-                    }
+                    // End to end is send to receipt; the message completes with its ack.
+                    let now = msgtrail_core::time::now_nanos();
+                    let age_us = payload_stamp(&m.payload).map(|t| now.saturating_sub(t) / 1000);
                     m.ack().await.map_err(BenchError::nats)?;
+                    if let (true, Some(us)) = (window.note(), age_us) {
+                        rec.record_micros(us);
+                    }
                     done.one();
                 }
             }
@@ -423,7 +532,10 @@ async fn consume(
             scenario: scenario.to_owned(),
             secs: p.timeout.as_secs(),
             done: done.done(),
-            total: p.messages,
+            total: match done.total() {
+                u64::MAX => p.messages,
+                t => t,
+            },
         }),
     }
 }

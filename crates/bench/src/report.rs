@@ -1,5 +1,11 @@
 //! The report: every scenario's figures, the ratios side by side, the checks against the
 //! project's targets (BENCHMARKS.md), as a table for people and as JSON for machines.
+//!
+//! With repetitions ([`crate::BenchConfig::reps`]) every rate under the existing keys is the
+//! median of the repetitions; beside it `reps` (each repetition's rate, in run order) and
+//! `spread` ((max − min) ÷ median); the ratios are of the medians, and
+//! [`PayloadRun::paired`] gives each throughput ratio over paired repetitions (min, max,
+//! each). `crate::reps` computes them.
 
 use crate::export::ExportResult;
 use crate::ingest::IngestResult;
@@ -7,6 +13,7 @@ use crate::lookup::LookupResult;
 use crate::measure::{Latency, Throughput};
 use crate::pipeline::PipelineResult;
 use crate::raw::RawResult;
+use crate::reps::{median, median_index, spread, PairedRatio};
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
 
@@ -86,6 +93,75 @@ pub struct Ratios {
     pub s2_over_s1f: f64,
 }
 
+/// The throughput ratios of one payload size over paired repetitions (repetition *k* of
+/// the numerator ÷ repetition *k* of the denominator): how far a ratio moves between
+/// back-to-back runs.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PairedRatios {
+    /// S2 ÷ S1 pipeline.
+    pub s2_over_s1: PairedRatio,
+    /// S3 ÷ S2.
+    pub s3_over_s2: PairedRatio,
+    /// S3L ÷ S2.
+    pub s3l_over_s2: PairedRatio,
+    /// S2 batch 1 ÷ S1 pipeline.
+    pub s2_batch1_over_s1: PairedRatio,
+    /// S2 ÷ S2 batch 1.
+    pub batching_gain: PairedRatio,
+    /// S2 ÷ S1F (empty on a server before 2.14).
+    pub s2_over_s1f: PairedRatio,
+}
+
+/// One repetition of every saturated scenario of one payload size, as run.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Repetition {
+    pub(crate) s1: RawResult,
+    pub(crate) s2: PipelineResult,
+    pub(crate) s3: PipelineResult,
+    pub(crate) s3l: PipelineResult,
+    pub(crate) s2_batch1: PipelineResult,
+    pub(crate) s1f: Option<Throughput>,
+}
+
+/// The median repetition of a pipeline scenario, its rates replaced by the medians, the
+/// first repetition's latency run, each repetition's rate and the spread.
+fn median_pipeline(reps: &[&PipelineResult]) -> PipelineResult {
+    let rates: Vec<f64> = reps.iter().map(|r| r.throughput.per_sec).collect();
+    let sends: Vec<f64> = reps.iter().map(|r| r.send.per_sec).collect();
+    let i = median_index(&rates);
+    let mut out = reps[i].clone();
+    out.throughput.per_sec = median(&rates);
+    out.send.per_sec = median(&sends);
+    out.paced = reps[0].paced.clone();
+    out.spread = spread(&rates);
+    out.reps = rates;
+    out.repetition = i as u32;
+    out
+}
+
+/// S1's median repetition (by the pipeline rate, the one the ratios use), its publish and
+/// consume rates the medians of theirs, the first repetition's latency run.
+fn median_raw(reps: &[&RawResult]) -> RawResult {
+    let rates = |f: fn(&RawResult) -> f64| reps.iter().map(|r| f(r)).collect::<Vec<f64>>();
+    let pipeline = rates(|r| r.pipeline.per_sec);
+    let publish = rates(|r| r.publish.per_sec);
+    let consume = rates(|r| r.consume.per_sec);
+    let i = median_index(&pipeline);
+    let mut out = reps[i].clone();
+    out.repetition = i as u32;
+    out.pipeline.per_sec = median(&pipeline);
+    out.publish.per_sec = median(&publish);
+    out.consume.per_sec = median(&consume);
+    out.paced = reps[0].paced.clone();
+    out.spread = spread(&pipeline);
+    out.publish_spread = spread(&publish);
+    out.consume_spread = spread(&consume);
+    out.reps = pipeline;
+    out.publish_reps = publish;
+    out.consume_reps = consume;
+    out
+}
+
 /// S1, S2 and S3 of one payload size.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct PayloadRun {
@@ -106,8 +182,20 @@ pub struct PayloadRun {
     /// before 2.14).
     #[serde(default)]
     pub s1f: Option<Throughput>,
-    /// The ratios.
+    /// The ratios (of the medians).
     pub ratios: Ratios,
+    /// Repetitions of every saturated scenario.
+    #[serde(default)]
+    pub repetitions: u32,
+    /// S1F msgs/s of each repetition (empty on a server before 2.14).
+    #[serde(default)]
+    pub s1f_reps: Vec<f64>,
+    /// (max − min) ÷ median of `s1f_reps`.
+    #[serde(default)]
+    pub s1f_spread: f64,
+    /// The throughput ratios over paired repetitions.
+    #[serde(default)]
+    pub paired: PairedRatios,
 }
 
 impl PayloadRun {
@@ -137,6 +225,7 @@ impl PayloadRun {
         };
         PayloadRun {
             payload_bytes: s1.payload_bytes,
+            repetitions: 1,
             s1,
             s2,
             s3,
@@ -144,6 +233,57 @@ impl PayloadRun {
             s2_batch1,
             s1f,
             ratios,
+            s1f_reps: Vec::new(),
+            s1f_spread: 0.0,
+            paired: PairedRatios::default(),
+        }
+    }
+
+    /// The medians of the repetitions (at least one) under the existing keys, the ratios of
+    /// the medians, each repetition and the spreads, and the ratios over paired repetitions.
+    pub(crate) fn from_reps(reps: Vec<Repetition>) -> Self {
+        let pick = |f: fn(&Repetition) -> &PipelineResult| {
+            median_pipeline(&reps.iter().map(f).collect::<Vec<_>>())
+        };
+        let (s2, s3, s3l, s2_batch1) = (
+            pick(|r| &r.s2),
+            pick(|r| &r.s3),
+            pick(|r| &r.s3l),
+            pick(|r| &r.s2_batch1),
+        );
+        let s1 = median_raw(&reps.iter().map(|r| &r.s1).collect::<Vec<_>>());
+        let s1f_reps: Vec<f64> = reps
+            .iter()
+            .filter_map(|r| r.s1f.as_ref().map(|t| t.per_sec))
+            .collect();
+        let s1f = (s1f_reps.len() == reps.len() && !reps.is_empty()).then(|| {
+            let mut t = reps[median_index(&s1f_reps)]
+                .s1f
+                .clone()
+                .unwrap_or_default();
+            t.per_sec = median(&s1f_reps);
+            t
+        });
+        let paired = PairedRatios {
+            s2_over_s1: PairedRatio::of(&s2.reps, &s1.reps),
+            s3_over_s2: PairedRatio::of(&s3.reps, &s2.reps),
+            s3l_over_s2: PairedRatio::of(&s3l.reps, &s2.reps),
+            s2_batch1_over_s1: PairedRatio::of(&s2_batch1.reps, &s1.reps),
+            batching_gain: PairedRatio::of(&s2.reps, &s2_batch1.reps),
+            s2_over_s1f: if s1f.is_some() {
+                PairedRatio::of(&s2.reps, &s1f_reps)
+            } else {
+                PairedRatio::default()
+            },
+        };
+        let n = reps.len() as u32;
+        let s1f_spread = spread(&s1f_reps);
+        PayloadRun {
+            repetitions: n,
+            s1f_reps,
+            s1f_spread,
+            paired,
+            ..PayloadRun::new(s1, s2, s3, s3l, s2_batch1, s1f)
         }
     }
 }
@@ -184,6 +324,9 @@ pub struct Report {
     pub targets: Vec<TargetCheck>,
     /// Wall-clock seconds of the whole run.
     pub total_seconds: f64,
+    /// The estimate printed at the start ([`crate::BenchConfig::estimate`]), seconds.
+    #[serde(default)]
+    pub estimated_seconds: f64,
 }
 
 fn check(name: String, target: &str, value: f64, met: bool) -> TargetCheck {
@@ -315,10 +458,22 @@ impl Report {
             self.total_seconds
         );
         let c = &self.settings;
+        let span = match c.timed() {
+            Some(t) => format!(
+                "saturated runs: {:.1} s window after {:.1} s warm-up",
+                t.window.as_secs_f64(),
+                t.warmup.as_secs_f64()
+            ),
+            None => format!("saturated runs: {} messages", c.messages),
+        };
         let _ = writeln!(
             s,
-            "{} messages per run, {} producers × {} in flight, {} consumers, fetch {}{}",
-            c.messages,
+            "{span}, median of {} repetition(s) (interleaved; spread = (max − min) ÷ median); expected {:.0} s",
+            c.reps, self.estimated_seconds
+        );
+        let _ = writeln!(
+            s,
+            "{} producers × {} in flight, {} consumers, fetch {}{}",
             c.producers,
             c.window,
             c.consumers,
@@ -357,6 +512,15 @@ impl Report {
             s4.queryable_ms.p50_ms,
             s4.queryable_ms.p99_ms,
             s4.queryable_ms.max_ms,
+        );
+        let _ = writeln!(
+            s,
+            "S4 write amplification {:.2} ({:.1} MiB written to disk for {:.1} MiB of stage messages ingested); peak RSS {:.0} MiB ({})",
+            s4.write_amplification,
+            s4.disk_write_bytes as f64 / (1u64 << 20) as f64,
+            s4.logical_bytes as f64 / (1u64 << 20) as f64,
+            s4.peak_rss_bytes as f64 / (1u64 << 20) as f64,
+            s4.peak_rss_method,
         );
         let s5 = &self.s5;
         let _ = writeln!(
@@ -432,8 +596,8 @@ fn pipeline_table(s: &mut String, title: &str, runs: &[PayloadRun]) {
     let _ = writeln!(s, "\n{title}");
     let _ = writeln!(
         s,
-        "  {:<7} {:<26} {:>11} {:>17} {:>17}",
-        "payload", "scenario", "msgs/s", "e2e p50/p99 ms", "send p50/p99 ms"
+        "  {:<7} {:<26} {:>11} {:>8} {:>17} {:>17}",
+        "payload", "scenario", "msgs/s", "spread", "e2e p50/p99 ms", "send p50/p99 ms"
     );
     for r in runs {
         scenario_rows(s, r);
@@ -441,16 +605,24 @@ fn pipeline_table(s: &mut String, title: &str, runs: &[PayloadRun]) {
     }
 }
 
-/// One row per scenario of a payload size: rate, e2e and send latency.
+fn pct(spread: f64) -> String {
+    format!("{:.1} %", spread * 100.0)
+}
+
+/// One row per scenario of a payload size: rate (median), spread, e2e and send latency.
 fn scenario_rows(s: &mut String, r: &PayloadRun) {
     let b = format!("{} B", r.payload_bytes);
-    let row = |s: &mut String, name: &str, rate: f64, e2e: String, send: String| {
-        let _ = writeln!(s, "  {b:<7} {name:<26} {rate:>11.0} {e2e:>17} {send:>17}");
+    let row = |s: &mut String, name: &str, rate: f64, spread: String, e2e: String, send: String| {
+        let _ = writeln!(
+            s,
+            "  {b:<7} {name:<26} {rate:>11.0} {spread:>8} {e2e:>17} {send:>17}"
+        );
     };
     row(
         s,
         "S1 raw publish (window)",
         r.s1.publish.per_sec,
+        pct(r.s1.publish_spread),
         "-".into(),
         lat(&r.s1.publish_ack),
     );
@@ -458,6 +630,7 @@ fn scenario_rows(s: &mut String, r: &PayloadRun) {
         s,
         "S1 raw fetch + ack",
         r.s1.consume.per_sec,
+        pct(r.s1.consume_spread),
         "-".into(),
         "-".into(),
     );
@@ -465,37 +638,35 @@ fn scenario_rows(s: &mut String, r: &PayloadRun) {
         s,
         "S1 raw both at once",
         r.s1.pipeline.per_sec,
+        pct(r.s1.spread),
         lat(&r.s1.e2e),
         "-".into(),
     );
-    row(
-        s,
-        "S2 msgtrail, recording off",
-        r.s2.throughput.per_sec,
-        lat(&r.s2.e2e),
-        lat(&r.s2.send_latency),
-    );
-    row(
-        s,
-        "S2 batch 1, recording off",
-        r.s2_batch1.throughput.per_sec,
-        lat(&r.s2_batch1.e2e),
-        lat(&r.s2_batch1.send_latency),
-    );
-    row(
-        s,
-        "S3 recording on",
-        r.s3.throughput.per_sec,
-        lat(&r.s3.e2e),
-        lat(&r.s3.send_latency),
-    );
-    row(
-        s,
-        "S3L + listener in window",
-        r.s3l.throughput.per_sec,
-        lat(&r.s3l.e2e),
-        lat(&r.s3l.send_latency),
-    );
+    if let Some(f) = &r.s1f {
+        row(
+            s,
+            "S1F raw fast-ingest batches",
+            f.per_sec,
+            pct(r.s1f_spread),
+            "-".into(),
+            "-".into(),
+        );
+    }
+    for (name, x) in [
+        ("S2 msgtrail, recording off", &r.s2),
+        ("S2 batch 1, recording off", &r.s2_batch1),
+        ("S3 recording on", &r.s3),
+        ("S3L + listener in window", &r.s3l),
+    ] {
+        row(
+            s,
+            name,
+            x.throughput.per_sec,
+            pct(x.spread),
+            lat(&x.e2e),
+            lat(&x.send_latency),
+        );
+    }
     for (name, x) in [
         ("S1 raw", &r.s1.paced),
         ("S2 recording off", &r.s2.paced),
@@ -503,7 +674,7 @@ fn scenario_rows(s: &mut String, r: &PayloadRun) {
     ] {
         let rate = x.rate_per_sec;
         let name = format!("{name} @ {rate:.0}/s");
-        row(s, &name, rate, lat(&x.e2e), lat(&x.send));
+        row(s, &name, rate, "-".into(), lat(&x.e2e), lat(&x.send));
     }
 }
 
@@ -540,4 +711,86 @@ fn ratio_lines(s: &mut String, r: &PayloadRun) {
         x.e2e_p99_s2_over_s1,
         x.e2e_p99_s3_over_s2_saturated,
     );
+    if r.repetitions > 1 {
+        let q = &r.paired;
+        let range = |p: &PairedRatio| format!("{:.3}–{:.3}", p.min, p.max);
+        let _ = writeln!(
+            s,
+            "  {b:<7} ratios over paired repetitions (min–max of {}): S2/S1 {}  S3/S2 {}  S3L/S2 {}  S2/S1F {}  batching ×{}",
+            r.repetitions,
+            range(&q.s2_over_s1),
+            range(&q.s3_over_s2),
+            range(&q.s3l_over_s2),
+            range(&q.s2_over_s1f),
+            range(&q.batching_gain),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pipeline(rate: f64, p99: f64) -> PipelineResult {
+        PipelineResult {
+            throughput: Throughput {
+                count: rate as u64,
+                seconds: 1.0,
+                per_sec: rate,
+            },
+            e2e: Latency {
+                p99_ms: p99,
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    fn rep(s1: f64, s2: f64, s3: f64) -> Repetition {
+        Repetition {
+            s1: RawResult {
+                pipeline: Throughput {
+                    per_sec: s1,
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+            s2: pipeline(s2, s2),
+            s3: pipeline(s3, s3),
+            s3l: pipeline(s3, s3),
+            s2_batch1: pipeline(s2 / 2.0, 1.0),
+            s1f: Some(Throughput {
+                per_sec: s1 * 2.0,
+                ..Default::default()
+            }),
+        }
+    }
+
+    #[test]
+    fn repetitions_give_medians_spreads_and_paired_ratios() {
+        let r = PayloadRun::from_reps(vec![
+            rep(100.0, 40.0, 38.0),
+            rep(120.0, 30.0, 30.0),
+            rep(110.0, 50.0, 45.0),
+        ]);
+        assert_eq!(r.repetitions, 3);
+        // Existing keys: medians.
+        assert_eq!(r.s1.pipeline.per_sec, 110.0);
+        assert_eq!(r.s2.throughput.per_sec, 40.0);
+        assert_eq!(r.s3.throughput.per_sec, 38.0);
+        // The other fields come from the median repetition.
+        assert_eq!(r.s2.repetition, 0);
+        assert_eq!(r.s2.e2e.p99_ms, 40.0);
+        assert_eq!(r.s2.reps, vec![40.0, 30.0, 50.0]);
+        assert!((r.s2.spread - 0.5).abs() < 1e-12);
+        assert!((r.s1.spread - 20.0 / 110.0).abs() < 1e-12);
+        assert_eq!(r.s1f.as_ref().unwrap().per_sec, 220.0);
+        assert_eq!(r.s1f_reps, vec![200.0, 240.0, 220.0]);
+        // Ratios of the medians, and over paired repetitions.
+        assert!((r.ratios.s2_over_s1 - 40.0 / 110.0).abs() < 1e-12);
+        assert_eq!(r.paired.s2_over_s1.reps, vec![0.4, 0.25, 50.0 / 110.0]);
+        assert_eq!(r.paired.s2_over_s1.min, 0.25);
+        assert_eq!(r.paired.s2_over_s1.max, 50.0 / 110.0);
+        assert_eq!(r.paired.batching_gain.reps, vec![2.0, 2.0, 2.0]);
+    }
 }

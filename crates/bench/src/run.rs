@@ -1,6 +1,11 @@
 //! The order of a run: S1–S3 per payload size against one nats-server (started here, or
 //! `nats_url`), again on a `sync_interval: always` server with `durable`, then S4–S6 from the
 //! stage records S3 wrote.
+//!
+//! The saturated S1–S3 runs repeat `reps` times, interleaved: every scenario of every
+//! payload size, then all of them again, so that a drift of the machine (another process,
+//! the page cache, thermal state) hits every scenario alike. The latency (paced) runs and
+//! the stage records kept for S4 come from the first repetition only.
 
 use crate::config::BenchConfig;
 use crate::error::BenchError;
@@ -10,7 +15,7 @@ use crate::lookup::LookupResult;
 use crate::measure::Progress;
 use crate::pipeline::{ListenerTiming, PipelineParams};
 use crate::raw::Load;
-use crate::report::{Machine, PayloadRun, Report};
+use crate::report::{Machine, PayloadRun, Repetition, Report};
 use crate::{export, ingest, lookup, pipeline, raw};
 use bytes::Bytes;
 use msgtrail_core::subjects::{MESSAGE_STREAM, STAGE_STREAM};
@@ -28,6 +33,10 @@ pub(crate) fn durable_jetstream_config(store_dir: &std::path::Path) -> String {
 /// Runs every scenario and returns the report; progress goes to stderr when `progress`.
 pub async fn run(config: BenchConfig, progress: bool) -> Result<Report, BenchError> {
     config.validate()?;
+    let estimate = config.estimate();
+    if progress {
+        eprintln!("{}", estimate_line(&config, estimate));
+    }
     let progress = Progress::new(progress);
     let started = Instant::now();
     let (_server, url) = main_server(&config)?;
@@ -53,9 +62,27 @@ pub async fn run(config: BenchConfig, progress: bool) -> Result<Report, BenchErr
         s6,
         targets: Vec::new(),
         total_seconds: started.elapsed().as_secs_f64(),
+        estimated_seconds: estimate.as_secs_f64(),
     };
     report.check_targets();
     Ok(report)
+}
+
+/// The line printed at the start: how long the run should take, and why.
+fn estimate_line(config: &BenchConfig, estimate: std::time::Duration) -> String {
+    let span = match config.timed() {
+        Some(t) => format!("{:?} window after {:?} warm-up", t.window, t.warmup),
+        None => format!("{} messages", config.messages),
+    };
+    format!(
+        "msgtrail bench ({}): saturated runs of {span}, {} repetition(s), {} payload size(s){}; expected about {:.0} s ({:.1} min)",
+        config.preset,
+        config.reps,
+        config.payload_sizes.len(),
+        if config.durable { ", --durable" } else { "" },
+        estimate.as_secs_f64(),
+        estimate.as_secs_f64() / 60.0,
+    )
 }
 
 /// The server S1–S3 run against: `nats_url`, or one started here (kept alive by the
@@ -161,8 +188,9 @@ async fn refuse_live_data(client: &async_nats::Client) -> Result<(), BenchError>
     Ok(())
 }
 
-/// S1–S3 for every payload size against `url`; returns the runs and the stage-stream
-/// messages every S3 run wrote.
+/// S1–S3 for every payload size against `url`, `reps` times interleaved; returns the runs
+/// (medians, repetitions, spreads) and the stage-stream messages the first repetition's S3
+/// runs wrote (at most `replay_stage_messages` per payload size).
 async fn variant(
     config: &BenchConfig,
     url: &str,
@@ -170,48 +198,23 @@ async fn variant(
     progress: &Progress,
 ) -> Result<(Vec<PayloadRun>, Vec<Bytes>), BenchError> {
     let client = async_nats::connect(url).await.map_err(BenchError::nats)?;
-    let mut runs = Vec::new();
+    let mut reps: Vec<Vec<Repetition>> = vec![Vec::new(); config.payload_sizes.len()];
     let mut recorded = Vec::new();
-    for &size in &config.payload_sizes {
-        let load = Load::of(config, size);
-        let paced = load.paced(config);
-        let s1 = raw::run(
-            &client,
-            &load,
-            &paced,
-            progress,
-            &format!("{label}{size} B"),
-        )
-        .await?;
-        let params = |tag: &str, listener: ListenerTiming, batch: Option<usize>| {
-            PipelineParams {
-                nats_url: url.to_owned(),
-                load: load.clone(),
-                // The latency runs compare S1, S2 and S3; the other variants only report
-                // throughput.
-                paced: if tag == "s2" || tag == "s3" {
-                    paced.clone()
-                } else {
-                    Load {
-                        messages: 0,
-                        ..paced.clone()
-                    }
-                },
-                record_stages: listener != ListenerTiming::None,
-                listener,
-                batch_messages: batch,
-                fast_ingest: true,
-                tag: format!("{tag}_{size}"),
-            }
-        };
-        let s2 = pipeline::run(&params("s2", ListenerTiming::None, None), progress).await?;
-        let s2_batch1 =
-            pipeline::run(&params("s2b1", ListenerTiming::None, Some(1)), progress).await?;
-        let s3 = pipeline::run(&params("s3", ListenerTiming::After, None), progress).await?;
-        recorded.extend(pipeline::stage_batches(&client).await?);
-        let s3l = pipeline::run(&params("s3l", ListenerTiming::During, None), progress).await?;
-        let s1f = raw::run_fast(&client, &load, progress, &format!("{label}{size} B")).await?;
-        runs.push(PayloadRun::new(s1, s2, s3, s3l, s2_batch1, s1f));
+    for rep in 0..config.reps {
+        for (k, &size) in config.payload_sizes.iter().enumerate() {
+            let r = repetition(
+                config,
+                &client,
+                url,
+                label,
+                size,
+                rep,
+                &mut recorded,
+                progress,
+            )
+            .await?;
+            reps[k].push(r);
+        }
     }
     // Leave msgtrail's streams empty, as the next run expects them on a shared server.
     let js = async_nats::jetstream::new(client.clone());
@@ -220,5 +223,90 @@ async fn variant(
             let _ = stream.purge().await;
         }
     }
-    Ok((runs, recorded))
+    Ok((
+        reps.into_iter().map(PayloadRun::from_reps).collect(),
+        recorded,
+    ))
+}
+
+/// One repetition of every saturated scenario of one payload size (S1, S2, S2 batch 1, S3,
+/// S3L, S1F); the first (`rep` 0) with the latency runs, its S3's stage records added to
+/// `recorded`.
+#[allow(clippy::too_many_arguments)]
+async fn repetition(
+    config: &BenchConfig,
+    client: &async_nats::Client,
+    url: &str,
+    label: &str,
+    size: usize,
+    rep: u32,
+    recorded: &mut Vec<Bytes>,
+    progress: &Progress,
+) -> Result<Repetition, BenchError> {
+    let first = rep == 0;
+    let load = Load::of(config, size);
+    let paced = Load {
+        // The latency runs are not repeated.
+        messages: if first { config.latency_messages } else { 0 },
+        ..load.paced(config)
+    };
+    let rep_label = if config.reps > 1 {
+        format!(" rep {}/{}", rep + 1, config.reps)
+    } else {
+        String::new()
+    };
+    let s1 = raw::run(
+        client,
+        &load,
+        &paced,
+        progress,
+        &format!("{label}{size} B{rep_label}"),
+    )
+    .await?;
+    let params = |tag: &str, listener: ListenerTiming, batch: Option<usize>| PipelineParams {
+        nats_url: url.to_owned(),
+        load: load.clone(),
+        // The latency runs compare S1, S2 and S3; the other variants only report
+        // throughput.
+        paced: if tag == "s2" || tag == "s3" {
+            paced.clone()
+        } else {
+            Load {
+                messages: 0,
+                ..paced.clone()
+            }
+        },
+        record_stages: listener != ListenerTiming::None,
+        listener,
+        batch_messages: batch,
+        fast_ingest: true,
+        // Each repetition its own topic, group and listener durable.
+        tag: if first {
+            format!("{tag}_{size}")
+        } else {
+            format!("{tag}_{size}_r{rep}")
+        },
+    };
+    let s2 = pipeline::run(&params("s2", ListenerTiming::None, None), progress).await?;
+    let s2_batch1 = pipeline::run(&params("s2b1", ListenerTiming::None, Some(1)), progress).await?;
+    let s3 = pipeline::run(&params("s3", ListenerTiming::After, None), progress).await?;
+    if first {
+        recorded.extend(pipeline::stage_batches(client, config.replay_stage_messages).await?);
+    }
+    let s3l = pipeline::run(&params("s3l", ListenerTiming::During, None), progress).await?;
+    let s1f = raw::run_fast(
+        client,
+        &load,
+        progress,
+        &format!("{label}{size} B{rep_label}"),
+    )
+    .await?;
+    Ok(Repetition {
+        s1,
+        s2,
+        s3,
+        s3l,
+        s2_batch1,
+        s1f,
+    })
 }

@@ -1,6 +1,8 @@
-//! The harness keeps working: a `--quick` run (with even smaller counts in debug builds, so
-//! that it stays well under a minute on 2 cores) produces every scenario with non-zero
-//! counts and finite ratios. No speed is asserted: benchmarks are not tests.
+//! The harness keeps working: a `--quick` run (300 ms windows after 100 ms of warm-up, two
+//! interleaved repetitions; even smaller counts for S4–S6 in debug builds) produces every
+//! scenario with non-zero counts and finite ratios, the medians under the existing keys with
+//! each repetition and the spread beside them, and S4's write amplification and peak RSS.
+//! No speed is asserted: benchmarks are not tests.
 
 use msgtrail_bench::BenchConfig;
 use serde_json::Value;
@@ -13,8 +15,9 @@ fn config() -> BenchConfig {
         c.lookup_queries = 100;
         c.export_spans = 500;
     }
-    // Exercise the durable variant too (one payload size keeps it short).
+    // Exercise the durable variant too.
     c.durable = true;
+    assert_eq!((c.reps, c.measure_window.as_millis()), (2, 300));
     c
 }
 
@@ -108,9 +111,64 @@ async fn quick_run_reports_every_scenario() {
             );
             // Recording off writes no stage stream.
             assert_eq!(num(&json, &p("s2.broker.stage_batches")), 0.0, "{table}");
+            // The broker stored what the throughput run sent, and the latency run's messages
+            // when the fields come from the first repetition (the only one with it).
+            let paced = if num(&json, &p("s3.repetition")) == 0.0 {
+                c.latency_messages as f64
+            } else {
+                0.0
+            };
+            positive(&p("s3.sent"));
             assert_eq!(
                 num(&json, &p("s3.broker.uploads")),
-                (c.messages + c.latency_messages) as f64
+                num(&json, &p("s3.sent")) + paced,
+                "{table}"
+            );
+            // Repetitions: each one's rate, the median under the existing key, the spread.
+            assert_eq!(num(&json, &p("repetitions")), f64::from(c.reps));
+            for (scenario, rate) in [
+                ("s1", "s1.pipeline.per_sec"),
+                ("s2", "s2.throughput.per_sec"),
+                ("s2_batch1", "s2_batch1.throughput.per_sec"),
+                ("s3", "s3.throughput.per_sec"),
+                ("s3l", "s3l.throughput.per_sec"),
+            ] {
+                let reps: Vec<f64> = json[variant][i][scenario]["reps"]
+                    .as_array()
+                    .unwrap_or_else(|| panic!("{scenario}.reps missing"))
+                    .iter()
+                    .map(|v| v.as_f64().unwrap())
+                    .collect();
+                assert_eq!(reps.len(), c.reps as usize, "{scenario}.reps");
+                assert!(reps.iter().all(|r| *r > 0.0), "{scenario}.reps {reps:?}");
+                let (lo, hi) = (reps[0].min(reps[1]), reps[0].max(reps[1]));
+                let median = num(&json, &p(rate));
+                assert!((median - (lo + hi) / 2.0).abs() < 1e-9 * hi, "{scenario}");
+                let spread = num(&json, &p(&format!("{scenario}.spread")));
+                assert!((spread - (hi - lo) / median).abs() < 1e-9, "{scenario}");
+            }
+            for r in [
+                "s2_over_s1",
+                "s3_over_s2",
+                "s3l_over_s2",
+                "batching_gain",
+                "s2_over_s1f",
+            ] {
+                let (lo, hi) = (
+                    num(&json, &p(&format!("paired.{r}.min"))),
+                    num(&json, &p(&format!("paired.{r}.max"))),
+                );
+                assert!(lo > 0.0 && lo <= hi, "paired.{r}: {lo}..{hi}");
+                assert_eq!(
+                    json[variant][i]["paired"][r]["reps"]
+                        .as_array()
+                        .map(Vec::len),
+                    Some(c.reps as usize)
+                );
+            }
+            assert_eq!(
+                json[variant][i]["s1f_reps"].as_array().map(Vec::len),
+                Some(c.reps as usize)
             );
         }
     }
@@ -137,16 +195,31 @@ async fn quick_run_reports_every_scenario() {
         "s4.counted_bytes_per_inflight_message",
         "s4.recorded_records.per_sec",
         "s4.transaction_ms.count",
+        "s4.logical_bytes",
+        "s4.disk_write_bytes",
+        "s4.write_amplification",
+        "s4.peak_rss_bytes",
+        "estimated_seconds",
     ] {
         positive(s);
     }
     assert_eq!(num(&json, "s4.drops"), 0.0, "{table}");
+    assert!(
+        json["s4"]["peak_rss_method"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("VmHWM") || m.starts_with("VmRSS")),
+        "{table}"
+    );
     // The synthetic mix redelivers one stage message in a hundred: skipped as repeats.
     positive("s4.repeated_records");
     assert_eq!(num(&json, "s5.found"), c.lookup_queries as f64, "{table}");
     assert!(!report.targets.is_empty());
     assert!(
-        table.contains("S1 raw both at once") && table.contains("Targets"),
+        table.contains("S1 raw both at once")
+            && table.contains("Targets")
+            && table.contains("spread")
+            && table.contains("ratios over paired repetitions")
+            && table.contains("write amplification"),
         "{table}"
     );
 }

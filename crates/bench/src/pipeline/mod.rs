@@ -9,11 +9,17 @@
 //!
 //! Each payload carries its send time, so consumers measure end-to-end latency (send call to
 //! receipt), the same definition as S1's pipeline run.
+//!
+//! A timed run ([`crate::measure::Window`]) sends until its window ends, then lets the
+//! consumers drain every confirmed upload. Completed = a message processed by a consumer and
+//! its ack confirmed by the broker (`Consumer::process` returned); the send rate counts
+//! uploads confirmed. Only completions inside the window count, and end-to-end latency is
+//! that of the messages completed inside it.
 
 mod setup;
 
 use crate::error::BenchError;
-use crate::measure::{Countdown, Latency, Progress, Recorder, Throughput};
+use crate::measure::{Countdown, Latency, Progress, Recorder, Throughput, Window};
 use crate::raw::{payload_stamp, share, stamped_payload, Load, Paced};
 use async_nats::jetstream;
 use bytes::Bytes;
@@ -145,6 +151,22 @@ pub struct PipelineResult {
     pub stage_records_per_message: f64,
     /// The listener (S3 only).
     pub listener: Option<ListenerIngest>,
+    /// Uploads confirmed in the throughput run, warm-up and drain included (the latency
+    /// run's are not).
+    #[serde(default)]
+    pub sent: u64,
+    /// `throughput` msgs/s of each repetition, in run order.
+    #[serde(default)]
+    pub reps: Vec<f64>,
+    /// (max − min) ÷ median of `reps`.
+    #[serde(default)]
+    pub spread: f64,
+    /// The repetition (0-based) every other field comes from: the one whose throughput is
+    /// the median (the lower middle one for an even count). `throughput.per_sec` is the
+    /// median itself; `paced` is always the first repetition's (the only one with a latency
+    /// run), and `broker` counts it only when this is 0.
+    #[serde(default)]
+    pub repetition: u32,
 }
 
 fn id(s: &str) -> Result<ClientId, BenchError> {
@@ -225,6 +247,8 @@ pub async fn run(p: &PipelineParams, progress: &Progress) -> Result<PipelineResu
         stage_records_per_message: per(broker.stage_records),
         broker,
         listener,
+        sent: measured.sent,
+        ..Default::default()
     })
 }
 
@@ -254,6 +278,8 @@ struct Measured {
     send_latency: Latency,
     throughput: Throughput,
     e2e: Latency,
+    /// Uploads confirmed in all.
+    sent: u64,
 }
 
 type RunningListener = (
@@ -371,9 +397,13 @@ impl Drive<'_> {
         label: &str,
     ) -> Result<Measured, BenchError> {
         let p = self.p;
-        let phase = progress.phase(label, load.messages);
-        let consumed = Countdown::new(phase.counter(), load.messages);
-        let start = Instant::now();
+        let phase = progress.phase(label, load.progress_total());
+        let consumed = match load.timed {
+            Some(_) => Countdown::open(phase.counter()),
+            None => Countdown::new(phase.counter(), load.messages),
+        };
+        let window = Window::start(load.timed);
+        let send_window = window.sibling();
         let deadline = tokio::time::Instant::now() + load.timeout;
         let consumer_tasks: Vec<_> = self
             .consumers
@@ -384,6 +414,7 @@ impl Drive<'_> {
                     self.sub.clone(),
                     load.fetch_batch,
                     consumed.clone(),
+                    window.clone(),
                     deadline,
                 ))
             })
@@ -394,12 +425,17 @@ impl Drive<'_> {
             .iter()
             .enumerate()
             .map(|(i, pr)| {
+                let n = match load.timed {
+                    Some(_) => u64::MAX,
+                    None => share(load.messages, load.producers, i),
+                };
                 tokio::spawn(produce(
                     pr.clone(),
                     self.topic.to_owned(),
                     load.clone(),
-                    share(load.messages, load.producers, i),
+                    n,
                     sent.clone(),
+                    send_window.clone(),
                 ))
             })
             .collect();
@@ -411,7 +447,9 @@ impl Drive<'_> {
                 .map_err(|e| BenchError::Broker(e.into()))??;
             send_latency.merge(&r);
         }
-        let send = Throughput::new(load.messages, start.elapsed());
+        let sent = sent.load(Ordering::SeqCst);
+        let send = send_window.throughput(Instant::now());
+        consumed.close(sent);
         let mut e2e = Recorder::default();
         for t in consumer_tasks {
             e2e.merge(&t.await.map_err(|e| BenchError::Broker(e.into()))??);
@@ -419,26 +457,30 @@ impl Drive<'_> {
         let end = consumed
             .finished()
             .ok_or_else(|| timeout_err(p, "consume", consumed.done()))?;
-        let throughput = Throughput::new(load.messages, end - start);
         Ok(Measured {
             send,
             send_latency: send_latency.summary(),
-            throughput,
+            throughput: window.throughput(end),
             e2e: e2e.summary(),
+            sent,
         })
     }
 }
 
+/// Sends `n` messages (a timed run: `u64::MAX`, until `window` is over), `load.window` in
+/// flight; returns the upload round trips of the confirmations inside the window.
 async fn produce(
     producer: Producer,
     topic: String,
     load: Load,
     n: u64,
     sent: Arc<AtomicU64>,
+    window: Window,
 ) -> Result<Recorder, BenchError> {
     let mut rec = Recorder::default();
     let (size, t0) = (load.payload_bytes, tokio::time::Instant::now());
     let sends = futures::stream::iter(0..n)
+        .take_while(|_| futures::future::ready(!window.over()))
         .then(|i| {
             let at = load.slot(t0, i);
             async move {
@@ -460,8 +502,11 @@ async fn produce(
         .buffer_unordered(load.window);
     let mut sends = std::pin::pin!(sends);
     while let Some(r) = sends.next().await {
-        rec.record(r?);
-        sent.fetch_add(1, Ordering::Relaxed);
+        let took = r?;
+        if window.note() {
+            rec.record(took);
+        }
+        sent.fetch_add(1, Ordering::SeqCst);
     }
     Ok(rec)
 }
@@ -471,6 +516,7 @@ async fn consume(
     sub: Subscription,
     batch: usize,
     done: Countdown,
+    window: Window,
     deadline: tokio::time::Instant,
 ) -> Result<Recorder, BenchError> {
     let mut rec = Recorder::default();
@@ -478,18 +524,22 @@ async fn consume(
         let msgs = consumer
             .fetch(&sub, batch as u32, Duration::from_millis(200))
             .await?;
-        for m in &msgs {
-            if let Some(t) = payload_stamp(&m.payload) {
-                rec.record_since_nanos(t);
-            }
-        }
+        // End to end is send to receipt; a message completes when its ack is confirmed.
+        let now = msgtrail_core::time::now_nanos();
+        let ages: Vec<Option<u64>> = msgs
+            .iter()
+            .map(|m| payload_stamp(&m.payload).map(|t| now.saturating_sub(t) / 1000))
+            .collect();
         let settled = futures::future::join_all(
             msgs.into_iter()
                 .map(|m| consumer.process(m, |_| async { Ok::<(), String>(()) })),
         )
         .await;
-        for s in settled {
+        for (s, age) in settled.into_iter().zip(ages) {
             s?.map_err(|e| BenchError::Broker(e.into()))?;
+            if let (true, Some(us)) = (window.note(), age) {
+                rec.record_micros(us);
+            }
             done.one();
         }
     }
@@ -535,19 +585,26 @@ async fn listener_catch_up(
     }
 }
 
-/// Every stage-stream message now in the stream (the payloads, in order): what S4 replays.
-pub(crate) async fn stage_batches(client: &async_nats::Client) -> Result<Vec<Bytes>, BenchError> {
+/// The first `max` stage-stream messages now in the stream (the payloads, in order): what S4
+/// replays.
+pub(crate) async fn stage_batches(
+    client: &async_nats::Client,
+    max: usize,
+) -> Result<Vec<Bytes>, BenchError> {
     let js = jetstream::new(client.clone());
     let mut stream = js
         .get_stream(STAGE_STREAM)
         .await
         .map_err(BenchError::nats)?;
     let state = stream.info().await.map_err(BenchError::nats)?.state.clone();
-    let mut out = Vec::with_capacity(state.messages as usize);
+    let mut out = Vec::with_capacity((state.messages as usize).min(max));
     if state.messages == 0 {
         return Ok(out);
     }
     for seq in state.first_sequence..=state.last_sequence {
+        if out.len() >= max {
+            break;
+        }
         match stream.get_raw_message(seq).await {
             Ok(m) => out.push(m.payload),
             Err(e) => tracing::debug!(seq, error = %e, "stage message gone"),

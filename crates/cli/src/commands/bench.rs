@@ -9,7 +9,8 @@ use msgtrail_bench::BenchConfig;
 /// Options of `msgtrail bench`.
 #[derive(Debug, ClapArgs)]
 pub(crate) struct Args {
-    /// Small counts: every scenario, well under a minute.
+    /// Small counts, 300 ms windows after 100 ms of warm-up, 2 repetitions: every scenario
+    /// in about a minute.
     #[arg(long)]
     pub quick: bool,
     /// S5 with 10 M stored messages (~25 min of store writes, 80–110 GB of disk).
@@ -24,9 +25,21 @@ pub(crate) struct Args {
     /// No progress on stderr.
     #[arg(long)]
     pub quiet: bool,
-    /// Messages per S1–S3 run.
+    /// Fixed-count S1–S3 saturated runs of this many messages instead of timed windows
+    /// (unless --window is given too).
     #[arg(long)]
     pub messages: Option<u64>,
+    /// The measured window of every saturated S1–S3 run, wall clock, with a unit (default
+    /// 5s; --quick 300ms). Rate = completions in the window ÷ the window.
+    #[arg(long, value_parser = window_arg)]
+    pub window: Option<std::time::Duration>,
+    /// Load before each window that is not counted (default 1s; --quick 100ms).
+    #[arg(long, value_parser = crate::common::parse_duration)]
+    pub warmup: Option<std::time::Duration>,
+    /// Repetitions of every saturated S1–S3 run, interleaved; the report gives the median
+    /// and the spread (default 3; --quick 2).
+    #[arg(long)]
+    pub reps: Option<u32>,
     /// Payload sizes in bytes, comma-separated (default 128,1024).
     #[arg(long, value_delimiter = ',')]
     pub payload: Option<Vec<usize>>,
@@ -36,9 +49,10 @@ pub(crate) struct Args {
     /// Consumers in the group (and S1 fetching tasks).
     #[arg(long)]
     pub consumers: Option<usize>,
-    /// Sends in flight per producer.
+    /// Sends in flight per producer (S1: publish acks in flight per task); `--window N`
+    /// before windows were timed.
     #[arg(long)]
-    pub window: Option<usize>,
+    pub in_flight: Option<usize>,
     /// Latency runs: messages per second offered (default 500).
     #[arg(long)]
     pub latency_rate: Option<f64>,
@@ -56,6 +70,18 @@ pub(crate) struct Args {
     pub export_spans: Option<u64>,
 }
 
+/// `--window`: a duration with its unit. A bare number is refused rather than read as
+/// seconds: it was the number of sends in flight before windows were timed (`--in-flight`).
+fn window_arg(s: &str) -> Result<std::time::Duration, String> {
+    if s.trim().parse::<u64>().is_ok() {
+        return Err(format!(
+            "--window is the measured window, a duration with a unit (5s, 300ms); sends in \
+             flight per producer are --in-flight {s}"
+        ));
+    }
+    crate::common::parse_duration(s)
+}
+
 /// Runs the benchmark and prints the report. Only an explicit `--nats-url` (or `NATS_URL`)
 /// points it at an existing server; otherwise it starts its own.
 pub(crate) async fn run(nats: &NatsArgs, args: Args) -> anyhow::Result<()> {
@@ -71,6 +97,18 @@ pub(crate) async fn run(nats: &NatsArgs, args: Args) -> anyhow::Result<()> {
     config.durable = args.durable;
     if let Some(v) = args.messages {
         config.messages = v;
+        if args.window.is_none() {
+            config.measure_window = std::time::Duration::ZERO;
+        }
+    }
+    if let Some(v) = args.window {
+        config.measure_window = v;
+    }
+    if let Some(v) = args.warmup {
+        config.warmup = v;
+    }
+    if let Some(v) = args.reps {
+        config.reps = v;
     }
     if let Some(v) = args.payload {
         config.payload_sizes = v;
@@ -81,7 +119,7 @@ pub(crate) async fn run(nats: &NatsArgs, args: Args) -> anyhow::Result<()> {
     if let Some(v) = args.consumers {
         config.consumers = v;
     }
-    if let Some(v) = args.window {
+    if let Some(v) = args.in_flight {
         config.window = v;
     }
     if let Some(v) = args.latency_rate {
@@ -106,4 +144,18 @@ pub(crate) async fn run(nats: &NatsArgs, args: Args) -> anyhow::Result<()> {
         print!("{}", report.table());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::window_arg;
+    use std::time::Duration;
+
+    #[test]
+    fn window_takes_a_duration_and_refuses_a_bare_count() {
+        assert_eq!(window_arg("5s"), Ok(Duration::from_secs(5)));
+        assert_eq!(window_arg("300ms"), Ok(Duration::from_millis(300)));
+        let e = window_arg("64").unwrap_err();
+        assert!(e.contains("--in-flight 64"), "{e}");
+    }
 }
