@@ -146,6 +146,73 @@ fn compose_file_describes_the_whole_deployment() {
     assert!(dockerfile.contains("ENTRYPOINT [\"msgtrail\"]"));
 }
 
+/// deploy/docker-compose.group.yml turns the deployment into a listener group: the brokers
+/// write per partition, three members (two copies of each partition) with distinct names,
+/// volumes and advertised URLs, every one of them on the listener user.
+#[test]
+fn the_group_override_describes_a_listener_group() {
+    let base = yaml("docker-compose.yml");
+    let group = yaml("docker-compose.group.yml");
+    let services = group["services"].as_mapping().expect("services");
+    for b in ["broker-1", "broker-2"] {
+        let cmd = strs(&group["services"][b]["command"]);
+        let base_cmd = strs(&base["services"][b]["command"]);
+        // The override keeps every base argument and adds --stage-partitions.
+        for a in &base_cmd {
+            assert!(cmd.contains(a), "{b}: {cmd:?} lacks {a}");
+        }
+        assert!(
+            cmd.iter().any(|a| a == "--stage-partitions"),
+            "{b}: {cmd:?}"
+        );
+    }
+    let mut names = std::collections::BTreeSet::new();
+    let mut urls = std::collections::BTreeSet::new();
+    for l in ["listener", "listener-2", "listener-3"] {
+        assert!(services.contains_key(l), "{l} is missing");
+        let svc = &group["services"][l];
+        let cmd = strs(&svc["command"]);
+        assert_eq!(cmd.first().map(String::as_str), Some("listener"), "{l}");
+        assert!(cmd.iter().any(|a| a == "--copies=2"), "{l}: {cmd:?}");
+        let url = cmd
+            .iter()
+            .find_map(|a| a.strip_prefix("--advertise-url="))
+            .unwrap_or_else(|| panic!("{l}: no --advertise-url in {cmd:?}"));
+        assert_eq!(url, format!("http://{l}:7380"), "{l}");
+        urls.insert(url.to_owned());
+        let env = &svc["environment"];
+        assert_eq!(env["NATS_USER"].as_str(), Some("listener"), "{l}");
+        assert_eq!(
+            env["MSGTRAIL_LISTENER_GROUP"].as_str(),
+            Some("msgtrail"),
+            "{l}"
+        );
+        names.insert(
+            env["MSGTRAIL_INSTANCE_NAME"]
+                .as_str()
+                .expect("instance name")
+                .to_owned(),
+        );
+        if l != "listener" {
+            let vols = strs(&svc["volumes"]);
+            assert!(
+                vols.iter().any(|v| v.starts_with(&format!("{l}-data:"))),
+                "{l}: {vols:?}"
+            );
+            assert!(group["volumes"]
+                .as_mapping()
+                .unwrap()
+                .contains_key(format!("{l}-data").as_str()));
+            assert_eq!(
+                svc["image"], base["services"]["broker-1"]["image"],
+                "{l}: the same image"
+            );
+        }
+    }
+    assert_eq!(names.len(), 3, "distinct instance names: {names:?}");
+    assert_eq!(urls.len(), 3, "distinct advertised URLs: {urls:?}");
+}
+
 #[test]
 fn tracing_stack_configs_parse_and_connect() {
     let tempo = yaml("tempo/tempo.yaml");
@@ -793,6 +860,16 @@ async fn demo_client(cluster: &Cluster, id: &str) -> (async_nats::Client, Identi
 
 /// Starts `n` real brokers as the `broker` user with deploy's clients.json, R3.
 async fn start_brokers(cluster: &Cluster, n: usize) -> Vec<msgtrail_broker::RunningBroker> {
+    start_brokers_with(cluster, n, false).await
+}
+
+/// [`start_brokers`], writing stage records per partition (`--stage-partitions`) when
+/// `stage_partitions` is set.
+async fn start_brokers_with(
+    cluster: &Cluster,
+    n: usize,
+    stage_partitions: bool,
+) -> Vec<msgtrail_broker::RunningBroker> {
     let clients = ClientRegistry::load(&deploy_dir().join("msgtrail/clients.json")).unwrap();
     let broker_config = || BrokerConfig {
         nats: NatsOptions {
@@ -806,6 +883,7 @@ async fn start_brokers(cluster: &Cluster, n: usize) -> Vec<msgtrail_broker::Runn
         stage_batch_linger: Duration::from_millis(5),
         ack_wait: Duration::from_secs(1),
         max_deliver: 2,
+        stage_partitions,
         ..Default::default()
     };
     // The first start may race the cluster's JetStream leader election.
@@ -1394,4 +1472,134 @@ fn latency_exemplars_link_to_tempo() {
         .unwrap()
         .iter()
         .any(|p| p["type"] == "heatmap"));
+}
+
+/// A listener group (`--group`, one copy of each partition) beside brokers writing their stage
+/// records per partition (`--stage-partitions`), all within the deploy permissions: the
+/// brokers publish to `msgtrail.stages.<p>`, each member keeps its heartbeat in the KV bucket
+/// `msgtrail_listeners` and reads its partitions through durables of its own, and either
+/// member answers every message — the ones the other holds through the HTTP fan-out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listener_group_and_partitioned_brokers_work_within_the_deploy_permissions() {
+    let cluster = Cluster::start();
+    let brokers = start_brokers_with(&cluster, 2, true).await;
+
+    let mut members = Vec::new();
+    let dirs: Vec<tempfile::TempDir> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
+    for (dir, instance) in dirs.iter().zip(["a", "b"]) {
+        let (nats, _) = connect(
+            async_nats::ConnectOptions::with_user_and_password(
+                "listener".into(),
+                LISTENER_PASSWORD.into(),
+            ),
+            &cluster.urls(),
+        )
+        .await;
+        let config = msgtrail_listener::ListenerConfig {
+            nats: msgtrail_client::NatsOptions {
+                urls: cluster.url_strings(),
+                ..Default::default()
+            },
+            data_dir: dir.path().to_path_buf(),
+            http_addr: "127.0.0.1:0".parse().unwrap(),
+            group: Some(msgtrail_listener::cluster::GroupConfig {
+                name: "deploy".into(),
+                instance: instance.into(),
+                copies: 1,
+                advertise_url: None,
+            }),
+            ..Default::default()
+        };
+        let member = msgtrail_listener::start_with_client(config, nats)
+            .await
+            .unwrap_or_else(|e| {
+                panic!(
+                    "group member {instance} under the deploy permissions: {e}\n{}",
+                    cluster.logs()
+                )
+            });
+        members.push(member);
+    }
+
+    // Messages spread over the partitions, each produced and consumed.
+    let (pn, pid) = demo_client(&cluster, "shop").await;
+    let producer = Producer::connect(pn, pid).await.expect("producer channel");
+    let (cn, cid) = demo_client(&cluster, "billing-1").await;
+    let consumer = Consumer::connect(cn, cid).await.expect("consumer channel");
+    let sub = Subscription {
+        group: msgtrail_core::GroupId::new("billing").unwrap(),
+        topic: "orders.>".into(),
+        filter: Default::default(),
+        message_id: None,
+    };
+    let mut ids = Vec::new();
+    for i in 0..12 {
+        let reply = producer
+            .send_message(Outgoing::new("orders.eu", format!("order {i}")))
+            .await
+            .expect("upload");
+        ids.push(reply.message_id);
+    }
+    let partitions: std::collections::BTreeSet<_> = ids
+        .iter()
+        .map(msgtrail_core::partition::Partition::of_message)
+        .collect();
+    assert!(
+        partitions.len() > 1,
+        "the messages span partitions: {partitions:?}"
+    );
+    let mut processed = 0;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while processed < ids.len() {
+        assert!(
+            Instant::now() < deadline,
+            "processed {processed} of {}",
+            ids.len()
+        );
+        for m in consumer
+            .fetch(&sub, 12, Duration::from_secs(2))
+            .await
+            .expect("fetch")
+        {
+            let outcome = consumer
+                .process(m, |_| async { Ok::<(), String>(()) })
+                .await
+                .expect("ack");
+            assert!(outcome.is_ok(), "{outcome:?}");
+            processed += 1;
+        }
+    }
+
+    // Either member answers every message, consumed.
+    for member in &members {
+        let client =
+            msgtrail_listener::ListenerClient::new(&format!("http://{}", member.http_addr()), None)
+                .unwrap();
+        for id in &ids {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            loop {
+                let t = client.trajectory(&id.to_string(), None).await;
+                if matches!(&t, Ok(t) if t.state == msgtrail_core::trajectory::MessageState::Consumed)
+                {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "member at {} on {id}: {t:?}\n{}",
+                    member.http_addr(),
+                    cluster.logs()
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+    for member in members {
+        member.shutdown().await.expect("listener shutdown");
+    }
+    for b in brokers {
+        b.shutdown().await;
+    }
+    let logs = cluster.logs();
+    let violations: Vec<&str> = logs.lines().filter(|l| l.contains("Violation")).collect();
+    assert!(violations.is_empty(), "{violations:#?}");
 }
