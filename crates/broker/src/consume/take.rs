@@ -109,12 +109,6 @@ impl Deliverer {
         // The consumer's own ack wait: it may have been created by a broker configured otherwise.
         let ack_wait = consumer.cached_info().config.ack_wait;
         let mut out = Vec::new();
-        // A consumer JetStream has just created (or moved, on a cluster) can answer 503 for a
-        // moment: until the deadline that is a reason to pull again, not to fail the fetch.
-        let transient = |e: &dyn std::fmt::Display| {
-            let text = e.to_string();
-            text.contains("503") || text.contains("no responders")
-        };
         loop {
             // Whatever is there now, without waiting.
             let got = match self
@@ -126,7 +120,7 @@ impl Deliverer {
                     if !out.is_empty() {
                         return Ok(out);
                     }
-                    if transient(&e) && tokio::time::Instant::now() < deadline {
+                    if pull_status(&e) && tokio::time::Instant::now() < deadline {
                         tokio::time::sleep(Duration::from_millis(50)).await;
                         continue;
                     }
@@ -320,5 +314,37 @@ impl Deliverer {
         r.service = Some(self.shared.config.service_name.clone());
         r.by_id = token.by_id();
         r
+    }
+}
+
+/// Whether a failed pull is JetStream answering it with a status instead of messages, a reason
+/// to pull again until the deadline rather than to fail the fetch: a consumer JetStream has
+/// just created (or moved, on a cluster) answers 503 (no responders) until it is placed, and
+/// 409 while its leader changes, for a moment. async-nats 0.51 gives such a status no kind: its
+/// `Batch` stream yields it as a `std::io::Error` (only its text holds the status), where a
+/// fetch that could not start is a `BatchError` with a `BatchErrorKind`. The type is the match.
+fn pull_status(e: &async_nats::Error) -> bool {
+    e.is::<std::io::Error>()
+}
+
+#[cfg(test)]
+mod pull_status_tests {
+    use super::pull_status;
+    use async_nats::jetstream::consumer::pull::{BatchError, BatchErrorKind};
+
+    #[test]
+    fn a_status_reply_is_transient_and_a_fetch_that_did_not_start_is_not() {
+        let status: async_nats::Error = Box::new(std::io::Error::other(
+            "error while processing messages from the stream: 503, None",
+        ));
+        assert!(pull_status(&status));
+        for kind in [
+            BatchErrorKind::Subscribe,
+            BatchErrorKind::Pull,
+            BatchErrorKind::Flush,
+        ] {
+            let start: async_nats::Error = Box::new(BatchError::new(kind));
+            assert!(!pull_status(&start), "{kind}");
+        }
     }
 }
