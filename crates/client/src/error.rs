@@ -51,6 +51,17 @@ impl fmt::Display for Cause {
     }
 }
 
+/// A cause equals itself and its clones (the same underlying error, the same context), not
+/// another error that happens to read the same: what lets a [`ClientError`] in a
+/// [`crate::HookEvent`] be compared.
+impl PartialEq for Cause {
+    fn eq(&self, other: &Self) -> bool {
+        self.context == other.context && Arc::ptr_eq(&self.source, &other.source)
+    }
+}
+
+impl Eq for Cause {}
+
 impl std::error::Error for Cause {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         Some(&*self.source)
@@ -63,8 +74,9 @@ impl std::error::Error for Cause {
 pub struct BatcherStopped;
 
 /// What went wrong with a request to the broker. `Clone`, so that one failed batch request can
-/// answer every message it carried.
-#[derive(Debug, Clone, thiserror::Error)]
+/// answer every message it carried (and hooks see it: [`crate::HookEvent::AfterSend`]);
+/// equal when it is the same failure (see [`Cause`]'s `PartialEq`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum ClientError {
     /// The broker refused the request, with a code and a precise message.

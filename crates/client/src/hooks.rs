@@ -8,6 +8,7 @@
 //! miss events should be quick (hand work to its own channel) or get a larger queue
 //! ([`Hooks::register_with_capacity`]).
 
+use crate::ClientError;
 use msgtrail_core::wire::{SettleKind, UploadReply};
 use msgtrail_core::{MessageId, RequestId, Topic};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -42,8 +43,9 @@ pub enum HookEvent {
         topic: Topic,
         /// Attempt.
         attempt: u32,
-        /// The broker's reply, or the error in words.
-        result: Result<UploadReply, String>,
+        /// The broker's reply, or why there is none: the same error the send returns, its
+        /// causes kept ([`msgtrail_core::ErrorChain`] renders it with them).
+        result: Result<UploadReply, ClientError>,
         /// When.
         at: u64,
     },

@@ -29,7 +29,7 @@ impl Deliverer {
         }
         for (k, v) in &sub.filter {
             let key = h::validate_attr_key(k)
-                .map_err(|e| WireError::new(ErrorCode::InvalidAttribute, e))?;
+                .map_err(|e| WireError::new(ErrorCode::InvalidAttribute, e.to_string()))?;
             if &key != k {
                 return Err(WireError::new(
                     ErrorCode::InvalidAttribute,
@@ -37,7 +37,7 @@ impl Deliverer {
                 ));
             }
             h::validate_attr_value(k, v)
-                .map_err(|e| WireError::new(ErrorCode::InvalidAttribute, e))?;
+                .map_err(|e| WireError::new(ErrorCode::InvalidAttribute, e.to_string()))?;
         }
         Ok(())
     }

@@ -129,7 +129,7 @@ fn broker_config(nats_url: &str, ids: &DevIdentities) -> anyhow::Result<BrokerCo
     }
     Ok(BrokerConfig {
         nats: NatsOptions::url(nats_url),
-        clients: ClientRegistry::new(entries).map_err(anyhow::Error::msg)?,
+        clients: ClientRegistry::new(entries)?,
         ack_wait: Duration::from_secs(5),
         max_deliver: 3,
         ..Default::default()
