@@ -159,7 +159,7 @@ impl Channel {
                     let res: Result<serde_json::Value, _> =
                         request_json(&ch.client, s::CHANNEL_KEEPALIVE, &body, ch.timeout).await;
                     if let Err(e) = res {
-                        tracing::debug!(error = %e, "keepalive failed; reopening the channel");
+                        tracing::debug!(error = %msgtrail_core::ErrorChain(&e), "keepalive failed; reopening the channel");
                         let _ = ch.reopen().await;
                     }
                 }

@@ -82,7 +82,7 @@ pub(crate) async fn run(args: DevArgs) -> anyhow::Result<()> {
     }
     broker.shutdown().await;
     if let Err(e) = listener.shutdown().await {
-        eprintln!("listener: {e}");
+        eprintln!("listener: {}", msgtrail_core::ErrorChain(&e));
     }
     drop(server);
     let _ = std::fs::remove_dir_all(&listener_dir);
@@ -333,7 +333,7 @@ async fn demo(
         }
         match producer.send_message(msg).await {
             Ok(r) => println!("demo: sent {} request_id={}", r.message_id, r.request_id),
-            Err(e) => println!("demo: send failed: {e}"),
+            Err(e) => println!("demo: send failed: {}", msgtrail_core::ErrorChain(&e)),
         }
         n += 1;
         tokio::time::sleep(every).await;

@@ -420,7 +420,7 @@ impl Producer {
             let result = rx.await.unwrap_or_else(|_| Err(batch::stopped()));
             match result {
                 Err(e) if e.is_transient() && attempt < self.options.max_attempts => {
-                    tracing::debug!(request_id = %prepared.request_id, attempt, error = %e,
+                    tracing::debug!(request_id = %prepared.request_id, attempt, error = %msgtrail_core::ErrorChain(&e),
                         "upload failed; retrying with the same request id");
                     tokio::time::sleep(backoff.next_pause()).await;
                     attempt += 1;
