@@ -2,6 +2,7 @@
 //! durable consumer, the attribute filter, and the delivery records (C5/C1, R1 `redeliver`).
 
 use super::*;
+use msgtrail_core::sync::Recover;
 
 impl Deliverer {
     /// Validates a subscription for a consumer channel.
@@ -48,12 +49,7 @@ impl Deliverer {
         sub: &Subscription,
     ) -> Result<jetstream::consumer::PullConsumer, WireError> {
         let name = durable_name(sub);
-        if let Some(c) = self
-            .consumers
-            .lock()
-            .expect("consumer cache poisoned")
-            .get(&name)
-        {
+        if let Some(c) = self.consumers.lock().recover().get(&name) {
             return Ok(c.clone());
         }
         let config = pull::Config {
@@ -70,7 +66,7 @@ impl Deliverer {
         let consumer = self.create_consumer(config).await?;
         self.consumers
             .lock()
-            .expect("consumer cache poisoned")
+            .recover()
             .insert(name, consumer.clone());
         Ok(consumer)
     }
