@@ -881,10 +881,7 @@ impl History {
                     let start = me.attempts.lock().unwrap().remove(&key).unwrap_or(*at);
                     let outcome = match result {
                         Ok(_) => Outcome::Ok,
-                        Err(e) if e.starts_with("broker refused") && !e.contains("unavailable") => {
-                            Outcome::Fail(e.clone())
-                        }
-                        Err(e) => Outcome::Unknown(e.clone()),
+                        Err(e) => classify(e),
                     };
                     let op = Op {
                         kind: "attempt",
@@ -1073,7 +1070,7 @@ fn classify(e: &msgtrail_client::ClientError) -> Outcome {
     use msgtrail_client::ClientError as E;
     match e {
         E::Refused(w) if !e.is_transient() => Outcome::Fail(format!("{}: {}", w.code, w.message)),
-        other => Outcome::Unknown(other.to_string()),
+        other => Outcome::Unknown(msgtrail_core::ErrorChain(other).to_string()),
     }
 }
 

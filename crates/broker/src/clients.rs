@@ -14,7 +14,7 @@
 //! consumer may subscribe with any filter that lies within one of them. Absent means `>`.
 
 use msgtrail_core::{topic_matches, validate_topic_filter};
-use msgtrail_core::{ClientId, Role};
+use msgtrail_core::{ClientId, IdError, Role};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::path::Path;
@@ -59,13 +59,51 @@ pub enum ClientsError {
         /// The I/O error.
         source: std::io::Error,
     },
-    /// The file is not valid.
-    #[error("invalid clients file {path}: {message}")]
+    /// The file is not valid JSON of a [`ClientsFile`].
+    #[error("invalid clients file {path}")]
+    Parse {
+        /// The path.
+        path: String,
+        /// What the JSON decoder said.
+        source: serde_json::Error,
+    },
+    /// The file's clients are not a valid registry.
+    #[error("invalid clients file {path}")]
     Invalid {
         /// The path.
         path: String,
-        /// What is wrong.
-        message: String,
+        /// Which client is wrong, and how.
+        source: RegistryError,
+    },
+}
+
+/// Why [`ClientRegistry::new`] refused its clients.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RegistryError {
+    /// A client's public key is not an nkey public key.
+    #[error("client {client}: invalid nkey public key")]
+    PublicKey {
+        /// The client.
+        client: ClientId,
+        /// What nkeys said.
+        source: nkeys::error::Error,
+    },
+    /// A client's topic filter is not one.
+    #[error("client {client}: invalid topic filter")]
+    TopicFilter {
+        /// The client.
+        client: ClientId,
+        /// Which filter, and the grammar.
+        source: IdError,
+    },
+    /// Two entries have the same role and ID.
+    #[error("client {client} ({role}) is configured twice")]
+    Duplicate {
+        /// The client.
+        client: ClientId,
+        /// Its role.
+        role: Role,
     },
 }
 
@@ -77,17 +115,26 @@ pub struct ClientRegistry {
 
 impl ClientRegistry {
     /// Builds a registry, validating keys and topic filters.
-    pub fn new(clients: Vec<ClientEntry>) -> Result<Self, String> {
+    pub fn new(clients: Vec<ClientEntry>) -> Result<Self, RegistryError> {
         let mut entries = HashMap::new();
         for c in clients {
-            if nkeys::KeyPair::from_public_key(&c.public_key).is_err() {
-                return Err(format!("client {}: invalid nkey public key", c.id));
+            if let Err(source) = nkeys::KeyPair::from_public_key(&c.public_key) {
+                return Err(RegistryError::PublicKey {
+                    client: c.id,
+                    source,
+                });
             }
             for t in &c.topics {
-                validate_topic_filter(t).map_err(|e| format!("client {}: {e}", c.id))?;
+                validate_topic_filter(t).map_err(|source| RegistryError::TopicFilter {
+                    client: c.id.clone(),
+                    source,
+                })?;
             }
             if entries.insert((c.role, c.id.clone()), c.clone()).is_some() {
-                return Err(format!("client {} ({}) is configured twice", c.id, c.role));
+                return Err(RegistryError::Duplicate {
+                    client: c.id,
+                    role: c.role,
+                });
             }
         }
         Ok(ClientRegistry { entries })
@@ -100,11 +147,12 @@ impl ClientRegistry {
             path: p.clone(),
             source,
         })?;
-        let file: ClientsFile = serde_json::from_str(&text).map_err(|e| ClientsError::Invalid {
-            path: p.clone(),
-            message: e.to_string(),
-        })?;
-        Self::new(file.clients).map_err(|message| ClientsError::Invalid { path: p, message })
+        let file: ClientsFile =
+            serde_json::from_str(&text).map_err(|source| ClientsError::Parse {
+                path: p.clone(),
+                source,
+            })?;
+        Self::new(file.clients).map_err(|source| ClientsError::Invalid { path: p, source })
     }
 
     /// The client with this role and ID.
@@ -179,5 +227,36 @@ mod tests {
         assert!(may_publish(&allowed, "orders.eu"));
         assert!(may_publish(&allowed, "audit"));
         assert!(!may_publish(&allowed, "payments"));
+    }
+
+    #[test]
+    fn a_refused_registry_says_which_client_and_keeps_the_cause() {
+        let key = nkeys::KeyPair::new_user().public_key();
+        let entry = |id: &str, key: &str, topics: &[&str]| ClientEntry {
+            id: ClientId::new(id).unwrap(),
+            role: Role::Producer,
+            public_key: key.to_owned(),
+            topics: topics.iter().map(|t| (*t).to_owned()).collect(),
+            service_name: None,
+        };
+        let e = ClientRegistry::new(vec![entry("shop", "not-a-key", &[">"])]).unwrap_err();
+        assert!(matches!(e, RegistryError::PublicKey { .. }), "{e:?}");
+        assert_eq!(e.to_string(), "client shop: invalid nkey public key");
+        assert!(std::error::Error::source(&e).is_some());
+        let e = ClientRegistry::new(vec![entry("shop", &key, &["orders..eu"])]).unwrap_err();
+        assert!(matches!(e, RegistryError::TopicFilter { .. }), "{e:?}");
+        let cause = std::error::Error::source(&e)
+            .expect("the filter's error")
+            .to_string();
+        assert!(cause.contains("orders..eu"), "{cause}");
+        let e = ClientRegistry::new(vec![entry("shop", &key, &[">"]), entry("shop", &key, &[])])
+            .unwrap_err();
+        assert_eq!(e.to_string(), "client shop (producer) is configured twice");
+        assert_eq!(
+            ClientRegistry::new(vec![entry("shop", &key, &[">"])])
+                .unwrap()
+                .len(),
+            1
+        );
     }
 }

@@ -47,7 +47,7 @@ mod streams;
 mod token;
 mod upload;
 
-pub use clients::{ClientEntry, ClientRegistry, ClientsFile};
+pub use clients::{ClientEntry, ClientRegistry, ClientsError, ClientsFile, RegistryError};
 pub use config::BrokerConfig;
 pub use consume::durable_name;
 pub use metrics::Metrics;

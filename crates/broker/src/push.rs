@@ -16,6 +16,7 @@ use crate::consume::Deliverer;
 use futures::StreamExt;
 use msgtrail_core::frame;
 use msgtrail_core::headers as h;
+use msgtrail_core::sync::Recover;
 use msgtrail_core::wire::{Format, SubscribeReply, SubscribeRequest, UnsubscribeRequest};
 use msgtrail_core::{ErrorCode, Role, WireError};
 use std::collections::HashMap;
@@ -47,6 +48,8 @@ struct Handle {
 #[derive(Debug, Clone)]
 pub(crate) struct PushManager {
     deliverer: Deliverer,
+    /// The running subscriptions by ID. Poison is recovered ([`Recover`]): each critical
+    /// section is one insert, remove or lookup of the map, which a panic cannot leave half done.
     subs: Arc<Mutex<HashMap<String, Handle>>>,
     shutdown: CancellationToken,
 }
@@ -91,7 +94,7 @@ impl PushManager {
         let settled = self.listen(format!("{SETTLED_PREFIX}.{id}")).await?;
         let remote_stop = self.listen(format!("{UNSUBSCRIBE_PREFIX}.{id}")).await?;
         let stop = self.shutdown.child_token();
-        self.subs.lock().expect("subscriptions poisoned").insert(
+        self.subs.lock().recover().insert(
             id.clone(),
             Handle {
                 channel: req.channel.clone(),
@@ -117,7 +120,7 @@ impl PushManager {
             task.run(settled, stop.clone()).await;
             // Ended on its own (channel closed): the remote-stop listener ends with it.
             stop.cancel();
-            subs.lock().expect("subscriptions poisoned").remove(&id);
+            subs.lock().recover().remove(&id);
         });
         Ok(SubscribeReply {
             subscription_id: id,
@@ -154,7 +157,7 @@ impl PushManager {
         if self
             .subs
             .lock()
-            .expect("subscriptions poisoned")
+            .recover()
             .contains_key(&req.subscription_id)
         {
             return if self.stop_local(&req.subscription_id, &req.channel) {
@@ -188,7 +191,7 @@ impl PushManager {
 
     /// Stops a local subscription if it belongs to `channel`.
     fn stop_local(&self, id: &str, channel: &str) -> bool {
-        let mut subs = self.subs.lock().expect("subscriptions poisoned");
+        let mut subs = self.subs.lock().recover();
         match subs.get(id) {
             Some(h) if h.channel == channel => {
                 h.stop.cancel();

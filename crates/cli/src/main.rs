@@ -14,6 +14,7 @@ mod common;
 #[cfg(test)]
 mod help_defaults;
 mod present;
+mod report;
 mod signal;
 
 /// msgtrail: a message broker over NATS that records the trajectory of every message.
@@ -74,8 +75,7 @@ async fn main() {
         Command::Bench(a) => commands::bench::run(&cli.nats, a).await,
     };
     if let Err(e) = result {
-        // One rendering of the chain: each cause once.
-        eprintln!("msgtrail: {}", msgtrail_core::ErrorChain(e.as_ref()));
+        eprintln!("{}", report::render(&e));
         std::process::exit(1);
     }
 }

@@ -7,6 +7,7 @@ use async_nats::HeaderMap;
 use bytes::Bytes;
 use msgtrail_core::headers as h;
 use msgtrail_core::subjects as s;
+use msgtrail_core::sync::Recover;
 use msgtrail_core::wire::{
     ChallengeReply, ChallengeRequest, ChannelRequest, OpenReply, OpenRequest,
 };
@@ -44,6 +45,8 @@ pub(crate) struct Channel {
     pub(crate) client: async_nats::Client,
     pub(crate) identity: Identity,
     pub(crate) role: Role,
+    /// The channel ID, replaced when the channel is reopened. Poison is recovered
+    /// ([`Recover`]): a read clones it, a write assigns it whole.
     id: RwLock<String>,
     pub(crate) timeout: Duration,
     keepalive: tokio::task::JoinHandle<()>,
@@ -159,7 +162,7 @@ impl Channel {
                     let res: Result<serde_json::Value, _> =
                         request_json(&ch.client, s::CHANNEL_KEEPALIVE, &body, ch.timeout).await;
                     if let Err(e) = res {
-                        tracing::debug!(error = %e, "keepalive failed; reopening the channel");
+                        tracing::debug!(error = %msgtrail_core::ErrorChain(&e), "keepalive failed; reopening the channel");
                         let _ = ch.reopen().await;
                     }
                 }
@@ -178,12 +181,12 @@ impl Channel {
 
     /// The current channel ID.
     pub(crate) fn id(&self) -> String {
-        self.id.read().expect("channel id poisoned").clone()
+        self.id.read().recover().clone()
     }
 
     async fn reopen(&self) -> Result<(), ClientError> {
         let reply = open(&self.client, &self.identity, self.role, self.timeout).await?;
-        *self.id.write().expect("channel id poisoned") = reply.channel;
+        *self.id.write().recover() = reply.channel;
         Ok(())
     }
 

@@ -1,5 +1,6 @@
 //! Client errors. Each keeps its cause: [`ClientError`]'s `source()` is what NATS, the
-//! decoder or the validation said, not a copy of its text.
+//! decoder or the validation said, not a copy of its text, and its `Display` is its own level
+//! only: [`msgtrail_core::ErrorChain`] renders the error with its causes, each once.
 
 use msgtrail_core::{ErrorCode, WireError};
 use std::fmt;
@@ -9,7 +10,9 @@ use std::sync::Arc;
 pub type SharedError = Arc<dyn std::error::Error + Send + Sync>;
 
 /// What caused a [`ClientError`], with what the client was doing when it happened.
-/// `Display` shows both; `source()` is the original error.
+/// With a context, `Display` is the context alone and `source()` the original error; without
+/// one it stands for the original error itself (its `Display` and its `source()`), so that a
+/// rendering of the chain ([`msgtrail_core::ErrorChain`]) names each cause once.
 #[derive(Debug, Clone)]
 pub struct Cause {
     context: Option<String>,
@@ -45,15 +48,29 @@ impl Cause {
 impl fmt::Display for Cause {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.context {
-            Some(c) => write!(f, "{c}: {}", self.source),
+            Some(c) => f.write_str(c),
             None => self.source.fmt(f),
         }
     }
 }
 
+/// A cause equals itself and its clones (the same underlying error, the same context), not
+/// another error that happens to read the same: what lets a [`ClientError`] in a
+/// [`crate::HookEvent`] be compared.
+impl PartialEq for Cause {
+    fn eq(&self, other: &Self) -> bool {
+        self.context == other.context && Arc::ptr_eq(&self.source, &other.source)
+    }
+}
+
+impl Eq for Cause {}
+
 impl std::error::Error for Cause {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        Some(&*self.source)
+        match &self.context {
+            Some(_) => Some(&*self.source),
+            None => self.source.source(),
+        }
     }
 }
 
@@ -63,8 +80,9 @@ impl std::error::Error for Cause {
 pub struct BatcherStopped;
 
 /// What went wrong with a request to the broker. `Clone`, so that one failed batch request can
-/// answer every message it carried.
-#[derive(Debug, Clone, thiserror::Error)]
+/// answer every message it carried (and hooks see it: [`crate::HookEvent::AfterSend`]);
+/// equal when it is the same failure (see [`Cause`]'s `PartialEq`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum ClientError {
     /// The broker refused the request, with a code and a precise message.
@@ -86,14 +104,14 @@ pub enum ClientError {
         subject: String,
     },
     /// NATS trouble (connection, permissions).
-    #[error("nats: {0}")]
+    #[error("nats")]
     Nats(#[source] Cause),
     /// The reply could not be decoded.
-    #[error("invalid reply from broker: {0}")]
+    #[error("invalid reply from broker")]
     Decode(#[source] Cause),
     /// The caller's input is invalid before anything is sent.
-    #[error("{0}")]
-    Invalid(#[source] Cause),
+    #[error(transparent)]
+    Invalid(Cause),
 }
 
 impl ClientError {

@@ -8,6 +8,8 @@
 //! miss events should be quick (hand work to its own channel) or get a larger queue
 //! ([`Hooks::register_with_capacity`]).
 
+use crate::ClientError;
+use msgtrail_core::sync::Recover;
 use msgtrail_core::wire::{SettleKind, UploadReply};
 use msgtrail_core::{MessageId, RequestId, Topic};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -42,8 +44,9 @@ pub enum HookEvent {
         topic: Topic,
         /// Attempt.
         attempt: u32,
-        /// The broker's reply, or the error in words.
-        result: Result<UploadReply, String>,
+        /// The broker's reply, or why there is none: the same error the send returns, its
+        /// causes kept ([`msgtrail_core::ErrorChain`] renders it with them).
+        result: Result<UploadReply, ClientError>,
         /// When.
         at: u64,
     },
@@ -163,7 +166,11 @@ pub(crate) type Observer = Arc<dyn Fn(&HookEvent) + Send + Sync>;
 /// The hook registry of a producer or consumer; cheap to clone.
 #[derive(Clone, Default)]
 pub struct Hooks {
+    /// The registered hooks. Poison is recovered ([`Recover`]): writers push or clear, and
+    /// the hooks themselves run on their own tasks, never under this lock.
     hooks: Arc<RwLock<Vec<Registered>>>,
+    /// The inline observer. Poison is recovered ([`Recover`]): writers assign it whole; it is
+    /// called under a read guard, and a reader's panic does not poison.
     observer: Arc<RwLock<Option<Observer>>>,
     dropped: Arc<AtomicU64>,
 }
@@ -197,64 +204,50 @@ impl Hooks {
                 hook(&ev);
             }
         });
-        self.hooks
-            .write()
-            .expect("hooks poisoned")
-            .push(Registered {
-                kinds: (!kinds.is_empty()).then(|| kinds.to_vec()),
-                tx,
-            });
+        self.hooks.write().recover().push(Registered {
+            kinds: (!kinds.is_empty()).then(|| kinds.to_vec()),
+            tx,
+        });
     }
 
     /// Registers an async consumer of events: returns the receiving end of a bounded queue.
     pub fn channel(&self, kinds: &[HookKind], capacity: usize) -> mpsc::Receiver<Arc<HookEvent>> {
         let (tx, rx) = mpsc::channel(capacity.max(1));
-        self.hooks
-            .write()
-            .expect("hooks poisoned")
-            .push(Registered {
-                kinds: (!kinds.is_empty()).then(|| kinds.to_vec()),
-                tx,
-            });
+        self.hooks.write().recover().push(Registered {
+            kinds: (!kinds.is_empty()).then(|| kinds.to_vec()),
+            tx,
+        });
         rx
     }
 
     /// Sets the inline observer (the SDK's stage reporting): it sees every event first,
     /// synchronously, without a queue or a task hop of its own.
     pub(crate) fn observe(&self, observer: Observer) {
-        *self.observer.write().expect("hooks poisoned") = Some(observer);
+        *self.observer.write().recover() = Some(observer);
     }
 
     /// A queue that receives no event and ends when the hooks are closed or the last clone
     /// is dropped: how a task tied to the hooks learns that they are gone.
     pub(crate) fn lifeline(&self) -> mpsc::Receiver<Arc<HookEvent>> {
         let (tx, rx) = mpsc::channel(1);
-        self.hooks
-            .write()
-            .expect("hooks poisoned")
-            .push(Registered {
-                kinds: Some(Vec::new()),
-                tx,
-            });
+        self.hooks.write().recover().push(Registered {
+            kinds: Some(Vec::new()),
+            tx,
+        });
         rx
     }
 
     /// Whether anyone listens: the observer (stage reporting) or a registered hook.
     pub fn is_active(&self) -> bool {
-        self.observer.read().expect("hooks poisoned").is_some()
-            || self
-                .hooks
-                .read()
-                .expect("hooks poisoned")
-                .iter()
-                .any(Registered::listens)
+        self.observer.read().recover().is_some()
+            || self.hooks.read().recover().iter().any(Registered::listens)
     }
 
     /// [`Hooks::emit`] of the event `make` builds, built only when someone listens (events
     /// copy the delivery's strings; without reporting or hooks that is wasted work).
     pub fn emit_with(&self, make: impl FnOnce() -> HookEvent) {
-        let observer = self.observer.read().expect("hooks poisoned");
-        let hooks = self.hooks.read().expect("hooks poisoned");
+        let observer = self.observer.read().recover();
+        let hooks = self.hooks.read().recover();
         if observer.is_none() && !hooks.iter().any(Registered::listens) {
             return;
         }
@@ -282,8 +275,8 @@ impl Hooks {
 
     /// Unregisters every hook: their tasks finish the events already queued, then end.
     pub fn close(&self) {
-        *self.observer.write().expect("hooks poisoned") = None;
-        self.hooks.write().expect("hooks poisoned").clear();
+        *self.observer.write().recover() = None;
+        self.hooks.write().recover().clear();
     }
 
     /// Events dropped because a hook's queue was full or the hook had ended.

@@ -52,27 +52,79 @@ pub const MAX_ATTR_KEY_LEN: usize = 64;
 /// Maximum length of an attribute value.
 pub const MAX_ATTR_VALUE_LEN: usize = 256;
 
+/// Why an attribute key or value was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AttrError {
+    /// The key is empty, too long, or has a character outside `A-Z a-z 0-9 _ -`.
+    #[error(
+        "invalid attribute key {key:?}: 1 to {MAX_ATTR_KEY_LEN} characters of A-Z a-z 0-9 _ -"
+    )]
+    Key {
+        /// The key as given.
+        key: String,
+    },
+    /// The value is too long or holds a control character (a line break among them).
+    #[error(
+        "invalid value for attribute {key:?}: at most {MAX_ATTR_VALUE_LEN} bytes without control characters"
+    )]
+    Value {
+        /// The key the value was given for.
+        key: String,
+    },
+}
+
 /// Validates an attribute key: 1–64 of `A-Z a-z 0-9 _ -`, stored lowercase.
-pub fn validate_attr_key(key: &str) -> Result<String, String> {
+pub fn validate_attr_key(key: &str) -> Result<String, AttrError> {
     if key.is_empty()
         || key.len() > MAX_ATTR_KEY_LEN
         || !key
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
     {
-        return Err(format!(
-            "invalid attribute key {key:?}: 1 to {MAX_ATTR_KEY_LEN} characters of A-Z a-z 0-9 _ -"
-        ));
+        return Err(AttrError::Key {
+            key: key.to_owned(),
+        });
     }
     Ok(key.to_ascii_lowercase())
 }
 
 /// Validates an attribute value: at most 256 bytes of printable text without line breaks.
-pub fn validate_attr_value(key: &str, value: &str) -> Result<(), String> {
+pub fn validate_attr_value(key: &str, value: &str) -> Result<(), AttrError> {
     if value.len() > MAX_ATTR_VALUE_LEN || value.chars().any(|c| c.is_control()) {
-        return Err(format!(
-            "invalid value for attribute {key:?}: at most {MAX_ATTR_VALUE_LEN} bytes without control characters"
-        ));
+        return Err(AttrError::Value {
+            key: key.to_owned(),
+        });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attribute_errors_say_what_is_wrong() {
+        assert_eq!(validate_attr_key("Category").unwrap(), "category");
+        let e = validate_attr_key("no spaces").unwrap_err();
+        assert_eq!(
+            e,
+            AttrError::Key {
+                key: "no spaces".into()
+            }
+        );
+        assert!(
+            e.to_string()
+                .contains("invalid attribute key \"no spaces\""),
+            "{e}"
+        );
+        let e = validate_attr_value("k", "line\nbreak").unwrap_err();
+        assert_eq!(e, AttrError::Value { key: "k".into() });
+        assert!(
+            e.to_string().contains("invalid value for attribute \"k\""),
+            "{e}"
+        );
+        assert!(validate_attr_value("k", &"x".repeat(MAX_ATTR_VALUE_LEN)).is_ok());
+        assert!(validate_attr_value("k", &"x".repeat(MAX_ATTR_VALUE_LEN + 1)).is_err());
+    }
 }

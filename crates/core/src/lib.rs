@@ -27,6 +27,8 @@
 //! - [`headers`]: the NATS header names of the protocol.
 //! - [`wire`]: the JSON bodies of requests and replies, and the error codes.
 //! - [`time`]: wall-clock timestamps as Unix nanoseconds.
+//! - [`sync`]: taking a lock's guard back when an earlier holder panicked ([`sync::Recover`]),
+//!   for the locks whose state a panic cannot tear.
 //! - [`trajectory`]: assembling one message's records into hops, latencies, shadow-message
 //!   state and a plain-words diagnosis (order-independent; the listener's query result).
 //!
@@ -46,6 +48,7 @@ pub mod partition;
 mod record;
 mod stage;
 pub mod subjects;
+pub mod sync;
 pub mod time;
 pub mod trace_ids;
 pub mod trajectory;

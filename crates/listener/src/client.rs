@@ -36,15 +36,21 @@ pub enum ListenerClientError {
         source: Option<url::ParseError>,
     },
     /// The listener could not be reached.
-    #[error("cannot reach the listener at {addr}: {reason}")]
+    #[error("cannot reach the listener at {addr}")]
     Connect {
         /// host:port.
         addr: String,
-        /// What went wrong (the whole chain, in words: hyper's own message is terse).
-        reason: String,
-        /// The HTTP client's error, if there was one (not for a timeout).
-        #[source]
-        source: Option<hyper_util::client::legacy::Error>,
+        /// The HTTP client's error (its own message is terse: the connection's error is its
+        /// source in turn).
+        source: hyper_util::client::legacy::Error,
+    },
+    /// The listener did not answer in time.
+    #[error("no answer from the listener at {addr} within {timeout:?}")]
+    Timeout {
+        /// host:port.
+        addr: String,
+        /// How long the client waited.
+        timeout: Duration,
     },
     /// The listener answered with an error.
     #[error("listener answered {status}: {}", .body.error)]
@@ -164,31 +170,28 @@ impl ListenerClient {
         let req = req
             .body(Empty::new())
             .map_err(|e| ListenerClientError::protocol("building the request", e))?;
-        let fut = async {
-            let resp = self
-                .http
-                .request(req)
-                .await
-                .map_err(|e| ListenerClientError::Connect {
-                    addr: self.host_port.clone(),
-                    reason: error_chain(&e),
-                    source: Some(e),
+        let fut =
+            async {
+                let resp = self.http.request(req).await.map_err(|source| {
+                    ListenerClientError::Connect {
+                        addr: self.host_port.clone(),
+                        source,
+                    }
                 })?;
-            let status = resp.status().as_u16();
-            let body = resp
-                .into_body()
-                .collect()
-                .await
-                .map_err(|e| ListenerClientError::protocol("reading the answer", e))?
-                .to_bytes();
-            Ok((status, body.to_vec()))
-        };
+                let status = resp.status().as_u16();
+                let body = resp
+                    .into_body()
+                    .collect()
+                    .await
+                    .map_err(|e| ListenerClientError::protocol("reading the answer", e))?
+                    .to_bytes();
+                Ok((status, body.to_vec()))
+            };
         tokio::time::timeout(self.timeout, fut)
             .await
-            .map_err(|_| ListenerClientError::Connect {
+            .map_err(|_| ListenerClientError::Timeout {
                 addr: self.host_port.clone(),
-                reason: format!("no answer within {:?}", self.timeout),
-                source: None,
+                timeout: self.timeout,
             })?
     }
 
@@ -267,19 +270,6 @@ impl ListenerClient {
     }
 }
 
-/// An error and its causes, joined (hyper-util's errors say "client error (Connect)" and
-/// keep the useful part, e.g. "connection refused", in their sources).
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        out.push_str(": ");
-        out.push_str(&c.to_string());
-        cur = c.source();
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -305,7 +295,8 @@ mod tests {
         assert_eq!(encode("ä?&="), "%C3%A4%3F%26%3D");
     }
 
-    /// A listener that is not there is a connection error naming the address and why.
+    /// A listener that is not there is a connection error naming the address, and why in
+    /// its causes (the error's own message is its level only: the chain renders them).
     #[tokio::test]
     async fn unreachable_listener_names_the_cause() {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -315,7 +306,7 @@ mod tests {
             .port();
         let c = ListenerClient::new(&format!("http://127.0.0.1:{port}"), None).unwrap();
         let err = c.get_raw("/api/stats").await.unwrap_err();
-        let text = err.to_string();
+        let text = msgtrail_core::ErrorChain(&err).to_string();
         assert!(matches!(err, ListenerClientError::Connect { .. }), "{text}");
         assert!(text.contains(&format!("127.0.0.1:{port}")), "{text}");
         assert!(text.to_lowercase().contains("refused"), "{text}");

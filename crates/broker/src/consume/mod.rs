@@ -79,7 +79,8 @@ const SETTLE_MARGIN_MAX: Duration = Duration::from_millis(50);
 pub(crate) struct Deliverer {
     /// What every handler shares.
     pub shared: Arc<Shared>,
-    /// The group consumers created or looked up so far, by durable name.
+    /// The group consumers created or looked up so far, by durable name. Poison is recovered
+    /// (`msgtrail_core::sync::Recover`): one get or insert of a cache that may lose nothing.
     pub(crate) consumers: Arc<Mutex<HashMap<String, jetstream::consumer::PullConsumer>>>,
 }
 

@@ -2,6 +2,7 @@
 //! durable consumer, the attribute filter, and the delivery records (C5/C1, R1 `redeliver`).
 
 use super::*;
+use msgtrail_core::sync::Recover;
 
 impl Deliverer {
     /// Validates a subscription for a consumer channel.
@@ -29,7 +30,7 @@ impl Deliverer {
         }
         for (k, v) in &sub.filter {
             let key = h::validate_attr_key(k)
-                .map_err(|e| WireError::new(ErrorCode::InvalidAttribute, e))?;
+                .map_err(|e| WireError::new(ErrorCode::InvalidAttribute, e.to_string()))?;
             if &key != k {
                 return Err(WireError::new(
                     ErrorCode::InvalidAttribute,
@@ -37,7 +38,7 @@ impl Deliverer {
                 ));
             }
             h::validate_attr_value(k, v)
-                .map_err(|e| WireError::new(ErrorCode::InvalidAttribute, e))?;
+                .map_err(|e| WireError::new(ErrorCode::InvalidAttribute, e.to_string()))?;
         }
         Ok(())
     }
@@ -48,12 +49,7 @@ impl Deliverer {
         sub: &Subscription,
     ) -> Result<jetstream::consumer::PullConsumer, WireError> {
         let name = durable_name(sub);
-        if let Some(c) = self
-            .consumers
-            .lock()
-            .expect("consumer cache poisoned")
-            .get(&name)
-        {
+        if let Some(c) = self.consumers.lock().recover().get(&name) {
             return Ok(c.clone());
         }
         let config = pull::Config {
@@ -70,7 +66,7 @@ impl Deliverer {
         let consumer = self.create_consumer(config).await?;
         self.consumers
             .lock()
-            .expect("consumer cache poisoned")
+            .recover()
             .insert(name, consumer.clone());
         Ok(consumer)
     }
@@ -109,12 +105,6 @@ impl Deliverer {
         // The consumer's own ack wait: it may have been created by a broker configured otherwise.
         let ack_wait = consumer.cached_info().config.ack_wait;
         let mut out = Vec::new();
-        // A consumer JetStream has just created (or moved, on a cluster) can answer 503 for a
-        // moment: until the deadline that is a reason to pull again, not to fail the fetch.
-        let transient = |e: &dyn std::fmt::Display| {
-            let text = e.to_string();
-            text.contains("503") || text.contains("no responders")
-        };
         loop {
             // Whatever is there now, without waiting.
             let got = match self
@@ -126,7 +116,7 @@ impl Deliverer {
                     if !out.is_empty() {
                         return Ok(out);
                     }
-                    if transient(&e) && tokio::time::Instant::now() < deadline {
+                    if pull_status(&e) && tokio::time::Instant::now() < deadline {
                         tokio::time::sleep(Duration::from_millis(50)).await;
                         continue;
                     }
@@ -320,5 +310,37 @@ impl Deliverer {
         r.service = Some(self.shared.config.service_name.clone());
         r.by_id = token.by_id();
         r
+    }
+}
+
+/// Whether a failed pull is JetStream answering it with a status instead of messages, a reason
+/// to pull again until the deadline rather than to fail the fetch: a consumer JetStream has
+/// just created (or moved, on a cluster) answers 503 (no responders) until it is placed, and
+/// 409 while its leader changes, for a moment. async-nats 0.51 gives such a status no kind: its
+/// `Batch` stream yields it as a `std::io::Error` (only its text holds the status), where a
+/// fetch that could not start is a `BatchError` with a `BatchErrorKind`. The type is the match.
+fn pull_status(e: &async_nats::Error) -> bool {
+    e.is::<std::io::Error>()
+}
+
+#[cfg(test)]
+mod pull_status_tests {
+    use super::pull_status;
+    use async_nats::jetstream::consumer::pull::{BatchError, BatchErrorKind};
+
+    #[test]
+    fn a_status_reply_is_transient_and_a_fetch_that_did_not_start_is_not() {
+        let status: async_nats::Error = Box::new(std::io::Error::other(
+            "error while processing messages from the stream: 503, None",
+        ));
+        assert!(pull_status(&status));
+        for kind in [
+            BatchErrorKind::Subscribe,
+            BatchErrorKind::Pull,
+            BatchErrorKind::Flush,
+        ] {
+            let start: async_nats::Error = Box::new(BatchError::new(kind));
+            assert!(!pull_status(&start), "{kind}");
+        }
     }
 }

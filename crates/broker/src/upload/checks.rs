@@ -87,8 +87,8 @@ pub(super) fn validate_attrs(
     let invalid = |m: String| WireError::new(ErrorCode::InvalidAttribute, m);
     let mut out = BTreeMap::new();
     for (name, value) in attrs {
-        let key = h::validate_attr_key(name).map_err(invalid)?;
-        h::validate_attr_value(&key, value).map_err(invalid)?;
+        let key = h::validate_attr_key(name).map_err(|e| invalid(e.to_string()))?;
+        h::validate_attr_value(&key, value).map_err(|e| invalid(e.to_string()))?;
         if out.insert(key.clone(), (*value).to_owned()).is_some() {
             return Err(invalid(format!(
                 "attribute {key:?} is given more than once (keys are case-insensitive)"

@@ -25,6 +25,7 @@ use crate::channels::OpenChannel;
 use crate::clients::may_publish;
 use crate::metrics::Metrics;
 use crate::shared::Shared;
+use async_nats::jetstream::context::{PublishError, PublishErrorKind};
 use async_nats::HeaderMap;
 use base64::Engine;
 use bytes::Bytes;
@@ -222,17 +223,17 @@ impl Uploader {
 
 /// The error of an upload JetStream did not store. While a replicated message stream elects
 /// a leader (after a node failure) JetStream answers "no responders", which async-nats reports
-/// as "no stream found for given subject" although the stream exists: say what is going on
+/// as [`PublishErrorKind::StreamNotFound`] although the stream exists: say what is going on
 /// and that a retry will succeed, instead of suggesting the stream is gone.
-fn store_failure(text: &str) -> WireError {
-    let why = if text.contains("no stream found") || text.contains("no responders") {
+fn store_failure(e: &PublishError) -> WireError {
+    let why = if e.kind() == PublishErrorKind::StreamNotFound {
         "the message stream did not answer: it has no leader right now (an election after a \
          node failure, usually a few seconds) or does not exist; retry with the same request \
          id: uploads succeed once it has a leader"
     } else {
         "message stream did not store the message"
     };
-    WireError::new(ErrorCode::Unavailable, format!("{why}: {text}"))
+    WireError::new(ErrorCode::Unavailable, format!("{why}: {e}"))
 }
 
 /// The fields of a single upload, from its headers: each protocol header at most once,

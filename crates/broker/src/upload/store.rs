@@ -145,7 +145,7 @@ impl Uploader {
         pending: &[(Upload, u64, MessageId)],
         acks: &mut [Option<Result<Ack, WireError>>],
     ) {
-        let unavailable = |e: &dyn std::fmt::Display| store_failure(&e.to_string());
+        let unavailable = store_failure;
         if acks.iter().all(Option::is_some) {
             return;
         }

@@ -1,12 +1,13 @@
 use super::{store_failure, valid_traceparent};
+use async_nats::jetstream::context::{PublishError, PublishErrorKind};
 
 #[test]
 fn a_stream_without_a_leader_is_explained() {
-    let e = store_failure("no stream found for given subject");
+    let e = store_failure(&PublishError::new(PublishErrorKind::StreamNotFound));
     assert_eq!(e.code, msgtrail_core::ErrorCode::Unavailable);
     assert!(e.message.contains("no leader right now"), "{e}");
     assert!(e.message.contains("retry"), "{e}");
-    let e = store_failure("timed out: didn't receive ack in time");
+    let e = store_failure(&PublishError::new(PublishErrorKind::TimedOut));
     assert!(!e.message.contains("leader"), "{e}");
 }
 

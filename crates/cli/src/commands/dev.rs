@@ -82,7 +82,7 @@ pub(crate) async fn run(args: DevArgs) -> anyhow::Result<()> {
     }
     broker.shutdown().await;
     if let Err(e) = listener.shutdown().await {
-        eprintln!("listener: {e}");
+        eprintln!("listener: {}", msgtrail_core::ErrorChain(&e));
     }
     drop(server);
     let _ = std::fs::remove_dir_all(&listener_dir);
@@ -129,7 +129,7 @@ fn broker_config(nats_url: &str, ids: &DevIdentities) -> anyhow::Result<BrokerCo
     }
     Ok(BrokerConfig {
         nats: NatsOptions::url(nats_url),
-        clients: ClientRegistry::new(entries).map_err(anyhow::Error::msg)?,
+        clients: ClientRegistry::new(entries)?,
         ack_wait: Duration::from_secs(5),
         max_deliver: 3,
         ..Default::default()
@@ -333,7 +333,7 @@ async fn demo(
         }
         match producer.send_message(msg).await {
             Ok(r) => println!("demo: sent {} request_id={}", r.message_id, r.request_id),
-            Err(e) => println!("demo: send failed: {e}"),
+            Err(e) => println!("demo: send failed: {}", msgtrail_core::ErrorChain(&e)),
         }
         n += 1;
         tokio::time::sleep(every).await;

@@ -85,7 +85,7 @@ struct Prepared {
 
 impl Prepared {
     fn new(msg: Outgoing) -> Result<Self, ClientError> {
-        let invalid = |e: String| ClientError::Invalid(Cause::new(e));
+        let invalid = |e: h::AttrError| ClientError::Invalid(Cause::new(e));
         let topic = msg.topic.map_err(|e| ClientError::Invalid(Cause::new(e)))?;
         for (k, v) in &msg.attrs {
             h::validate_attr_key(k).map_err(invalid)?;
@@ -294,7 +294,7 @@ impl Uploads {
                 request_id,
                 topic,
                 attempt,
-                result: outcome.clone().map_err(|e| e.to_string()),
+                result: outcome.clone(),
                 at,
             });
             if let Ok(reply) = &outcome {
@@ -420,7 +420,7 @@ impl Producer {
             let result = rx.await.unwrap_or_else(|_| Err(batch::stopped()));
             match result {
                 Err(e) if e.is_transient() && attempt < self.options.max_attempts => {
-                    tracing::debug!(request_id = %prepared.request_id, attempt, error = %e,
+                    tracing::debug!(request_id = %prepared.request_id, attempt, error = %msgtrail_core::ErrorChain(&e),
                         "upload failed; retrying with the same request id");
                     tokio::time::sleep(backoff.next_pause()).await;
                     attempt += 1;

@@ -31,6 +31,7 @@ use crate::channel::Channel;
 use crate::error::ClientError;
 use crate::hooks::{HookEvent, Hooks};
 use msgtrail_core::frame::{ReportedRecord, ReportsOutcome};
+use msgtrail_core::sync::Recover;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -135,6 +136,8 @@ pub(crate) struct Reporting {
     pub(crate) counters: Option<Arc<Reporter>>,
     /// The outbox batches take records from, when reporting is on.
     pub(crate) outbox: Option<Arc<Outbox>>,
+    /// The reporting task, taken once at close. Poison is recovered ([`Recover`]): the only
+    /// critical section is that `take`.
     task: Arc<Mutex<Option<JoinHandle<()>>>>,
 }
 
@@ -180,7 +183,7 @@ impl Reporting {
     /// Closes the hooks and waits up to `timeout` for the records still queued to be sent.
     pub(crate) async fn finish(&self, hooks: &Hooks, timeout: Duration) {
         hooks.close();
-        let task = self.task.lock().expect("reporter task poisoned").take();
+        let task = self.task.lock().recover().take();
         if let Some(task) = task {
             if tokio::time::timeout(timeout, task).await.is_err() {
                 tracing::warn!("stage reports still unsent at close");

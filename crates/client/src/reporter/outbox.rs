@@ -4,6 +4,7 @@
 use super::records::reported_size;
 use super::Reporter;
 use msgtrail_core::frame::{ReportedRecord, ReportsOutcome};
+use msgtrail_core::sync::Recover;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -20,6 +21,9 @@ pub(super) struct Queued {
 /// The shared, bounded outbox of reported records, and the reporter's counters.
 #[derive(Debug)]
 pub(crate) struct Outbox {
+    /// The records and when the oldest came. Poison is recovered ([`Recover`]): holders push
+    /// or take records and set the time, each a complete step (at worst a stale `oldest`
+    /// shortens or lengthens one linger).
     queued: Mutex<Queued>,
     capacity: usize,
     /// Records taken into requests not answered yet.
@@ -44,7 +48,7 @@ impl Outbox {
     }
 
     pub(super) fn lock(&self) -> std::sync::MutexGuard<'_, Queued> {
-        self.queued.lock().expect("outbox poisoned")
+        self.queued.lock().recover()
     }
 
     /// Queues a record, or drops and counts it when the outbox is full.

@@ -24,6 +24,7 @@ use crate::error::ListenerError;
 use crate::export::ExportSender;
 use assignment::Role;
 use msgtrail_core::partition::Partition;
+use msgtrail_core::sync::Recover;
 use partition_ingest::PartitionIngest;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
@@ -79,6 +80,9 @@ impl GroupConfig {
 pub(crate) struct ClusterView {
     me: String,
     copies: usize,
+    /// Members and held partitions. Poison is recovered ([`Recover`]): writers replace the
+    /// member map and adjust the held map with map operations only, so a panicking holder
+    /// leaves a view the next heartbeat round corrects.
     inner: RwLock<ViewState>,
 }
 
@@ -107,7 +111,7 @@ impl ClusterView {
 
     /// Notes a held partition's pending count; returns whether it was ready before.
     pub(crate) fn partition_progress(&self, p: Partition, pending: u64) -> bool {
-        let mut s = self.inner.write().expect("cluster view lock");
+        let mut s = self.inner.write().recover();
         match s.held.get_mut(&p) {
             Some((_, seen)) => {
                 let was = *seen == Some(0);
@@ -123,7 +127,7 @@ impl ClusterView {
 
     /// The partitions held, with role and readiness, for the heartbeat and `/metrics`.
     pub(crate) fn held(&self) -> Vec<HeldPartition> {
-        let s = self.inner.read().expect("cluster view lock");
+        let s = self.inner.read().recover();
         s.held
             .iter()
             .map(|(p, (r, pending))| HeldPartition::new(*p, *r, *pending == Some(0)))
@@ -132,7 +136,7 @@ impl ClusterView {
 
     /// Messages still to replay in partitions being rebuilt (for `/metrics`).
     pub(crate) fn rebuild_pending(&self) -> u64 {
-        let s = self.inner.read().expect("cluster view lock");
+        let s = self.inner.read().recover();
         s.held
             .values()
             .filter(|(_, p)| *p != Some(0))
@@ -143,7 +147,7 @@ impl ClusterView {
     /// The live members' URLs in the order to ask them for `p`: its owners, ready ones
     /// first, primary first; then nobody else (an ID of `p` is only stored by its owners).
     pub(crate) fn owners_of(&self, p: Partition) -> Vec<(String, String)> {
-        let s = self.inner.read().expect("cluster view lock");
+        let s = self.inner.read().recover();
         let owners = assignment::owners(p, s.members.keys().map(String::as_str), self.copies);
         let ready = |name: &str| {
             s.members
@@ -317,7 +321,7 @@ async fn run(
         });
         let mut changed = false;
         {
-            let mut s = view.inner.write().expect("cluster view lock");
+            let mut s = view.inner.write().recover();
             s.members = members;
             s.held.retain(|p, _| want.contains_key(p));
             for (p, role) in &want {
@@ -343,7 +347,7 @@ async fn run(
                 .map(|(p, (r, _))| format!("{p}{}", if *r == Role::Primary { "*" } else { "" }))
                 .collect();
             held.sort();
-            tracing::info!(members = view.inner.read().expect("cluster view lock").members.len(), held = %held.join(","), "partitions assigned (* primary)");
+            tracing::info!(members = view.inner.read().recover().members.len(), held = %held.join(","), "partitions assigned (* primary)");
         }
     }
     membership.leave().await;

@@ -56,7 +56,7 @@ pub(crate) enum EventError {
     #[error("subject {0:?} is not an observed consumer event")]
     Subject(String),
     /// The body is not the event's JSON.
-    #[error("{subject}: {source}")]
+    #[error("{subject}: the body is not the event's JSON")]
     Json {
         /// The event's subject.
         subject: String,
@@ -168,10 +168,14 @@ mod tests {
             parse("$JS.EVENT.ADVISORY.CONSUMER.CREATED.ORDERS.b", b"{}"),
             Err(EventError::Subject(_))
         ));
-        assert!(matches!(
-            parse("$JS.EVENT.METRIC.CONSUMER.ACK.ORDERS.b", b"not json"),
-            Err(EventError::Json { .. })
-        ));
+        let json = parse("$JS.EVENT.METRIC.CONSUMER.ACK.ORDERS.b", b"not json").unwrap_err();
+        assert!(matches!(json, EventError::Json { .. }));
+        // Its own level only: the JSON decoder's words are its source, rendered once by the
+        // chain.
+        let cause = std::error::Error::source(&json).unwrap().to_string();
+        assert!(!json.to_string().contains(&cause), "{json}");
+        let chain = msgtrail_core::ErrorChain(&json).to_string();
+        assert_eq!(chain.matches(&cause).count(), 1, "{chain}");
         let bad_time = br#"{"timestamp":"yesterday","stream":"O","consumer":"b","stream_seq":1}"#;
         assert!(matches!(
             parse("$JS.EVENT.METRIC.CONSUMER.ACK.O.b", bad_time),

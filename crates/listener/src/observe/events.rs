@@ -62,7 +62,7 @@ fn decode(obs: &Observer, msgs: &[jetstream::Message], warn: bool) -> Vec<StageR
             Ok(e) => e,
             Err(e) => {
                 if warn {
-                    tracing::warn!(error = %e, "unreadable nats-server event skipped");
+                    tracing::warn!(error = %msgtrail_core::ErrorChain(&e), "unreadable nats-server event skipped");
                 }
                 continue;
             }
