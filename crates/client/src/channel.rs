@@ -52,6 +52,41 @@ pub(crate) struct Channel {
     keepalive: tokio::task::JoinHandle<()>,
 }
 
+/// How late a request's timer may fire before this process counts as having been stalled
+/// while it waited (frozen by SIGSTOP, a paused VM, a starved runtime).
+const STALL: Duration = Duration::from_millis(250);
+
+/// How long a stalled process still waits for a reply after its timer fired.
+const STALL_GRACE: Duration = Duration::from_secs(1);
+
+/// Waits up to `timeout` for `reply`; `None` when it did not come.
+///
+/// A timer that fires well after its deadline says the process did not run meanwhile, not
+/// that the broker was slow: the reply may be in the socket already, read only once the
+/// connection's task runs again — and on waking the timer often runs first. A reply that
+/// was answered (a settle the broker applied) would then be reported as a timeout, and a
+/// retry of it refused as expired. So a stalled wait gets [`STALL_GRACE`] more to read what
+/// arrived; a wait that ran on time ends at its deadline.
+pub(crate) async fn wait_for_reply<F: std::future::Future>(
+    reply: F,
+    timeout: Duration,
+) -> Option<F::Output> {
+    let start = tokio::time::Instant::now();
+    tokio::pin!(reply);
+    if let Ok(r) = tokio::time::timeout(timeout, &mut reply).await {
+        return Some(r);
+    }
+    let late = start.elapsed().saturating_sub(timeout);
+    if late < STALL {
+        return None;
+    }
+    tracing::debug!(
+        late_ms = late.as_millis() as u64,
+        "request timer fired late (the process was stalled): reading what arrived"
+    );
+    tokio::time::timeout(STALL_GRACE, reply).await.ok()
+}
+
 /// Sends a request and decodes the reply, turning error replies into [`ClientError::Refused`].
 pub(crate) async fn request_raw(
     client: &async_nats::Client,
@@ -60,21 +95,21 @@ pub(crate) async fn request_raw(
     body: Bytes,
     timeout: Duration,
 ) -> Result<async_nats::Message, ClientError> {
-    let req = async_nats::Request::new()
-        .payload(body)
-        .timeout(Some(timeout));
+    // The wait is ours, not async-nats' (see `wait_for_reply`).
+    let req = async_nats::Request::new().payload(body).timeout(None);
     let req = match headers {
         Some(hs) => req.headers(hs),
         None => req,
     };
-    let reply = client
-        .send_request(subject.to_owned(), req)
+    let timed_out = || ClientError::Timeout {
+        subject: subject.to_owned(),
+        timeout_ms: timeout.as_millis() as u64,
+    };
+    let reply = wait_for_reply(client.send_request(subject.to_owned(), req), timeout)
         .await
+        .ok_or_else(timed_out)?
         .map_err(|e| match e.kind() {
-            async_nats::RequestErrorKind::TimedOut => ClientError::Timeout {
-                subject: subject.to_owned(),
-                timeout_ms: timeout.as_millis() as u64,
-            },
+            async_nats::RequestErrorKind::TimedOut => timed_out(),
             async_nats::RequestErrorKind::NoResponders => ClientError::NoBroker {
                 subject: subject.to_owned(),
             },
@@ -239,5 +274,61 @@ impl Channel {
 impl Drop for Channel {
     fn drop(&mut self) {
         self.keepalive.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A runtime that stops running for `stall` once the wait below has started, as a process
+    /// frozen by SIGSTOP does; the reply is sent from outside at `reply_at`.
+    fn stalled_wait(stall: Duration, reply_at: Duration, timeout: Duration) -> Option<u32> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            std::thread::spawn(move || {
+                std::thread::sleep(reply_at);
+                let _ = tx.send(7u32);
+            });
+            tokio::spawn(async move {
+                tokio::task::yield_now().await;
+                // Blocks the runtime's only thread: nothing else runs meanwhile.
+                std::thread::sleep(stall);
+            });
+            wait_for_reply(rx, timeout).await.map(|r| r.unwrap())
+        })
+    }
+
+    #[test]
+    fn a_reply_read_after_a_stall_is_not_a_timeout() {
+        // The timer (100 ms) fires at the end of the 600 ms stall, the reply comes 100 ms
+        // later: a wait that was not stalled would have ended without it.
+        assert_eq!(
+            stalled_wait(
+                Duration::from_millis(600),
+                Duration::from_millis(700),
+                Duration::from_millis(100)
+            ),
+            Some(7)
+        );
+    }
+
+    #[test]
+    fn a_wait_that_ran_on_time_ends_at_its_deadline() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        let start = std::time::Instant::now();
+        let got = rt.block_on(wait_for_reply(
+            std::future::pending::<u32>(),
+            Duration::from_millis(100),
+        ));
+        assert_eq!(got, None);
+        assert!(start.elapsed() < STALL_GRACE, "{:?}", start.elapsed());
     }
 }
