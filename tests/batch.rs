@@ -843,3 +843,93 @@ async fn ride_along_records_give_the_same_trajectory_as_separate_reports() {
     };
     assert_eq!(shape(recs_a), shape(recs_b));
 }
+
+/// The stored headers of `seq` that a broker wrote (JetStream's own direct-get headers left
+/// out): name and value per entry.
+async fn stored_headers(sys: &TestSystem, seq: u64) -> Vec<(String, String)> {
+    let js = async_nats::jetstream::new(sys.nats.clone());
+    let stream = js.get_stream(s::MESSAGE_STREAM).await.unwrap();
+    let m = stream.direct_get(seq).await.unwrap();
+    let mut out = Vec::new();
+    for (name, values) in m.headers.iter() {
+        let name: &str = name.as_ref();
+        let jetstream_own = name.starts_with("Nats-") && name != h::NATS_MSG_ID;
+        if !jetstream_own {
+            out.extend(
+                values
+                    .iter()
+                    .map(|v| (name.to_owned(), v.as_str().to_owned())),
+            );
+        }
+    }
+    out
+}
+
+/// A stored message carries the operator's headers (`Nats-Msg-Id`, `Msgtrail-Message-Id`,
+/// attributes, `traceparent`) and one `Msgtrail-Stored` for what only msgtrail reads — with
+/// the store evidence when stages are recorded — and is delivered as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stored_message_carries_one_msgtrail_stored_header() {
+    const TP: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    for record in [true, false] {
+        let sys = TestSystem::start_with(|c| c.record_stages = record).await;
+        let ch = RawChannel::open(&sys, "shop", Role::Producer).await;
+        let mut e = entry("ord-1:x", "orders.eu", "p");
+        e.attempt = 3;
+        e.traceparent = TP.into();
+        e.attrs = vec![("category".into(), "refund".into())];
+        let res = ch
+            .upload(&UploadBatch {
+                entries: vec![e],
+                ..Default::default()
+            })
+            .await;
+        let (id, seq, _, _) = stored(&res.results[0]);
+        let hs = stored_headers(&sys, seq).await;
+        let mut names: Vec<&str> = hs.iter().map(|(n, _)| n.as_str()).collect();
+        names.sort();
+        println!(
+            "record_stages={record}: {} header entries: {names:?}",
+            hs.len()
+        );
+        assert_eq!(
+            names,
+            [
+                "Msgtrail-Attr-category",
+                h::MESSAGE_ID,
+                h::STORED,
+                h::NATS_MSG_ID,
+                h::TRACEPARENT
+            ],
+            "record_stages={record}"
+        );
+        let get = |n: &str| hs.iter().find(|(k, _)| k == n).map(|(_, v)| v.as_str());
+        assert_eq!(get(h::NATS_MSG_ID), Some("shop:ord-1:x"));
+        assert_eq!(get(h::MESSAGE_ID), Some(id.to_string().as_str()));
+        let f = msgtrail_core::stored::read(get).unwrap();
+        assert_eq!(
+            (f.request_id, f.producer, f.producer_service.as_deref()),
+            (Some("ord-1:x"), Some("shop"), Some("shop"))
+        );
+        match f.evidence {
+            Some(ev) => {
+                assert!(record);
+                assert_eq!(ev.attempt, Some(3));
+                assert_eq!(
+                    ev.broker_service.as_deref(),
+                    Some(sys.config.service_name.as_str())
+                );
+                assert!(ev.received_at > 0);
+            }
+            None => assert!(!record, "store evidence with recording on"),
+        }
+        // Delivered as before: producer, topic and attributes.
+        let consumer = RawChannel::open(&sys, "billing-1", Role::Consumer).await;
+        let got = consumer.fetch("billing", "orders.eu", 1).await;
+        assert_eq!(got.messages.len(), 1);
+        let m = &got.messages[0];
+        assert_eq!((m.message_id, m.producer.as_str()), (id, "shop"));
+        assert_eq!(m.topic, "orders.eu");
+        assert_eq!(m.attributes, vec![("category".into(), "refund".into())]);
+    }
+}

@@ -1403,11 +1403,11 @@ pub(crate) struct Finished {
 /// A message found in `MSGTRAIL_MESSAGES`.
 #[derive(Debug, Clone)]
 pub(crate) struct StoredMessage {
-    /// `Msgtrail-Request-Id`.
+    /// Its request ID (`Msgtrail-Stored`, or `Msgtrail-Request-Id` of earlier brokers).
     pub request_id: String,
     /// `Msgtrail-Message-Id`.
     pub message_id: String,
-    /// Whether it carries the store evidence header `Msgtrail-Received-At`.
+    /// Whether it carries store evidence (the received-at time).
     pub has_received_at: bool,
 }
 
@@ -1448,10 +1448,14 @@ pub(crate) async fn drain_messages(client: &async_nats::Client) -> Vec<StoredMes
                 let seq = m.info().map_err(|e| e.to_string())?.stream_sequence;
                 let hs = m.headers.clone().unwrap_or_default();
                 let get = |k: &str| hs.get(k).map(|v| v.as_str().to_owned()).unwrap_or_default();
+                // Either layout (msgtrail_core::stored): Msgtrail-Stored or the separate
+                // headers of earlier brokers.
+                let fields = msgtrail_core::stored::read(|k| hs.get(k).map(|v| v.as_str()))
+                    .map_err(|e| format!("stored message {seq}: {e}"))?;
                 out.push(StoredMessage {
-                    request_id: get(h::REQUEST_ID),
+                    request_id: fields.request_id.unwrap_or_default().to_owned(),
                     message_id: get(h::MESSAGE_ID),
-                    has_received_at: hs.get(h::RECEIVED_AT).is_some(),
+                    has_received_at: fields.evidence.is_some(),
                 });
                 if seq >= last {
                     return Ok::<_, String>(out);
@@ -1482,7 +1486,7 @@ pub(crate) struct StreamVerdict {
     pub mismatched: Vec<String>,
     /// Stored messages in all.
     pub stored: usize,
-    /// Stored messages without `Msgtrail-Received-At`.
+    /// Stored messages without store evidence.
     pub without_evidence: usize,
 }
 

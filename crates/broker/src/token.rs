@@ -1,12 +1,15 @@
 //! Ack tokens: everything any broker of the queue group needs to settle a delivery, so an
 //! ack can land on a broker other than the one that delivered.
 //!
-//! A token is `<base64url body>.<base64url HMAC-SHA256 tag>` (no padding). The body is a
-//! compact binary form of the delivery (version byte 3: message ID, attempt, sequence, the
+//! A token is `<base64url body>.<base64url tag>` (no padding). The body is a
+//! compact binary form of the delivery (version byte 4: message ID, attempt, sequence, the
 //! settle deadline as a varint, a flags byte, then group, consumer, topic, push subscription and the JetStream ack subject
 //! without its fixed `$JS.ACK.MSGTRAIL_MESSAGES.` prefix and, for a group's durable consumer,
 //! without the `g-<group>-` its name starts with, each a length-prefixed string),
-//! signed with the key all brokers share ([`crate::signing`]). Tokens travel with every
+//! signed with the key all brokers share ([`crate::signing`]): a version-4 body with a
+//! 128-bit keyed-BLAKE3 tag (22 characters); the version-3 and version-2 bodies and the JSON
+//! body of earlier brokers with an HMAC-SHA256 tag (43 characters), still accepted, and only
+//! so — a body with the other MAC's tag is refused. Tokens travel with every
 //! delivery, settle and consumer stage report, so they are kept small (about 200 characters;
 //! the earlier JSON body, still accepted, made them about 310) and cheap to check (no JSON). Clients cannot alter it: the broker
 //! only accepts a token whose tag verifies, from the consumer it was issued to, for a
@@ -18,14 +21,16 @@
 //! after it is refused as `delivery_expired` ([`crate::consume`]). Version-2 tokens, issued
 //! before it existed, have none and are settled as before.
 
-use crate::signing::SigningKey;
+use crate::signing::{Mac, SigningKey};
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use msgtrail_core::{ClientId, ErrorCode, MessageId, WireError};
 use serde::{Deserialize, Serialize};
 
-/// The first byte of a binary token body.
-const BINARY_VERSION: u8 = 3;
+/// The first byte of a binary token body: the layout of version 3, signed with keyed BLAKE3.
+const BINARY_VERSION: u8 = 4;
+/// The first byte of the binary token bodies signed with HMAC-SHA256, with the deadline.
+const BINARY_VERSION_3: u8 = 3;
 /// The first byte of the binary token bodies issued before the settle deadline.
 const BINARY_VERSION_2: u8 = 2;
 /// The fixed start of every ack subject of the message stream (left out of the body).
@@ -93,7 +98,8 @@ impl AckToken {
         })
     }
 
-    /// The binary body (version 3; the deadline is a LEB128 varint, [`Self::deadline_delta`]).
+    /// The binary body (version 4, laid out as version 3; the deadline is a LEB128 varint,
+    /// [`Self::deadline_delta`]).
     fn to_bytes(&self) -> Vec<u8> {
         let full = self.a.strip_prefix(ACK_PREFIX).unwrap_or(&self.a);
         // The group's durable consumer names the group again (`g-<group>-…`): leave it out.
@@ -130,18 +136,23 @@ impl AckToken {
         b
     }
 
-    /// Reads a binary body (version 3, or 2 without the deadline); `None` when it is not one.
+    /// Reads a binary body (version 4 or 3, or 2 without the deadline); `None` when it is
+    /// not one.
     fn from_bytes(b: &[u8]) -> Option<AckToken> {
         let (&version, rest) = b.split_first()?;
-        if !matches!(version, BINARY_VERSION | BINARY_VERSION_2) || rest.len() < 29 {
+        if !matches!(
+            version,
+            BINARY_VERSION | BINARY_VERSION_3 | BINARY_VERSION_2
+        ) || rest.len() < 29
+        {
             return None;
         }
         let m = MessageId::from_u128(u128::from_be_bytes(rest[..16].try_into().ok()?)).ok()?;
         let n = u32::from_be_bytes(rest[16..20].try_into().ok()?);
         let q = u64::from_be_bytes(rest[20..28].try_into().ok()?);
         let (delta, deadline_len) = match version {
-            BINARY_VERSION => get_varint(&rest[28..])?,
-            _ => (0, 0),
+            BINARY_VERSION_2 => (0, 0),
+            _ => get_varint(&rest[28..])?,
         };
         let e = delta
             .checked_sub(1)
@@ -188,15 +199,23 @@ impl AckToken {
         let (body, tag) = text
             .split_once('.')
             .ok_or_else(|| bad("ack token is malformed"))?;
-        if !key.verify(body.as_bytes(), tag) {
+        let Some(mac) = key.verify(body.as_bytes(), tag) else {
             return Err(bad(
                 "ack token signature does not verify (altered, or not issued by this deployment)",
             ));
-        }
+        };
         let bytes = URL_SAFE_NO_PAD
             .decode(body)
             .map_err(|_| bad("ack token is not base64url"))?;
-        // Binary (version 3 or 2), or the JSON body of tokens issued before them.
+        // Each body version with its own MAC only: version 4 with keyed BLAKE3; versions 3
+        // and 2 and the JSON body of earlier brokers with HMAC-SHA256.
+        let blake3_body = bytes.first() == Some(&BINARY_VERSION);
+        if blake3_body != (mac == Mac::Blake3) {
+            return Err(bad(
+                "ack token is signed with the MAC of another token version",
+            ));
+        }
+        // Binary (version 4, 3 or 2), or the JSON body of tokens issued before them.
         let token = match AckToken::from_bytes(&bytes) {
             Some(t) => t,
             None => serde_json::from_slice::<AckToken>(&bytes)
@@ -284,7 +303,7 @@ mod tests {
         v2[0] = BINARY_VERSION_2;
         v2.drain(29..32);
         let body = URL_SAFE_NO_PAD.encode(&v2);
-        let old = format!("{body}.{}", key.tag(body.as_bytes()));
+        let old = format!("{body}.{}", key.hmac_tag(body.as_bytes()));
         let back = AckToken::decode_for(&old, &t.c, &key).unwrap();
         assert_eq!(back, AckToken { e: None, ..t });
         assert_eq!(back.expired_by(u64::MAX), None);
@@ -356,9 +375,61 @@ mod tests {
         }
         // A token with a JSON body, as brokers issued them before.
         let body = URL_SAFE_NO_PAD.encode(serde_json::to_vec(&t).unwrap());
-        let old = format!("{body}.{}", key.tag(body.as_bytes()));
+        let old = format!("{body}.{}", key.hmac_tag(body.as_bytes()));
         assert!(old.len() > text.len() + 60);
         assert_eq!(AckToken::decode_for(&old, &t.c, &key).unwrap(), t);
+    }
+
+    /// `t` as a broker before keyed BLAKE3 issued it: a version-3 body, an HMAC-SHA256 tag.
+    fn hmac_token(t: &AckToken, key: &SigningKey) -> String {
+        let mut v3 = t.to_bytes();
+        v3[0] = BINARY_VERSION_3;
+        let body = URL_SAFE_NO_PAD.encode(&v3);
+        format!("{body}.{}", key.hmac_tag(body.as_bytes()))
+    }
+
+    #[test]
+    fn tokens_of_both_macs_settle_and_each_body_takes_only_its_own() {
+        let key = SigningKey::random();
+        let mut t = token();
+        t.e = Some(t.m.unix_millis() + 30_000);
+        let new = t.encode(&key);
+        let old = hmac_token(&t, &key);
+        // A rolling upgrade: a token an earlier broker issued settles on this one.
+        assert_eq!(AckToken::decode_for(&new, &t.c, &key).unwrap(), t);
+        assert_eq!(AckToken::decode_for(&old, &t.c, &key).unwrap(), t);
+        // 22 tag characters instead of 43.
+        assert_eq!(new.len() + 21, old.len());
+        let (new_body, new_tag) = new.split_once('.').unwrap();
+        let (old_body, old_tag) = old.split_once('.').unwrap();
+        // A version-4 body with an HMAC tag, or a version-3 body with a BLAKE3 tag: refused
+        // although each tag is genuine for its body.
+        let swapped = [
+            format!("{new_body}.{}", key.hmac_tag(new_body.as_bytes())),
+            format!("{old_body}.{}", key.tag(old_body.as_bytes())),
+        ];
+        for text in &swapped {
+            let e = AckToken::decode_for(text, &t.c, &key).unwrap_err();
+            assert!(e.message.contains("another token version"), "{e}");
+        }
+        // A forged or altered tag, or a tag of another body: refused.
+        for (body, tag) in [(new_body, new_tag), (old_body, old_tag)] {
+            let mut altered = tag.as_bytes().to_vec();
+            altered[3] = if altered[3] == b'x' { b'y' } else { b'x' };
+            let altered = format!("{body}.{}", String::from_utf8(altered).unwrap());
+            assert!(AckToken::decode_for(&altered, &t.c, &key).is_err());
+            let zeros = "A".repeat(tag.len());
+            assert!(AckToken::decode_for(&format!("{body}.{zeros}"), &t.c, &key).is_err());
+        }
+        let mut other = t.clone();
+        other.q += 1;
+        let other_body = other.encode(&key);
+        let (other_body, _) = other_body.split_once('.').unwrap();
+        assert!(AckToken::decode_for(&format!("{other_body}.{new_tag}"), &t.c, &key).is_err());
+        // Another deployment's key: neither verifies.
+        let foreign = SigningKey::random();
+        assert!(AckToken::decode_for(&new, &t.c, &foreign).is_err());
+        assert!(AckToken::decode_for(&old, &t.c, &foreign).is_err());
     }
 
     #[test]

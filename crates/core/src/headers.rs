@@ -12,7 +12,8 @@ pub const ATTEMPT: &str = "Msgtrail-Attempt";
 pub const MESSAGE_ID: &str = "Msgtrail-Message-Id";
 /// The producer ID (on stored and delivered messages).
 pub const PRODUCER: &str = "Msgtrail-Producer";
-/// The producer's `service.name` (on stored messages).
+/// The producer's `service.name` (on stored messages of earlier brokers; now a field of
+/// [`STORED`]).
 pub const PRODUCER_SERVICE: &str = "Msgtrail-Producer-Service";
 /// Prefix of attribute headers: `Msgtrail-Attr-category: refund`.
 pub const ATTR_PREFIX: &str = "Msgtrail-Attr-";
@@ -24,12 +25,19 @@ pub const ACK_TOKEN: &str = "Msgtrail-Ack-Token";
 pub const GROUP: &str = "Msgtrail-Group";
 /// The stream sequence of a delivered message.
 pub const STREAM_SEQ: &str = "Msgtrail-Stream-Seq";
-/// On a stored message: when the broker received its upload (P2), Unix nanoseconds by the
-/// broker's clock. With the message's JetStream stored time it is the evidence of the store
+/// On a stored message of an earlier broker (now a field of [`STORED`]): when the broker
+/// received its upload (P2), Unix nanoseconds by the broker's clock. With the message's JetStream stored time it is the evidence of the store
 /// hop (P2/P3) that survives any crash: it is stored atomically with the message.
 pub const RECEIVED_AT: &str = "Msgtrail-Received-At";
-/// On a stored message: the `service.name` of the broker that stored it.
+/// On a stored message of an earlier broker (now a field of [`STORED`]): the `service.name`
+/// of the broker that stored it.
 pub const BROKER_SERVICE: &str = "Msgtrail-Broker-Service";
+/// On a stored message (brokers since layout version 1): what only msgtrail reads — request
+/// ID, producer service and, with stage recording on, the store evidence — in one value
+/// (`msgtrail_core::stored`, docs/PROTOCOL.md §14.1). It replaces the separate
+/// `Msgtrail-Request-Id`, `-Producer`, `-Producer-Service`, `-Topic`, `-Attempt`,
+/// `-Received-At` and `-Broker-Service` of stored messages, which readers still accept.
+pub const STORED: &str = "Msgtrail-Stored";
 /// On a stored message, optionally: the first bytes of the payload, base64. The listener
 /// takes it into a recovered P2 when present; brokers do not set it today (the payload head
 /// travels in their own P2 on the stage stream, which the listener prefers).

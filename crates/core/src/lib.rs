@@ -25,6 +25,8 @@
 //! - [`partition`]: the documented hash that splits stage records into partitions
 //!   (`msgtrail.stages.<p>`) so that several listeners share them.
 //! - [`headers`]: the NATS header names of the protocol.
+//! - [`stored`]: the compact `Msgtrail-Stored` header of stored messages, and a reader of
+//!   it and of the separate headers of earlier brokers.
 //! - [`wire`]: the JSON bodies of requests and replies, and the error codes.
 //! - [`time`]: wall-clock timestamps as Unix nanoseconds.
 //! - [`sync`]: taking a lock's guard back when an earlier holder panicked ([`sync::Recover`]),
@@ -47,6 +49,7 @@ pub mod outcome;
 pub mod partition;
 mod record;
 mod stage;
+pub mod stored;
 pub mod subjects;
 pub mod sync;
 pub mod time;

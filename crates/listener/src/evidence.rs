@@ -3,12 +3,15 @@
 //! (docs/ARCHITECTURE.md §3, decision 6).
 //!
 //! When stage recording is on, the broker stamps every message it stores in
-//! `MSGTRAIL_MESSAGES` with headers (`msgtrail_core::headers`): `Msgtrail-Received-At` (when
-//! it received the upload, Unix nanoseconds, decimal), `Msgtrail-Broker-Service` and
-//! optionally `Msgtrail-Payload-Head`, next to `Msgtrail-Message-Id`, `Msgtrail-Request-Id`,
-//! `Msgtrail-Producer`, `Msgtrail-Topic`, `Msgtrail-Attempt`, `Msgtrail-Attr-<key>` and
-//! `traceparent`. Those headers are stored atomically with the message, and JetStream
-//! records when it stored it: together they are the store hop.
+//! `MSGTRAIL_MESSAGES` with its store evidence: the `Msgtrail-Stored` header
+//! (`msgtrail_core::stored`, docs/PROTOCOL.md §14.1) holds the request ID, producer service,
+//! upload attempt, when the broker received the upload (Unix nanoseconds) and the broker's
+//! service, next to `Nats-Msg-Id` (`<producer>:<request id>`), `Msgtrail-Message-Id`,
+//! `Msgtrail-Attr-<key>`, `traceparent` and optionally `Msgtrail-Payload-Head`. Messages of
+//! earlier brokers carry the same fields in separate headers (`Msgtrail-Received-At`,
+//! `Msgtrail-Broker-Service`, `Msgtrail-Request-Id`, `Msgtrail-Producer`, `Msgtrail-Topic`,
+//! `Msgtrail-Attempt`); both layouts are read. Those headers are stored atomically with the
+//! message, and JetStream records when it stored it: together they are the store hop.
 //!
 //! ## How the parts meet
 //! - [`run`] waits for the message stream (the broker creates it; until then it retries
@@ -21,8 +24,9 @@
 //!   A recovered record has a dedup key of its own ([`StageRecord::dedup_key`]), so the store
 //!   keeps the broker's record whichever arrives first, and trajectory assembly uses a
 //!   recovered P2/P3 only where the broker's own is missing (lost in a crash or an outage).
-//!   A message without `Msgtrail-Received-At` (recording off, or an older broker) yields
-//!   nothing.
+//!   A message without store evidence (recording off, or an older broker) yields nothing;
+//!   one whose `Msgtrail-Stored` is malformed or of an unknown version yields an
+//!   [`EvidenceError`] (logged, counted as without evidence).
 //! - The records of a chunk of stored messages form one [`crate::ingest::Batch`], applied by
 //!   [`crate::ingest::apply`] exactly like a stage-stream batch: one store transaction, then
 //!   the acks. A crash before the acks makes JetStream redeliver; the store skips what it
@@ -45,6 +49,7 @@ use async_nats::HeaderMap;
 use futures::StreamExt;
 use msgtrail_core::headers as h;
 use msgtrail_core::outcome::StoreOutcome;
+use msgtrail_core::stored;
 use msgtrail_core::subjects::{topic_of_subject, MESSAGE_STREAM, MESSAGE_SUBJECT_PREFIX};
 use msgtrail_core::{ClientId, MessageId, RequestId, Stage, StageRecord};
 use std::sync::Arc;
@@ -88,7 +93,7 @@ pub(crate) fn consumer_config(
     }
 }
 
-/// Why a stored message with a `Msgtrail-Received-At` header gave no record.
+/// Why a stored message with store evidence (or a malformed `Msgtrail-Stored`) gave no record.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("stored message {stream_seq}: {reason}")]
 pub(crate) struct EvidenceError {
@@ -118,15 +123,16 @@ fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
 
 /// The P2 and P3 of a stored message, from its headers and where JetStream stored it.
 ///
-/// `Ok(None)` when the message carries no `Msgtrail-Received-At` (stored with stage
-/// recording off, or by a broker that wrote P2/P3 to the stage stream itself). An error when
-/// it does but `Msgtrail-Received-At` is not a decimal number or `Msgtrail-Message-Id` is not
-/// a message ID: such records could not be placed on any trajectory.
+/// `Ok(None)` when the message carries no store evidence (stored with stage recording off,
+/// or by a broker that wrote P2/P3 to the stage stream itself). An error when its
+/// `Msgtrail-Stored` is malformed or of an unknown version, when an old-layout
+/// `Msgtrail-Received-At` is not a decimal number, or when `Msgtrail-Message-Id` is not a
+/// message ID: such records could not be placed on any trajectory.
 ///
 /// Both records carry the message ID, request ID, producer, topic, upload attempt
-/// (`Msgtrail-Attempt`; absent means 1, as for an upload), the broker's `service.name` and
+/// (old layout: `Msgtrail-Attempt`, absent means 1, as for an upload), the broker's `service.name` and
 /// the outcome [`RECOVERED`] (what tells them from the broker's own records).
-/// P2 is at `Msgtrail-Received-At` with the attributes (`Msgtrail-Attr-<key>`, keys
+/// P2 is at the received-at time with the attributes (`Msgtrail-Attr-<key>`, keys
 /// lowercase), `traceparent`, payload size (`Nats-Msg-Size`) and payload head
 /// (`Msgtrail-Payload-Head`); P3 is at the stored time with the stream sequence. Optional
 /// headers that do not parse are left out.
@@ -134,33 +140,26 @@ pub(crate) fn records_of(
     headers: &HeaderMap,
     at: StoredAt<'_>,
 ) -> Result<Option<[StageRecord; 2]>, EvidenceError> {
-    let Some(received) = header(headers, h::RECEIVED_AT) else {
-        return Ok(None);
-    };
     let bad = |reason: String| EvidenceError {
         stream_seq: at.stream_seq,
         reason,
     };
-    let received_at: u64 = received.trim().parse().map_err(|_| {
-        bad(format!(
-            "{} is {received:?}, not Unix nanoseconds",
-            h::RECEIVED_AT
-        ))
-    })?;
+    let fields = stored::read(|n| header(headers, n)).map_err(|e| bad(e.to_string()))?;
+    let Some(evidence) = fields.evidence else {
+        return Ok(None);
+    };
+    let received_at = evidence.received_at;
     let message_id: MessageId = header(headers, h::MESSAGE_ID)
-        .ok_or_else(|| bad(format!("{} without {}", h::RECEIVED_AT, h::MESSAGE_ID)))?
+        .ok_or_else(|| bad(format!("store evidence without {}", h::MESSAGE_ID)))?
         .parse()
         .map_err(|e| bad(format!("{}: {e}", h::MESSAGE_ID)))?;
-    let request_id = header(headers, h::REQUEST_ID).and_then(|v| RequestId::new(v).ok());
-    let producer = header(headers, h::PRODUCER).and_then(|v| ClientId::new(v).ok());
+    let request_id = fields.request_id.and_then(|v| RequestId::new(v).ok());
+    let producer = fields.producer.and_then(|v| ClientId::new(v).ok());
     let topic = header(headers, h::TOPIC)
         .or_else(|| topic_of_subject(at.subject))
         .map(str::to_owned);
-    let attempt = match header(headers, h::ATTEMPT) {
-        None => Some(1),
-        Some(v) => v.trim().parse::<u32>().ok(),
-    };
-    let service = header(headers, h::BROKER_SERVICE).map(str::to_owned);
+    let attempt = evidence.attempt;
+    let service = evidence.broker_service.map(|s| s.into_owned());
     let base = |stage: Stage, when: u64| {
         let mut r = StageRecord::at(stage, when);
         r.message_id = Some(message_id);
@@ -567,6 +566,58 @@ mod tests {
             (None, None)
         );
         assert!(p2.attrs.is_empty());
+    }
+
+    /// The headers of a message this broker stores: `Msgtrail-Stored` instead of the
+    /// separate headers (`stored` is its value).
+    fn compact(id: MessageId, stored: &str) -> HeaderMap {
+        let mut m = stamped_without(
+            id,
+            &[
+                h::REQUEST_ID,
+                h::PRODUCER,
+                h::PRODUCER_SERVICE,
+                h::TOPIC,
+                h::ATTEMPT,
+                h::RECEIVED_AT,
+                h::BROKER_SERVICE,
+            ],
+        );
+        m.insert(h::STORED, stored);
+        m
+    }
+
+    const COMPACT: &str = "1;ord-1;shop-svc;2;1700000000100000000;broker-a";
+
+    #[test]
+    fn both_layouts_give_the_same_records() {
+        let id = MessageId::new();
+        let old = records_of(&stamped(id), at()).unwrap().unwrap();
+        let new = records_of(&compact(id, COMPACT), at()).unwrap().unwrap();
+        assert_eq!(new, old);
+        assert_eq!(new[0].producer.as_ref().map(|p| p.as_str()), Some("shop"));
+        assert_eq!(new[0].topic.as_deref(), Some("orders.eu"));
+    }
+
+    #[test]
+    fn a_compact_message_without_evidence_gives_nothing() {
+        let m = compact(MessageId::new(), "1;ord-1;shop-svc");
+        assert_eq!(records_of(&m, at()).unwrap(), None);
+    }
+
+    #[test]
+    fn a_malformed_or_unknown_msgtrail_stored_is_an_error() {
+        for (value, says) in [
+            ("1;ord-1;shop-svc;2;soon;broker-a", "malformed"),
+            ("1;ord-1;shop-svc;2", "malformed"),
+            ("1;ord-1;shop%zzsvc", "malformed"),
+            ("2;ord-1;shop-svc;2;1700000000100000000;broker-a", "unknown"),
+        ] {
+            let e = records_of(&compact(MessageId::new(), value), at()).unwrap_err();
+            assert_eq!(e.stream_seq, SEQ);
+            assert!(e.reason.contains(says), "{e}");
+            assert!(e.reason.contains(h::STORED), "{e}");
+        }
     }
 
     #[test]

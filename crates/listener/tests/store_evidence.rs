@@ -40,6 +40,17 @@ fn message_stream_config() -> async_nats::jetstream::stream::Config {
     }
 }
 
+/// The header layout of a stored message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Layout {
+    /// `Msgtrail-Stored`, as brokers write it now.
+    Compact,
+    /// The separate headers of earlier brokers (`Msgtrail-Request-Id`, …).
+    Separate,
+    /// A `Msgtrail-Stored` that does not follow the layout.
+    Malformed,
+}
+
 /// A message the test stored as the broker would.
 #[derive(Debug, Clone)]
 struct Stored {
@@ -49,8 +60,10 @@ struct Stored {
     topic: String,
     attempt: u32,
     payload: Vec<u8>,
-    /// `Msgtrail-Received-At`, when stamped.
+    /// The received-at time of the store evidence, when stamped.
     received_at: Option<u64>,
+    /// How its headers are laid out.
+    layout: Layout,
     seq: u64,
     /// JetStream's stored time.
     stored_at: u64,
@@ -151,6 +164,7 @@ impl Stored {
             topic: "orders.eu".into(),
             attempt: 1,
             received_at: stamp.then(now),
+            layout: Layout::Compact,
             seq: 0,
             stored_at: 0,
         }
@@ -165,16 +179,31 @@ impl Stored {
             format!("{}:{}", self.producer, self.req).as_str(),
         );
         headers.insert(h::MESSAGE_ID, self.id.to_string().as_str());
-        headers.insert(h::REQUEST_ID, self.req.as_str());
-        headers.insert(h::PRODUCER, self.producer.as_str());
-        headers.insert(h::PRODUCER_SERVICE, "shop-service");
-        headers.insert(h::TOPIC, self.topic.as_str());
-        headers.insert(h::ATTEMPT, self.attempt.to_string().as_str());
+        let evidence = self
+            .received_at
+            .map(|at| (self.attempt, at, BROKER_SERVICE));
+        match self.layout {
+            Layout::Compact => {
+                let mut v = String::new();
+                msgtrail_core::stored::encode(&mut v, self.req.as_str(), "shop-service", evidence);
+                headers.insert(h::STORED, v.as_str());
+            }
+            Layout::Malformed => headers.insert(h::STORED, "1;ord-x;shop-service;1;soon;b"),
+            Layout::Separate => {
+                headers.insert(h::REQUEST_ID, self.req.as_str());
+                headers.insert(h::PRODUCER, self.producer.as_str());
+                headers.insert(h::PRODUCER_SERVICE, "shop-service");
+                headers.insert(h::TOPIC, self.topic.as_str());
+                headers.insert(h::ATTEMPT, self.attempt.to_string().as_str());
+                if let Some(at) = self.received_at {
+                    headers.insert(h::RECEIVED_AT, at.to_string().as_str());
+                    headers.insert(h::BROKER_SERVICE, BROKER_SERVICE);
+                }
+            }
+        }
         headers.insert(format!("{}category", h::ATTR_PREFIX).as_str(), "refund");
         headers.insert(h::TRACEPARENT, TRACEPARENT);
-        if let Some(at) = self.received_at {
-            headers.insert(h::RECEIVED_AT, at.to_string().as_str());
-            headers.insert(h::BROKER_SERVICE, BROKER_SERVICE);
+        if self.received_at.is_some() {
             headers.insert(
                 h::PAYLOAD_HEAD,
                 base64::engine::general_purpose::STANDARD
@@ -318,7 +347,7 @@ async fn a_stored_message_alone_gives_its_store_hop() {
     let by_req = c.trajectory("ord-1", Some("shop")).await.unwrap();
     assert_eq!(by_req.message_id, Some(a.id));
 
-    // Without Msgtrail-Received-At: no evidence, no trajectory.
+    // Without store evidence: no trajectory.
     let err = c.trajectory(&plain.id.to_string(), None).await.unwrap_err();
     assert!(err.is_not_found(), "{err}");
 
@@ -360,6 +389,55 @@ async fn a_stored_message_alone_gives_its_store_hop() {
     );
     assert_eq!(info.num_ack_pending, 0, "every stored message acked");
     let _ = stream.info().await.unwrap();
+    handle.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn both_stored_layouts_give_the_store_hop_and_a_malformed_one_is_counted() {
+    // Streams written by earlier brokers keep messages with the separate headers for days:
+    // the listener reads them as it reads Msgtrail-Stored, and counts a malformed one.
+    let server = NatsServer::start().unwrap();
+    let js = nats(&server).await;
+    js.get_or_create_stream(message_stream_config())
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let handle = msgtrail_listener::start(config(&server, dir.path()))
+        .await
+        .unwrap();
+    let c = client(&handle);
+    let mut stored = Vec::new();
+    for (req, layout) in [
+        ("ord-new", Layout::Compact),
+        ("ord-old", Layout::Separate),
+        ("ord-bad", Layout::Malformed),
+    ] {
+        let mut m = Stored::received(req, true);
+        m.layout = layout;
+        m.store(&js).await;
+        stored.push(m);
+    }
+    wait_for_stored(&c, 3).await;
+    for m in &stored[..2] {
+        let t = c.trajectory(&m.id.to_string(), None).await.unwrap();
+        assert_eq!(t, expected(m.evidence()), "{:?}", m.layout);
+        assert_eq!(
+            (t.producer.as_ref(), t.request_id.as_ref()),
+            (Some(&m.producer), Some(&m.req))
+        );
+        assert_eq!(t.topic.as_deref(), Some("orders.eu"));
+    }
+    let err = c
+        .trajectory(&stored[2].id.to_string(), None)
+        .await
+        .unwrap_err();
+    assert!(err.is_not_found(), "{err}");
+    let s = c.stats(None).await.unwrap();
+    assert_eq!(
+        (s.ingest.stored_messages, s.ingest.stored_without_evidence),
+        (3, 1)
+    );
+    assert_eq!(s.ingest.records, 4);
     handle.shutdown().await.unwrap();
 }
 

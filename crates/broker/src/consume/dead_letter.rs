@@ -35,13 +35,7 @@ impl Deliverer {
                     .unwrap_or("unknown")
                     .to_owned();
                 r1.topic = Some(topic.clone());
-                let mut headers = m.headers.clone();
-                headers.insert(h::NATS_MSG_ID, format!("dlq:{group}:{seq}").as_str());
-                headers.insert(
-                    "Msgtrail-Dead-Letter-Reason",
-                    why.replace(['\r', '\n'], " ").as_str(),
-                );
-                headers.insert(h::GROUP, group.as_str());
+                let headers = dead_letter_headers(&m.headers, group, seq, why);
                 let published = self
                     .shared
                     .js
@@ -106,4 +100,31 @@ impl Deliverer {
                 .await;
         }
     }
+}
+
+/// The headers of a dead letter: the original's, `Nats-Msg-Id: dlq:<group>:<seq>` instead of
+/// its own, `Msgtrail-Dead-Letter-Reason` and `Msgtrail-Group`. A message stored with
+/// `Msgtrail-Stored` (docs/PROTOCOL.md §14.1) names its producer only in the `Nats-Msg-Id`
+/// replaced here, so its copy gets `Msgtrail-Producer` (dead letters are rare; operators read
+/// them with the `nats` CLI).
+pub(super) fn dead_letter_headers(
+    original: &async_nats::HeaderMap,
+    group: &ClientId,
+    seq: u64,
+    why: &str,
+) -> async_nats::HeaderMap {
+    let mut headers = original.clone();
+    let get = |n: &str| original.get(n).map(|v| v.as_str());
+    if get(h::PRODUCER).is_none() {
+        if let Some(producer) = msgtrail_core::stored::producer(get) {
+            headers.insert(h::PRODUCER, producer);
+        }
+    }
+    headers.insert(h::NATS_MSG_ID, format!("dlq:{group}:{seq}").as_str());
+    headers.insert(
+        "Msgtrail-Dead-Letter-Reason",
+        why.replace(['\r', '\n'], " ").as_str(),
+    );
+    headers.insert(h::GROUP, group.as_str());
+    headers
 }

@@ -214,22 +214,10 @@ impl Deliverer {
         let stored_at = u64::try_from(info.published.unix_timestamp_nanos()).ok();
         let ack_subject = m.reply.as_ref()?.to_string();
         // Read in place: a clone of the header map is an allocation per header.
-        let parsed = m.headers.as_ref().and_then(|hs| {
-            let get = |n: &str| hs.get(n).map(|v| v.as_str());
-            let message_id: MessageId = get(h::MESSAGE_ID)?.parse().ok()?;
-            let producer = ClientId::new(get(h::PRODUCER)?).ok()?;
-            let topic = topic_of_subject(m.subject.as_str())?.to_owned();
-            let mut attrs = BTreeMap::new();
-            for (name, values) in hs.iter() {
-                let name: &str = name.as_ref();
-                if let Some(k) = name.strip_prefix(h::ATTR_PREFIX) {
-                    if let Some(v) = values.first() {
-                        attrs.insert(k.to_owned(), v.as_str().to_owned());
-                    }
-                }
-            }
-            Some((message_id, producer, topic, attrs))
-        });
+        let parsed = m
+            .headers
+            .as_ref()
+            .and_then(|hs| delivery_fields(hs, m.subject.as_str()));
         let wanted = match (&parsed, only) {
             (Some((id, ..)), Some((want, want_seq))) => *id == want && seq == want_seq,
             (Some((.., attrs)), None) => matches_filter(filter, attrs),
@@ -311,6 +299,30 @@ impl Deliverer {
         r.by_id = token.by_id();
         r
     }
+}
+
+/// What a delivery needs of a stored message (either layout, `msgtrail_core::stored`): its
+/// message ID, producer (`Msgtrail-Producer`, or from `Nats-Msg-Id`), topic (from the
+/// subject) and attributes. `None` for a message that is not a msgtrail message. Read in
+/// place: a clone of the header map is an allocation per header.
+pub(super) fn delivery_fields(
+    hs: &async_nats::HeaderMap,
+    subject: &str,
+) -> Option<(MessageId, ClientId, String, BTreeMap<String, String>)> {
+    let get = |n: &str| hs.get(n).map(|v| v.as_str());
+    let message_id: MessageId = get(h::MESSAGE_ID)?.parse().ok()?;
+    let producer = ClientId::new(msgtrail_core::stored::producer(get)?).ok()?;
+    let topic = topic_of_subject(subject)?.to_owned();
+    let mut attrs = BTreeMap::new();
+    for (name, values) in hs.iter() {
+        let name: &str = name.as_ref();
+        if let Some(k) = name.strip_prefix(h::ATTR_PREFIX) {
+            if let Some(v) = values.first() {
+                attrs.insert(k.to_owned(), v.as_str().to_owned());
+            }
+        }
+    }
+    Some((message_id, producer, topic, attrs))
 }
 
 /// Whether a failed pull is JetStream answering it with a status instead of messages, a reason

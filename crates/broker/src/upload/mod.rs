@@ -13,8 +13,9 @@
 //! D1 for a suppressed duplicate, and P2 with outcome `refused` (no message ID, the error as
 //! detail) for an upload refused on an open producer channel.
 //!
-//! The stored message is its own store evidence: with recording on it carries
-//! `Msgtrail-Received-At` (the P2 time) and `Msgtrail-Broker-Service`, so the listener
+//! The stored message is its own store evidence: with recording on, its `Msgtrail-Stored`
+//! header (`msgtrail_core::stored`, docs/PROTOCOL.md §14.1) carries the upload attempt, the
+//! P2 time and the broker's service next to the request ID and producer service, so the listener
 //! recovers P2/P3 from the message stream when the broker's records never reach the stage
 //! stream (a broker killed right after its reply, a stage stream without a leader).
 //!

@@ -15,8 +15,48 @@ pub(super) struct Ack {
     pub(super) duplicate: bool,
 }
 
+/// The headers of a stored message (docs/PROTOCOL.md §14.1): `Nats-Msg-Id`
+/// (`<producer>:<request id>`, JetStream's dedup), `Msgtrail-Message-Id`, `Msgtrail-Stored`
+/// (request ID, producer service and — when `broker_service` is given, i.e. with stage
+/// recording on — the store evidence), the attributes and `traceparent`.
+pub(super) fn stored_headers(
+    channel: &OpenChannel,
+    up: &Upload,
+    message_id: &MessageId,
+    received_at: u64,
+    broker_service: Option<&str>,
+) -> HeaderMap {
+    let mut stored = HeaderMap::new();
+    let mut dedup = String::with_capacity(channel.client_id.as_str().len() + 1 + 40);
+    dedup.push_str(channel.client_id.as_str());
+    dedup.push(':');
+    dedup.push_str(up.request_id.as_str());
+    stored.insert(h::NATS_MSG_ID, dedup.as_str());
+    stored.insert(h::MESSAGE_ID, message_id.to_string().as_str());
+    // What only msgtrail reads, in one header (msgtrail_core::stored): the producer is in
+    // Nats-Msg-Id, the topic in the subject.
+    let service = channel.service_name.as_str();
+    let mut meta = String::with_capacity(
+        8 + up.request_id.as_str().len() + service.len() + 32 + broker_service.map_or(0, str::len),
+    );
+    // The store evidence (module doc): the listener derives P2/P3 from it.
+    let evidence = broker_service.map(|b| (up.attempt, received_at, b));
+    msgtrail_core::stored::encode(&mut meta, up.request_id.as_str(), service, evidence);
+    stored.insert(h::STORED, meta.as_str());
+    for (k, v) in &up.attrs {
+        let mut name = String::with_capacity(h::ATTR_PREFIX.len() + k.len());
+        name.push_str(h::ATTR_PREFIX);
+        name.push_str(k);
+        stored.insert(name.as_str(), v.as_str());
+    }
+    if let Some(tp) = &up.traceparent {
+        stored.insert(h::TRACEPARENT, tp.as_str());
+    }
+    stored
+}
+
 impl Uploader {
-    /// The headers of a stored message.
+    /// The headers of a stored message, store evidence with stage recording on.
     pub(super) fn stored_headers(
         &self,
         channel: &OpenChannel,
@@ -24,33 +64,9 @@ impl Uploader {
         message_id: &MessageId,
         received_at: u64,
     ) -> HeaderMap {
-        let mut stored = HeaderMap::new();
-        let mut dedup = String::with_capacity(channel.client_id.as_str().len() + 1 + 40);
-        dedup.push_str(channel.client_id.as_str());
-        dedup.push(':');
-        dedup.push_str(up.request_id.as_str());
-        stored.insert(h::NATS_MSG_ID, dedup.as_str());
-        stored.insert(h::MESSAGE_ID, message_id.to_string().as_str());
-        stored.insert(h::REQUEST_ID, up.request_id.as_str());
-        stored.insert(h::PRODUCER, channel.client_id.as_str());
-        stored.insert(h::PRODUCER_SERVICE, channel.service_name.as_str());
-        stored.insert(h::TOPIC, up.topic.as_str());
-        for (k, v) in &up.attrs {
-            let mut name = String::with_capacity(h::ATTR_PREFIX.len() + k.len());
-            name.push_str(h::ATTR_PREFIX);
-            name.push_str(k);
-            stored.insert(name.as_str(), v.as_str());
-        }
-        if let Some(tp) = &up.traceparent {
-            stored.insert(h::TRACEPARENT, tp.as_str());
-        }
-        if self.shared.config.record_stages {
-            // The store evidence (module doc): the listener derives P2/P3 from these.
-            stored.insert(h::ATTEMPT, up.attempt.to_string().as_str());
-            stored.insert(h::RECEIVED_AT, received_at.to_string().as_str());
-            stored.insert(h::BROKER_SERVICE, self.shared.config.service_name.as_str());
-        }
-        stored
+        let config = &self.shared.config;
+        let broker = config.record_stages.then_some(config.service_name.as_str());
+        stored_headers(channel, up, message_id, received_at, broker)
     }
 
     /// Stores every upload and answers each: a new message, a duplicate, or an error of its

@@ -27,3 +27,64 @@ fn traceparent_grammar() {
     ));
     assert!(!valid_traceparent("garbage"));
 }
+
+fn channel(service: &str) -> crate::channels::OpenChannel {
+    crate::channels::OpenChannel {
+        id: "c1".into(),
+        role: msgtrail_core::Role::Producer,
+        client_id: msgtrail_core::ClientId::new("shop").unwrap(),
+        service_name: service.into(),
+        topics: vec!["orders.>".into()],
+        expires_at_ms: 0,
+    }
+}
+
+fn upload() -> super::Upload {
+    super::Upload {
+        request_id: msgtrail_core::RequestId::new("ord-1:x").unwrap(),
+        topic: msgtrail_core::Topic::new("orders.eu").unwrap(),
+        attempt: 2,
+        attrs: [("category".to_owned(), "refund".to_owned())].into(),
+        traceparent: Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into()),
+        payload: bytes::Bytes::from_static(b"x"),
+    }
+}
+
+#[test]
+fn a_stored_message_carries_one_msgtrail_stored_header() {
+    use msgtrail_core::headers as h;
+    let id = msgtrail_core::MessageId::new();
+    // With stage recording on (the broker's service given) and off.
+    for broker in [Some("broker; a"), None] {
+        let hs = super::store::stored_headers(&channel("shop svc"), &upload(), &id, 42, broker);
+        // Nats-Msg-Id, Msgtrail-Message-Id, Msgtrail-Stored, one attribute, traceparent.
+        assert_eq!(hs.iter().count(), 5);
+        let get = |n: &str| hs.get(n).map(|v| v.as_str());
+        assert_eq!(get(h::NATS_MSG_ID), Some("shop:ord-1:x"));
+        assert_eq!(get(h::MESSAGE_ID), Some(id.to_string().as_str()));
+        for old in [
+            h::REQUEST_ID,
+            h::PRODUCER,
+            h::PRODUCER_SERVICE,
+            h::TOPIC,
+            h::ATTEMPT,
+            h::RECEIVED_AT,
+            h::BROKER_SERVICE,
+        ] {
+            assert_eq!(get(old), None, "{old}");
+        }
+        let f = msgtrail_core::stored::read(get).unwrap();
+        assert_eq!(
+            (f.request_id, f.producer, f.producer_service.as_deref()),
+            (Some("ord-1:x"), Some("shop"), Some("shop svc"))
+        );
+        match broker {
+            Some(b) => {
+                let e = f.evidence.unwrap();
+                assert_eq!((e.attempt, e.received_at), (Some(2), 42));
+                assert_eq!(e.broker_service.as_deref(), Some(b));
+            }
+            None => assert_eq!(f.evidence, None),
+        }
+    }
+}

@@ -286,3 +286,94 @@ fn counts_beyond_the_limits_are_refused() {
     let err = UploadBatch::decode(&w.finish()).unwrap_err();
     assert!(err.what.contains("at most"), "{err}");
 }
+
+/// docs/PROTOCOL.md, read by the tests that check its examples against the encoder.
+const PROTOCOL_MD: &str = include_str!("../../../../docs/PROTOCOL.md");
+
+/// The bytes of the hex dump (`0000  4d 54 …` lines) in the first text block after `marker`.
+fn documented_hex(marker: &str) -> Vec<u8> {
+    let after = &PROTOCOL_MD[PROTOCOL_MD
+        .find(marker)
+        .unwrap_or_else(|| panic!("PROTOCOL.md has the marker {marker}"))..];
+    let start = after.find("```text\n").expect("a text block follows") + 8;
+    let len = after[start..].find("```").expect("the text block ends");
+    let mut out = vec![];
+    for line in after[start..start + len].lines() {
+        let mut tokens = line.split_whitespace();
+        let offset = tokens.next().expect("each line starts with its offset");
+        assert_eq!(
+            usize::from_str_radix(offset, 16).ok(),
+            Some(out.len()),
+            "{line:?}"
+        );
+        out.extend(tokens.map(|t| u8::from_str_radix(t, 16).expect("a hex byte")));
+    }
+    out
+}
+
+/// Prints bytes the way PROTOCOL.md dumps them.
+fn hex_dump(bytes: &[u8]) -> String {
+    bytes
+        .chunks(16)
+        .enumerate()
+        .map(|(i, c)| {
+            let hex: Vec<String> = c.iter().map(|b| format!("{b:02x}")).collect();
+            format!("{:04x}  {}\n", i * 16, hex.join(" "))
+        })
+        .collect()
+}
+
+/// The C5 of §18.6's extension example: broker `b-1a2b`, stored time, in the record's own bytes.
+fn documented_c5() -> StageRecord {
+    let mut r = StageRecord::at(Stage::PullSent, 1_796_129_311_004_043_022);
+    r.message_id = Some("01a231a6-491c-76c3-aae6-cb02704bf130".parse().unwrap());
+    r.consumer = Some(ClientId::new("billing-1").unwrap());
+    r.group = Some(ClientId::new("billing").unwrap());
+    r.attempt = Some(1);
+    r.stream_seq = Some(6);
+    r.broker = Some(crate::ids::BrokerInstance::new("b-1a2b").unwrap());
+    r.stored_at = Some(1_796_129_311_002_000_000);
+    r
+}
+
+#[test]
+fn the_documented_extension_example_is_what_the_encoder_writes() {
+    let r = documented_c5();
+    let batch = encode_stage_batch([&r]);
+    // The record alone: after the frame head (4 bytes) and the count (4 bytes).
+    let record = &batch[8..];
+    let documented = documented_hex("<!-- frame-hex: c5-extension");
+    assert_eq!(
+        record,
+        &documented[..],
+        "PROTOCOL.md §18.6 should show:\n{}",
+        hex_dump(record)
+    );
+    // What the prose says of it: stage 8 with the high bit, ext 03, `06 "b-1a2b"` and the
+    // stored time's eight bytes at the end.
+    assert_eq!(record[0], 0x88);
+    assert_eq!(record[1 + 8 + 2], 0x03);
+    let tail = &record[record.len() - 15..];
+    assert_eq!(tail[0], 6);
+    assert_eq!(&tail[1..7], b"b-1a2b");
+    assert_eq!(tail[7..], 1_796_129_311_002_000_000u64.to_be_bytes());
+    assert_eq!(decode_stage_batch(&batch).unwrap(), vec![r]);
+}
+
+#[test]
+fn the_documented_sizes_of_the_stage_batch_example_hold() {
+    let batch = documented_hex("<!-- frame-hex: stage-batch");
+    let records = decode_stage_batch(&batch).unwrap();
+    let json = serde_json::to_string(&records[0]).unwrap();
+    let claim = format!(
+        "({} bytes; the same record in JSON is {}, without a newline)",
+        batch.len(),
+        json.len()
+    );
+    assert!(
+        PROTOCOL_MD.contains(&claim),
+        "PROTOCOL.md §18.6 should say {claim}"
+    );
+    assert_eq!((batch.len(), json.len()), (69, 146));
+    assert!(PROTOCOL_MD.contains(&format!("```json\n{json}\n```")));
+}

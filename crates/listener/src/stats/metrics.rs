@@ -184,7 +184,7 @@ fn register_ingest(s: &StatsSnapshot, r: &mut Registry) {
         ),
         (
             "msgtrail_listener_stored_without_evidence",
-            "Stored messages that carried no store evidence (no Msgtrail-Received-At), since start",
+            "Stored messages that carried no usable store evidence (none, or a malformed Msgtrail-Stored), since start",
             s.ingest.stored_without_evidence,
         ),
     ];

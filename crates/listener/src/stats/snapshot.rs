@@ -134,9 +134,9 @@ pub struct IngestCounts {
     /// stage-stream `batches`, what tells that the listener caught up with both sources.
     #[serde(default)]
     pub stored_messages: u64,
-    /// Of `stored_messages`, those that yielded no record: no `Msgtrail-Received-At` header
-    /// (stored with stage recording off, or by a broker that wrote P2/P3 itself), or headers
-    /// that name no valid message ID.
+    /// Of `stored_messages`, those that yielded no record: no store evidence (stored with
+    /// stage recording off, or by a broker that wrote P2/P3 itself), a malformed or
+    /// unknown-version `Msgtrail-Stored` header, or headers that name no valid message ID.
     #[serde(default)]
     pub stored_without_evidence: u64,
 }
