@@ -3,9 +3,10 @@
 //! wakes (SIGCONT). The deliveries it held must come again (trajectories show the
 //! redelivery), nothing is lost or left incomplete, and a message the process never saw
 //! acked must have its ack in the trajectory (applied, the answer lost to the freeze). A
-//! process that exits on a failed settle is started again, as a supervisor would
-//! (`consumer_exits`); acks refused `delivery_expired` are counted from its log
-//! (RELIABILITY.md, finding 11: today the process exits before any is refused).
+//! process that exits is started again, as a supervisor would (`consumer_exits`), and must not
+//! have been needed: a failed settle is logged and the process goes on (RELIABILITY.md,
+//! finding 11). Acks refused `delivery_expired` — the deliveries it held past their ack
+//! wait — are counted from its log.
 
 use crate::harness::*;
 use crate::pauses::PAUSE;
@@ -127,6 +128,11 @@ pub(crate) async fn consumer_process_paused(scenario: &str) {
         assert!(
             redelivered > 0,
             "no trajectory shows a redelivery: {:?}",
+            r.json
+        );
+        assert_eq!(
+            exits, 0,
+            "the consumer process exited on waking: {:?}",
             r.json
         );
     }

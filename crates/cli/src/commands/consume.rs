@@ -87,10 +87,14 @@ fn print(m: &Received, outcome: &Result<(), String>, json: bool) {
     }
 }
 
-async fn handle(consumer: &Consumer, m: Received, args: &ConsumeArgs) -> anyhow::Result<()> {
+/// Processes and settles one delivery. A settle that fails is said on standard error and
+/// the loop goes on: the message comes again after its ack wait (or, after a timeout, the
+/// settle may have been applied) — a consumer that stopped at the first failed settle would
+/// leave every delivery it holds to the ack wait, and stop consuming.
+async fn handle(consumer: &Consumer, m: Received, args: &ConsumeArgs) {
     let fail = should_fail(&m, args.fail_rate);
     let shown = m.clone();
-    let outcome = consumer
+    let settled = consumer
         .process(m, |_| async move {
             if fail {
                 Err("simulated failure (--fail-rate)".to_owned())
@@ -98,10 +102,25 @@ async fn handle(consumer: &Consumer, m: Received, args: &ConsumeArgs) -> anyhow:
                 Ok(())
             }
         })
-        .await?;
-    print(&shown, &outcome, args.json);
-    Ok(())
+        .await;
+    match settled {
+        Ok(outcome) => print(&shown, &outcome, args.json),
+        Err(e) => eprintln!(
+            "{} {}: settle failed: {} ({})",
+            shown.message_id,
+            shown.topic,
+            msgtrail_core::ErrorChain(&e),
+            if e.is_delivery_expired() {
+                "not applied; the message is delivered again"
+            } else {
+                "it may have been applied; if not, the message is delivered again"
+            }
+        ),
+    }
 }
+
+/// How long `consume` waits before fetching again after a transient failure.
+const FETCH_RETRY: Duration = Duration::from_millis(500);
 
 /// Consumes until `--max` messages or Ctrl-C.
 pub(crate) async fn run(nats: &NatsArgs, args: ConsumeArgs) -> anyhow::Result<()> {
@@ -136,21 +155,37 @@ pub(crate) async fn run(nats: &NatsArgs, args: ConsumeArgs) -> anyhow::Result<()
                 m = stream.next() => match m { Some(m) => m, None => break },
                 _ = &mut stop => break,
             };
-            handle(&consumer, m, &args).await?;
+            handle(&consumer, m, &args).await;
             done += 1;
         }
     } else {
         loop {
             let want = (limit - done).min(100) as u32;
             let got = tokio::select! {
-                g = consumer.fetch(&sub, want, args.wait) => g?,
+                g = consumer.fetch(&sub, want, args.wait) => g,
                 _ = &mut stop => break,
+            };
+            // A broker restarting, an election, a timeout: fetch again; anything else (a
+            // refused channel, bad credentials) ends the command.
+            let got = match got {
+                Ok(got) => got,
+                Err(e) if e.is_transient() => {
+                    eprintln!(
+                        "fetch failed, fetching again: {}",
+                        msgtrail_core::ErrorChain(&e)
+                    );
+                    tokio::select! {
+                        _ = tokio::time::sleep(FETCH_RETRY) => continue,
+                        _ = &mut stop => break,
+                    }
+                }
+                Err(e) => return Err(e.into()),
             };
             if got.is_empty() && !args.json {
                 eprintln!("no matching message");
             }
             for m in got {
-                handle(&consumer, m, &args).await?;
+                handle(&consumer, m, &args).await;
                 done += 1;
             }
             if done >= limit {
