@@ -1345,7 +1345,7 @@ async fn consume(c: Consumer, history: Arc<History>, progress: Arc<Progress>, de
             while let Err(e) = &result {
                 let outcome = classify(e);
                 history.push("ack", mid.to_string(), start, outcome.clone());
-                if unknown_before && e.is_delivery_expired() {
+                if unknown_before && (e.is_delivery_expired() || e.is_settle_ambiguous()) {
                     progress.ack_ambiguous.lock().unwrap().insert(mid);
                     last_ambiguous = Some(Instant::now());
                 }

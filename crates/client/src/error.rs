@@ -112,6 +112,16 @@ pub enum ClientError {
     /// The caller's input is invalid before anything is sent.
     #[error(transparent)]
     Invalid(Cause),
+    /// A settle retried after an earlier attempt of it timed out was refused as too late
+    /// (`delivery_expired`): the earlier attempt **may have been applied** (the broker
+    /// answered it, the answer was lost) — or not, and then the message is delivered again.
+    /// Which of the two, only the message's trajectory (the group's C8) or a redelivery
+    /// tells. See [`ClientError::is_settle_ambiguous`].
+    #[error("settle outcome unknown: an earlier attempt timed out and may have been applied; this retry came too late ({refused})")]
+    SettleAmbiguous {
+        /// The broker's refusal of the retry.
+        refused: WireError,
+    },
 }
 
 impl ClientError {
@@ -140,6 +150,13 @@ impl ClientError {
     /// it again cannot succeed. Not transient.
     pub fn is_delivery_expired(&self) -> bool {
         self.code() == Some(ErrorCode::DeliveryExpired)
+    }
+
+    /// Whether this is a settle whose outcome nobody knows: a retry refused as too late
+    /// after an earlier attempt timed out ([`ClientError::SettleAmbiguous`]). Not transient:
+    /// a further retry gets the same answer.
+    pub fn is_settle_ambiguous(&self) -> bool {
+        matches!(self, ClientError::SettleAmbiguous { .. })
     }
 
     /// Whether retrying the same request may succeed (timeouts, unavailable JetStream).

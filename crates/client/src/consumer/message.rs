@@ -79,7 +79,8 @@ impl Received {
     /// this group again. An ack after the delivery's ack wait is refused with
     /// [`ClientError::is_delivery_expired`]: it was not applied, and the message is delivered
     /// again or was dead-lettered. A transient error ([`ClientError::is_transient`]) may be
-    /// retried.
+    /// retried; a retry after a timeout that comes too late is
+    /// [`ClientError::is_settle_ambiguous`]: the timed-out attempt may have been applied.
     pub async fn ack(&self) -> Result<(), ClientError> {
         self.settle(AckKind::Ack).await
     }

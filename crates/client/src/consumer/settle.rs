@@ -11,9 +11,11 @@ use crate::reporter::{self, Outbox};
 use futures::future::BoxFuture;
 use msgtrail_core::frame::{self, SettleBatch, SettleEntry, SettleResults};
 use msgtrail_core::subjects as s;
+use msgtrail_core::sync::Recover;
 use msgtrail_core::time::now_nanos;
 use msgtrail_core::wire::SettleKind as WireKind;
-use std::sync::Arc;
+use std::collections::{HashSet, VecDeque};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// The result of one settle.
@@ -33,6 +35,57 @@ pub(super) const SETTLE_FRAME_OVERHEAD: usize = 4 + 2 + 2;
 pub(crate) struct Settler {
     hooks: Hooks,
     settles: Queue<Settles>,
+    /// Tokens of deliveries whose last settle timed out: applied or not, nobody knows. Each
+    /// holder does one insert, lookup or removal, which leave the set whole if it panicked.
+    timed_out: Arc<Mutex<TimedOut>>,
+}
+
+/// At most this many tokens are remembered as timed out (a few hundred bytes each); past it
+/// the oldest are forgotten, and a late retry of one of those reads as a plain refusal.
+const TIMED_OUT_TOKENS: usize = 4096;
+
+/// The tokens whose last settle attempt timed out, oldest first.
+#[derive(Debug, Default)]
+struct TimedOut {
+    order: VecDeque<String>,
+    tokens: HashSet<String>,
+}
+
+impl TimedOut {
+    fn insert(&mut self, token: &str) {
+        if self.tokens.insert(token.to_owned()) {
+            self.order.push_back(token.to_owned());
+            while self.order.len() > TIMED_OUT_TOKENS {
+                if let Some(old) = self.order.pop_front() {
+                    self.tokens.remove(&old);
+                }
+            }
+        }
+    }
+
+    fn contains(&self, token: &str) -> bool {
+        self.tokens.contains(token)
+    }
+
+    fn remove(&mut self, token: &str) {
+        if self.tokens.remove(token) {
+            self.order.retain(|t| t != token);
+        }
+    }
+}
+
+/// What a settle's result says given whether an earlier attempt of it timed out: a retry
+/// refused `delivery_expired` after a timeout is [`ClientError::SettleAmbiguous`] — the
+/// refusal says "not applied by this request", not "not applied".
+fn settled(result: Settled, earlier_timed_out: bool) -> Settled {
+    match result {
+        Err(ClientError::Refused(w))
+            if earlier_timed_out && w.code == msgtrail_core::ErrorCode::DeliveryExpired =>
+        {
+            Err(ClientError::SettleAmbiguous { refused: w })
+        }
+        other => other,
+    }
 }
 
 impl Settler {
@@ -59,6 +112,7 @@ impl Settler {
         Settler {
             hooks: hooks.clone(),
             settles: batch::spawn(flight, limits),
+            timed_out: Arc::default(),
         }
     }
 
@@ -84,7 +138,15 @@ impl Settler {
         let size = settle_size(&entry);
         let (job, rx) = Job::new(entry, size);
         batch::submit(&self.settles, vec![job]).await?;
-        rx.await.unwrap_or_else(|_| Err(batch::stopped()))
+        let result = rx.await.unwrap_or_else(|_| Err(batch::stopped()));
+        let mut timed_out = self.timed_out.lock().recover();
+        let result = settled(result, timed_out.contains(&msg.ack_token));
+        match &result {
+            Err(ClientError::Timeout { .. }) => timed_out.insert(&msg.ack_token),
+            Err(ClientError::SettleAmbiguous { .. }) => {}
+            _ => timed_out.remove(&msg.ack_token),
+        }
+        result
     }
 }
 
@@ -152,6 +214,43 @@ impl Settles {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use msgtrail_core::{ErrorCode, WireError};
+
+    fn expired() -> Settled {
+        Err(ClientError::Refused(WireError::new(
+            ErrorCode::DeliveryExpired,
+            "too late",
+        )))
+    }
+
+    #[test]
+    fn a_late_retry_after_a_timeout_is_ambiguous_and_a_first_late_settle_is_not() {
+        assert!(settled(expired(), true).unwrap_err().is_settle_ambiguous());
+        let plain = settled(expired(), false).unwrap_err();
+        assert!(plain.is_delivery_expired() && !plain.is_settle_ambiguous());
+        // Other outcomes pass through, whatever came before.
+        assert!(settled(Ok(()), true).is_ok());
+        let other = Err(ClientError::Refused(WireError::new(
+            ErrorCode::BadRequest,
+            "x",
+        )));
+        assert!(!settled(other, true).unwrap_err().is_settle_ambiguous());
+    }
+
+    #[test]
+    fn timed_out_tokens_are_bounded_and_forgotten_once_settled() {
+        let mut t = TimedOut::default();
+        for i in 0..TIMED_OUT_TOKENS + 10 {
+            t.insert(&format!("token-{i}"));
+        }
+        assert_eq!(t.tokens.len(), TIMED_OUT_TOKENS);
+        assert_eq!(t.order.len(), TIMED_OUT_TOKENS);
+        assert!(!t.contains("token-0"), "the oldest is forgotten");
+        assert!(t.contains(&format!("token-{}", TIMED_OUT_TOKENS + 9)));
+        t.remove("token-100");
+        assert!(!t.contains("token-100"));
+        assert_eq!(t.order.len(), TIMED_OUT_TOKENS - 1);
+    }
 
     #[test]
     fn settle_sizes_match_the_encoding() {
