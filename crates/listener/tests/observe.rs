@@ -2,7 +2,9 @@
 //! (its own stream, two durable pull consumers with explicit acks, acks, a nak with delay,
 //! a term, a poison message reaching max deliveries) and a listener started with
 //! `observe: ORDERS`; every message's trajectory has the right hops, attempts and outcomes,
-//! and a message sent with a W3C `traceparent` joins that trace.
+//! and a message sent with a W3C `traceparent` joins that trace. Then: the spans at a real
+//! OTLP receiver, a push consumer, and a listener killed (SIGKILL) and restarted while the
+//! app keeps running.
 
 use async_nats::jetstream::{self, consumer, AckKind};
 use futures::StreamExt;
@@ -236,5 +238,271 @@ async fn an_unmodified_jetstream_app_is_traced() {
     assert!(v["streams"]["ORDERS"]["consumers"]
         .get("msgtrail-listener-observe")
         .is_none());
+    handle.shutdown().await.unwrap();
+}
+
+/// A listener's settings observing `ORDERS` on `server` with its store in `dir`: small
+/// batches, short ack wait, discovery every `discovery`.
+fn observing(server_url: &str, dir: &std::path::Path, discovery: Duration) -> ListenerConfig {
+    let mut observe = ObserveConfig::streams(["ORDERS"]);
+    observe.discovery_interval = discovery;
+    ListenerConfig {
+        nats: msgtrail_nats::NatsOptions::url(server_url),
+        data_dir: dir.to_path_buf(),
+        http_addr: "127.0.0.1:0".parse().unwrap(),
+        batch_size: 4,
+        ack_wait: Duration::from_secs(1),
+        watchdog_interval: Duration::from_millis(100),
+        retention_interval: Duration::from_millis(100),
+        observe: Some(observe),
+        ..Default::default()
+    }
+}
+
+/// The app's stream `ORDERS` on `orders.>`.
+async fn orders(js: &jetstream::Context) -> jetstream::stream::Stream {
+    js.create_stream(jetstream::stream::Config {
+        name: "ORDERS".into(),
+        subjects: vec!["orders.>".into()],
+        ..Default::default()
+    })
+    .await
+    .unwrap()
+}
+
+/// The trajectory of the message at `seq` of `ORDERS`, if the store has it.
+fn observed(store: &msgtrail_listener::Store, seq: u64) -> Option<Trajectory> {
+    let key = observed_message_id("ORDERS", seq).to_string();
+    store.trajectory(&key, now()).ok().flatten()
+}
+
+/// The spans of an observed app at a real OTLP receiver: the trace ID is the observed
+/// message ID's (or the producer's, from a stored `traceparent`, the root span then a child
+/// of the producer's span); there is one span per hop — send, store, deliver (whose events
+/// hold the delivery and the ack) — each with the span ID the hop key gives and the
+/// observe attributes; none is exported twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn observed_spans_reach_an_otlp_receiver() {
+    use msgtrail_core::trace_ids::{hex, span_id, Hop};
+    use msgtrail_otel::{ExportConfig, PipelineConfig, Protocol};
+    use msgtrail_test_support::OtlpReceiver;
+
+    let server = NatsServer::start().unwrap();
+    let js = nats(&server).await;
+    let stream = orders(&js).await;
+    let billing = app_consumer(&stream, "billing").await;
+    let mut rx = OtlpReceiver::start_grpc().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = observing(server.url(), dir.path(), Duration::from_millis(200));
+    cfg.otel = Some(PipelineConfig {
+        export: ExportConfig {
+            protocol: Protocol::Grpc,
+            endpoint: Some(rx.endpoint()),
+            batch_delay: Duration::from_millis(10),
+            ..Default::default()
+        },
+        grace: Duration::from_millis(100),
+        ..Default::default()
+    });
+    let handle = msgtrail_listener::start(cfg).await.unwrap();
+
+    // seq 1 with the producer's traceparent, seq 2 without; billing acks both.
+    let mut hs = async_nats::HeaderMap::new();
+    hs.insert("Nats-Msg-Id", "ord-otlp-1");
+    hs.insert("traceparent", TRACEPARENT);
+    js.publish_with_headers("orders.eu", hs, "one".into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    js.publish("orders.us", "two".into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    let mut b = billing.messages().await.unwrap();
+    for _ in 0..2 {
+        b.next().await.unwrap().unwrap().ack().await.unwrap();
+    }
+
+    let spans = rx.spans(6, Duration::from_secs(20)).await;
+    let names: Vec<(String, Option<String>)> = spans
+        .iter()
+        .map(|s| (s.trace_hex(), s.attr("msgtrail.hop.key")))
+        .collect();
+    assert_eq!(spans.len(), 6, "{names:#?}");
+    let deliver_key = "deliver/billing/billing/1";
+    for (seq, trace) in [
+        (1u64, "0af7651916cd43dd8448eb211c80319c".to_owned()),
+        (2, observed_message_id("ORDERS", 2).trace_hex()),
+    ] {
+        let id = observed_message_id("ORDERS", seq);
+        let mine: Vec<_> = spans.iter().filter(|s| s.trace_hex() == trace).collect();
+        let mut keys: Vec<String> = mine
+            .iter()
+            .map(|s| s.attr("msgtrail.hop.key").unwrap())
+            .collect();
+        keys.sort();
+        assert_eq!(
+            keys,
+            [deliver_key, "send", "store"],
+            "seq {seq}: {names:#?}"
+        );
+        for s in &mine {
+            let key = s.attr("msgtrail.hop.key").unwrap();
+            let hop = Hop::parse(&key).unwrap();
+            assert_eq!(s.span_hex(), hex(&span_id(&id, &hop)), "seq {seq} {key}");
+            assert_eq!(s.attr("msgtrail.observed").as_deref(), Some("true"));
+            assert_eq!(s.attr("msgtrail.observe.stream").as_deref(), Some("ORDERS"));
+            assert_eq!(s.attr("msgtrail.observe.stream_seq"), Some(seq.to_string()));
+            assert_eq!(s.attr("messaging.message.id"), Some(id.to_string()));
+        }
+        let span = |key: &str| {
+            *mine
+                .iter()
+                .find(|s| s.attr("msgtrail.hop.key").as_deref() == Some(key))
+                .unwrap()
+        };
+        let (send, store, deliver) = (span("send"), span("store"), span(deliver_key));
+        // The send span is the root: the producer's span is its parent when the message
+        // carried a traceparent; store and deliver hang below it.
+        let root_parent = if seq == 1 { "b7ad6b7169203331" } else { "" };
+        assert_eq!(send.parent_hex(), root_parent, "seq {seq}");
+        assert_eq!(store.parent_hex(), send.span_hex(), "seq {seq}");
+        assert_ne!(deliver.parent_hex(), "", "seq {seq}");
+        assert!(
+            mine.iter().any(|s| s.span_hex() == deliver.parent_hex()),
+            "seq {seq}: the deliver span's parent is in the trace"
+        );
+        assert_eq!(store.service_name, "nats-server");
+        assert_eq!(
+            deliver.attr("msgtrail.delivery.mode").as_deref(),
+            Some("pull")
+        );
+        let events: Vec<&str> = deliver
+            .span
+            .events
+            .iter()
+            .map(|e| e.name.as_str())
+            .collect();
+        assert!(
+            events.iter().any(|e| e.starts_with("C5 "))
+                && events.iter().any(|e| e.starts_with("C8 ")),
+            "seq {seq}: the deliver span holds the delivery and the ack: {events:?}"
+        );
+        let store_events: Vec<&str> = store.span.events.iter().map(|e| e.name.as_str()).collect();
+        assert!(
+            store_events.iter().any(|e| e.starts_with("P3 ")),
+            "seq {seq}: {store_events:?}"
+        );
+    }
+    handle.shutdown().await.unwrap();
+    let more = rx.spans(1, Duration::from_millis(300)).await;
+    assert!(more.is_empty(), "{} spans exported twice", more.len());
+}
+
+/// A push consumer (a deliver subject, explicit acks) is observed like a pull consumer:
+/// its deliveries are push deliveries (C1, C4) with their acks and naks, even when it is
+/// created after the listener started and used before discovery's next look (the default
+/// 5 s interval).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_push_consumer_is_observed() {
+    let server = NatsServer::start().unwrap();
+    let js = nats(&server).await;
+    let stream = orders(&js).await;
+    let dir = tempfile::tempdir().unwrap();
+    let handle =
+        msgtrail_listener::start(observing(server.url(), dir.path(), Duration::from_secs(5)))
+            .await
+            .unwrap();
+    // Discovery's first looks are over before the app creates its consumer.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let shipping = stream
+        .create_consumer(consumer::push::Config {
+            durable_name: Some("shipping".into()),
+            deliver_subject: "app.shipping.deliver".into(),
+            ack_policy: consumer::AckPolicy::Explicit,
+            ack_wait: Duration::from_secs(30),
+            sample_frequency: 100,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    for body in ["ok", "nak-once"] {
+        js.publish("orders.eu", body.into())
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+    let mut msgs = shipping.messages().await.unwrap();
+    let mut acked = 0;
+    while acked < 2 {
+        let m = tokio::time::timeout(Duration::from_secs(10), msgs.next())
+            .await
+            .expect("the push consumer gets its messages")
+            .unwrap()
+            .unwrap();
+        let delivered = m.info().unwrap().delivered;
+        if &*m.payload == b"nak-once" && delivered == 1 {
+            m.ack_with(AckKind::Nak(None)).await.unwrap();
+        } else {
+            m.ack().await.unwrap();
+            acked += 1;
+        }
+    }
+
+    let store = handle.store().clone();
+    let t = eventually("message 1 pushed and acked", || async {
+        let t = observed(&store, 1)?;
+        attempts(&t, "shipping")
+            .iter()
+            .any(|(n, e)| *n == 1 && has(e, Stage::PushAckReceived, "ack"))
+            .then_some(t)
+    })
+    .await;
+    let d: Vec<_> = t
+        .hops
+        .iter()
+        .filter(|h| h.kind == HopKind::Deliver)
+        .collect();
+    assert_eq!(d.len(), 1, "{:#?}", t.hops);
+    assert_eq!(
+        d[0].mode,
+        Some(msgtrail_core::trajectory::DeliveryMode::Push)
+    );
+    assert_eq!(
+        d[0].events.iter().map(|r| r.stage).collect::<Vec<_>>(),
+        [Stage::PushSent, Stage::PushAckReceived]
+    );
+    let t = eventually("message 2 naked, then pushed again and acked", || async {
+        let t = observed(&store, 2)?;
+        let a = attempts(&t, "shipping");
+        (a.iter()
+            .any(|(n, e)| *n == 1 && has(e, Stage::PushAckReceived, "nack"))
+            && a.iter()
+                .any(|(n, e)| *n == 2 && has(e, Stage::PushAckReceived, "ack")))
+        .then_some(t)
+    })
+    .await;
+    // No pull stage anywhere: the consumer is known as a push consumer from its first event.
+    let pull = t
+        .hops
+        .iter()
+        .flat_map(|h| &h.events)
+        .any(|r| matches!(r.stage, Stage::PullSent | Stage::PullAckReceived));
+    assert!(!pull, "{:#?}", t.hops);
+    assert_eq!(
+        t.record_count, 5,
+        "P2, P3, C4 nack, C1 + C4 ack: {:#?}",
+        t.hops
+    );
+    // And the API says so.
+    let (_, body) = client(&handle).get_raw("/api/observe").await.unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(
+        v["streams"]["ORDERS"]["consumers"]["shipping"]["mode"],
+        "push"
+    );
     handle.shutdown().await.unwrap();
 }

@@ -64,6 +64,14 @@ impl ObserveStatus {
         }
     }
 
+    /// Whether discovery has seen the durable consumer `consumer` on `stream`.
+    pub(crate) fn knows(&self, stream: &str, consumer: &str) -> bool {
+        let streams = self.streams.read().unwrap_or_else(|p| p.into_inner());
+        streams
+            .get(stream)
+            .is_some_and(|s| s.consumers.contains_key(consumer))
+    }
+
     /// Every observed stream and its consumers.
     pub(crate) fn snapshot(&self) -> BTreeMap<String, ObservedStream> {
         self.streams

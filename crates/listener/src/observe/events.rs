@@ -4,10 +4,16 @@
 //! records ([`super::records::event_records`]), one store transaction, then the acks — a
 //! restart loses nothing and doubles nothing.
 //!
+//! A record's stages depend on the consumer's mode (push: C1/C4, pull: C5/C8), which
+//! discovery knows. An event of a consumer discovery has not seen yet (created since its
+//! last look) first makes the reader look at that stream again ([`learn_consumers`], at
+//! most once a second per stream), so a push consumer's first deliveries are push
+//! deliveries, not pull ones.
+//!
 //! The ack-wait inference (an attempt n ≥ 2 whose attempt n − 1 has no outcome) asks the
 //! store and the batch itself, on a blocking thread.
 
-use super::event::parse;
+use super::event::{parse, subject_names};
 use super::records::{event_records, is_outcome};
 use super::Observer;
 use crate::ingest::{apply, Batch, Source};
@@ -16,9 +22,12 @@ use async_nats::jetstream::{self, consumer};
 use futures::StreamExt;
 use msgtrail_core::trajectory::HopKind;
 use msgtrail_core::{MessageId, StageRecord};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+/// How soon an event of an unknown consumer may make the reader look at a stream again.
+const RELEARN: Duration = Duration::from_secs(1);
 
 /// The consumer of `MSGTRAIL_OBSERVE`.
 pub(crate) fn consumer_config(
@@ -50,6 +59,40 @@ fn stored_outcome(store: &Store, id: MessageId, consumer: &str, attempt: u32) ->
         Ok(None) => false,
         // Unknown: infer nothing rather than something false.
         Err(_) => true,
+    }
+}
+
+/// Looks again at the streams whose events in `msgs` name consumers discovery has not
+/// seen (at most once per [`RELEARN`] per stream, `last` remembering when), so that their
+/// mode is known before the events are decoded. Ephemeral consumers stay unknown (pull).
+async fn learn_consumers(
+    obs: &Observer,
+    msgs: &[jetstream::Message],
+    last: &mut HashMap<String, Instant>,
+) {
+    let mut streams: Vec<&str> = msgs
+        .iter()
+        .filter_map(|m| subject_names(m.subject.as_str()))
+        .filter(|(s, c)| !obs.status.knows(s, c))
+        .map(|(s, _)| s)
+        .filter(|s| obs.config.streams.iter().any(|o| o == s))
+        .collect();
+    streams.sort_unstable();
+    streams.dedup();
+    for s in streams {
+        if last.get(s).is_some_and(|t| t.elapsed() < RELEARN) {
+            continue;
+        }
+        last.insert(s.to_owned(), Instant::now());
+        tracing::debug!(stream = %s, "event of a consumer not discovered yet: looking at the stream again");
+        let _ = super::discovery::discover(
+            &obs.js,
+            &obs.status,
+            s,
+            &obs.own_consumer,
+            obs.config.set_sample_freq,
+        )
+        .await;
     }
 }
 
@@ -108,6 +151,7 @@ pub(crate) async fn run(
         .await
         .map_err(|e| crate::ListenerError::nats("observe events consumer", e))?;
     let mut chunks = messages.ready_chunks(obs.batch_size);
+    let mut relearned = HashMap::new();
     loop {
         let chunk = tokio::select! {
             _ = obs.stop.cancelled() => return Ok(()),
@@ -126,6 +170,7 @@ pub(crate) async fn run(
         if msgs.is_empty() {
             continue;
         }
+        learn_consumers(&obs, &msgs, &mut relearned).await;
         let (o, redo) = (obs.clone(), obs.clone());
         let (records, msgs) = match tokio::task::spawn_blocking(move || {
             let rs = decode(&o, &msgs, true);
