@@ -506,3 +506,218 @@ async fn a_push_consumer_is_observed() {
     );
     handle.shutdown().await.unwrap();
 }
+
+/// One record as the restart test compares them: (consumer, stage, attempt, outcome).
+type Rec = (Option<String>, Stage, Option<u32>, Option<String>);
+
+/// Records applied to `store` so far (the sum of its `stage.*` counters, one per distinct
+/// record).
+fn stage_records(store: &msgtrail_listener::Store) -> u64 {
+    store
+        .counters()
+        .unwrap()
+        .iter()
+        .filter(|(k, _)| k.starts_with("stage."))
+        .map(|(_, v)| *v)
+        .sum()
+}
+
+/// Not a test on its own: the restart test runs this test binary again with only this
+/// test, as an observing listener process it can SIGKILL. Without the environment it does
+/// nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "run by a_killed_observer_restarts_without_loss_or_double_counting as its child"]
+async fn child_observer_process() {
+    let Some((url, dir, addr_file)) = child_settings() else {
+        return;
+    };
+    let mut cfg = observing(&url, &dir, Duration::from_millis(200));
+    // Small batches: many transactions, so the kill lands between some of them.
+    cfg.batch_size = 2;
+    cfg.retention_max_age = None;
+    let handle = msgtrail_listener::start(cfg).await.unwrap();
+    announce_address(&handle, &addr_file);
+    std::future::pending::<()>().await;
+}
+
+/// The observing listener is killed with SIGKILL mid-run while the app keeps publishing,
+/// consuming, acking and nak-ing, and started again on the same store: every observed
+/// message ends with exactly its records (P2, P3; per consumer C5 + C8 ack, with before
+/// them a C8 nack for billing's nak-ed messages, an R1 "ack wait expired" for audit's
+/// unacked first attempts), none lost and none counted twice, in each trajectory and in the
+/// store's counters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_observer_restarts_without_loss_or_double_counting() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+    const N: u64 = 80;
+    // billing naks these once; audit lets their first attempt's ack wait expire.
+    let naked = |seq: u64| seq.is_multiple_of(10);
+    let expired = |seq: u64| seq % 10 == 5;
+    let expected = |seq: u64| 6 + u64::from(naked(seq)) + u64::from(expired(seq));
+    let total: u64 = (1..=N).map(expected).sum();
+
+    let server = NatsServer::start().unwrap();
+    let js = nats(&server).await;
+    let stream = orders(&js).await;
+    let billing = stream
+        .create_consumer(consumer::pull::Config {
+            durable_name: Some("billing".into()),
+            ack_policy: consumer::AckPolicy::Explicit,
+            // Long: no redelivery but the nak's.
+            ack_wait: Duration::from_secs(30),
+            sample_frequency: 100,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let store_dir = dir.path().join("store");
+    let addr_file = dir.path().join("child.addr");
+    let mut child = spawn_test_child(
+        "child_observer_process",
+        server.url(),
+        &store_dir,
+        &addr_file,
+    );
+    let c = child_client(&addr_file).await;
+
+    // The app: publishes N messages over about 2 s; consumes them, nak-ing every tenth
+    // once (by its sequence), acking the rest.
+    let published = Arc::new(AtomicU64::new(0));
+    let producer = {
+        let (js, published) = (js.clone(), published.clone());
+        tokio::spawn(async move {
+            for i in 1..=N {
+                js.publish("orders.eu", format!("order {i}").into())
+                    .await
+                    .unwrap()
+                    .await
+                    .unwrap();
+                published.store(i, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(25)).await;
+            }
+        })
+    };
+    let audit = stream
+        .create_consumer(consumer::pull::Config {
+            durable_name: Some("audit".into()),
+            ack_policy: consumer::AckPolicy::Explicit,
+            ack_wait: Duration::from_secs(1),
+            sample_frequency: 100,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let auditor = tokio::spawn(async move {
+        let mut msgs = audit.messages().await.unwrap();
+        let mut acked = 0;
+        while acked < N {
+            let m = msgs.next().await.unwrap().unwrap();
+            let info = m.info().unwrap();
+            if !(expired(info.stream_sequence) && info.delivered == 1) {
+                m.ack().await.unwrap();
+                acked += 1;
+            }
+        }
+    });
+    let app = tokio::spawn(async move {
+        let mut msgs = billing.messages().await.unwrap();
+        let mut acked = 0;
+        while acked < N {
+            let m = msgs.next().await.unwrap().unwrap();
+            let info = m.info().unwrap();
+            let (seq, delivered) = (info.stream_sequence, info.delivered);
+            if naked(seq) && delivered == 1 {
+                m.ack_with(AckKind::Nak(None)).await.unwrap();
+            } else {
+                m.ack().await.unwrap();
+                acked += 1;
+            }
+        }
+    });
+
+    // Killed mid-run: a quarter of the records in.
+    eventually(
+        "the child listener applied a quarter of the records",
+        || async {
+            let s = c.stats(None).await.ok()?;
+            (s.ingest.records >= total / 4).then_some(())
+        },
+    )
+    .await;
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    let published_at_kill = published.load(Ordering::SeqCst);
+    let applied_before = {
+        let store = msgtrail_listener::Store::open(&store_dir, 256, Default::default()).unwrap();
+        stage_records(&store)
+    };
+    assert!(
+        published_at_kill < N && applied_before < total,
+        "the kill came too late to test anything ({published_at_kill} published, {applied_before} records applied)"
+    );
+    eprintln!("killed after {published_at_kill} of {N} published, {applied_before} of {total} records applied");
+    // The app goes on without a listener for a while.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut cfg = observing(server.url(), &store_dir, Duration::from_millis(200));
+    cfg.retention_max_age = None;
+    let handle = msgtrail_listener::start(cfg).await.unwrap();
+    producer.await.unwrap();
+    tokio::time::timeout(Duration::from_secs(20), app)
+        .await
+        .expect("the app consumes every message")
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(20), auditor)
+        .await
+        .expect("the auditor consumes every message")
+        .unwrap();
+
+    let store = handle.store().clone();
+    eventually("every message's records", || async {
+        (stage_records(&store) >= total).then_some(())
+    })
+    .await;
+    // Stragglers (events redelivered after the restart) have had time to arrive.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(stage_records(&store), total, "records counted once each");
+    for seq in 1..=N {
+        let t = observed(&store, seq).unwrap_or_else(|| panic!("message {seq} lost"));
+        // Every record once (the synthesized send hop shows the store hop's P2/P3 again).
+        let mut records: Vec<Rec> = t
+            .hops
+            .iter()
+            .filter(|h| h.kind != HopKind::Send)
+            .flat_map(|h| &h.events)
+            .chain(&t.other_records)
+            .map(|r| {
+                let c = r.consumer.as_ref().map(|c| c.to_string());
+                (c, r.stage, r.attempt, r.outcome.clone())
+            })
+            .collect();
+        records.sort();
+        let s = |x: &str| Some(x.to_owned());
+        let (b, a) = (s("billing"), s("audit"));
+        let mut want: Vec<Rec> = vec![
+            (None, Stage::UploadReceived, Some(1), s("observed")),
+            (None, Stage::Stored, Some(1), s("observed")),
+        ];
+        let mut last = |c: &Option<String>, first: Option<(Stage, &str)>| {
+            let n = match first {
+                Some((stage, outcome)) => {
+                    want.push((c.clone(), stage, Some(1), s(outcome)));
+                    2
+                }
+                None => 1,
+            };
+            want.push((c.clone(), Stage::PullSent, Some(n), None));
+            want.push((c.clone(), Stage::PullAckReceived, Some(n), s("ack")));
+        };
+        last(&b, naked(seq).then_some((Stage::PullAckReceived, "nack")));
+        last(&a, expired(seq).then_some((Stage::Redelivery, "redeliver")));
+        want.sort();
+        assert_eq!(records, want, "message {seq}");
+        assert_eq!(t.record_count, want.len(), "message {seq}");
+    }
+    handle.shutdown().await.unwrap();
+}
