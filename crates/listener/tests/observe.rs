@@ -721,3 +721,138 @@ async fn a_killed_observer_restarts_without_loss_or_double_counting() {
     }
     handle.shutdown().await.unwrap();
 }
+
+/// The app's pull consumer `name` with `sample_freq` `sample` (0: unset) and explicit acks.
+async fn sampled_consumer(
+    s: &jetstream::stream::Stream,
+    name: &str,
+    sample: u8,
+) -> consumer::PullConsumer {
+    s.create_consumer(consumer::pull::Config {
+        durable_name: Some(name.into()),
+        ack_policy: consumer::AckPolicy::Explicit,
+        ack_wait: Duration::from_secs(30),
+        sample_frequency: sample,
+        ..Default::default()
+    })
+    .await
+    .unwrap()
+}
+
+/// Consumers nats-server does not sample every ack of (`sample_freq` unset or under 100 %)
+/// are named as such by `GET /api/observe`, with the command that fixes them; their acks
+/// leave no record (nats-server emits no ack metric) while their naks still do (advisories
+/// are not sampled); `--observe-set-sample-freq` sets them to 100 % on the server, and the
+/// API then says every ack is sampled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unsampled_consumers_are_named_and_can_be_fixed() {
+    let server = NatsServer::start().unwrap();
+    let js = nats(&server).await;
+    let stream = orders(&js).await;
+    let sampled = sampled_consumer(&stream, "sampled", 100).await;
+    let unsampled = sampled_consumer(&stream, "unsampled", 0).await;
+    sampled_consumer(&stream, "half", 50).await;
+    let dir = tempfile::tempdir().unwrap();
+    let handle = msgtrail_listener::start(observing(
+        server.url(),
+        dir.path(),
+        Duration::from_millis(200),
+    ))
+    .await
+    .unwrap();
+    let api = |h: &msgtrail_listener::ListenerHandle| {
+        let c = client(h);
+        async move {
+            let (status, body) = c.get_raw("/api/observe").await.unwrap();
+            assert_eq!(status, 200);
+            let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            v["streams"]["ORDERS"]["consumers"].clone()
+        }
+    };
+    let cs = eventually("the three consumers discovered", || async {
+        let cs = api(&handle).await;
+        (cs.as_object()?.len() == 3).then_some(cs)
+    })
+    .await;
+    assert_eq!(cs["sampled"]["every_ack_sampled"], true);
+    assert!(cs["sampled"].get("fix").is_none());
+    for (name, freq) in [("unsampled", 0), ("half", 50)] {
+        assert_eq!(cs[name]["every_ack_sampled"], false, "{name}");
+        assert_eq!(cs[name]["sample_freq"], freq, "{name}");
+        assert_eq!(
+            cs[name]["fix"],
+            format!("nats consumer edit ORDERS {name} --sample 100 --force"),
+            "{name}"
+        );
+    }
+
+    // Both consumers ack message 1; "unsampled" naks it first.
+    js.publish("orders.eu", "one".into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    let m = sampled
+        .messages()
+        .await
+        .unwrap()
+        .next()
+        .await
+        .unwrap()
+        .unwrap();
+    m.ack().await.unwrap();
+    let mut u = unsampled.messages().await.unwrap();
+    let m = u.next().await.unwrap().unwrap();
+    m.ack_with(AckKind::Nak(None)).await.unwrap();
+    let m = u.next().await.unwrap().unwrap();
+    assert_eq!(m.info().unwrap().delivered, 2);
+    m.ack().await.unwrap();
+    let store = handle.store().clone();
+    let t = eventually("the sampled ack and the unsampled nak", || async {
+        let t = observed(&store, 1)?;
+        let ok = attempts(&t, "sampled")
+            .iter()
+            .any(|(n, e)| *n == 1 && has(e, Stage::PullAckReceived, "ack"));
+        let nak = attempts(&t, "unsampled")
+            .iter()
+            .any(|(n, e)| *n == 1 && has(e, Stage::PullAckReceived, "nack"));
+        (ok && nak).then_some(t)
+    })
+    .await;
+    // The unsampled ack of attempt 2 leaves nothing (give it time to show up if it would).
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let t2 = observed(&store, 1).unwrap();
+    assert_eq!(t2.record_count, t.record_count);
+    let u = attempts(&t2, "unsampled");
+    assert_eq!(
+        u.len(),
+        1,
+        "only the nak-ed attempt of the unsampled consumer: {u:?}"
+    );
+    handle.shutdown().await.unwrap();
+
+    // With --observe-set-sample-freq the listener raises both to 100 %.
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = observing(server.url(), dir.path(), Duration::from_millis(200));
+    cfg.observe.as_mut().unwrap().set_sample_freq = true;
+    let handle = msgtrail_listener::start(cfg).await.unwrap();
+    let cs = eventually("every consumer sampled", || async {
+        let cs = api(&handle).await;
+        let all = cs.as_object()?.len() == 3
+            && ["sampled", "unsampled", "half"]
+                .iter()
+                .all(|n| cs[n]["every_ack_sampled"] == true);
+        all.then_some(cs)
+    })
+    .await;
+    assert!(cs["unsampled"].get("fix").is_none());
+    for name in ["unsampled", "half"] {
+        let mut c: consumer::PullConsumer = stream.get_consumer(name).await.unwrap();
+        assert_eq!(
+            c.info().await.unwrap().config.sample_frequency,
+            100,
+            "{name}"
+        );
+    }
+    handle.shutdown().await.unwrap();
+}
