@@ -402,9 +402,9 @@ async fn observed_spans_reach_an_otlp_receiver() {
 }
 
 /// A push consumer (a deliver subject, explicit acks) is observed like a pull consumer:
-/// its deliveries are push deliveries (C1, C4) with their acks and naks, even when it is
-/// created after the listener started and used before discovery's next look (the default
-/// 5 s interval).
+/// its deliveries are push deliveries (C1, C4) with their acks, naks, expired ack waits and
+/// max deliveries, even when it is created after the listener started and used before
+/// discovery's next look (the default 5 s interval).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_push_consumer_is_observed() {
     let server = NatsServer::start().unwrap();
@@ -422,13 +422,14 @@ async fn a_push_consumer_is_observed() {
             durable_name: Some("shipping".into()),
             deliver_subject: "app.shipping.deliver".into(),
             ack_policy: consumer::AckPolicy::Explicit,
-            ack_wait: Duration::from_secs(30),
+            ack_wait: Duration::from_secs(1),
+            max_deliver: 3,
             sample_frequency: 100,
             ..Default::default()
         })
         .await
         .unwrap();
-    for body in ["ok", "nak-once"] {
+    for body in ["ok", "nak-once", "slow", "poison"] {
         js.publish("orders.eu", body.into())
             .await
             .unwrap()
@@ -436,19 +437,24 @@ async fn a_push_consumer_is_observed() {
             .unwrap();
     }
     let mut msgs = shipping.messages().await.unwrap();
-    let mut acked = 0;
-    while acked < 2 {
+    // "slow" is left unacked on its first delivery (its ack wait expires), "poison" on
+    // every one (max deliveries).
+    let (mut acked, mut poison) = (0, 0);
+    while acked < 3 || poison < 3 {
         let m = tokio::time::timeout(Duration::from_secs(10), msgs.next())
             .await
             .expect("the push consumer gets its messages")
             .unwrap()
             .unwrap();
         let delivered = m.info().unwrap().delivered;
-        if &*m.payload == b"nak-once" && delivered == 1 {
-            m.ack_with(AckKind::Nak(None)).await.unwrap();
-        } else {
-            m.ack().await.unwrap();
-            acked += 1;
+        match (&*m.payload, delivered) {
+            (b"nak-once", 1) => m.ack_with(AckKind::Nak(None)).await.unwrap(),
+            (b"slow", 1) => {}
+            (b"poison", _) => poison += 1,
+            _ => {
+                m.ack().await.unwrap();
+                acked += 1;
+            }
         }
     }
 
@@ -497,6 +503,28 @@ async fn a_push_consumer_is_observed() {
         "P2, P3, C4 nack, C1 + C4 ack: {:#?}",
         t.hops
     );
+
+    eventually(
+        "message 3's ack wait expired, then pushed again and acked",
+        || async {
+            let a = attempts(&observed(&store, 3)?, "shipping");
+            (a.iter()
+                .any(|(n, e)| *n == 1 && has(e, Stage::Redelivery, "redeliver"))
+                && a.iter()
+                    .any(|(n, e)| *n == 2 && has(e, Stage::PushAckReceived, "ack")))
+            .then_some(())
+        },
+    )
+    .await;
+    eventually("message 4 dead-lettered", || async {
+        let a = attempts(&observed(&store, 4)?, "shipping");
+        (a.iter()
+            .any(|(n, e)| *n == 3 && has(e, Stage::Redelivery, "dead_letter"))
+            && a.iter()
+                .any(|(n, e)| *n == 2 && has(e, Stage::Redelivery, "redeliver")))
+        .then_some(())
+    })
+    .await;
     // And the API says so.
     let (_, body) = client(&handle).get_raw("/api/observe").await.unwrap();
     let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
