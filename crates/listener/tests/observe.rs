@@ -231,6 +231,7 @@ async fn an_unmodified_jetstream_app_is_traced() {
     assert_eq!(status, 200);
     let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(v["streams"]["ORDERS"]["exists"], true);
+    assert_eq!(v["streams"]["ORDERS"]["reads_messages"], true);
     assert_eq!(
         v["streams"]["ORDERS"]["consumers"]["billing"]["every_ack_sampled"],
         true
@@ -280,7 +281,8 @@ fn observed(store: &msgtrail_listener::Store, seq: u64) -> Option<Trajectory> {
 /// message ID's (or the producer's, from a stored `traceparent`, the root span then a child
 /// of the producer's span); there is one span per hop — send, store, deliver (whose events
 /// hold the delivery and the ack) — each with the span ID the hop key gives and the
-/// observe attributes; none is exported twice.
+/// observe attributes; none is exported twice, even though the deliveries are stored
+/// before the stored messages are read.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn observed_spans_reach_an_otlp_receiver() {
     use msgtrail_core::trace_ids::{hex, span_id, Hop};
@@ -289,11 +291,11 @@ async fn observed_spans_reach_an_otlp_receiver() {
 
     let server = NatsServer::start().unwrap();
     let js = nats(&server).await;
-    let stream = orders(&js).await;
-    let billing = app_consumer(&stream, "billing").await;
     let mut rx = OtlpReceiver::start_grpc().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = observing(server.url(), dir.path(), Duration::from_millis(200));
+    // The stream appears after the listener started, so its stored messages are read only
+    // at discovery's next look, after the deliveries and acks: the spans must wait for them.
+    let mut cfg = observing(server.url(), dir.path(), Duration::from_millis(1500));
     cfg.otel = Some(PipelineConfig {
         export: ExportConfig {
             protocol: Protocol::Grpc,
@@ -305,6 +307,8 @@ async fn observed_spans_reach_an_otlp_receiver() {
         ..Default::default()
     });
     let handle = msgtrail_listener::start(cfg).await.unwrap();
+    let stream = orders(&js).await;
+    let billing = app_consumer(&stream, "billing").await;
 
     // seq 1 with the producer's traceparent, seq 2 without; billing acks both.
     let mut hs = async_nats::HeaderMap::new();
