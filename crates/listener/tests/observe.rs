@@ -888,3 +888,77 @@ async fn unsampled_consumers_are_named_and_can_be_fixed() {
     }
     handle.shutdown().await.unwrap();
 }
+
+/// A work-queue stream refuses msgtrail's headers-only consumer beside the app's unfiltered
+/// one: `GET /api/observe` says it does not read the messages, and the deliveries are
+/// exported all the same, at once (not held for a stored message that cannot come), in the
+/// trace of the observed message ID.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_work_queue_stream_is_exported_without_store_hops() {
+    use msgtrail_otel::{ExportConfig, PipelineConfig, Protocol};
+    use msgtrail_test_support::OtlpReceiver;
+
+    let server = NatsServer::start().unwrap();
+    let js = nats(&server).await;
+    let stream = js
+        .create_stream(jetstream::stream::Config {
+            name: "ORDERS".into(),
+            subjects: vec!["orders.>".into()],
+            retention: jetstream::stream::RetentionPolicy::WorkQueue,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let billing = app_consumer(&stream, "billing").await;
+    let mut rx = OtlpReceiver::start_grpc().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = observing(server.url(), dir.path(), Duration::from_millis(200));
+    cfg.otel = Some(PipelineConfig {
+        export: ExportConfig {
+            protocol: Protocol::Grpc,
+            endpoint: Some(rx.endpoint()),
+            batch_delay: Duration::from_millis(10),
+            ..Default::default()
+        },
+        grace: Duration::from_millis(100),
+        ..Default::default()
+    });
+    let handle = msgtrail_listener::start(cfg).await.unwrap();
+    let v = eventually("the stream found, its messages not readable", || async {
+        let (_, body) = client(&handle).get_raw("/api/observe").await.ok()?;
+        let v: serde_json::Value = serde_json::from_slice(&body).ok()?;
+        let s = v["streams"]["ORDERS"].clone();
+        (s["exists"] == true && s["consumers"].get("billing").is_some()).then_some(s)
+    })
+    .await;
+    assert_eq!(v["reads_messages"], false, "{v}");
+
+    js.publish("orders.eu", "one".into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    let mut b = billing.messages().await.unwrap();
+    b.next().await.unwrap().unwrap().ack().await.unwrap();
+    let t0 = tokio::time::Instant::now();
+    let spans = rx.spans(1, Duration::from_secs(20)).await;
+    assert!(
+        t0.elapsed() < Duration::from_secs(10),
+        "exported at once, not after the hold's limit: {:?}",
+        t0.elapsed()
+    );
+    let id = observed_message_id("ORDERS", 1);
+    let keys: Vec<_> = spans.iter().map(|s| s.attr("msgtrail.hop.key")).collect();
+    let deliver: Vec<_> = spans
+        .iter()
+        .filter(|s| s.attr("msgtrail.hop.key").as_deref() == Some("deliver/billing/billing/1"))
+        .collect();
+    assert_eq!(deliver.len(), 1, "{keys:?}");
+    assert_eq!(deliver[0].trace_hex(), id.trace_hex());
+    assert_eq!(deliver[0].service_name, "nats-server");
+    assert_eq!(
+        deliver[0].attr("msgtrail.delivery.mode").as_deref(),
+        Some("pull")
+    );
+    handle.shutdown().await.unwrap();
+}
