@@ -39,8 +39,8 @@ impl Held {
     /// The export's hold: whether `t` waits for its stored message ([`held`]), for
     /// [`MAX_HOLD`] at most; remembers it for [`recheck`] while it does.
     pub(crate) fn hold(&self, t: &Trajectory, status: &ObserveStatus) -> bool {
-        let Some(id) = t.message_id else {
-            return false;
+        let Some(id) = t.message_id.filter(|m| m.is_observed()) else {
+            return false; // a broker's message: no lock taken
         };
         let waits = held(t, status);
         let mut ids = self.ids.lock().unwrap_or_else(|p| p.into_inner());
