@@ -279,8 +279,8 @@ fn observed(store: &msgtrail_listener::Store, seq: u64) -> Option<Trajectory> {
 
 /// The spans of an observed app at a real OTLP receiver: the trace ID is the observed
 /// message ID's (or the producer's, from a stored `traceparent`, the root span then a child
-/// of the producer's span); there is one span per hop — send, store, deliver (whose events
-/// hold the delivery and the ack) — each with the span ID the hop key gives and the
+/// of the producer's span); there is one span per hop — send, store, a deliver per consumer
+/// (a pull and a push one; its events hold the delivery and the ack) — each with the span ID the hop key gives and the
 /// observe attributes; none is exported twice, even though the deliveries are stored
 /// before the stored messages are read.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -307,8 +307,20 @@ async fn observed_spans_reach_an_otlp_receiver() {
         ..Default::default()
     });
     let handle = msgtrail_listener::start(cfg).await.unwrap();
+    // The stored reader's first look (the stream not there) is over.
+    tokio::time::sleep(Duration::from_millis(300)).await;
     let stream = orders(&js).await;
     let billing = app_consumer(&stream, "billing").await;
+    let shipping = stream
+        .create_consumer(consumer::push::Config {
+            durable_name: Some("shipping".into()),
+            deliver_subject: "app.shipping.deliver".into(),
+            ack_policy: consumer::AckPolicy::Explicit,
+            sample_frequency: 100,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
 
     // seq 1 with the producer's traceparent, seq 2 without; billing acks both.
     let mut hs = async_nats::HeaderMap::new();
@@ -325,17 +337,20 @@ async fn observed_spans_reach_an_otlp_receiver() {
         .await
         .unwrap();
     let mut b = billing.messages().await.unwrap();
+    let mut p = shipping.messages().await.unwrap();
     for _ in 0..2 {
         b.next().await.unwrap().unwrap().ack().await.unwrap();
+        p.next().await.unwrap().unwrap().ack().await.unwrap();
     }
 
-    let spans = rx.spans(6, Duration::from_secs(20)).await;
+    let spans = rx.spans(8, Duration::from_secs(20)).await;
     let names: Vec<(String, Option<String>)> = spans
         .iter()
         .map(|s| (s.trace_hex(), s.attr("msgtrail.hop.key")))
         .collect();
-    assert_eq!(spans.len(), 6, "{names:#?}");
+    assert_eq!(spans.len(), 8, "{names:#?}");
     let deliver_key = "deliver/billing/billing/1";
+    let push_key = "deliver/shipping/shipping/1";
     for (seq, trace) in [
         (1u64, "0af7651916cd43dd8448eb211c80319c".to_owned()),
         (2, observed_message_id("ORDERS", 2).trace_hex()),
@@ -349,7 +364,7 @@ async fn observed_spans_reach_an_otlp_receiver() {
         keys.sort();
         assert_eq!(
             keys,
-            [deliver_key, "send", "store"],
+            [deliver_key, push_key, "send", "store"],
             "seq {seq}: {names:#?}"
         );
         for s in &mine {
@@ -367,33 +382,41 @@ async fn observed_spans_reach_an_otlp_receiver() {
                 .find(|s| s.attr("msgtrail.hop.key").as_deref() == Some(key))
                 .unwrap()
         };
-        let (send, store, deliver) = (span("send"), span("store"), span(deliver_key));
+        let (send, store) = (span("send"), span("store"));
         // The send span is the root: the producer's span is its parent when the message
         // carried a traceparent; store and deliver hang below it.
         let root_parent = if seq == 1 { "b7ad6b7169203331" } else { "" };
         assert_eq!(send.parent_hex(), root_parent, "seq {seq}");
         assert_eq!(store.parent_hex(), send.span_hex(), "seq {seq}");
-        assert_ne!(deliver.parent_hex(), "", "seq {seq}");
-        assert!(
-            mine.iter().any(|s| s.span_hex() == deliver.parent_hex()),
-            "seq {seq}: the deliver span's parent is in the trace"
-        );
         assert_eq!(store.service_name, "nats-server");
-        assert_eq!(
-            deliver.attr("msgtrail.delivery.mode").as_deref(),
-            Some("pull")
-        );
-        let events: Vec<&str> = deliver
-            .span
-            .events
-            .iter()
-            .map(|e| e.name.as_str())
-            .collect();
-        assert!(
-            events.iter().any(|e| e.starts_with("C5 "))
-                && events.iter().any(|e| e.starts_with("C8 ")),
-            "seq {seq}: the deliver span holds the delivery and the ack: {events:?}"
-        );
+        // Pull deliveries are C5 → C8, push deliveries C1 → C4, the ack the last event.
+        for (key, mode, sent, acked) in [
+            (deliver_key, "pull", "C5 ", "C8 "),
+            (push_key, "push", "C1 ", "C4 "),
+        ] {
+            let deliver = span(key);
+            assert_ne!(deliver.parent_hex(), "", "seq {seq} {key}");
+            assert!(
+                mine.iter().any(|s| s.span_hex() == deliver.parent_hex()),
+                "seq {seq} {key}: the deliver span's parent is in the trace"
+            );
+            assert_eq!(
+                deliver.attr("msgtrail.delivery.mode").as_deref(),
+                Some(mode),
+                "seq {seq} {key}"
+            );
+            let events: Vec<&str> = deliver
+                .span
+                .events
+                .iter()
+                .map(|e| e.name.as_str())
+                .collect();
+            assert!(
+                events.iter().any(|e| e.starts_with(sent))
+                    && events.iter().any(|e| e.starts_with(acked)),
+                "seq {seq} {key}: the deliver span holds the delivery and the ack: {events:?}"
+            );
+        }
         let store_events: Vec<&str> = store.span.events.iter().map(|e| e.name.as_str()).collect();
         assert!(
             store_events.iter().any(|e| e.starts_with("P3 ")),
