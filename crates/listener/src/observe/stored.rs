@@ -2,6 +2,9 @@
 //! consumer (`<durable>-observe`): each becomes its P2/P3 ([`super::records::stored_records`]).
 //! The consumer is created when the stream appears (retried every discovery interval), and
 //! reads from the stream's first message; a restart resumes where its acks stopped.
+//! Where it is ([`Reader`]: waiting, reading, refused by the stream) goes to the shared
+//! status: the API shows it (`reads_messages`) and the trace export's hold asks it
+//! (`super::hold`).
 
 use super::discovery::Reader;
 use super::records::{stored_records, StoredMessage};
