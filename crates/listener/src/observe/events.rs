@@ -28,6 +28,18 @@ use std::time::{Duration, Instant};
 
 /// How soon an event of an unknown consumer may make the reader look at a stream again.
 const RELEARN: Duration = Duration::from_secs(1);
+/// Most consumers remembered as not found by a look (ephemeral ones); then forgotten.
+const NOT_FOUND: usize = 10_000;
+
+/// What the event reader remembers of its looks for consumers discovery did not know.
+#[derive(Debug, Default)]
+struct Relearn {
+    /// When each stream was last looked at.
+    last: HashMap<String, Instant>,
+    /// (stream, consumer) a look did not find: ephemeral, taken as pull, not looked for
+    /// again.
+    not_found: HashSet<(String, String)>,
+}
 
 /// The consumer of `MSGTRAIL_OBSERVE`.
 pub(crate) fn consumer_config(
@@ -63,27 +75,25 @@ fn stored_outcome(store: &Store, id: MessageId, consumer: &str, attempt: u32) ->
 }
 
 /// Looks again at the streams whose events in `msgs` name consumers discovery has not
-/// seen (at most once per [`RELEARN`] per stream, `last` remembering when), so that their
-/// mode is known before the events are decoded. Ephemeral consumers stay unknown (pull).
-async fn learn_consumers(
-    obs: &Observer,
-    msgs: &[jetstream::Message],
-    last: &mut HashMap<String, Instant>,
-) {
-    let mut streams: Vec<&str> = msgs
+/// seen (at most once per [`RELEARN`] per stream), so that their mode is known before the
+/// events are decoded. A consumer such a look does not find (an ephemeral one) stays
+/// unknown (pull) and makes no further look.
+async fn learn_consumers(obs: &Observer, msgs: &[jetstream::Message], memo: &mut Relearn) {
+    let unknown: Vec<(&str, &str)> = msgs
         .iter()
         .filter_map(|m| subject_names(m.subject.as_str()))
         .filter(|(s, c)| !obs.status.knows(s, c))
-        .map(|(s, _)| s)
-        .filter(|s| obs.config.streams.iter().any(|o| o == s))
+        .filter(|(s, _)| obs.config.streams.iter().any(|o| o == s))
+        .filter(|(s, c)| !memo.not_found.contains(&((*s).to_owned(), (*c).to_owned())))
         .collect();
+    let mut streams: Vec<&str> = unknown.iter().map(|(s, _)| *s).collect();
     streams.sort_unstable();
     streams.dedup();
     for s in streams {
-        if last.get(s).is_some_and(|t| t.elapsed() < RELEARN) {
+        if memo.last.get(s).is_some_and(|t| t.elapsed() < RELEARN) {
             continue;
         }
-        last.insert(s.to_owned(), Instant::now());
+        memo.last.insert(s.to_owned(), Instant::now());
         tracing::debug!(stream = %s, "event of a consumer not discovered yet: looking at the stream again");
         let _ = super::discovery::discover(
             &obs.js,
@@ -93,6 +103,15 @@ async fn learn_consumers(
             obs.config.set_sample_freq,
         )
         .await;
+        if memo.not_found.len() >= NOT_FOUND {
+            memo.not_found.clear();
+        }
+        for (_, c) in unknown
+            .iter()
+            .filter(|(us, c)| *us == s && !obs.status.knows(s, c))
+        {
+            memo.not_found.insert((s.to_owned(), (*c).to_owned()));
+        }
     }
 }
 
@@ -151,7 +170,7 @@ pub(crate) async fn run(
         .await
         .map_err(|e| crate::ListenerError::nats("observe events consumer", e))?;
     let mut chunks = messages.ready_chunks(obs.batch_size);
-    let mut relearned = HashMap::new();
+    let mut relearned = Relearn::default();
     loop {
         let chunk = tokio::select! {
             _ = obs.stop.cancelled() => return Ok(()),
