@@ -3,6 +3,10 @@
 //! it: when the channel is full the trajectory is counted as dropped (the pipeline would see
 //! it again on its next change or watchdog tick).
 //!
+//! A source whose trajectories are not ready yet can hold them back
+//! ([`ExportSender::hold_back`], observe mode until an observed message's stored copy is
+//! in): a held trajectory is not offered, and is offered again with its next change.
+//!
 //! Everything else is the pipeline's: the grace for stragglers, the trajectories kept until
 //! their hops are due (looked at again by [`TracePipeline::tick`], called here on a timer),
 //! sampling, and the exporter's queue. This task only calls `observe`, `tick` and, at the
@@ -12,7 +16,7 @@ use msgtrail_core::time::now_nanos;
 use msgtrail_core::trajectory::Trajectory;
 use msgtrail_otel::{PipelineConfig, TracePipeline};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -24,18 +28,47 @@ const TICK: Duration = Duration::from_millis(250);
 /// How long the exporter may take to drain at shutdown.
 const DRAIN: Duration = Duration::from_secs(5);
 
+/// Says whether a trajectory is held back from the export for now.
+pub(crate) type Hold = Box<dyn Fn(&Trajectory) -> bool + Send + Sync>;
+
+/// The hold every clone of a sender shares, set once.
+#[derive(Clone, Default)]
+struct SharedHold(Arc<OnceLock<Hold>>);
+
+impl std::fmt::Debug for SharedHold {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.get().is_some() {
+            "SharedHold(set)"
+        } else {
+            "SharedHold(none)"
+        })
+    }
+}
+
 /// The ingest side: hands trajectories to the export task without waiting.
 #[derive(Debug, Clone)]
 pub(crate) struct ExportSender {
     tx: mpsc::Sender<Trajectory>,
     dropped: Arc<AtomicU64>,
     exporter: msgtrail_otel::ExportHandle,
+    hold: SharedHold,
 }
 
 impl ExportSender {
-    /// Offers trajectories; those that do not fit are counted as dropped.
+    /// Holds back, from now on and for every clone of this sender, the trajectories `hold`
+    /// says are not ready; `false` when a hold was set already (it is kept).
+    pub(crate) fn hold_back(&self, hold: Hold) -> bool {
+        self.hold.0.set(hold).is_ok()
+    }
+
+    /// Offers trajectories; those that do not fit are counted as dropped, those held back
+    /// ([`ExportSender::hold_back`]) are left for their next change.
     pub(crate) fn offer(&self, ts: Vec<Trajectory>) {
+        let hold = self.hold.0.get();
         for t in ts {
+            if hold.is_some_and(|h| h(&t)) {
+                continue;
+            }
             if self.tx.try_send(t).is_err() {
                 self.dropped.fetch_add(1, Ordering::Relaxed);
             }
@@ -78,6 +111,7 @@ pub(crate) fn spawn(
         tx,
         dropped: Arc::new(AtomicU64::new(0)),
         exporter: pipeline.handle().clone(),
+        hold: SharedHold::default(),
     };
     let task = async move {
         let mut tick = tokio::time::interval(TICK);

@@ -2,7 +2,9 @@
 //! (its own stream, two durable pull consumers with explicit acks, acks, a nak with delay,
 //! a term, a poison message reaching max deliveries) and a listener started with
 //! `observe: ORDERS`; every message's trajectory has the right hops, attempts and outcomes,
-//! and a message sent with a W3C `traceparent` joins that trace.
+//! and a message sent with a W3C `traceparent` joins that trace. Then: the spans at a real
+//! OTLP receiver, a push consumer, and a listener killed (SIGKILL) and restarted while the
+//! app keeps running.
 
 use async_nats::jetstream::{self, consumer, AckKind};
 use futures::StreamExt;
@@ -229,6 +231,7 @@ async fn an_unmodified_jetstream_app_is_traced() {
     assert_eq!(status, 200);
     let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(v["streams"]["ORDERS"]["exists"], true);
+    assert_eq!(v["streams"]["ORDERS"]["reads_messages"], true);
     assert_eq!(
         v["streams"]["ORDERS"]["consumers"]["billing"]["every_ack_sampled"],
         true
@@ -236,5 +239,749 @@ async fn an_unmodified_jetstream_app_is_traced() {
     assert!(v["streams"]["ORDERS"]["consumers"]
         .get("msgtrail-listener-observe")
         .is_none());
+    handle.shutdown().await.unwrap();
+}
+
+/// A listener's settings observing `ORDERS` on `server` with its store in `dir`: small
+/// batches, short ack wait, discovery every `discovery`.
+fn observing(server_url: &str, dir: &std::path::Path, discovery: Duration) -> ListenerConfig {
+    let mut observe = ObserveConfig::streams(["ORDERS"]);
+    observe.discovery_interval = discovery;
+    ListenerConfig {
+        nats: msgtrail_nats::NatsOptions::url(server_url),
+        data_dir: dir.to_path_buf(),
+        http_addr: "127.0.0.1:0".parse().unwrap(),
+        batch_size: 4,
+        ack_wait: Duration::from_secs(1),
+        watchdog_interval: Duration::from_millis(100),
+        retention_interval: Duration::from_millis(100),
+        observe: Some(observe),
+        ..Default::default()
+    }
+}
+
+/// The app's stream `ORDERS` on `orders.>`.
+async fn orders(js: &jetstream::Context) -> jetstream::stream::Stream {
+    js.create_stream(jetstream::stream::Config {
+        name: "ORDERS".into(),
+        subjects: vec!["orders.>".into()],
+        ..Default::default()
+    })
+    .await
+    .unwrap()
+}
+
+/// The trajectory of the message at `seq` of `ORDERS`, if the store has it.
+fn observed(store: &msgtrail_listener::Store, seq: u64) -> Option<Trajectory> {
+    let key = observed_message_id("ORDERS", seq).to_string();
+    store.trajectory(&key, now()).ok().flatten()
+}
+
+/// The spans of an observed app at a real OTLP receiver: the trace ID is the observed
+/// message ID's (or the producer's, from a stored `traceparent`, the root span then a child
+/// of the producer's span); there is one span per hop — send, store, a deliver per consumer
+/// (a pull and a push one; its events hold the delivery and the ack) — each with the span ID the hop key gives and the
+/// observe attributes; none is exported twice, even though the deliveries are stored
+/// before the stored messages are read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn observed_spans_reach_an_otlp_receiver() {
+    use msgtrail_core::trace_ids::{hex, span_id, Hop};
+    use msgtrail_otel::{ExportConfig, PipelineConfig, Protocol};
+    use msgtrail_test_support::OtlpReceiver;
+
+    let server = NatsServer::start().unwrap();
+    let js = nats(&server).await;
+    let mut rx = OtlpReceiver::start_grpc().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    // The stream appears after the listener started, so its stored messages are read only
+    // at discovery's next look, after the deliveries and acks: the spans must wait for them.
+    let mut cfg = observing(server.url(), dir.path(), Duration::from_millis(1500));
+    cfg.otel = Some(PipelineConfig {
+        export: ExportConfig {
+            protocol: Protocol::Grpc,
+            endpoint: Some(rx.endpoint()),
+            batch_delay: Duration::from_millis(10),
+            ..Default::default()
+        },
+        grace: Duration::from_millis(100),
+        ..Default::default()
+    });
+    let handle = msgtrail_listener::start(cfg).await.unwrap();
+    // The stored reader's first look (the stream not there) is over.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let stream = orders(&js).await;
+    let billing = app_consumer(&stream, "billing").await;
+    let shipping = stream
+        .create_consumer(consumer::push::Config {
+            durable_name: Some("shipping".into()),
+            deliver_subject: "app.shipping.deliver".into(),
+            ack_policy: consumer::AckPolicy::Explicit,
+            sample_frequency: 100,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+
+    // seq 1 with the producer's traceparent, seq 2 without; billing acks both.
+    let mut hs = async_nats::HeaderMap::new();
+    hs.insert("Nats-Msg-Id", "ord-otlp-1");
+    hs.insert("traceparent", TRACEPARENT);
+    js.publish_with_headers("orders.eu", hs, "one".into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    js.publish("orders.us", "two".into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    let mut b = billing.messages().await.unwrap();
+    let mut p = shipping.messages().await.unwrap();
+    for _ in 0..2 {
+        b.next().await.unwrap().unwrap().ack().await.unwrap();
+        p.next().await.unwrap().unwrap().ack().await.unwrap();
+    }
+
+    let spans = rx.spans(8, Duration::from_secs(20)).await;
+    let names: Vec<(String, Option<String>)> = spans
+        .iter()
+        .map(|s| (s.trace_hex(), s.attr("msgtrail.hop.key")))
+        .collect();
+    assert_eq!(spans.len(), 8, "{names:#?}");
+    let deliver_key = "deliver/billing/billing/1";
+    let push_key = "deliver/shipping/shipping/1";
+    for (seq, trace) in [
+        (1u64, "0af7651916cd43dd8448eb211c80319c".to_owned()),
+        (2, observed_message_id("ORDERS", 2).trace_hex()),
+    ] {
+        let id = observed_message_id("ORDERS", seq);
+        let mine: Vec<_> = spans.iter().filter(|s| s.trace_hex() == trace).collect();
+        let mut keys: Vec<String> = mine
+            .iter()
+            .map(|s| s.attr("msgtrail.hop.key").unwrap())
+            .collect();
+        keys.sort();
+        assert_eq!(
+            keys,
+            [deliver_key, push_key, "send", "store"],
+            "seq {seq}: {names:#?}"
+        );
+        for s in &mine {
+            let key = s.attr("msgtrail.hop.key").unwrap();
+            let hop = Hop::parse(&key).unwrap();
+            assert_eq!(s.span_hex(), hex(&span_id(&id, &hop)), "seq {seq} {key}");
+            assert_eq!(s.attr("msgtrail.observed").as_deref(), Some("true"));
+            assert_eq!(s.attr("msgtrail.observe.stream").as_deref(), Some("ORDERS"));
+            assert_eq!(s.attr("msgtrail.observe.stream_seq"), Some(seq.to_string()));
+            assert_eq!(s.attr("messaging.message.id"), Some(id.to_string()));
+        }
+        let span = |key: &str| {
+            *mine
+                .iter()
+                .find(|s| s.attr("msgtrail.hop.key").as_deref() == Some(key))
+                .unwrap()
+        };
+        let (send, store) = (span("send"), span("store"));
+        // The send span is the root: the producer's span is its parent when the message
+        // carried a traceparent; store and deliver hang below it.
+        let root_parent = if seq == 1 { "b7ad6b7169203331" } else { "" };
+        assert_eq!(send.parent_hex(), root_parent, "seq {seq}");
+        assert_eq!(store.parent_hex(), send.span_hex(), "seq {seq}");
+        assert_eq!(store.service_name, "nats-server");
+        // Pull deliveries are C5 → C8, push deliveries C1 → C4, the ack the last event.
+        for (key, mode, sent, acked) in [
+            (deliver_key, "pull", "C5 ", "C8 "),
+            (push_key, "push", "C1 ", "C4 "),
+        ] {
+            let deliver = span(key);
+            assert_ne!(deliver.parent_hex(), "", "seq {seq} {key}");
+            assert!(
+                mine.iter().any(|s| s.span_hex() == deliver.parent_hex()),
+                "seq {seq} {key}: the deliver span's parent is in the trace"
+            );
+            assert_eq!(
+                deliver.attr("msgtrail.delivery.mode").as_deref(),
+                Some(mode),
+                "seq {seq} {key}"
+            );
+            let events: Vec<&str> = deliver
+                .span
+                .events
+                .iter()
+                .map(|e| e.name.as_str())
+                .collect();
+            assert!(
+                events.iter().any(|e| e.starts_with(sent))
+                    && events.iter().any(|e| e.starts_with(acked)),
+                "seq {seq} {key}: the deliver span holds the delivery and the ack: {events:?}"
+            );
+        }
+        let store_events: Vec<&str> = store.span.events.iter().map(|e| e.name.as_str()).collect();
+        assert!(
+            store_events.iter().any(|e| e.starts_with("P3 ")),
+            "seq {seq}: {store_events:?}"
+        );
+    }
+    handle.shutdown().await.unwrap();
+    let more = rx.spans(1, Duration::from_millis(300)).await;
+    assert!(more.is_empty(), "{} spans exported twice", more.len());
+}
+
+/// A push consumer (a deliver subject, explicit acks) is observed like a pull consumer:
+/// its deliveries are push deliveries (C1, C4) with their acks, naks, expired ack waits and
+/// max deliveries, even when it is created after the listener started and used before
+/// discovery's next look (the default 5 s interval).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_push_consumer_is_observed() {
+    let server = NatsServer::start().unwrap();
+    let js = nats(&server).await;
+    let stream = orders(&js).await;
+    let dir = tempfile::tempdir().unwrap();
+    let handle =
+        msgtrail_listener::start(observing(server.url(), dir.path(), Duration::from_secs(5)))
+            .await
+            .unwrap();
+    // Discovery's first looks are over before the app creates its consumer.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let shipping = stream
+        .create_consumer(consumer::push::Config {
+            durable_name: Some("shipping".into()),
+            deliver_subject: "app.shipping.deliver".into(),
+            ack_policy: consumer::AckPolicy::Explicit,
+            ack_wait: Duration::from_secs(1),
+            max_deliver: 3,
+            sample_frequency: 100,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    for body in ["ok", "nak-once", "slow", "poison"] {
+        js.publish("orders.eu", body.into())
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+    let mut msgs = shipping.messages().await.unwrap();
+    // "slow" is left unacked on its first delivery (its ack wait expires), "poison" on
+    // every one (max deliveries).
+    let (mut acked, mut poison) = (0, 0);
+    while acked < 3 || poison < 3 {
+        let m = tokio::time::timeout(Duration::from_secs(10), msgs.next())
+            .await
+            .expect("the push consumer gets its messages")
+            .unwrap()
+            .unwrap();
+        let delivered = m.info().unwrap().delivered;
+        match (&*m.payload, delivered) {
+            (b"nak-once", 1) => m.ack_with(AckKind::Nak(None)).await.unwrap(),
+            (b"slow", 1) => {}
+            (b"poison", _) => poison += 1,
+            _ => {
+                m.ack().await.unwrap();
+                acked += 1;
+            }
+        }
+    }
+
+    let store = handle.store().clone();
+    let t = eventually("message 1 pushed and acked", || async {
+        let t = observed(&store, 1)?;
+        attempts(&t, "shipping")
+            .iter()
+            .any(|(n, e)| *n == 1 && has(e, Stage::PushAckReceived, "ack"))
+            .then_some(t)
+    })
+    .await;
+    let d: Vec<_> = t
+        .hops
+        .iter()
+        .filter(|h| h.kind == HopKind::Deliver)
+        .collect();
+    assert_eq!(d.len(), 1, "{:#?}", t.hops);
+    assert_eq!(
+        d[0].mode,
+        Some(msgtrail_core::trajectory::DeliveryMode::Push)
+    );
+    assert_eq!(
+        d[0].events.iter().map(|r| r.stage).collect::<Vec<_>>(),
+        [Stage::PushSent, Stage::PushAckReceived]
+    );
+    let t = eventually("message 2 naked, then pushed again and acked", || async {
+        let t = observed(&store, 2)?;
+        let a = attempts(&t, "shipping");
+        (a.iter()
+            .any(|(n, e)| *n == 1 && has(e, Stage::PushAckReceived, "nack"))
+            && a.iter()
+                .any(|(n, e)| *n == 2 && has(e, Stage::PushAckReceived, "ack")))
+        .then_some(t)
+    })
+    .await;
+    // No pull stage anywhere: the consumer is known as a push consumer from its first event.
+    let pull = t
+        .hops
+        .iter()
+        .flat_map(|h| &h.events)
+        .any(|r| matches!(r.stage, Stage::PullSent | Stage::PullAckReceived));
+    assert!(!pull, "{:#?}", t.hops);
+    assert_eq!(
+        t.record_count, 5,
+        "P2, P3, C4 nack, C1 + C4 ack: {:#?}",
+        t.hops
+    );
+
+    eventually(
+        "message 3's ack wait expired, then pushed again and acked",
+        || async {
+            let a = attempts(&observed(&store, 3)?, "shipping");
+            (a.iter()
+                .any(|(n, e)| *n == 1 && has(e, Stage::Redelivery, "redeliver"))
+                && a.iter()
+                    .any(|(n, e)| *n == 2 && has(e, Stage::PushAckReceived, "ack")))
+            .then_some(())
+        },
+    )
+    .await;
+    eventually("message 4 dead-lettered", || async {
+        let a = attempts(&observed(&store, 4)?, "shipping");
+        (a.iter()
+            .any(|(n, e)| *n == 3 && has(e, Stage::Redelivery, "dead_letter"))
+            && a.iter()
+                .any(|(n, e)| *n == 2 && has(e, Stage::Redelivery, "redeliver")))
+        .then_some(())
+    })
+    .await;
+    // And the API says so.
+    let (_, body) = client(&handle).get_raw("/api/observe").await.unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(
+        v["streams"]["ORDERS"]["consumers"]["shipping"]["mode"],
+        "push"
+    );
+    handle.shutdown().await.unwrap();
+}
+
+/// One record as the restart test compares them: (consumer, stage, attempt, outcome).
+type Rec = (Option<String>, Stage, Option<u32>, Option<String>);
+
+/// Records applied to `store` so far (the sum of its `stage.*` counters, one per distinct
+/// record).
+fn stage_records(store: &msgtrail_listener::Store) -> u64 {
+    store
+        .counters()
+        .unwrap()
+        .iter()
+        .filter(|(k, _)| k.starts_with("stage."))
+        .map(|(_, v)| *v)
+        .sum()
+}
+
+/// Not a test on its own: the restart test runs this test binary again with only this
+/// test, as an observing listener process it can SIGKILL. Without the environment it does
+/// nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "run by a_killed_observer_restarts_without_loss_or_double_counting as its child"]
+async fn child_observer_process() {
+    let Some((url, dir, addr_file)) = child_settings() else {
+        return;
+    };
+    let mut cfg = observing(&url, &dir, Duration::from_millis(200));
+    // Small batches: many transactions, so the kill lands between some of them.
+    cfg.batch_size = 2;
+    cfg.retention_max_age = None;
+    let handle = msgtrail_listener::start(cfg).await.unwrap();
+    announce_address(&handle, &addr_file);
+    std::future::pending::<()>().await;
+}
+
+/// The observing listener is killed with SIGKILL mid-run while the app keeps publishing,
+/// consuming, acking and nak-ing, and started again on the same store: every observed
+/// message ends with exactly its records (P2, P3; per consumer C5 + C8 ack, with before
+/// them a C8 nack for billing's nak-ed messages, an R1 "ack wait expired" for audit's
+/// unacked first attempts), none lost and none counted twice, in each trajectory and in the
+/// store's counters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_observer_restarts_without_loss_or_double_counting() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+    const N: u64 = 80;
+    // billing naks these once; audit lets their first attempt's ack wait expire.
+    let naked = |seq: u64| seq.is_multiple_of(10);
+    let expired = |seq: u64| seq % 10 == 5;
+    let expected = |seq: u64| 6 + u64::from(naked(seq)) + u64::from(expired(seq));
+    let total: u64 = (1..=N).map(expected).sum();
+
+    let server = NatsServer::start().unwrap();
+    let js = nats(&server).await;
+    let stream = orders(&js).await;
+    let billing = stream
+        .create_consumer(consumer::pull::Config {
+            durable_name: Some("billing".into()),
+            ack_policy: consumer::AckPolicy::Explicit,
+            // Long: no redelivery but the nak's.
+            ack_wait: Duration::from_secs(30),
+            sample_frequency: 100,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let store_dir = dir.path().join("store");
+    let addr_file = dir.path().join("child.addr");
+    let mut child = spawn_test_child(
+        "child_observer_process",
+        server.url(),
+        &store_dir,
+        &addr_file,
+    );
+    let c = child_client(&addr_file).await;
+
+    // The app: publishes N messages over about 2 s; consumes them, nak-ing every tenth
+    // once (by its sequence), acking the rest.
+    let published = Arc::new(AtomicU64::new(0));
+    let producer = {
+        let (js, published) = (js.clone(), published.clone());
+        tokio::spawn(async move {
+            for i in 1..=N {
+                js.publish("orders.eu", format!("order {i}").into())
+                    .await
+                    .unwrap()
+                    .await
+                    .unwrap();
+                published.store(i, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(25)).await;
+            }
+        })
+    };
+    let audit = stream
+        .create_consumer(consumer::pull::Config {
+            durable_name: Some("audit".into()),
+            ack_policy: consumer::AckPolicy::Explicit,
+            ack_wait: Duration::from_secs(1),
+            sample_frequency: 100,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let auditor = tokio::spawn(async move {
+        let mut msgs = audit.messages().await.unwrap();
+        let mut acked = 0;
+        while acked < N {
+            let m = msgs.next().await.unwrap().unwrap();
+            let info = m.info().unwrap();
+            if !(expired(info.stream_sequence) && info.delivered == 1) {
+                m.ack().await.unwrap();
+                acked += 1;
+            }
+        }
+    });
+    let app = tokio::spawn(async move {
+        let mut msgs = billing.messages().await.unwrap();
+        let mut acked = 0;
+        while acked < N {
+            let m = msgs.next().await.unwrap().unwrap();
+            let info = m.info().unwrap();
+            let (seq, delivered) = (info.stream_sequence, info.delivered);
+            if naked(seq) && delivered == 1 {
+                m.ack_with(AckKind::Nak(None)).await.unwrap();
+            } else {
+                m.ack().await.unwrap();
+                acked += 1;
+            }
+        }
+    });
+
+    // Killed mid-run: a quarter of the records in.
+    eventually(
+        "the child listener applied a quarter of the records",
+        || async {
+            let s = c.stats(None).await.ok()?;
+            (s.ingest.records >= total / 4).then_some(())
+        },
+    )
+    .await;
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    let published_at_kill = published.load(Ordering::SeqCst);
+    let applied_before = {
+        let store = msgtrail_listener::Store::open(&store_dir, 256, Default::default()).unwrap();
+        stage_records(&store)
+    };
+    assert!(
+        published_at_kill < N && applied_before < total,
+        "the kill came too late to test anything ({published_at_kill} published, {applied_before} records applied)"
+    );
+    eprintln!("killed after {published_at_kill} of {N} published, {applied_before} of {total} records applied");
+    // The app goes on without a listener for a while.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut cfg = observing(server.url(), &store_dir, Duration::from_millis(200));
+    cfg.retention_max_age = None;
+    let handle = msgtrail_listener::start(cfg).await.unwrap();
+    producer.await.unwrap();
+    tokio::time::timeout(Duration::from_secs(20), app)
+        .await
+        .expect("the app consumes every message")
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(20), auditor)
+        .await
+        .expect("the auditor consumes every message")
+        .unwrap();
+
+    let store = handle.store().clone();
+    eventually("every message's records", || async {
+        (stage_records(&store) >= total).then_some(())
+    })
+    .await;
+    // Stragglers (events redelivered after the restart) have had time to arrive.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(stage_records(&store), total, "records counted once each");
+    for seq in 1..=N {
+        let t = observed(&store, seq).unwrap_or_else(|| panic!("message {seq} lost"));
+        // Every record once (the synthesized send hop shows the store hop's P2/P3 again).
+        let mut records: Vec<Rec> = t
+            .hops
+            .iter()
+            .filter(|h| h.kind != HopKind::Send)
+            .flat_map(|h| &h.events)
+            .chain(&t.other_records)
+            .map(|r| {
+                let c = r.consumer.as_ref().map(|c| c.to_string());
+                (c, r.stage, r.attempt, r.outcome.clone())
+            })
+            .collect();
+        records.sort();
+        let s = |x: &str| Some(x.to_owned());
+        let (b, a) = (s("billing"), s("audit"));
+        let mut want: Vec<Rec> = vec![
+            (None, Stage::UploadReceived, Some(1), s("observed")),
+            (None, Stage::Stored, Some(1), s("observed")),
+        ];
+        let mut last = |c: &Option<String>, first: Option<(Stage, &str)>| {
+            let n = match first {
+                Some((stage, outcome)) => {
+                    want.push((c.clone(), stage, Some(1), s(outcome)));
+                    2
+                }
+                None => 1,
+            };
+            want.push((c.clone(), Stage::PullSent, Some(n), None));
+            want.push((c.clone(), Stage::PullAckReceived, Some(n), s("ack")));
+        };
+        last(&b, naked(seq).then_some((Stage::PullAckReceived, "nack")));
+        last(&a, expired(seq).then_some((Stage::Redelivery, "redeliver")));
+        want.sort();
+        assert_eq!(records, want, "message {seq}");
+        assert_eq!(t.record_count, want.len(), "message {seq}");
+    }
+    handle.shutdown().await.unwrap();
+}
+
+/// The app's pull consumer `name` with `sample_freq` `sample` (0: unset) and explicit acks.
+async fn sampled_consumer(
+    s: &jetstream::stream::Stream,
+    name: &str,
+    sample: u8,
+) -> consumer::PullConsumer {
+    s.create_consumer(consumer::pull::Config {
+        durable_name: Some(name.into()),
+        ack_policy: consumer::AckPolicy::Explicit,
+        ack_wait: Duration::from_secs(30),
+        sample_frequency: sample,
+        ..Default::default()
+    })
+    .await
+    .unwrap()
+}
+
+/// Consumers nats-server does not sample every ack of (`sample_freq` unset or under 100 %)
+/// are named as such by `GET /api/observe`, with the command that fixes them; their acks
+/// leave no record (nats-server emits no ack metric) while their naks still do (advisories
+/// are not sampled); `--observe-set-sample-freq` sets them to 100 % on the server, and the
+/// API then says every ack is sampled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unsampled_consumers_are_named_and_can_be_fixed() {
+    let server = NatsServer::start().unwrap();
+    let js = nats(&server).await;
+    let stream = orders(&js).await;
+    let sampled = sampled_consumer(&stream, "sampled", 100).await;
+    let unsampled = sampled_consumer(&stream, "unsampled", 0).await;
+    sampled_consumer(&stream, "half", 50).await;
+    let dir = tempfile::tempdir().unwrap();
+    let handle = msgtrail_listener::start(observing(
+        server.url(),
+        dir.path(),
+        Duration::from_millis(200),
+    ))
+    .await
+    .unwrap();
+    let api = |h: &msgtrail_listener::ListenerHandle| {
+        let c = client(h);
+        async move {
+            let (status, body) = c.get_raw("/api/observe").await.unwrap();
+            assert_eq!(status, 200);
+            let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            v["streams"]["ORDERS"]["consumers"].clone()
+        }
+    };
+    let cs = eventually("the three consumers discovered", || async {
+        let cs = api(&handle).await;
+        (cs.as_object()?.len() == 3).then_some(cs)
+    })
+    .await;
+    assert_eq!(cs["sampled"]["every_ack_sampled"], true);
+    assert!(cs["sampled"].get("fix").is_none());
+    for (name, freq) in [("unsampled", 0), ("half", 50)] {
+        assert_eq!(cs[name]["every_ack_sampled"], false, "{name}");
+        assert_eq!(cs[name]["sample_freq"], freq, "{name}");
+        assert_eq!(
+            cs[name]["fix"],
+            format!("nats consumer edit ORDERS {name} --sample 100 --force"),
+            "{name}"
+        );
+    }
+
+    // Both consumers ack message 1; "unsampled" naks it first.
+    js.publish("orders.eu", "one".into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    let m = sampled
+        .messages()
+        .await
+        .unwrap()
+        .next()
+        .await
+        .unwrap()
+        .unwrap();
+    m.ack().await.unwrap();
+    let mut u = unsampled.messages().await.unwrap();
+    let m = u.next().await.unwrap().unwrap();
+    m.ack_with(AckKind::Nak(None)).await.unwrap();
+    let m = u.next().await.unwrap().unwrap();
+    assert_eq!(m.info().unwrap().delivered, 2);
+    m.ack().await.unwrap();
+    let store = handle.store().clone();
+    let t = eventually("the sampled ack and the unsampled nak", || async {
+        let t = observed(&store, 1)?;
+        let ok = attempts(&t, "sampled")
+            .iter()
+            .any(|(n, e)| *n == 1 && has(e, Stage::PullAckReceived, "ack"));
+        let nak = attempts(&t, "unsampled")
+            .iter()
+            .any(|(n, e)| *n == 1 && has(e, Stage::PullAckReceived, "nack"));
+        (ok && nak).then_some(t)
+    })
+    .await;
+    // The unsampled ack of attempt 2 leaves nothing (give it time to show up if it would).
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let t2 = observed(&store, 1).unwrap();
+    assert_eq!(t2.record_count, t.record_count);
+    let u = attempts(&t2, "unsampled");
+    assert_eq!(
+        u.len(),
+        1,
+        "only the nak-ed attempt of the unsampled consumer: {u:?}"
+    );
+    handle.shutdown().await.unwrap();
+
+    // With --observe-set-sample-freq the listener raises both to 100 %.
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = observing(server.url(), dir.path(), Duration::from_millis(200));
+    cfg.observe.as_mut().unwrap().set_sample_freq = true;
+    let handle = msgtrail_listener::start(cfg).await.unwrap();
+    let cs = eventually("every consumer sampled", || async {
+        let cs = api(&handle).await;
+        let all = cs.as_object()?.len() == 3
+            && ["sampled", "unsampled", "half"]
+                .iter()
+                .all(|n| cs[n]["every_ack_sampled"] == true);
+        all.then_some(cs)
+    })
+    .await;
+    assert!(cs["unsampled"].get("fix").is_none());
+    for name in ["unsampled", "half"] {
+        let mut c: consumer::PullConsumer = stream.get_consumer(name).await.unwrap();
+        assert_eq!(
+            c.info().await.unwrap().config.sample_frequency,
+            100,
+            "{name}"
+        );
+    }
+    handle.shutdown().await.unwrap();
+}
+
+/// A work-queue stream refuses msgtrail's headers-only consumer beside the app's unfiltered
+/// one: `GET /api/observe` says it does not read the messages, and the deliveries are
+/// exported all the same, at once (not held for a stored message that cannot come), in the
+/// trace of the observed message ID.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_work_queue_stream_is_exported_without_store_hops() {
+    use msgtrail_otel::{ExportConfig, PipelineConfig, Protocol};
+    use msgtrail_test_support::OtlpReceiver;
+
+    let server = NatsServer::start().unwrap();
+    let js = nats(&server).await;
+    let stream = js
+        .create_stream(jetstream::stream::Config {
+            name: "ORDERS".into(),
+            subjects: vec!["orders.>".into()],
+            retention: jetstream::stream::RetentionPolicy::WorkQueue,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let billing = app_consumer(&stream, "billing").await;
+    let mut rx = OtlpReceiver::start_grpc().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = observing(server.url(), dir.path(), Duration::from_millis(200));
+    cfg.otel = Some(PipelineConfig {
+        export: ExportConfig {
+            protocol: Protocol::Grpc,
+            endpoint: Some(rx.endpoint()),
+            batch_delay: Duration::from_millis(10),
+            ..Default::default()
+        },
+        grace: Duration::from_millis(100),
+        ..Default::default()
+    });
+    let handle = msgtrail_listener::start(cfg).await.unwrap();
+    let v = eventually("the stream found, its messages not readable", || async {
+        let (_, body) = client(&handle).get_raw("/api/observe").await.ok()?;
+        let v: serde_json::Value = serde_json::from_slice(&body).ok()?;
+        let s = v["streams"]["ORDERS"].clone();
+        (s["exists"] == true && s["consumers"].get("billing").is_some()).then_some(s)
+    })
+    .await;
+    assert_eq!(v["reads_messages"], false, "{v}");
+
+    js.publish("orders.eu", "one".into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    let mut b = billing.messages().await.unwrap();
+    b.next().await.unwrap().unwrap().ack().await.unwrap();
+    let t0 = tokio::time::Instant::now();
+    let spans = rx.spans(1, Duration::from_secs(20)).await;
+    assert!(
+        t0.elapsed() < Duration::from_secs(10),
+        "exported at once, not after the hold's limit: {:?}",
+        t0.elapsed()
+    );
+    let id = observed_message_id("ORDERS", 1);
+    let keys: Vec<_> = spans.iter().map(|s| s.attr("msgtrail.hop.key")).collect();
+    let deliver: Vec<_> = spans
+        .iter()
+        .filter(|s| s.attr("msgtrail.hop.key").as_deref() == Some("deliver/billing/billing/1"))
+        .collect();
+    assert_eq!(deliver.len(), 1, "{keys:?}");
+    assert_eq!(deliver[0].trace_hex(), id.trace_hex());
+    assert_eq!(deliver[0].service_name, "nats-server");
+    assert_eq!(
+        deliver[0].attr("msgtrail.delivery.mode").as_deref(),
+        Some("pull")
+    );
     handle.shutdown().await.unwrap();
 }

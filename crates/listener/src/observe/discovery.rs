@@ -33,14 +33,35 @@ pub(crate) struct ObservedConsumer {
 pub(crate) struct ObservedStream {
     /// Whether the stream exists (observation starts when it appears).
     pub exists: bool,
+    /// Whether msgtrail's headers-only consumer reads its stored messages (the store hops);
+    /// false until it is created, and while the stream refuses it.
+    pub reads_messages: bool,
+    /// Its first sequence when discovery last looked (earlier messages are gone).
+    #[serde(skip)]
+    pub first_seq: u64,
     /// Its durable consumers (not msgtrail's own), by name.
     pub consumers: BTreeMap<String, ObservedConsumer>,
 }
 
-/// What discovery knows, shared with the event reader (a consumer's mode) and the API.
+/// Where msgtrail's headers-only consumer of a stream is.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) enum Reader {
+    /// Not created yet (the stream may not exist yet).
+    #[default]
+    Waiting,
+    /// Reading the stored messages.
+    Reading,
+    /// The stream exists but refused the consumer (a work-queue stream with an unfiltered
+    /// consumer already, missing permissions): its messages get no store hop.
+    Refused,
+}
+
+/// What discovery knows, shared with the event reader (a consumer's mode), the stored
+/// readers (their state), the trace export (what to hold back) and the API.
 #[derive(Debug, Default)]
 pub(crate) struct ObserveStatus {
     streams: RwLock<BTreeMap<String, ObservedStream>>,
+    readers: RwLock<BTreeMap<String, Reader>>,
 }
 
 impl ObserveStatus {
@@ -52,7 +73,34 @@ impl ObserveStatus {
             .collect();
         ObserveStatus {
             streams: RwLock::new(map),
+            readers: RwLock::default(),
         }
+    }
+
+    /// Records where the stored reader of `stream` is.
+    pub(crate) fn set_reader(&self, stream: &str, r: Reader) {
+        self.readers
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(stream.to_owned(), r);
+    }
+
+    /// Where the stored reader of `stream` is.
+    pub(crate) fn reader(&self, stream: &str) -> Reader {
+        let readers = self.readers.read().unwrap_or_else(|p| p.into_inner());
+        readers.get(stream).copied().unwrap_or_default()
+    }
+
+    /// The first sequence of `stream` when discovery last looked (0: unknown).
+    pub(crate) fn first_seq(&self, stream: &str) -> u64 {
+        let streams = self.streams.read().unwrap_or_else(|p| p.into_inner());
+        streams.get(stream).map_or(0, |s| s.first_seq)
+    }
+
+    /// The observed streams' names.
+    pub(crate) fn stream_names(&self) -> Vec<String> {
+        let streams = self.streams.read().unwrap_or_else(|p| p.into_inner());
+        streams.keys().cloned().collect()
     }
 
     /// The delivery mode of a consumer: push when discovery saw a deliver subject, else pull.
@@ -64,12 +112,25 @@ impl ObserveStatus {
         }
     }
 
+    /// Whether discovery has seen the durable consumer `consumer` on `stream`.
+    pub(crate) fn knows(&self, stream: &str, consumer: &str) -> bool {
+        let streams = self.streams.read().unwrap_or_else(|p| p.into_inner());
+        streams
+            .get(stream)
+            .is_some_and(|s| s.consumers.contains_key(consumer))
+    }
+
     /// Every observed stream and its consumers.
     pub(crate) fn snapshot(&self) -> BTreeMap<String, ObservedStream> {
-        self.streams
+        let mut out = self
+            .streams
             .read()
             .unwrap_or_else(|p| p.into_inner())
-            .clone()
+            .clone();
+        for (name, s) in &mut out {
+            s.reads_messages = self.reader(name) == Reader::Reading;
+        }
+        out
     }
 
     fn set(&self, stream: &str, value: ObservedStream) -> Option<ObservedStream> {
@@ -112,6 +173,8 @@ pub(crate) async fn discover(
     }
     let mut now = ObservedStream {
         exists: true,
+        reads_messages: false,
+        first_seq: s.cached_info().state.first_sequence,
         consumers: BTreeMap::new(),
     };
     let infos: Vec<consumer::Info> = s.consumers().try_collect().await?;

@@ -90,6 +90,17 @@ struct Body {
     reason: Option<String>,
 }
 
+/// The stream and consumer an event's subject names (`<prefix>.<stream>.<consumer>`), read
+/// without its body; `None` for a subject of none of the four kinds.
+pub(crate) fn subject_names(subject: &str) -> Option<(&str, &str)> {
+    let rest = [ACK_METRIC, NAKED, TERMINATED, MAX_DELIVERIES]
+        .into_iter()
+        .find_map(|p| subject.strip_prefix(p)?.strip_prefix('.'))?;
+    let (stream, consumer) = rest.split_once('.')?;
+    (!stream.is_empty() && !consumer.is_empty() && !consumer.contains('.'))
+        .then_some((stream, consumer))
+}
+
 /// Parses one captured event from its subject and JSON body.
 pub(crate) fn parse(subject: &str, payload: &[u8]) -> Result<ConsumerEvent, EventError> {
     let kind = [ACK_METRIC, NAKED, TERMINATED, MAX_DELIVERIES]
@@ -160,6 +171,24 @@ mod tests {
         assert_eq!(e.what, What::Naked);
         let e = parse("$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.ORDERS.b", nak).unwrap();
         assert_eq!(e.what, What::MaxDeliveries);
+    }
+
+    #[test]
+    fn the_subject_names_stream_and_consumer() {
+        assert_eq!(
+            subject_names("$JS.EVENT.METRIC.CONSUMER.ACK.ORDERS.billing"),
+            Some(("ORDERS", "billing"))
+        );
+        assert_eq!(
+            subject_names("$JS.EVENT.ADVISORY.CONSUMER.MSG_NAKED.ORDERS.b"),
+            Some(("ORDERS", "b"))
+        );
+        assert_eq!(subject_names("$JS.EVENT.METRIC.CONSUMER.ACK.ORDERS"), None);
+        assert_eq!(
+            subject_names("$JS.EVENT.ADVISORY.CONSUMER.CREATED.O.b"),
+            None
+        );
+        assert_eq!(subject_names("$JS.EVENT.METRIC.CONSUMER.ACKX.O.b"), None);
     }
 
     #[test]

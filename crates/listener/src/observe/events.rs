@@ -4,10 +4,16 @@
 //! records ([`super::records::event_records`]), one store transaction, then the acks — a
 //! restart loses nothing and doubles nothing.
 //!
+//! A record's stages depend on the consumer's mode (push: C1/C4, pull: C5/C8), which
+//! discovery knows. An event of a consumer discovery has not seen yet (created since its
+//! last look) first makes the reader look at that stream again ([`learn_consumers`], at
+//! most once a second per stream), so a push consumer's first deliveries are push
+//! deliveries, not pull ones.
+//!
 //! The ack-wait inference (an attempt n ≥ 2 whose attempt n − 1 has no outcome) asks the
 //! store and the batch itself, on a blocking thread.
 
-use super::event::parse;
+use super::event::{parse, subject_names};
 use super::records::{event_records, is_outcome};
 use super::Observer;
 use crate::ingest::{apply, Batch, Source};
@@ -16,9 +22,24 @@ use async_nats::jetstream::{self, consumer};
 use futures::StreamExt;
 use msgtrail_core::trajectory::HopKind;
 use msgtrail_core::{MessageId, StageRecord};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+/// How soon an event of an unknown consumer may make the reader look at a stream again.
+const RELEARN: Duration = Duration::from_secs(1);
+/// Most consumers remembered as not found by a look (ephemeral ones); then forgotten.
+const NOT_FOUND: usize = 10_000;
+
+/// What the event reader remembers of its looks for consumers discovery did not know.
+#[derive(Debug, Default)]
+struct Relearn {
+    /// When each stream was last looked at.
+    last: HashMap<String, Instant>,
+    /// (stream, consumer) a look did not find: ephemeral, taken as pull, not looked for
+    /// again.
+    not_found: HashSet<(String, String)>,
+}
 
 /// The consumer of `MSGTRAIL_OBSERVE`.
 pub(crate) fn consumer_config(
@@ -50,6 +71,47 @@ fn stored_outcome(store: &Store, id: MessageId, consumer: &str, attempt: u32) ->
         Ok(None) => false,
         // Unknown: infer nothing rather than something false.
         Err(_) => true,
+    }
+}
+
+/// Looks again at the streams whose events in `msgs` name consumers discovery has not
+/// seen (at most once per [`RELEARN`] per stream), so that their mode is known before the
+/// events are decoded. A consumer such a look does not find (an ephemeral one) stays
+/// unknown (pull) and makes no further look.
+async fn learn_consumers(obs: &Observer, msgs: &[jetstream::Message], memo: &mut Relearn) {
+    let unknown: Vec<(&str, &str)> = msgs
+        .iter()
+        .filter_map(|m| subject_names(m.subject.as_str()))
+        .filter(|(s, c)| !obs.status.knows(s, c))
+        .filter(|(s, _)| obs.config.streams.iter().any(|o| o == s))
+        .filter(|(s, c)| !memo.not_found.contains(&((*s).to_owned(), (*c).to_owned())))
+        .collect();
+    let mut streams: Vec<&str> = unknown.iter().map(|(s, _)| *s).collect();
+    streams.sort_unstable();
+    streams.dedup();
+    for s in streams {
+        if memo.last.get(s).is_some_and(|t| t.elapsed() < RELEARN) {
+            continue;
+        }
+        memo.last.insert(s.to_owned(), Instant::now());
+        tracing::debug!(stream = %s, "event of a consumer not discovered yet: looking at the stream again");
+        let _ = super::discovery::discover(
+            &obs.js,
+            &obs.status,
+            s,
+            &obs.own_consumer,
+            obs.config.set_sample_freq,
+        )
+        .await;
+        if memo.not_found.len() >= NOT_FOUND {
+            memo.not_found.clear();
+        }
+        for (_, c) in unknown
+            .iter()
+            .filter(|(us, c)| *us == s && !obs.status.knows(s, c))
+        {
+            memo.not_found.insert((s.to_owned(), (*c).to_owned()));
+        }
     }
 }
 
@@ -108,6 +170,7 @@ pub(crate) async fn run(
         .await
         .map_err(|e| crate::ListenerError::nats("observe events consumer", e))?;
     let mut chunks = messages.ready_chunks(obs.batch_size);
+    let mut relearned = Relearn::default();
     loop {
         let chunk = tokio::select! {
             _ = obs.stop.cancelled() => return Ok(()),
@@ -126,6 +189,7 @@ pub(crate) async fn run(
         if msgs.is_empty() {
             continue;
         }
+        learn_consumers(&obs, &msgs, &mut relearned).await;
         let (o, redo) = (obs.clone(), obs.clone());
         let (records, msgs) = match tokio::task::spawn_blocking(move || {
             let rs = decode(&o, &msgs, true);

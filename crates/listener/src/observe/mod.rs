@@ -13,7 +13,12 @@
 //!   (`<durable>-observe`) turns each stored message into its P2/P3.
 //! - `events`: `MSGTRAIL_OBSERVE` (created through `msgtrail_nats::topology`) captures the
 //!   ack metrics and the nak, term and max-deliveries advisories of the observed streams;
-//!   its durable consumer `<durable>-observe-events` turns them into delivery records.
+//!   its durable consumer `<durable>-observe-events` turns them into delivery records. An
+//!   event of a consumer discovery has not seen yet makes it run discovery on that stream
+//!   first, so the consumer's mode (push or pull) is known before its records are made.
+//! - `hold`: the trace export holds back an observed trajectory until its stored message
+//!   is in (the readers are independent; exported earlier, its spans would miss the
+//!   producer's trace), set on the export with `ExportSender::hold_back`.
 //! - `event` parses nats-server's events; `records` maps both sources to stage records
 //!   with the broker's hop keys (pure).
 //!
@@ -25,6 +30,7 @@
 mod discovery;
 mod event;
 mod events;
+mod hold;
 pub(crate) mod http;
 mod records;
 mod stored;
@@ -178,6 +184,11 @@ pub(crate) async fn spawn(
     .await
     .map_err(Box::new)?;
     let status = Arc::new(ObserveStatus::new(&config.streams));
+    let held = Arc::new(hold::Held::default());
+    if let Some(x) = &sinks.exporter {
+        let (st, h) = (status.clone(), held.clone());
+        x.hold_back(Box::new(move |t| h.hold(t, &st)));
+    }
     let obs = Arc::new(Observer {
         js,
         status: status.clone(),
@@ -209,6 +220,13 @@ pub(crate) async fn spawn(
         let o = obs.clone();
         tasks.spawn(async move {
             stored::run(o, s).await;
+            Ok(())
+        });
+    }
+    if obs.sinks.exporter.is_some() {
+        let o = obs.clone();
+        tasks.spawn(async move {
+            hold::recheck(o, held).await;
             Ok(())
         });
     }

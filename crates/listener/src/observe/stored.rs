@@ -2,7 +2,11 @@
 //! consumer (`<durable>-observe`): each becomes its P2/P3 ([`super::records::stored_records`]).
 //! The consumer is created when the stream appears (retried every discovery interval), and
 //! reads from the stream's first message; a restart resumes where its acks stopped.
+//! Where it is ([`Reader`]: waiting, reading, refused by the stream) goes to the shared
+//! status: the API shows it (`reads_messages`) and the trace export's hold asks it
+//! (`super::hold`).
 
+use super::discovery::Reader;
 use super::records::{stored_records, StoredMessage};
 use super::Observer;
 use crate::ingest::{apply, Batch, Source};
@@ -59,7 +63,15 @@ pub(crate) async fn run(obs: Arc<Observer>, stream: String) {
         let Some(c) = obs
             .wait_for(&stream, |s| {
                 let cfg = consumer_config(&obs.own_consumer, obs.batch_size, obs.ack_wait);
-                async move { crate::ingest::durable_consumer(&s, cfg).await }
+                let (status, name) = (obs.status.clone(), stream.clone());
+                async move {
+                    let c = crate::ingest::durable_consumer(&s, cfg).await;
+                    if c.is_err() {
+                        // The stream is there but will not have msgtrail's consumer.
+                        status.set_reader(&name, Reader::Refused);
+                    }
+                    c
+                }
             })
             .await
         else {
@@ -79,6 +91,7 @@ pub(crate) async fn run(obs: Arc<Observer>, stream: String) {
                 continue;
             }
         };
+        obs.status.set_reader(&stream, Reader::Reading);
         let mut chunks = messages.ready_chunks(obs.batch_size);
         loop {
             let chunk = tokio::select! {
@@ -120,6 +133,7 @@ pub(crate) async fn run(obs: Arc<Observer>, stream: String) {
                 break;
             }
         }
+        obs.status.set_reader(&stream, Reader::Waiting);
         tracing::warn!(%stream, "observed stream's consumer ended; waiting for the stream again");
     }
 }
