@@ -97,8 +97,36 @@ impl Rng {
     }
 }
 
-const TOPICS: [&str; 3] = ["orders.created", "orders.paid", "orders.refund"];
+/// The topics of the workload, in four hierarchies (so that a topic pattern such as
+/// `orders.*` selects a fraction of the messages); each message takes one at random.
+pub(crate) const TOPICS: [&str; 8] = [
+    "orders.created",
+    "orders.paid",
+    "orders.refund",
+    "billing.invoice",
+    "billing.dunning",
+    "shipping.label",
+    "shipping.track",
+    "users.signup",
+];
+/// The values of the `region` attribute every stored message carries (one at random).
+pub(crate) const REGIONS: [&str; 4] = ["eu-west", "eu-central", "us-east", "ap-south"];
+/// The values of the `category` attribute every stored message carries (one at random).
+pub(crate) const CATEGORIES: [&str; 2] = ["refund", "sale"];
+/// Time between two messages' first records, nanoseconds (50,000 messages a second).
+pub(crate) const MESSAGE_SPACING_NANOS: u64 = 20 * MICRO;
 const MICRO: u64 = 1_000;
+
+/// A message's topic and attribute choices, from its number alone (a SplitMix64 hash, so
+/// that they are independent of each other and of the mix's random draws).
+fn shape(i: u64) -> (usize, usize, usize) {
+    let h = Rng::new(i ^ 0x70_1c5).next_u64();
+    (
+        (h % TOPICS.len() as u64) as usize,
+        ((h >> 16) % REGIONS.len() as u64) as usize,
+        ((h >> 32) % CATEGORIES.len() as u64) as usize,
+    )
+}
 
 /// The records of one message, split by who writes them: the broker's records reach the
 /// stage stream first, the clients' reports later.
@@ -117,7 +145,8 @@ fn message(i: u64, t0: u64, mix: &Mix, rng: &mut Rng) -> MessageRecords {
     let mut out = MessageRecords::default();
     let producer = id(format!("producer-{}", i % 4));
     let request = RequestId::new(format!("req-{i}")).expect("generated request IDs are valid");
-    let topic = TOPICS[(i % 3) as usize].to_owned();
+    let (t, region, category) = shape(i);
+    let topic = TOPICS[t].to_owned();
     let base = |stage: Stage, at: u64| {
         let mut r = StageRecord::at(stage, at);
         r.topic = Some(topic.clone());
@@ -139,10 +168,9 @@ fn message(i: u64, t0: u64, mix: &Mix, rng: &mut Rng) -> MessageRecords {
     let mut p2 = base(Stage::UploadReceived, t0 + 60 * MICRO);
     p2.message_id = Some(m);
     p2.service = Some("msgtrail-broker".into());
-    p2.attrs.insert(
-        "category".into(),
-        ["refund", "sale"][(i % 2) as usize].into(),
-    );
+    p2.attrs
+        .insert("category".into(), CATEGORIES[category].into());
+    p2.attrs.insert("region".into(), REGIONS[region].into());
     p2.payload_size = Some(128);
     let mut p3 = base(Stage::Stored, t0 + 320 * MICRO);
     p3.message_id = Some(m);
@@ -249,6 +277,15 @@ fn deliver(
     }
 }
 
+/// The records of message number `i` of a workload whose first message starts at `t0`
+/// (Unix nanoseconds), the broker's and the clients' together: for filling a store one
+/// message at a time (S7), without holding the whole workload.
+pub(crate) fn message_records(i: u64, t0: u64, mix: &Mix, rng: &mut Rng) -> Vec<StageRecord> {
+    let mut recs = message(i, t0 + i * MESSAGE_SPACING_NANOS, mix, rng);
+    recs.broker.append(&mut recs.client);
+    recs.broker
+}
+
 /// The workload as stage-stream messages (each a `Vec` of records, in stream order): the
 /// broker's records in the order they happened, each client's reports `client_lag` stage
 /// messages later, as relayed reports reach the stream.
@@ -260,7 +297,7 @@ pub fn stage_messages(mix: &Mix, t0: u64) -> Vec<Vec<StageRecord>> {
     let mut pending_client: std::collections::VecDeque<Vec<StageRecord>> = Default::default();
     let mut client: Vec<StageRecord> = Vec::new();
     for i in 0..mix.messages {
-        let recs = message(i, t0 + i * 20 * MICRO, mix, &mut rng);
+        let recs = message(i, t0 + i * MESSAGE_SPACING_NANOS, mix, &mut rng);
         broker.extend(recs.broker);
         client.extend(recs.client);
         if broker.len() >= per {
@@ -302,6 +339,24 @@ mod tests {
         assert!(count(Stage::PushSent) > 300);
         let ids: BTreeSet<MessageId> = all.iter().filter_map(|r| r.message_id).collect();
         assert_eq!(ids.len(), p2);
+        // Several topics and attributes, each value on a fair share of the messages.
+        let p2s: Vec<&&StageRecord> = all
+            .iter()
+            .filter(|r| r.stage == Stage::UploadReceived)
+            .collect();
+        for (values, key) in [(&REGIONS[..], "region"), (&CATEGORIES[..], "category")] {
+            for v in values {
+                let n = p2s
+                    .iter()
+                    .filter(|r| r.attrs.get(key).map(String::as_str) == Some(*v))
+                    .count();
+                let share = n as f64 / p2s.len() as f64;
+                let fair = 1.0 / values.len() as f64;
+                assert!((share - fair).abs() < 0.06, "{key}={v}: {share}");
+            }
+        }
+        let topics: BTreeSet<&str> = all.iter().filter_map(|r| r.topic.as_deref()).collect();
+        assert_eq!(topics.len(), TOPICS.len(), "{topics:?}");
         // Records per message near the issue's ~10 (more with a second group).
         let per = all.len() as f64 / 2_000.0;
         assert!((8.0..20.0).contains(&per), "{per}");
