@@ -31,11 +31,17 @@ pub struct Mix {
     pub client_lag: usize,
     /// The seed.
     pub seed: u64,
+    /// Messages spread over all eight [`TOPICS`] and carrying a `region` attribute beside
+    /// `category` (each drawn from the message number), so that searches select a fraction
+    /// (S7). Off: the first three topics and `category` in turn, the shape S4's figures
+    /// were measured on before S7.
+    pub spread: bool,
 }
 
 impl Mix {
     /// The default mix for `messages` messages: 5 % redelivered, 1 % dead-lettered, 2 %
-    /// duplicated, 2 % orphaned, 30 % in a second group; 128 records per stage message.
+    /// duplicated, 2 % orphaned, 30 % in a second group; 128 records per stage message;
+    /// spread over eight topics with a `region` and a `category` attribute.
     pub fn realistic(messages: u64) -> Self {
         Mix {
             messages,
@@ -47,14 +53,27 @@ impl Mix {
             records_per_stage_message: 128,
             client_lag: 2,
             seed: 0x5eed,
+            spread: true,
         }
     }
 }
 
 impl Mix {
+    /// The realistic mix on the shape S4 was measured on before S7 (not [`Mix::spread`]:
+    /// three topics, one attribute), so that S4's figures stay comparable across rounds:
+    /// the spread shape's `region` attribute adds about 70 bytes in use per stored message.
+    pub fn narrow(messages: u64) -> Self {
+        Mix {
+            spread: false,
+            ..Mix::realistic(messages)
+        }
+    }
+
     /// `messages` plain successes through one pull group: nothing redelivered, duplicated,
     /// orphaned or pushed, so every message has exactly ten records (P1–P4; sent, received,
-    /// processing started and finished, ack sent and received).
+    /// processing started and finished, ack sent and received), on three topics with one
+    /// attribute (not [`Mix::spread`]: S4's store size per ten-record message stays
+    /// comparable with the rounds before S7).
     pub fn plain(messages: u64) -> Self {
         Mix {
             redelivered: 0.0,
@@ -62,6 +81,7 @@ impl Mix {
             duplicated: 0.0,
             orphaned: 0.0,
             second_group: 0.0,
+            spread: false,
             ..Mix::realistic(messages)
         }
     }
@@ -117,13 +137,17 @@ pub(crate) const CATEGORIES: [&str; 2] = ["refund", "sale"];
 pub(crate) const MESSAGE_SPACING_NANOS: u64 = 20 * MICRO;
 const MICRO: u64 = 1_000;
 
-/// A message's topic and attribute choices, from its number alone (a SplitMix64 hash, so
-/// that they are independent of each other and of the mix's random draws).
-fn shape(i: u64) -> (usize, usize, usize) {
+/// A message's topic, region (`None`: no `region` attribute) and category: spread, from its
+/// number alone (a SplitMix64 hash, so that they are independent of each other and of the
+/// mix's random draws); otherwise the first three topics and the categories in turn.
+fn shape(i: u64, spread: bool) -> (usize, Option<usize>, usize) {
+    if !spread {
+        return ((i % 3) as usize, None, (i % 2) as usize);
+    }
     let h = Rng::new(i ^ 0x70_1c5).next_u64();
     (
         (h % TOPICS.len() as u64) as usize,
-        ((h >> 16) % REGIONS.len() as u64) as usize,
+        Some(((h >> 16) % REGIONS.len() as u64) as usize),
         ((h >> 32) % CATEGORIES.len() as u64) as usize,
     )
 }
@@ -145,7 +169,7 @@ fn message(i: u64, t0: u64, mix: &Mix, rng: &mut Rng) -> MessageRecords {
     let mut out = MessageRecords::default();
     let producer = id(format!("producer-{}", i % 4));
     let request = RequestId::new(format!("req-{i}")).expect("generated request IDs are valid");
-    let (t, region, category) = shape(i);
+    let (t, region, category) = shape(i, mix.spread);
     let topic = TOPICS[t].to_owned();
     let base = |stage: Stage, at: u64| {
         let mut r = StageRecord::at(stage, at);
@@ -170,7 +194,9 @@ fn message(i: u64, t0: u64, mix: &Mix, rng: &mut Rng) -> MessageRecords {
     p2.service = Some("msgtrail-broker".into());
     p2.attrs
         .insert("category".into(), CATEGORIES[category].into());
-    p2.attrs.insert("region".into(), REGIONS[region].into());
+    if let Some(region) = region {
+        p2.attrs.insert("region".into(), REGIONS[region].into());
+    }
     p2.payload_size = Some(128);
     let mut p3 = base(Stage::Stored, t0 + 320 * MICRO);
     p3.message_id = Some(m);
@@ -360,6 +386,40 @@ mod tests {
         // Records per message near the issue's ~10 (more with a second group).
         let per = all.len() as f64 / 2_000.0;
         assert!((8.0..20.0).contains(&per), "{per}");
+    }
+
+    #[test]
+    fn message_by_message_gives_the_records_of_the_stage_messages() {
+        let mix = Mix::realistic(300);
+        let t0 = 1_700_000_000_000_000_000;
+        let mut rng = Rng::new(mix.seed);
+        let one_by_one: Vec<StageRecord> = (0..mix.messages)
+            .flat_map(|i| message_records(i, t0, &mix, &mut rng))
+            .collect();
+        let mut a: Vec<String> = one_by_one.iter().map(|r| format!("{r:?}")).collect();
+        let mut b: Vec<String> = stage_messages(&mix, t0)
+            .iter()
+            .flatten()
+            .map(|r| format!("{r:?}"))
+            .collect();
+        a.sort();
+        b.sort();
+        assert_eq!(a, b);
+    }
+
+    #[test]
+    fn the_narrow_mix_keeps_three_topics_and_one_attribute() {
+        let all: Vec<StageRecord> = stage_messages(&Mix::narrow(600), 1_700_000_000_000_000_000)
+            .into_iter()
+            .flatten()
+            .collect();
+        let topics: BTreeSet<&str> = all.iter().filter_map(|r| r.topic.as_deref()).collect();
+        assert_eq!(topics, TOPICS[..3].iter().copied().collect());
+        let keys: BTreeSet<&str> = all
+            .iter()
+            .flat_map(|r| r.attrs.keys().map(String::as_str))
+            .collect();
+        assert_eq!(keys, BTreeSet::from(["category"]));
     }
 
     #[test]
