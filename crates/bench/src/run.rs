@@ -192,11 +192,16 @@ async fn search_scenario(
         .map_err(|e| BenchError::Listener(e.into()))?
 }
 
-/// The pipeline runs purge msgtrail's streams between runs: on a server the harness did not
-/// start, refuse to run when they hold anything (a deployment's data).
+/// The pipeline runs purge msgtrail's streams between runs, and S8 deletes observe mode's
+/// event stream: on a server the harness did not start, refuse to run when they hold
+/// anything (a deployment's data).
 async fn refuse_live_data(client: &async_nats::Client) -> Result<(), BenchError> {
     let js = async_nats::jetstream::new(client.clone());
-    for name in [MESSAGE_STREAM, STAGE_STREAM] {
+    for name in [
+        MESSAGE_STREAM,
+        STAGE_STREAM,
+        msgtrail_nats::topology::OBSERVE_STREAM,
+    ] {
         if let Ok(mut stream) = js.get_stream(name).await {
             let n = stream
                 .info()
