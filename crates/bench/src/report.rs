@@ -601,7 +601,7 @@ impl Report {
         let s7 = &self.s7;
         let _ = writeln!(
             s,
-            "S7 search with {} stored messages of the synthetic mix ({} records; fill {:.0} records/s, store {:.1} MiB; own store, not S5's), limit {}, time window {:.0} % of the stored span: p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms ({} searches, {:.0}/s)",
+            "S7 search with {} stored messages of the synthetic mix ({} records; fill {:.0} records/s, store {:.1} MiB; own store, not S5's), limit {}, time window {:.0} % of the stored span: p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms ({} searches, {:.0}/s, {} results)",
             s7.stored_messages,
             s7.records,
             s7.fill.per_sec,
@@ -613,6 +613,7 @@ impl Report {
             s7.latency.max_ms,
             s7.latency.count,
             s7.searches.per_sec,
+            s7.results,
         );
         for (name, k) in &s7.kinds {
             let _ = writeln!(

@@ -184,12 +184,14 @@ pub struct SearchResult {
     pub searches: Throughput,
     /// Latency over every kind.
     pub latency: Latency,
+    /// Results returned over every search.
+    pub results: u64,
     /// Per kind of search, by [`Kind::name`].
     pub kinds: BTreeMap<String, KindResult>,
 }
 
-/// Fills a fresh store in `dir` with `messages` messages of the realistic mix whose first
-/// starts at `t0`; returns the records written.
+/// Fills `store` with `messages` messages of the realistic mix whose first starts at `t0`;
+/// returns the records written.
 fn fill(store: &Store, messages: u64, t0: u64, progress: &Progress) -> Result<u64, BenchError> {
     let mix = Mix::realistic(messages);
     let mut rng = Rng::new(mix.seed);
@@ -279,6 +281,7 @@ pub(crate) fn run(
     }
     let searches = Throughput::new(queries * Kind::ALL.len() as u64, start.elapsed());
     drop(phase);
+    let results = per_kind.values().map(|(_, r)| r.results).sum();
     let kinds = per_kind
         .into_iter()
         .map(|(k, (rec, mut r))| {
@@ -299,6 +302,7 @@ pub(crate) fn run(
         sample: sampled.len() as u64,
         searches,
         latency: all.summary(),
+        results,
         kinds,
     })
 }
@@ -404,5 +408,6 @@ mod tests {
             );
         }
         assert_eq!(r.latency.count, 10 * Kind::ALL.len() as u64);
+        assert_eq!(r.results, r.kinds.values().map(|k| k.results).sum::<u64>());
     }
 }

@@ -224,6 +224,7 @@ async fn quick_run_reports_every_scenario() {
         "s7.latency.p50_ms",
         "s7.latency.p99_ms",
         "s7.searches.per_sec",
+        "s7.results",
     ] {
         positive(s);
     }
