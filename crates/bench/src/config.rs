@@ -8,6 +8,10 @@ fn one() -> u32 {
     1
 }
 
+fn search_default() -> u64 {
+    BenchConfig::default().search_queries
+}
+
 fn replay_default() -> usize {
     BenchConfig::default().replay_stage_messages
 }
@@ -64,6 +68,9 @@ pub struct BenchConfig {
     pub lookup_queries: u64,
     /// S6: spans exported.
     pub export_spans: u64,
+    /// S7: searches timed per kind of search (five kinds), on a store of `lookup_messages`.
+    #[serde(default = "search_default")]
+    pub search_queries: u64,
     /// Also run S1–S3 on a nats-server with JetStream `sync_interval: always`.
     pub durable: bool,
     /// Upper bound of one scenario; beyond it the run fails instead of hanging.
@@ -94,6 +101,7 @@ impl Default for BenchConfig {
             lookup_messages: 200_000,
             lookup_queries: 10_000,
             export_spans: 100_000,
+            search_queries: 200,
             durable: false,
             scenario_timeout: Duration::from_secs(300),
             preset: "default".to_owned(),
@@ -122,14 +130,16 @@ impl BenchConfig {
             lookup_messages: 2_000,
             lookup_queries: 500,
             export_spans: 2_000,
+            search_queries: 20,
             scenario_timeout: Duration::from_secs(60),
             preset: "quick".to_owned(),
             ..Default::default()
         }
     }
 
-    /// `--large`: S5 with 10 M stored messages: about 100 M records written (~5 minutes at
-    /// ~330 k records/s on 2 cores) and ~20 GB of store on disk (BENCHMARKS.md).
+    /// `--large`: S5 and S7 with 10 M stored messages each (one store after the other): about
+    /// 100 M records written for S5 (~5 minutes at ~330 k records/s on 2 cores) and ~20 GB
+    /// of store on disk (BENCHMARKS.md), about 120 M more for S7's synthetic mix.
     pub fn large(mut self) -> Self {
         self.lookup_messages = 10_000_000;
         self.scenario_timeout = Duration::from_secs(6 * 3600);
@@ -152,7 +162,9 @@ impl BenchConfig {
     /// setup and drain, plus S3's listener catching up (assumed as long as the load); the
     /// latency runs once per payload size (three of `latency_messages` at `latency_rate`);
     /// S4–S6 from their counts at rates measured before (BENCHMARKS.md: ~200 k records/s
-    /// ingest, ~300 k records/s fill, ~70 k spans/s export).
+    /// ingest, ~300 k records/s fill, ~70 k spans/s export); S7 as a fill of ~12 records a
+    /// message at the same rate (the searches are short); S8 two saturated runs per
+    /// repetition, plus about 2 s each for the listener's start and catch-up.
     pub fn estimate(&self) -> Duration {
         let load = match self.timed() {
             Some(t) => (t.warmup + t.window).as_secs_f64(),
@@ -174,7 +186,9 @@ impl BenchConfig {
             / 200_000.0;
         let s5 = self.lookup_messages as f64 * 10.0 / 300_000.0;
         let s6 = self.export_spans as f64 * 3.0 / 70_000.0;
-        Duration::from_secs_f64(s1_s3 + s4 + s5 + s6 + 5.0)
+        let s7 = self.lookup_messages as f64 * 12.0 / 300_000.0;
+        let s8 = f64::from(self.reps) * (2.0 * (load + 1.0) + 2.0);
+        Duration::from_secs_f64(s1_s3 + s4 + s5 + s6 + s7 + s8 + 5.0)
     }
 
     /// Checks the values that would make a scenario meaningless.
@@ -209,6 +223,9 @@ impl BenchConfig {
         }
         if self.lookup_messages == 0 || self.lookup_queries == 0 || self.export_spans == 0 {
             return bad("lookup messages, lookup queries and export spans must be at least 1");
+        }
+        if self.search_queries == 0 {
+            return bad("search queries must be at least 1");
         }
         Ok(())
     }

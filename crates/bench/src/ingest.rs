@@ -3,7 +3,8 @@
 //! - the main figure ingests a synthetic workload with a production mix ([`crate::synth`]:
 //!   successes, redeliveries, dead letters, orphans, duplicates, client reports arriving
 //!   after later broker records), with one stage message in a hundred delivered twice (a
-//!   redelivered batch, skipped as repeats);
+//!   redelivered batch, skipped as repeats), on the shape it had before S7 ([`Mix::narrow`]:
+//!   three topics, one attribute, so that its store bytes compare across rounds);
 //! - the stage-stream messages recorded during S3 are replayed too, `copies` times under
 //!   other IDs (the real shape of this version's records);
 //! - memory per in-flight message is counted, not read from the resident set (which swings
@@ -261,7 +262,7 @@ fn ingest(
 /// The synthetic workload as the stage stream holds it: encoded stage messages, one in a
 /// hundred delivered a second time a hundred stage messages later (a redelivery after a lost ack).
 pub(crate) fn synthetic_set(messages: u64) -> Vec<Vec<u8>> {
-    let decoded = stage_messages(&Mix::realistic(messages), msgtrail_core::time::now_nanos());
+    let decoded = stage_messages(&Mix::narrow(messages), msgtrail_core::time::now_nanos());
     let encoded: Vec<Vec<u8>> = decoded
         .iter()
         .map(msgtrail_core::frame::encode_stage_batch)
@@ -280,7 +281,7 @@ pub(crate) fn synthetic_set(messages: u64) -> Vec<Vec<u8>> {
 /// the synthetic mix, uploaded and stored (P1–P3) but not delivered.
 fn counted_inflight(n: u64, batch: usize) -> Result<(u64, f64), BenchError> {
     let inflight: Vec<Vec<StageRecord>> =
-        stage_messages(&Mix::realistic(n), msgtrail_core::time::now_nanos())
+        stage_messages(&Mix::narrow(n), msgtrail_core::time::now_nanos())
             .into_iter()
             .map(|b| {
                 b.into_iter()

@@ -27,8 +27,12 @@
 //! - `ingest`: S4, listener ingest alone, replaying recorded stage records on one core.
 //! - `lookup`: S5, trajectory lookup latency with many stored messages.
 //! - `export`: S6, OTLP export of trajectory spans to a local receiver.
+//! - `search`: S7, search latency (topic pattern, attribute, state, time range) on a store
+//!   of S5's size filled with the synthetic mix.
+//! - `observed`: S8, an unmodified JetStream application alone and observed by a listener
+//!   (observe mode).
 //! - `report`: [`Report`], its ratios and target checks, the table and the JSON.
-//! - `synth`: a synthetic stage-record workload with a production mix, for S4.
+//! - `synth`: a synthetic stage-record workload with a production mix, for S4 and S7.
 //! - `run`(mod@run): the order of the scenarios and the nats-servers they run against.
 //! - `error`: the harness's error type, [`BenchError`].
 
@@ -38,6 +42,7 @@ mod export;
 mod ingest;
 mod lookup;
 mod measure;
+mod observed;
 mod pipeline;
 mod procfs;
 mod queryable;
@@ -45,14 +50,17 @@ mod raw;
 mod report;
 mod reps;
 mod run;
+mod search;
 mod synth;
 
 pub use config::BenchConfig;
 pub use error::BenchError;
 pub use measure::{Progress, Timed};
+pub use observed::{ObserveResult, ObservedIngest};
 pub use pipeline::{run as run_pipeline, ListenerTiming, PipelineParams};
 pub use raw::Load;
 pub use report::Report;
 pub use reps::PairedRatio;
 pub use run::run;
+pub use search::{KindResult, SearchResult};
 pub use synth::{stage_messages, Mix};

@@ -274,6 +274,20 @@ async fn pipeline(
 ) -> Result<(Recorder, Recorder, Throughput), BenchError> {
     stream.purge().await.map_err(BenchError::nats)?;
     let consumer = make_consumer(stream, consumer_name).await?;
+    let (e2e, send, _, tp) = pipeline_with(js, consumer, p, progress, label).await?;
+    Ok((e2e, send, tp))
+}
+
+/// Publishes and consumes at once through `consumer` (S1's pipeline, and S8's raw
+/// JetStream application); returns the end-to-end and publish latencies, how many messages
+/// were published in all (warm-up and drain included) and the throughput.
+pub(crate) async fn pipeline_with(
+    js: &jetstream::Context,
+    consumer: jetstream::consumer::PullConsumer,
+    p: &Load,
+    progress: &Progress,
+    label: &str,
+) -> Result<(Recorder, Recorder, u64, Throughput), BenchError> {
     let phase = progress.phase(label, p.progress_total());
     let window = Window::start(p.timed);
     let done = counting(p, phase.counter());
@@ -284,7 +298,7 @@ async fn pipeline(
     let (send, published, _) = publish(js, p, &window, Arc::new(AtomicU64::new(0))).await?;
     done.close(published);
     let (e2e, end) = consumers.await.map_err(|e| BenchError::Nats(e.into()))??;
-    Ok((e2e, send, window.throughput(end)))
+    Ok((e2e, send, published, window.throughput(end)))
 }
 
 /// The consumers' count of a run: towards `p.messages`, or open until the publishers of a
@@ -297,7 +311,9 @@ fn counting(p: &Load, done: Arc<AtomicU64>) -> Countdown {
     }
 }
 
-async fn make_consumer(
+/// A durable pull consumer with explicit acks, as an application makes it (no
+/// `sample_freq`).
+pub(crate) async fn make_consumer(
     stream: &stream::Stream,
     name: &str,
 ) -> Result<jetstream::consumer::PullConsumer, BenchError> {

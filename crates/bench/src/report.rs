@@ -11,9 +11,11 @@ use crate::export::ExportResult;
 use crate::ingest::IngestResult;
 use crate::lookup::LookupResult;
 use crate::measure::{Latency, Throughput};
+use crate::observed::ObserveResult;
 use crate::pipeline::PipelineResult;
 use crate::raw::RawResult;
 use crate::reps::{median, median_index, spread, PairedRatio};
+use crate::search::SearchResult;
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
 
@@ -288,6 +290,13 @@ impl PayloadRun {
     }
 }
 
+/// The ratios of the scenarios that do not run per payload size.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ReportRatios {
+    /// S8: the application's msgs/s observed by a listener ÷ alone (medians; no target).
+    pub s8_observed_over_raw: f64,
+}
+
 /// One of the project's targets and whether this run met it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TargetCheck {
@@ -320,6 +329,15 @@ pub struct Report {
     pub s5: LookupResult,
     /// S6.
     pub s6: ExportResult,
+    /// S7: search latency at S5's store size.
+    #[serde(default)]
+    pub s7: SearchResult,
+    /// S8: observe mode's overhead on an unmodified JetStream application.
+    #[serde(default)]
+    pub s8: ObserveResult,
+    /// Ratios beyond the per-payload ones (S8).
+    #[serde(default)]
+    pub ratios: ReportRatios,
     /// The project's targets (BENCHMARKS.md).
     pub targets: Vec<TargetCheck>,
     /// Wall-clock seconds of the whole run.
@@ -415,6 +433,12 @@ impl Report {
             self.s5.latency.p99_ms,
             self.s5.latency.p99_ms <= 5.0 && self.s5.stored_messages >= 10_000_000,
         ));
+        t.push(check(
+            format!("S7 search p99 ms with {} stored", self.s7.stored_messages),
+            "≤ 50 ms",
+            self.s7.latency.p99_ms,
+            self.s7.latency.count > 0 && self.s7.latency.p99_ms <= 50.0,
+        ));
         for (name, run) in [
             ("gRPC", (&self.s6.export, self.s6.dropped)),
             ("HTTP", (&self.s6.http.export, self.s6.http.dropped)),
@@ -439,6 +463,7 @@ impl Report {
         }
         self.s4_s5_lines(&mut s);
         self.s6_lines(&mut s);
+        self.s7_s8_lines(&mut s);
         self.target_lines(&mut s);
         s
     }
@@ -568,6 +593,62 @@ impl Report {
             "S6 OTLP/gRPC at 80 % of that rate, offer to acknowledgement: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms ({} chunks); offered {:.0} of {:.0} spans/s asked ({} waits for queue room)",
             l.p50_ms, l.p99_ms, l.max_ms, l.count,
             s6.paced.offered_per_sec, s6.paced.target_per_sec, s6.paced.backpressure_waits,
+        );
+    }
+
+    /// S7 (search, overall and per kind) and S8 (observe mode's overhead).
+    fn s7_s8_lines(&self, s: &mut String) {
+        let s7 = &self.s7;
+        let _ = writeln!(
+            s,
+            "S7 search with {} stored messages of the synthetic mix ({} records; fill {:.0} records/s, store {:.1} MiB; own store, not S5's), limit {}, time window {:.0} % of the stored span: p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms ({} searches, {:.0}/s, {} results)",
+            s7.stored_messages,
+            s7.records,
+            s7.fill.per_sec,
+            s7.store_bytes as f64 / (1u64 << 20) as f64,
+            s7.limit,
+            s7.window_share * 100.0,
+            s7.latency.p50_ms,
+            s7.latency.p99_ms,
+            s7.latency.max_ms,
+            s7.latency.count,
+            s7.searches.per_sec,
+            s7.results,
+        );
+        for (name, k) in &s7.kinds {
+            let _ = writeln!(
+                s,
+                "  S7 {name:<20} p50 {:>8.3} ms  p99 {:>8.3} ms  max {:>8.3} ms  results {:>6.1}/search ({} empty, {} full of {})  selects {:.2} % of the store (window aside, {} sampled)",
+                k.p50_ms,
+                k.p99_ms,
+                k.max_ms,
+                k.mean_results,
+                k.empty,
+                k.full,
+                k.queries,
+                k.selectivity * 100.0,
+                s7.sample,
+            );
+        }
+        let s8 = &self.s8;
+        let (records, consumed) = s8
+            .listener
+            .first()
+            .map_or((0.0, 0), |l| (l.records_per_message, l.consumed));
+        let _ = writeln!(
+            s,
+            "S8 observe mode, raw JetStream app ({} B, S1's pipeline): alone {:.0} msgs/s (spread {}), observed by an in-process listener {:.0} msgs/s (spread {}); observed ÷ alone {:.3} (paired {:.3}–{:.3}); {:.2} records stored per message (median; first repetition {:.2}, {} messages consumed)",
+            s8.payload_bytes,
+            s8.raw.per_sec,
+            pct(s8.raw_spread),
+            s8.observed.per_sec,
+            pct(s8.observed_spread),
+            self.ratios.s8_observed_over_raw,
+            s8.paired.min,
+            s8.paired.max,
+            s8.records_per_message,
+            records,
+            consumed,
         );
     }
 

@@ -1,6 +1,7 @@
 //! The order of a run: S1–S3 per payload size against one nats-server (started here, or
-//! `nats_url`), again on a `sync_interval: always` server with `durable`, then S4–S6 from the
-//! stage records S3 wrote.
+//! `nats_url`), then S8 (an application alone and observed) against the same server, again
+//! S1–S3 on a `sync_interval: always` server with `durable`, then S4–S6 from the stage
+//! records S3 wrote and S7 (search) on a store of S5's size.
 //!
 //! The saturated S1–S3 runs repeat `reps` times, interleaved: every scenario of every
 //! payload size, then all of them again, so that a drift of the machine (another process,
@@ -16,7 +17,8 @@ use crate::measure::Progress;
 use crate::pipeline::{ListenerTiming, PipelineParams};
 use crate::raw::Load;
 use crate::report::{Machine, PayloadRun, Repetition, Report};
-use crate::{export, ingest, lookup, pipeline, raw};
+use crate::search::SearchResult;
+use crate::{export, ingest, lookup, observed, pipeline, raw, search};
 use bytes::Bytes;
 use msgtrail_core::subjects::{MESSAGE_STREAM, STAGE_STREAM};
 use msgtrail_devkit::{NatsServer, NatsServerOptions};
@@ -48,8 +50,17 @@ pub async fn run(config: BenchConfig, progress: bool) -> Result<Report, BenchErr
     }
     let machine = Machine::detect(&client);
     let (runs, recorded) = variant(&config, &url, "", &progress).await?;
+    let s8 = observed::run(
+        &client,
+        &url,
+        &Load::of(&config, config.payload_sizes[0]),
+        config.reps,
+        &progress,
+    )
+    .await?;
     let durable = durable_variant(&config, &progress).await?;
     let (s4, s5, s6) = replay_scenarios(&config, recorded, &progress).await?;
+    let s7 = search_scenario(&config, &progress).await?;
 
     let mut report = Report {
         machine,
@@ -60,6 +71,11 @@ pub async fn run(config: BenchConfig, progress: bool) -> Result<Report, BenchErr
         s4,
         s5,
         s6,
+        ratios: crate::report::ReportRatios {
+            s8_observed_over_raw: s8.ratio(),
+        },
+        s7,
+        s8,
         targets: Vec::new(),
         total_seconds: started.elapsed().as_secs_f64(),
         estimated_seconds: estimate.as_secs_f64(),
@@ -165,11 +181,27 @@ async fn replay_scenarios(
     Ok((s4, s5, s6))
 }
 
-/// The pipeline runs purge msgtrail's streams between runs: on a server the harness did not
-/// start, refuse to run when they hold anything (a deployment's data).
+/// S7 on a blocking thread: a store of S5's size, filled with the synthetic mix, searched.
+async fn search_scenario(
+    config: &BenchConfig,
+    progress: &Progress,
+) -> Result<SearchResult, BenchError> {
+    let (progress, n, q) = (*progress, config.lookup_messages, config.search_queries);
+    tokio::task::spawn_blocking(move || search::run(n, q, &progress))
+        .await
+        .map_err(|e| BenchError::Listener(e.into()))?
+}
+
+/// The pipeline runs purge msgtrail's streams between runs, and S8 deletes observe mode's
+/// event stream: on a server the harness did not start, refuse to run when they hold
+/// anything (a deployment's data).
 async fn refuse_live_data(client: &async_nats::Client) -> Result<(), BenchError> {
     let js = async_nats::jetstream::new(client.clone());
-    for name in [MESSAGE_STREAM, STAGE_STREAM] {
+    for name in [
+        MESSAGE_STREAM,
+        STAGE_STREAM,
+        msgtrail_nats::topology::OBSERVE_STREAM,
+    ] {
         if let Ok(mut stream) = js.get_stream(name).await {
             let n = stream
                 .info()

@@ -31,11 +31,17 @@ pub struct Mix {
     pub client_lag: usize,
     /// The seed.
     pub seed: u64,
+    /// Messages spread over all eight [`TOPICS`] and carrying a `region` attribute beside
+    /// `category` (each drawn from the message number), so that searches select a fraction
+    /// (S7). Off: the first three topics and `category` in turn, the shape S4's figures
+    /// were measured on before S7.
+    pub spread: bool,
 }
 
 impl Mix {
     /// The default mix for `messages` messages: 5 % redelivered, 1 % dead-lettered, 2 %
-    /// duplicated, 2 % orphaned, 30 % in a second group; 128 records per stage message.
+    /// duplicated, 2 % orphaned, 30 % in a second group; 128 records per stage message;
+    /// spread over eight topics with a `region` and a `category` attribute.
     pub fn realistic(messages: u64) -> Self {
         Mix {
             messages,
@@ -47,14 +53,27 @@ impl Mix {
             records_per_stage_message: 128,
             client_lag: 2,
             seed: 0x5eed,
+            spread: true,
         }
     }
 }
 
 impl Mix {
+    /// The realistic mix on the shape S4 was measured on before S7 (not [`Mix::spread`]:
+    /// three topics, one attribute), so that S4's figures stay comparable across rounds:
+    /// the spread shape's `region` attribute adds about 70 bytes in use per stored message.
+    pub fn narrow(messages: u64) -> Self {
+        Mix {
+            spread: false,
+            ..Mix::realistic(messages)
+        }
+    }
+
     /// `messages` plain successes through one pull group: nothing redelivered, duplicated,
     /// orphaned or pushed, so every message has exactly ten records (P1–P4; sent, received,
-    /// processing started and finished, ack sent and received).
+    /// processing started and finished, ack sent and received), on three topics with one
+    /// attribute (not [`Mix::spread`]: S4's store size per ten-record message stays
+    /// comparable with the rounds before S7).
     pub fn plain(messages: u64) -> Self {
         Mix {
             redelivered: 0.0,
@@ -62,6 +81,7 @@ impl Mix {
             duplicated: 0.0,
             orphaned: 0.0,
             second_group: 0.0,
+            spread: false,
             ..Mix::realistic(messages)
         }
     }
@@ -97,8 +117,40 @@ impl Rng {
     }
 }
 
-const TOPICS: [&str; 3] = ["orders.created", "orders.paid", "orders.refund"];
+/// The topics of the workload, in four hierarchies (so that a topic pattern such as
+/// `orders.*` selects a fraction of the messages); each message takes one at random.
+pub(crate) const TOPICS: [&str; 8] = [
+    "orders.created",
+    "orders.paid",
+    "orders.refund",
+    "billing.invoice",
+    "billing.dunning",
+    "shipping.label",
+    "shipping.track",
+    "users.signup",
+];
+/// The values of the `region` attribute every stored message carries (one at random).
+pub(crate) const REGIONS: [&str; 4] = ["eu-west", "eu-central", "us-east", "ap-south"];
+/// The values of the `category` attribute every stored message carries (one at random).
+pub(crate) const CATEGORIES: [&str; 2] = ["refund", "sale"];
+/// Time between two messages' first records, nanoseconds (50,000 messages a second).
+pub(crate) const MESSAGE_SPACING_NANOS: u64 = 20 * MICRO;
 const MICRO: u64 = 1_000;
+
+/// A message's topic, region (`None`: no `region` attribute) and category: spread, from its
+/// number alone (a SplitMix64 hash, so that they are independent of each other and of the
+/// mix's random draws); otherwise the first three topics and the categories in turn.
+fn shape(i: u64, spread: bool) -> (usize, Option<usize>, usize) {
+    if !spread {
+        return ((i % 3) as usize, None, (i % 2) as usize);
+    }
+    let h = Rng::new(i ^ 0x70_1c5).next_u64();
+    (
+        (h % TOPICS.len() as u64) as usize,
+        Some(((h >> 16) % REGIONS.len() as u64) as usize),
+        ((h >> 32) % CATEGORIES.len() as u64) as usize,
+    )
+}
 
 /// The records of one message, split by who writes them: the broker's records reach the
 /// stage stream first, the clients' reports later.
@@ -117,7 +169,8 @@ fn message(i: u64, t0: u64, mix: &Mix, rng: &mut Rng) -> MessageRecords {
     let mut out = MessageRecords::default();
     let producer = id(format!("producer-{}", i % 4));
     let request = RequestId::new(format!("req-{i}")).expect("generated request IDs are valid");
-    let topic = TOPICS[(i % 3) as usize].to_owned();
+    let (t, region, category) = shape(i, mix.spread);
+    let topic = TOPICS[t].to_owned();
     let base = |stage: Stage, at: u64| {
         let mut r = StageRecord::at(stage, at);
         r.topic = Some(topic.clone());
@@ -139,10 +192,11 @@ fn message(i: u64, t0: u64, mix: &Mix, rng: &mut Rng) -> MessageRecords {
     let mut p2 = base(Stage::UploadReceived, t0 + 60 * MICRO);
     p2.message_id = Some(m);
     p2.service = Some("msgtrail-broker".into());
-    p2.attrs.insert(
-        "category".into(),
-        ["refund", "sale"][(i % 2) as usize].into(),
-    );
+    p2.attrs
+        .insert("category".into(), CATEGORIES[category].into());
+    if let Some(region) = region {
+        p2.attrs.insert("region".into(), REGIONS[region].into());
+    }
     p2.payload_size = Some(128);
     let mut p3 = base(Stage::Stored, t0 + 320 * MICRO);
     p3.message_id = Some(m);
@@ -249,6 +303,15 @@ fn deliver(
     }
 }
 
+/// The records of message number `i` of a workload whose first message starts at `t0`
+/// (Unix nanoseconds), the broker's and the clients' together: for filling a store one
+/// message at a time (S7), without holding the whole workload.
+pub(crate) fn message_records(i: u64, t0: u64, mix: &Mix, rng: &mut Rng) -> Vec<StageRecord> {
+    let mut recs = message(i, t0 + i * MESSAGE_SPACING_NANOS, mix, rng);
+    recs.broker.append(&mut recs.client);
+    recs.broker
+}
+
 /// The workload as stage-stream messages (each a `Vec` of records, in stream order): the
 /// broker's records in the order they happened, each client's reports `client_lag` stage
 /// messages later, as relayed reports reach the stream.
@@ -260,7 +323,7 @@ pub fn stage_messages(mix: &Mix, t0: u64) -> Vec<Vec<StageRecord>> {
     let mut pending_client: std::collections::VecDeque<Vec<StageRecord>> = Default::default();
     let mut client: Vec<StageRecord> = Vec::new();
     for i in 0..mix.messages {
-        let recs = message(i, t0 + i * 20 * MICRO, mix, &mut rng);
+        let recs = message(i, t0 + i * MESSAGE_SPACING_NANOS, mix, &mut rng);
         broker.extend(recs.broker);
         client.extend(recs.client);
         if broker.len() >= per {
@@ -302,9 +365,61 @@ mod tests {
         assert!(count(Stage::PushSent) > 300);
         let ids: BTreeSet<MessageId> = all.iter().filter_map(|r| r.message_id).collect();
         assert_eq!(ids.len(), p2);
+        // Several topics and attributes, each value on a fair share of the messages.
+        let p2s: Vec<&&StageRecord> = all
+            .iter()
+            .filter(|r| r.stage == Stage::UploadReceived)
+            .collect();
+        for (values, key) in [(&REGIONS[..], "region"), (&CATEGORIES[..], "category")] {
+            for v in values {
+                let n = p2s
+                    .iter()
+                    .filter(|r| r.attrs.get(key).map(String::as_str) == Some(*v))
+                    .count();
+                let share = n as f64 / p2s.len() as f64;
+                let fair = 1.0 / values.len() as f64;
+                assert!((share - fair).abs() < 0.06, "{key}={v}: {share}");
+            }
+        }
+        let topics: BTreeSet<&str> = all.iter().filter_map(|r| r.topic.as_deref()).collect();
+        assert_eq!(topics.len(), TOPICS.len(), "{topics:?}");
         // Records per message near the issue's ~10 (more with a second group).
         let per = all.len() as f64 / 2_000.0;
         assert!((8.0..20.0).contains(&per), "{per}");
+    }
+
+    #[test]
+    fn message_by_message_gives_the_records_of_the_stage_messages() {
+        let mix = Mix::realistic(300);
+        let t0 = 1_700_000_000_000_000_000;
+        let mut rng = Rng::new(mix.seed);
+        let one_by_one: Vec<StageRecord> = (0..mix.messages)
+            .flat_map(|i| message_records(i, t0, &mix, &mut rng))
+            .collect();
+        let mut a: Vec<String> = one_by_one.iter().map(|r| format!("{r:?}")).collect();
+        let mut b: Vec<String> = stage_messages(&mix, t0)
+            .iter()
+            .flatten()
+            .map(|r| format!("{r:?}"))
+            .collect();
+        a.sort();
+        b.sort();
+        assert_eq!(a, b);
+    }
+
+    #[test]
+    fn the_narrow_mix_keeps_three_topics_and_one_attribute() {
+        let all: Vec<StageRecord> = stage_messages(&Mix::narrow(600), 1_700_000_000_000_000_000)
+            .into_iter()
+            .flatten()
+            .collect();
+        let topics: BTreeSet<&str> = all.iter().filter_map(|r| r.topic.as_deref()).collect();
+        assert_eq!(topics, TOPICS[..3].iter().copied().collect());
+        let keys: BTreeSet<&str> = all
+            .iter()
+            .flat_map(|r| r.attrs.keys().map(String::as_str))
+            .collect();
+        assert_eq!(keys, BTreeSet::from(["category"]));
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! The harness keeps working: a `--quick` run (300 ms windows after 100 ms of warm-up, two
 //! interleaved repetitions; even smaller counts for S4–S6 in debug builds) produces every
 //! scenario with non-zero counts and finite ratios, the medians under the existing keys with
-//! each repetition and the spread beside them, and S4's write amplification and peak RSS.
+//! each repetition and the spread beside them, S4's write amplification and peak RSS, S7's
+//! searches of every kind selecting a fraction of the store (and finding it), and S8's
+//! application alone and observed, with the listener storing records of what it observed.
 //! No speed is asserted: benchmarks are not tests.
 
 use msgtrail_bench::BenchConfig;
@@ -213,13 +215,91 @@ async fn quick_run_reports_every_scenario() {
     // The synthetic mix redelivers one stage message in a hundred: skipped as repeats.
     positive("s4.repeated_records");
     assert_eq!(num(&json, "s5.found"), c.lookup_queries as f64, "{table}");
+    // S7: every kind of search finds some of what its filters select, a fraction.
+    for s in [
+        "s7.stored_messages",
+        "s7.records",
+        "s7.sample",
+        "s7.latency.count",
+        "s7.latency.p50_ms",
+        "s7.latency.p99_ms",
+        "s7.searches.per_sec",
+        "s7.results",
+    ] {
+        positive(s);
+    }
+    assert_eq!(num(&json, "s7.stored_messages"), c.lookup_messages as f64);
+    let kinds = json["s7"]["kinds"].as_object().expect("s7.kinds");
+    assert_eq!(kinds.len(), 5, "{table}");
+    for kind in [
+        "topic",
+        "attribute",
+        "topic_attribute",
+        "failed",
+        "dead_lettered",
+    ] {
+        let k = |f: &str| format!("s7.kinds.{kind}.{f}");
+        for f in ["p50_ms", "p99_ms", "max_ms", "results", "mean_results"] {
+            positive(&k(f));
+        }
+        assert_eq!(num(&json, &k("queries")), c.search_queries as f64);
+        let sel = num(&json, &k("selectivity"));
+        assert!(sel > 0.0 && sel < 0.5, "{kind} selects {sel}\n{table}");
+        assert!(num(&json, &k("mean_results")) <= 100.0, "{table}");
+        assert!(num(&json, &k("p99_ms")) >= num(&json, &k("p50_ms")));
+    }
+    assert_eq!(
+        num(&json, "s7.latency.count"),
+        5.0 * c.search_queries as f64,
+        "{table}"
+    );
+    // S8: both runs of every repetition, the ratio of the medians, the listener's records.
+    for s in [
+        "s8.raw.per_sec",
+        "s8.observed.per_sec",
+        "s8.records_per_message",
+        "s8.paired.min",
+    ] {
+        positive(s);
+    }
+    let ratio = num(&json, "ratios.s8_observed_over_raw");
+    assert!(ratio > 0.0 && ratio < 2.0, "S8 ratio {ratio}\n{table}");
+    assert!(
+        (ratio - num(&json, "s8.observed.per_sec") / num(&json, "s8.raw.per_sec")).abs() < 1e-9
+    );
+    for key in ["raw_reps", "observed_reps", "listener"] {
+        assert_eq!(
+            json["s8"][key].as_array().map(Vec::len),
+            Some(c.reps as usize),
+            "s8.{key}"
+        );
+    }
+    for l in json["s8"]["listener"].as_array().unwrap() {
+        // Every published message was seen stored, and its acks observed.
+        assert!(l["published"].as_f64().unwrap() > 0.0, "{l}");
+        assert!(
+            l["records"].as_f64().unwrap() >= l["published"].as_f64().unwrap(),
+            "{l}"
+        );
+        assert!(l["consumed"].as_f64().unwrap() > 0.0, "{l}");
+    }
     assert!(!report.targets.is_empty());
+    assert!(
+        report
+            .targets
+            .iter()
+            .any(|t| t.name.starts_with("S7 search p99") && t.target == "≤ 50 ms"),
+        "{table}"
+    );
     assert!(
         table.contains("S1 raw both at once")
             && table.contains("Targets")
             && table.contains("spread")
             && table.contains("ratios over paired repetitions")
-            && table.contains("write amplification"),
+            && table.contains("write amplification")
+            && table.contains("S7 search with")
+            && table.contains("S7 dead_lettered")
+            && table.contains("S8 observe mode"),
         "{table}"
     );
 }

@@ -1,5 +1,6 @@
 //! `msgtrail bench`: the benchmark harness (S1 raw JetStream, S2/S3 msgtrail with stage
-//! recording off/on, S4 listener ingest, S5 lookup, S6 OTLP export) with ratios side by side.
+//! recording off/on, S4 listener ingest, S5 lookup, S6 OTLP export, S7 search, S8 observe
+//! mode's overhead) with ratios side by side.
 //! The logic lives in `msgtrail-bench`; this parses options and prints.
 
 use crate::common::NatsArgs;
@@ -62,9 +63,12 @@ pub(crate) struct Args {
     /// S4: copies of the recorded stage records replayed (default 4).
     #[arg(long)]
     pub ingest_copies: Option<u64>,
-    /// S5: stored messages.
+    /// S5: stored messages (S7 searches a store of as many).
     #[arg(long)]
     pub lookup_messages: Option<u64>,
+    /// S7: searches timed per kind of search (five kinds; default 200).
+    #[arg(long)]
+    pub search_queries: Option<u64>,
     /// S6: spans exported.
     #[arg(long)]
     pub export_spans: Option<u64>,
@@ -136,6 +140,9 @@ pub(crate) async fn run(nats: &NatsArgs, args: Args) -> anyhow::Result<()> {
     }
     if let Some(v) = args.export_spans {
         config.export_spans = v;
+    }
+    if let Some(v) = args.search_queries {
+        config.search_queries = v;
     }
     let report = msgtrail_bench::run(config, !args.quiet).await?;
     if args.json {
