@@ -132,14 +132,15 @@ function axisTicks(a, b, want = 5) {
 // would run off the axis.
 function axisHtml(a, b, span, axisPx) {
   const at = k => (k.at - a) / span * 100;
-  const ticks = want => axisTicks(a, b, want).filter(k => at(k) <= 92);
+  const onAxis = k => at(k) <= 92;
   let want = Math.max(2, Math.min(8, Math.floor(axisPx / 90)));
-  let marks = ticks(want);
+  let marks = axisTicks(a, b, want);
   const labelPx = () => Math.max(0, ...marks.map(k => k.label.length)) * 7 + 14;
-  while (want > 2 && labelPx() > axisPx / marks.length) marks = ticks(--want);
+  while (want > 2 && labelPx() > axisPx / marks.length) marks = axisTicks(a, b, --want);
+  marks = marks.filter(onAxis);
   // A coarse step can leave a single tick (or none) once the last 8 % is cut: a denser one
-  // until two are on the axis.
-  while (marks.length < 2 && want < 16) marks = ticks(++want);
+  // until two are on the axis (the thinning below keeps them apart).
+  for (let w = want + 1; marks.length < 2 && w <= 16; w++) marks = axisTicks(a, b, w).filter(onAxis);
   // Still crowded: every n-th label, never fewer than two.
   const every = Math.min(Math.max(1, marks.length - 1), Math.max(1, Math.ceil(labelPx() / (axisPx / Math.max(1, marks.length)))));
   if (every > 1) marks = marks.filter((_, i) => i % every === 0);
