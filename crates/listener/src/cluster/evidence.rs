@@ -1,0 +1,328 @@
+//! Store evidence in a listener group (docs/ARCHITECTURE.md, decision 12): each member reads
+//! the message stream through a consumer of its own and keeps the recovered P2/P3 of the
+//! messages whose partition it holds (primary or copy), so that a message's evidence lives
+//! exactly where its stage records do.
+//!
+//! ## How the parts meet
+//! - The **live** consumer `<group>-<instance>-stored` ([`crate::evidence::consumer_name`] of
+//!   the member's durable base) reads every stored message's headers, as a single listener's
+//!   does, and applies the evidence of the partitions the member holds when the chunk is
+//!   applied ([`crate::evidence::Scope::Held`]); the others' messages are only acked. It
+//!   starts reading once the coordinator has made its first assignment, so that a restarted
+//!   member does not ack away the messages of the partitions it is about to hold again.
+//! - A member that **takes over** a partition has skipped that partition's older messages:
+//!   its **replay** consumer `<group>-<instance>-stored-replay` reads the message stream
+//!   from its first message up to its last one at the time the replay began, applying the
+//!   evidence of the partitions taken over only, then is deleted. Later messages are the live
+//!   consumer's: a message stored after the replay read the stream's last sequence is
+//!   applied by the live consumer after the member already held its partition. Partitions
+//!   taken over while a replay runs wait for the next one (one replay at a time, each one
+//!   headers-only pass over the stream). Until its replay is done, a partition is not
+//!   announced ready, so the fan-out asks a ready copy first.
+//! - [`Coverage`] is what the member knows: the partitions whose evidence its store holds up
+//!   to the live consumer's position, kept in the file `evidence-partitions` of the data
+//!   directory (written before a released partition's messages are skipped, and when a replay
+//!   ends). A restarted member replays only the partitions it holds and had not covered; a
+//!   member whose live consumer is new (it starts at the stream's first message) covers what
+//!   it holds without a replay.
+
+use super::{ClusterView, Roles};
+use crate::error::ListenerError;
+use crate::evidence::{self, EvidenceSource, Mask, Scope, Sinks};
+use msgtrail_core::partition::{Partition, PARTITIONS};
+use msgtrail_core::subjects::MESSAGE_STREAM;
+use msgtrail_core::sync::Recover;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// The file of the data directory that lists the covered partitions.
+pub(crate) const COVERAGE_FILE: &str = "evidence-partitions";
+
+/// Suffix of the replay consumer's name, after the live consumer's.
+pub(crate) const REPLAY_SUFFIX: &str = "-replay";
+
+/// How often the member looks for partitions to replay.
+const TAKEOVER_CHECK: Duration = Duration::from_secs(1);
+
+/// A replay consumer nobody reads for this long is removed by JetStream (a member that died
+/// during a replay replays again when it comes back: the partitions were not covered).
+const REPLAY_INACTIVE: Duration = Duration::from_secs(300);
+
+/// The name of a member's replay consumer, whose live consumer is `live`.
+pub(crate) fn replay_name(live: &str) -> String {
+    format!("{live}{REPLAY_SUFFIX}")
+}
+
+/// The partitions whose store evidence this member's store holds up to its live consumer's
+/// position, and the held partitions still to replay (announced to the view).
+#[derive(Debug)]
+pub(crate) struct Coverage {
+    view: Arc<ClusterView>,
+    path: PathBuf,
+    covered: Mutex<Mask>,
+}
+
+impl Coverage {
+    /// The coverage the file at `path` records (none when it is missing or unreadable).
+    pub(crate) fn load(view: Arc<ClusterView>, path: PathBuf) -> Self {
+        let mut covered = [false; PARTITIONS as usize];
+        match std::fs::read_to_string(&path) {
+            Ok(text) => {
+                for p in text
+                    .split(|c: char| c == ',' || c.is_whitespace())
+                    .filter_map(|t| t.parse::<u16>().ok())
+                    .filter_map(Partition::new)
+                {
+                    covered[usize::from(p.index())] = true;
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "store-evidence coverage unreadable; replaying every held partition")
+            }
+        }
+        Coverage {
+            view,
+            path,
+            covered: Mutex::new(covered),
+        }
+    }
+
+    /// The roles held now, after forgetting the coverage of partitions no longer held (on
+    /// disk first: their messages are skipped from now on) and announcing those still to
+    /// replay. Before the first assignment: nothing held.
+    pub(crate) fn note_roles(&self) -> Roles {
+        let roles = self.view.roles().unwrap_or([None; PARTITIONS as usize]);
+        let mut covered = self.covered.lock().recover();
+        let before = *covered;
+        for (c, r) in covered.iter_mut().zip(&roles) {
+            *c &= r.is_some();
+        }
+        if *covered != before {
+            self.save(&covered);
+        }
+        self.view.set_evidence_pending(pending(&roles, &covered));
+        roles
+    }
+
+    /// Marks `partitions` covered (those still held).
+    pub(crate) fn cover(&self, partitions: Mask) {
+        let roles = self.note_roles();
+        let mut covered = self.covered.lock().recover();
+        let before = *covered;
+        for i in 0..covered.len() {
+            covered[i] |= partitions[i] && roles[i].is_some();
+        }
+        if *covered != before {
+            self.save(&covered);
+        }
+        self.view.set_evidence_pending(pending(&roles, &covered));
+    }
+
+    /// The held partitions not covered: those to replay.
+    pub(crate) fn to_replay(&self) -> Mask {
+        let roles = self.note_roles();
+        pending(&roles, &self.covered.lock().recover())
+    }
+
+    fn save(&self, covered: &Mask) {
+        let list: Vec<String> = (0..PARTITIONS)
+            .filter(|i| covered[usize::from(*i)])
+            .map(|i| i.to_string())
+            .collect();
+        let tmp = self.path.with_extension("tmp");
+        let result = std::fs::write(&tmp, format!("{}\n", list.join(",")))
+            .and_then(|()| std::fs::rename(&tmp, &self.path));
+        if let Err(e) = result {
+            tracing::warn!(path = %self.path.display(), error = %e, "store-evidence coverage not saved");
+        }
+    }
+}
+
+/// Held and not covered.
+fn pending(roles: &Roles, covered: &Mask) -> Mask {
+    let mut out = [false; PARTITIONS as usize];
+    for i in 0..out.len() {
+        out[i] = roles[i].is_some() && !covered[i];
+    }
+    out
+}
+
+/// Whether JetStream says the message stream does not exist.
+fn stream_not_found(e: &async_nats::jetstream::context::GetStreamError) -> bool {
+    use async_nats::jetstream::context::GetStreamErrorKind;
+    matches!(e.kind(), GetStreamErrorKind::JetStream(j)
+        if j.error_code() == async_nats::jetstream::ErrorCode::STREAM_NOT_FOUND)
+}
+
+/// The partitions of a mask, for the log.
+fn list(mask: &Mask) -> String {
+    (0..PARTITIONS)
+        .filter(|i| mask[usize::from(*i)])
+        .map(|i| i.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Everything a member's store evidence needs.
+#[derive(Debug, Clone)]
+pub(crate) struct GroupEvidence {
+    /// The live consumer (its name `<group>-<instance>-stored`) and the reading settings.
+    pub source: EvidenceSource,
+    /// The group's view.
+    pub view: Arc<ClusterView>,
+    /// The data directory (where the coverage file lives).
+    pub data_dir: PathBuf,
+    /// Where the evidence goes.
+    pub sinks: Sinks,
+}
+
+/// Runs a member's store evidence until `stop`: the live consumer and the takeover replays.
+pub(crate) async fn run(g: GroupEvidence, stop: CancellationToken) -> Result<(), ListenerError> {
+    // Nothing is read before the first assignment: until then every message would be skipped.
+    while g.view.roles().is_none() {
+        tokio::select! {
+            _ = stop.cancelled() => return Ok(()),
+            _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+        }
+    }
+    let coverage = Arc::new(Coverage::load(
+        g.view.clone(),
+        g.data_dir.join(COVERAGE_FILE),
+    ));
+    let (live_ready, ready) = tokio::sync::watch::channel(false);
+    tokio::join!(
+        live(&g, coverage.clone(), live_ready, &stop),
+        takeovers(&g, coverage, ready, &stop)
+    );
+    Ok(())
+}
+
+/// The live consumer, until `stop`; `ready` turns true once it is set up (a new consumer's
+/// coverage noted).
+async fn live(
+    g: &GroupEvidence,
+    coverage: Arc<Coverage>,
+    ready: tokio::sync::watch::Sender<bool>,
+    stop: &CancellationToken,
+) {
+    loop {
+        let Some(mut consumer) = evidence::wait_for_consumer(&g.source, stop).await else {
+            return;
+        };
+        match consumer.info().await {
+            // A consumer that delivered nothing starts at the stream's first message: it
+            // reads every held partition's evidence itself.
+            Ok(info) if info.delivered.stream_sequence == 0 => coverage.cover(evidence::ALL),
+            Ok(_) => {}
+            Err(e) => tracing::debug!(error = %e, "store-evidence consumer info unavailable"),
+        }
+        ready.send_replace(true);
+        tracing::info!(stream = MESSAGE_STREAM, consumer = %g.source.name, "reading the held partitions' store evidence from the message stream");
+        match evidence::read(
+            &g.source,
+            consumer,
+            Scope::Held(coverage.clone()),
+            &g.sinks,
+            stop,
+        )
+        .await
+        {
+            evidence::Ended::Stopped => return,
+            evidence::Ended::Lost(why) => evidence::log_lost(why),
+            evidence::Ended::Reached(_) => {}
+        }
+    }
+}
+
+/// Replays the held partitions not covered, one replay at a time, until `stop`.
+async fn takeovers(
+    g: &GroupEvidence,
+    coverage: Arc<Coverage>,
+    mut live_ready: tokio::sync::watch::Receiver<bool>,
+    stop: &CancellationToken,
+) {
+    let replay = replay_name(&g.source.name);
+    let mut tick = tokio::time::interval(TAKEOVER_CHECK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let wanted = coverage.to_replay();
+        if !wanted.contains(&true) {
+            continue;
+        }
+        let stream = match g.source.js.get_stream(MESSAGE_STREAM).await {
+            Ok(s) => s,
+            Err(e) if stream_not_found(&e) => {
+                // No message stream: no older evidence. Whatever is stored from now on is
+                // stored while the partitions are held, and read by the live consumer.
+                coverage.cover(wanted);
+                continue;
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "message stream unavailable for a store-evidence replay");
+                continue;
+            }
+        };
+        // The live consumer's coverage first (a new one covers everything held).
+        if !*live_ready.borrow() {
+            continue;
+        }
+        let _ = live_ready.borrow_and_update();
+        let wanted = coverage.to_replay();
+        if !wanted.contains(&true) {
+            continue;
+        }
+        let until = match stream.get_info().await {
+            Ok(info) => info.state.last_sequence,
+            Err(e) => {
+                tracing::debug!(error = %e, "message stream info unavailable");
+                continue;
+            }
+        };
+        if until == 0 {
+            coverage.cover(wanted);
+            continue;
+        }
+        tracing::info!(partitions = %list(&wanted), until, "replaying the store evidence of partitions taken over");
+        // A replay consumer left by an earlier run (it died mid-replay) starts over.
+        let _ = stream.delete_consumer(&replay).await;
+        let mut config = evidence::consumer_config(&replay, g.source.batch_size, g.source.ack_wait);
+        config.description =
+            Some("msgtrail listener: store evidence replay of partitions taken over".into());
+        config.inactive_threshold = REPLAY_INACTIVE;
+        let consumer = match stream.create_consumer(config).await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(consumer = %replay, error = %e, "store-evidence replay consumer not created; trying again");
+                continue;
+            }
+        };
+        let scope = Scope::Replay {
+            coverage: coverage.clone(),
+            only: wanted,
+            until,
+        };
+        let source = EvidenceSource {
+            name: replay.clone(),
+            ..g.source.clone()
+        };
+        let ended = evidence::read(&source, consumer, scope, &g.sinks, stop).await;
+        if let Err(e) = stream.delete_consumer(&replay).await {
+            tracing::debug!(consumer = %replay, error = %e, "replay consumer not deleted (JetStream removes it when inactive)");
+        }
+        match ended {
+            evidence::Ended::Stopped => return,
+            evidence::Ended::Lost(why) => evidence::log_lost(why),
+            evidence::Ended::Reached(done) => {
+                coverage.cover(done);
+                tracing::info!(partitions = %list(&done), "store evidence of the partitions taken over replayed");
+            }
+        }
+    }
+}
