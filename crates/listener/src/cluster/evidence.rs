@@ -92,9 +92,12 @@ impl Coverage {
 
     /// The roles held now, after forgetting the coverage of partitions no longer held (on
     /// disk first: their messages are skipped from now on) and announcing those still to
-    /// replay. Before the first assignment: nothing held.
+    /// replay. Before the first assignment: nothing held, and the coverage kept as it is.
     pub(crate) fn note_roles(&self) -> Roles {
-        let roles = self.view.roles().unwrap_or([None; PARTITIONS as usize]);
+        let Some(roles) = self.view.roles() else {
+            // No assignment yet: nothing held, nothing forgotten.
+            return [None; PARTITIONS as usize];
+        };
         let mut covered = self.covered.lock().recover();
         let before = *covered;
         for (c, r) in covered.iter_mut().zip(&roles) {
@@ -241,7 +244,7 @@ async fn live(
 async fn takeovers(
     g: &GroupEvidence,
     coverage: Arc<Coverage>,
-    mut live_ready: tokio::sync::watch::Receiver<bool>,
+    live_ready: tokio::sync::watch::Receiver<bool>,
     stop: &CancellationToken,
 ) {
     let replay = replay_name(&g.source.name);
@@ -273,7 +276,6 @@ async fn takeovers(
         if !*live_ready.borrow() {
             continue;
         }
-        let _ = live_ready.borrow_and_update();
         let wanted = coverage.to_replay();
         if !wanted.contains(&true) {
             continue;
@@ -324,5 +326,94 @@ async fn takeovers(
                 tracing::info!(partitions = %list(&done), "store evidence of the partitions taken over replayed");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::Role;
+
+    /// A view of member `me` that holds `held` (primary), assigned.
+    fn view_holding(held: &[u16]) -> Arc<ClusterView> {
+        let view = Arc::new(ClusterView::new("me", 1));
+        set_held(&view, held);
+        view
+    }
+
+    fn set_held(view: &ClusterView, held: &[u16]) {
+        let mut s = view.inner.write().unwrap();
+        s.assigned = true;
+        s.held = held
+            .iter()
+            .map(|i| (Partition::new(*i).unwrap(), (Role::Primary, Some(0))))
+            .collect();
+    }
+
+    fn mask(ps: &[u16]) -> Mask {
+        let mut m = [false; PARTITIONS as usize];
+        for p in ps {
+            m[usize::from(*p)] = true;
+        }
+        m
+    }
+
+    fn ready(view: &ClusterView) -> Vec<u16> {
+        view.held()
+            .iter()
+            .filter(|h| h.ready)
+            .map(|h| h.partition.index())
+            .collect()
+    }
+
+    #[test]
+    fn held_partitions_not_covered_are_replayed_and_not_ready_until_then() {
+        let dir = tempfile::tempdir().unwrap();
+        let view = view_holding(&[1, 2, 3]);
+        let c = Coverage::load(view.clone(), dir.path().join(COVERAGE_FILE));
+        assert_eq!(c.to_replay(), mask(&[1, 2, 3]));
+        assert_eq!(ready(&view), Vec::<u16>::new());
+        // A partition covered that is not held stays uncovered.
+        c.cover(mask(&[2, 9]));
+        assert_eq!(c.to_replay(), mask(&[1, 3]));
+        assert_eq!(ready(&view), vec![2]);
+        c.cover(evidence::ALL);
+        assert_eq!(c.to_replay(), mask(&[]));
+        assert_eq!(ready(&view), vec![1, 2, 3]);
+    }
+
+    #[test]
+    fn coverage_survives_a_restart_and_forgets_released_partitions_on_disk() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(COVERAGE_FILE);
+        let view = view_holding(&[0, 5, 15]);
+        let c = Coverage::load(view.clone(), path.clone());
+        c.cover(evidence::ALL);
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "0,5,15\n");
+        // Restarted holding the same partitions: nothing to replay.
+        let again = Coverage::load(view_holding(&[0, 5, 15]), path.clone());
+        assert_eq!(again.to_replay(), mask(&[]));
+        // Partition 5 released: forgotten on disk at once; taken back: replayed.
+        set_held(&view, &[0, 15]);
+        assert_eq!(c.note_roles()[5], None);
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "0,15\n");
+        set_held(&view, &[0, 5, 15]);
+        assert_eq!(c.to_replay(), mask(&[5]));
+        let restarted = Coverage::load(view_holding(&[0, 5, 15]), path);
+        assert_eq!(restarted.to_replay(), mask(&[5]));
+    }
+
+    #[test]
+    fn nothing_is_held_before_the_first_assignment() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(COVERAGE_FILE);
+        std::fs::write(&path, "3,4\n").unwrap();
+        let view = Arc::new(ClusterView::new("me", 1));
+        let c = Coverage::load(view.clone(), path.clone());
+        assert!(c.note_roles().iter().all(Option::is_none));
+        // Not forgotten either: the assignment has not been made.
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "3,4\n");
+        set_held(&view, &[3, 4, 7]);
+        assert_eq!(c.to_replay(), mask(&[7]));
     }
 }
