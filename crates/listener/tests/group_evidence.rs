@@ -10,7 +10,9 @@
 //!   fan-out — with the store hop recovered where the broker's records are missing;
 //! - when one member leaves, the other takes its partitions over and replays their older
 //!   evidence from the message stream: it then holds every message's recovered P2/P3 and
-//!   answers every full trajectory from its own store.
+//!   answers every full trajectory from its own store;
+//! - the member that left restarts on its store, gets its partitions back and keeps the
+//!   evidence of the messages stored while it was away.
 
 mod common;
 use common::scenario::{Scenario, MS};
@@ -166,7 +168,7 @@ async fn publish(js: &async_nats::jetstream::Context, messages: &[Message]) {
 }
 
 /// Who holds each partition, as the members' heartbeats say, once every partition has one
-/// ready owner among `members`.
+/// ready owner among `members` and each of them holds some.
 async fn owners(
     js: &async_nats::jetstream::Context,
     members: &[&str],
@@ -187,14 +189,19 @@ async fn owners(
                     .push(info.name.clone());
             }
         }
-        (owners.len() == Partition::all().count() && owners.values().all(|o| o.len() == 1)).then(
-            || {
-                owners
-                    .into_iter()
-                    .map(|(p, mut o)| (p, o.remove(0)))
-                    .collect()
-            },
-        )
+        // Every member holds a share (one that just joined holds nothing for a beat or two).
+        let all_hold = members
+            .iter()
+            .all(|m| owners.values().any(|o| o.iter().any(|n| n == m)));
+        (all_hold
+            && owners.len() == Partition::all().count()
+            && owners.values().all(|o| o.len() == 1))
+        .then(|| {
+            owners
+                .into_iter()
+                .map(|(p, mut o)| (p, o.remove(0)))
+                .collect()
+        })
     })
     .await
 }
@@ -310,5 +317,28 @@ async fn each_member_keeps_the_store_evidence_of_its_partitions_and_a_takeover_r
     let covered = std::fs::read_to_string(dirs[0].path().join("evidence-partitions")).unwrap();
     let expected: Vec<String> = (0..16).map(|i| i.to_string()).collect();
     assert_eq!(covered.trim(), expected.join(","));
-    a.shutdown().await.unwrap();
+
+    // More messages while b is away, then b restarts on its store: it gets its partitions
+    // back (the same owners) and its consumer resumes where it stopped — only once it holds
+    // them again, so the messages stored meanwhile keep their evidence on b.
+    let mut later = Vec::new();
+    for i in 48..72 {
+        later.push(store(&js, i, i % 3 == 0).await);
+    }
+    publish(&js, &later).await;
+    let b = msgtrail_listener::start(member(&server, dirs[1].path(), "b"))
+        .await
+        .unwrap();
+    assert_eq!(owners(&js, &["a", "b"]).await, owner);
+    messages.extend(later);
+    answers_all("b (restarted)", &b, &messages).await;
+    for m in &messages {
+        if owner[&Partition::of_message(&m.scenario.id)] == "b" {
+            let t = local(&b, m).expect("b stores its partitions' messages");
+            assert_eq!(t, m.expected(), "b after its restart");
+        }
+    }
+    for h in [a, b] {
+        h.shutdown().await.unwrap();
+    }
 }
