@@ -29,6 +29,12 @@
 //!   already holds, so every message gets its P2/P3 once.
 //! - The statistics count the messages (`ingest.stored_messages`,
 //!   `ingest.stored_without_evidence`) and the consumer's lag (`lag.stored_*`), polled here.
+//! - [`Scope`] says whose evidence a reading applies: a single listener's [`run`] applies
+//!   every message's ([`Scope::All`]); a group member (`crate::cluster::evidence`) applies
+//!   only the messages whose partition ([`partition_of`]) it holds when the chunk is applied
+//!   ([`Scope::Held`], split into a batch of the primary's partitions, exported, and one of
+//!   the copies'), and replays the older messages of the partitions it takes over
+//!   ([`Scope::Replay`], up to a stream sequence, [`read`] returning [`Ended::Reached`]).
 //!
 //! Trajectory assembly (`msgtrail_core::trajectory`) merges records per message ID whatever
 //! their source and order: a P2/P3 recovered after the deliveries were recorded (the store
@@ -306,8 +312,9 @@ pub(crate) enum Scope {
 
 impl Scope {
     /// The chunk's batches, each with the exporter of its trajectories: one for a single
-    /// listener; in a group one of the primary's partitions (exported) and one of the rest
-    /// (copies' evidence, not exported; messages of partitions not held are only acked).
+    /// listener; in a group with an exporter one of the primary's partitions (exported) and
+    /// one of the rest (copies' evidence, not exported), without one a single batch of the
+    /// held partitions. Messages of partitions not held are only acked.
     fn batches(
         &mut self,
         msgs: Vec<jetstream::Message>,
@@ -334,13 +341,25 @@ impl Scope {
                 None => {}
             }
         }
-        let (mine, rest): (Vec<_>, Vec<_>) = msgs
-            .into_iter()
-            .partition(|m| partition_of(m).is_some_and(|p| primary[usize::from(p.index())]));
-        let mut out = vec![
-            (batch_of(mine, primary), exporter.cloned()),
-            (batch_of(rest, copy), None),
-        ];
+        let mut out = match exporter {
+            // Nothing exported: one transaction for the primary's and the copies' evidence.
+            None => {
+                let mut held = primary;
+                for (h, c) in held.iter_mut().zip(copy) {
+                    *h |= c;
+                }
+                vec![(batch_of(msgs, held), None)]
+            }
+            Some(x) => {
+                let (mine, rest): (Vec<_>, Vec<_>) = msgs.into_iter().partition(|m| {
+                    partition_of(m).is_some_and(|p| primary[usize::from(p.index())])
+                });
+                vec![
+                    (batch_of(mine, primary), Some(x.clone())),
+                    (batch_of(rest, copy), None),
+                ]
+            }
+        };
         if replay {
             // Old messages: their age is no lag of the live consumer's.
             for (b, _) in &mut out {
