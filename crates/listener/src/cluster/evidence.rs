@@ -62,7 +62,14 @@ pub(crate) struct Coverage {
     view: Arc<ClusterView>,
     path: PathBuf,
     covered: Mutex<Mask>,
+    /// How many times each partition was seen not held (by any reading or check): a replay
+    /// covers only the partitions never seen released while it ran, since the live consumer
+    /// skipped their messages meanwhile.
+    unheld: Mutex<Releases>,
 }
+
+/// Per partition, how many times it was seen not held ([`Coverage::releases`]).
+pub(crate) type Releases = [u64; PARTITIONS as usize];
 
 impl Coverage {
     /// The coverage the file at `path` records (none when it is missing or unreadable).
@@ -87,6 +94,7 @@ impl Coverage {
             view,
             path,
             covered: Mutex::new(covered),
+            unheld: Mutex::new([0; PARTITIONS as usize]),
         }
     }
 
@@ -98,6 +106,9 @@ impl Coverage {
             // No assignment yet: nothing held, nothing forgotten.
             return [None; PARTITIONS as usize];
         };
+        for (n, r) in self.unheld.lock().recover().iter_mut().zip(&roles) {
+            *n += u64::from(r.is_none());
+        }
         let mut covered = self.covered.lock().recover();
         let before = *covered;
         for (c, r) in covered.iter_mut().zip(&roles) {
@@ -122,6 +133,24 @@ impl Coverage {
             self.save(&covered);
         }
         self.view.set_evidence_pending(pending(&roles, &covered));
+    }
+
+    /// The count of times each partition was seen not held, to give [`Coverage::cover_since`].
+    pub(crate) fn releases(&self) -> Releases {
+        *self.unheld.lock().recover()
+    }
+
+    /// Marks `partitions` covered, those still held and not seen released since `since`
+    /// ([`Coverage::releases`] when their replay began): one released and taken back during
+    /// a replay has a gap where the live consumer skipped its messages, and is replayed
+    /// again.
+    pub(crate) fn cover_since(&self, partitions: Mask, since: Releases) {
+        let now = self.releases();
+        let mut kept = partitions;
+        for i in 0..kept.len() {
+            kept[i] &= now[i] == since[i];
+        }
+        self.cover(kept);
     }
 
     /// The held partitions not covered: those to replay.
@@ -259,12 +288,13 @@ async fn takeovers(
         if !wanted.contains(&true) {
             continue;
         }
+        let since = coverage.releases();
         let stream = match g.source.js.get_stream(MESSAGE_STREAM).await {
             Ok(s) => s,
             Err(e) if stream_not_found(&e) => {
                 // No message stream: no older evidence. Whatever is stored from now on is
                 // stored while the partitions are held, and read by the live consumer.
-                coverage.cover(wanted);
+                coverage.cover_since(wanted, since);
                 continue;
             }
             Err(e) => {
@@ -280,6 +310,7 @@ async fn takeovers(
         if !wanted.contains(&true) {
             continue;
         }
+        let since = coverage.releases();
         let until = match stream.get_info().await {
             Ok(info) => info.state.last_sequence,
             Err(e) => {
@@ -288,7 +319,7 @@ async fn takeovers(
             }
         };
         if until == 0 {
-            coverage.cover(wanted);
+            coverage.cover_since(wanted, since);
             continue;
         }
         tracing::info!(partitions = %list(&wanted), until, "replaying the store evidence of partitions taken over");
@@ -322,7 +353,7 @@ async fn takeovers(
             evidence::Ended::Stopped => return,
             evidence::Ended::Lost(why) => evidence::log_lost(why),
             evidence::Ended::Reached(done) => {
-                coverage.cover(done);
+                coverage.cover_since(done, since);
                 tracing::info!(partitions = %list(&done), "store evidence of the partitions taken over replayed");
             }
         }
@@ -401,6 +432,26 @@ mod tests {
         assert_eq!(c.to_replay(), mask(&[5]));
         let restarted = Coverage::load(view_holding(&[0, 5, 15]), path);
         assert_eq!(restarted.to_replay(), mask(&[5]));
+    }
+
+    #[test]
+    fn a_partition_released_and_taken_back_during_its_replay_is_replayed_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let view = view_holding(&[1, 2]);
+        let c = Coverage::load(view.clone(), dir.path().join(COVERAGE_FILE));
+        assert_eq!(c.to_replay(), mask(&[1, 2]));
+        let since = c.releases();
+        // During the replay the live consumer sees 2 released (and skips its messages), then
+        // 2 comes back.
+        set_held(&view, &[1]);
+        c.note_roles();
+        set_held(&view, &[1, 2]);
+        c.cover_since(mask(&[1, 2]), since);
+        assert_eq!(c.to_replay(), mask(&[2]));
+        // Its next replay, undisturbed, covers it.
+        let since = c.releases();
+        c.cover_since(mask(&[2]), since);
+        assert_eq!(c.to_replay(), mask(&[]));
     }
 
     #[test]
