@@ -277,6 +277,7 @@ async fn takeovers(
     stop: &CancellationToken,
 ) {
     let replay = replay_name(&g.source.name);
+    let mut refused = 0u64;
     let mut tick = tokio::time::interval(TAKEOVER_CHECK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -332,10 +333,16 @@ async fn takeovers(
         let consumer = match stream.create_consumer(config).await {
             Ok(c) => c,
             Err(e) => {
-                tracing::warn!(consumer = %replay, error = %e, "store-evidence replay consumer not created; trying again");
+                // Once a minute at most (a permission refused it, say: the partitions stay
+                // not ready until it works).
+                if refused.is_multiple_of(60) {
+                    tracing::warn!(consumer = %replay, error = %e, attempts = refused + 1, "store-evidence replay consumer not created; the partitions taken over are not ready until it is; trying again every second");
+                }
+                refused += 1;
                 continue;
             }
         };
+        refused = 0;
         let scope = Scope::Replay {
             coverage: coverage.clone(),
             only: wanted,
