@@ -1646,6 +1646,32 @@ async fn a_listener_group_and_partitioned_brokers_work_within_the_deploy_permiss
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
+    // A takeover within the permissions: listener-2 leaves, listener-1 takes its partitions
+    // over and replays their store evidence through msgtrail-listener-1-stored-replay; the
+    // file of the partitions it covers lists all 16 once that replay reached its end.
+    members
+        .pop()
+        .unwrap()
+        .shutdown()
+        .await
+        .expect("listener shutdown");
+    let covered_file = dirs[0]
+        .path()
+        .join(msgtrail_listener::cluster::EVIDENCE_COVERAGE_FILE);
+    let all: Vec<String> = (0..16).map(|i| i.to_string()).collect();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let covered = std::fs::read_to_string(&covered_file).unwrap_or_default();
+        if covered.trim() == all.join(",") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "listener-1 covers {covered:?} after the takeover\n{}",
+            cluster.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     for member in members {
         member.shutdown().await.expect("listener shutdown");
     }

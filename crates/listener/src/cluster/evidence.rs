@@ -37,8 +37,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
-/// The file of the data directory that lists the covered partitions.
-pub(crate) const COVERAGE_FILE: &str = "evidence-partitions";
+/// The file of the data directory that lists the covered partitions (comma-separated
+/// partition numbers).
+pub const COVERAGE_FILE: &str = "evidence-partitions";
 
 /// Suffix of the replay consumer's name, after the live consumer's.
 pub(crate) const REPLAY_SUFFIX: &str = "-replay";

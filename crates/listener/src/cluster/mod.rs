@@ -19,6 +19,7 @@ mod partition_ingest;
 
 pub use membership::{HeldPartition, MemberInfo, HEARTBEAT, MEMBER_BUCKET, MEMBER_TTL};
 
+pub use evidence::COVERAGE_FILE as EVIDENCE_COVERAGE_FILE;
 pub use fanout::{LOCAL_HEADER, PARTIAL_HEADER};
 
 pub(crate) use assignment::Role;
