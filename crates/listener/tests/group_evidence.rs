@@ -314,7 +314,12 @@ async fn each_member_keeps_the_store_evidence_of_its_partitions_and_a_takeover_r
         assert_eq!(t, m.expected());
     }
     // What a would find again after a restart: every partition's evidence covered.
-    let covered = std::fs::read_to_string(dirs[0].path().join("evidence-partitions")).unwrap();
+    let covered = std::fs::read_to_string(
+        dirs[0]
+            .path()
+            .join(msgtrail_listener::cluster::EVIDENCE_COVERAGE_FILE),
+    )
+    .unwrap();
     let expected: Vec<String> = (0..16).map(|i| i.to_string()).collect();
     assert_eq!(covered.trim(), expected.join(","));
 
