@@ -211,6 +211,20 @@ fn the_group_override_describes_a_listener_group() {
     }
     assert_eq!(names.len(), 3, "distinct instance names: {names:?}");
     assert_eq!(urls.len(), 3, "distinct advertised URLs: {urls:?}");
+    // Each member's store-evidence consumers on the message stream are named in the
+    // listener's permissions (a member missing there keeps no store evidence).
+    let accounts = read("nats/accounts.conf");
+    for n in &names {
+        let live = msgtrail_listener::evidence_consumer_name(&format!("msgtrail-{n}"));
+        for c in [live.clone(), format!("{live}-replay")] {
+            for api in ["CREATE", "INFO", "DELETE", "MSG.NEXT"] {
+                let subject = format!("\"$JS.API.CONSUMER.{api}.MSGTRAIL_MESSAGES.{c}\"");
+                assert!(accounts.contains(&subject), "accounts.conf lacks {subject}");
+            }
+            let ack = format!("\"$JS.ACK.MSGTRAIL_MESSAGES.{c}.>\"");
+            assert!(accounts.contains(&ack), "accounts.conf lacks {ack}");
+        }
+    }
 }
 
 #[test]
@@ -1486,7 +1500,10 @@ async fn a_listener_group_and_partitioned_brokers_work_within_the_deploy_permiss
 
     let mut members = Vec::new();
     let dirs: Vec<tempfile::TempDir> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
-    for (dir, instance) in dirs.iter().zip(["a", "b"]) {
+    // The group and member names of deploy/docker-compose.group.yml: accounts.conf names
+    // their store-evidence consumers.
+    let instances = ["listener-1", "listener-2"];
+    for (dir, instance) in dirs.iter().zip(instances) {
         let (nats, _) = connect(
             async_nats::ConnectOptions::with_user_and_password(
                 "listener".into(),
@@ -1503,7 +1520,7 @@ async fn a_listener_group_and_partitioned_brokers_work_within_the_deploy_permiss
             data_dir: dir.path().to_path_buf(),
             http_addr: "127.0.0.1:0".parse().unwrap(),
             group: Some(msgtrail_listener::cluster::GroupConfig {
-                name: "deploy".into(),
+                name: "msgtrail".into(),
                 instance: instance.into(),
                 copies: 1,
                 advertise_url: None,
@@ -1592,6 +1609,68 @@ async fn a_listener_group_and_partitioned_brokers_work_within_the_deploy_permiss
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
         }
+    }
+    // Store evidence in a group: each member read every stored message's headers through a
+    // consumer of its own, msgtrail-<instance>-stored, and acked them all (refused by a
+    // permission, it would have created none or acked nothing, and the log would say so).
+    let (watcher, _) = connect(
+        async_nats::ConnectOptions::with_user_and_password(
+            "listener".into(),
+            LISTENER_PASSWORD.into(),
+        ),
+        &cluster.urls(),
+    )
+    .await;
+    let wjs = async_nats::jetstream::new(watcher);
+    for instance in instances {
+        let name = msgtrail_listener::evidence_consumer_name(&format!("msgtrail-{instance}"));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let mut messages = wjs.get_stream("MSGTRAIL_MESSAGES").await.unwrap();
+            let last = messages.info().await.unwrap().state.last_sequence;
+            let acked = match messages
+                .get_consumer::<async_nats::jetstream::consumer::pull::Config>(&name)
+                .await
+            {
+                Ok(mut c) => Some(c.info().await.unwrap().ack_floor.stream_sequence),
+                Err(_) => None,
+            };
+            if last >= ids.len() as u64 && acked == Some(last) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{instance}'s store-evidence consumer {name} acked up to {acked:?} of {last}\n{}",
+                cluster.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    // A takeover within the permissions: listener-2 leaves, listener-1 takes its partitions
+    // over and replays their store evidence through msgtrail-listener-1-stored-replay; the
+    // file of the partitions it covers lists all 16 once that replay reached its end.
+    members
+        .pop()
+        .unwrap()
+        .shutdown()
+        .await
+        .expect("listener shutdown");
+    let covered_file = dirs[0]
+        .path()
+        .join(msgtrail_listener::cluster::EVIDENCE_COVERAGE_FILE);
+    let all: Vec<String> = (0..16).map(|i| i.to_string()).collect();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let covered = std::fs::read_to_string(&covered_file).unwrap_or_default();
+        if covered.trim() == all.join(",") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "listener-1 covers {covered:?} after the takeover\n{}",
+            cluster.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
     for member in members {
         member.shutdown().await.expect("listener shutdown");

@@ -33,15 +33,23 @@
 //!   already holds, so every message gets its P2/P3 once.
 //! - The statistics count the messages (`ingest.stored_messages`,
 //!   `ingest.stored_without_evidence`) and the consumer's lag (`lag.stored_*`), polled here.
+//! - [`Scope`] says whose evidence a reading applies: a single listener's [`run`] applies
+//!   every message's ([`Scope::All`]); a group member (`crate::cluster::evidence`) applies
+//!   only the messages whose partition ([`partition_of`]) it holds when the chunk is applied
+//!   ([`Scope::Held`], split into a batch of the primary's partitions, exported, and one of
+//!   the copies'), and replays the older messages of the partitions it takes over
+//!   ([`Scope::Replay`], up to a stream sequence, [`read`] returning [`Ended::Reached`]).
 //!
 //! Trajectory assembly (`msgtrail_core::trajectory`) merges records per message ID whatever
 //! their source and order: a P2/P3 recovered after the deliveries were recorded (the store
 //! hop is inferred from the delivery until then), or before the producer's P1, gives the
 //! same trajectory in the end.
 
+use crate::cluster::evidence::Coverage;
+use crate::cluster::Role;
 use crate::error::ListenerError;
 use crate::export::ExportSender;
-use crate::ingest::{apply, Batch, Source};
+use crate::ingest::{apply, Batch, Redecode, Source};
 use crate::stats::Stats;
 use crate::store::Store;
 use async_nats::jetstream::{self, consumer, stream};
@@ -49,6 +57,7 @@ use async_nats::HeaderMap;
 use futures::StreamExt;
 use msgtrail_core::headers as h;
 use msgtrail_core::outcome::StoreOutcome;
+use msgtrail_core::partition::{Partition, PARTITIONS};
 use msgtrail_core::stored;
 use msgtrail_core::subjects::{topic_of_subject, MESSAGE_STREAM, MESSAGE_SUBJECT_PREFIX};
 use msgtrail_core::{ClientId, MessageId, RequestId, Stage, StageRecord};
@@ -198,11 +207,33 @@ pub(crate) fn records_of(
     Ok(Some([p2, p3]))
 }
 
+/// Which partitions' evidence a batch keeps, by partition index.
+pub(crate) type Mask = [bool; PARTITIONS as usize];
+
+/// Every partition's: a single listener keeps all the evidence it reads.
+pub(crate) const ALL: Mask = [true; PARTITIONS as usize];
+
+/// The partition of a stored message, from its `Msgtrail-Message-Id` (`None` without a
+/// usable one: such a message carries no usable evidence either).
+pub(crate) fn partition_of(m: &jetstream::Message) -> Option<Partition> {
+    let id: MessageId = m
+        .headers
+        .as_ref()?
+        .get(h::MESSAGE_ID)?
+        .as_str()
+        .parse()
+        .ok()?;
+    Some(Partition::of_message(&id))
+}
+
 /// Turns a chunk of stored messages into one batch: the records of those that carry
-/// evidence, every message to be acked after the commit.
-fn batch_of(msgs: Vec<jetstream::Message>) -> Batch {
-    let (records, without_evidence) = evidence_of(&msgs, true);
-    let mut batch = Batch::new(Source::Stored { without_evidence }, redecode_stored);
+/// evidence of a partition in `keep`, every message to be acked after the commit.
+fn batch_of(msgs: Vec<jetstream::Message>, keep: Mask) -> Batch {
+    let (records, without_evidence) = evidence_of(&msgs, true, &keep);
+    // A retry after the store failed decodes the same messages again with the same mask
+    // (their warnings were logged the first time).
+    let redecode: Redecode = Arc::new(move |msgs| evidence_of(msgs, false, &keep).0);
+    let mut batch = Batch::with_redecode(Source::Stored { without_evidence }, redecode);
     batch.records = records;
     for m in msgs {
         batch.ack_after_commit(m);
@@ -210,15 +241,9 @@ fn batch_of(msgs: Vec<jetstream::Message>) -> Batch {
     batch
 }
 
-/// The records of stored messages already turned into a batch once, for another attempt
-/// after the store failed (their warnings were logged the first time).
-fn redecode_stored(msgs: &[jetstream::Message]) -> Vec<StageRecord> {
-    evidence_of(msgs, false).0
-}
-
-/// The P2/P3 records of stored messages, and how many of them carried no (usable) evidence;
-/// `warn` logs those whose evidence is unusable.
-fn evidence_of(msgs: &[jetstream::Message], warn: bool) -> (Vec<StageRecord>, u64) {
+/// The P2/P3 records of stored messages of the partitions in `keep`, and how many of them
+/// carried no (usable) evidence; `warn` logs those whose evidence is unusable.
+fn evidence_of(msgs: &[jetstream::Message], warn: bool, keep: &Mask) -> (Vec<StageRecord>, u64) {
     let mut records = Vec::with_capacity(msgs.len() * 2);
     let mut without_evidence = 0u64;
     for m in msgs {
@@ -242,7 +267,14 @@ fn evidence_of(msgs: &[jetstream::Message], warn: bool) -> (Vec<StageRecord>, u6
             }),
         };
         match found {
-            Ok(Some(rs)) => records.extend(rs),
+            Ok(Some(rs)) => {
+                let kept = rs[0]
+                    .message_id
+                    .is_some_and(|id| keep[usize::from(Partition::of_message(&id).index())]);
+                if kept {
+                    records.extend(rs);
+                }
+            }
             Ok(None) => without_evidence += 1,
             Err(e) => {
                 // Acked all the same: its headers will not get any better on redelivery.
@@ -256,13 +288,98 @@ fn evidence_of(msgs: &[jetstream::Message], warn: bool) -> (Vec<StageRecord>, u6
     (records, without_evidence)
 }
 
+/// Whose evidence a reading of the message stream applies.
+#[derive(Debug, Clone)]
+pub(crate) enum Scope {
+    /// Every stored message's (a single listener).
+    All,
+    /// A group member's live consumer: the messages of the partitions the member holds at
+    /// the time each chunk is applied (`crate::cluster::evidence`); the primary's exported.
+    Held(Arc<Coverage>),
+    /// A group member's takeover replay: the messages of the partitions in `only` that the
+    /// member still holds, up to stream sequence `until` (the stream's last message when the
+    /// replay began). `only` loses every partition the member stops holding meanwhile.
+    Replay {
+        /// What the member holds and has covered.
+        coverage: Arc<Coverage>,
+        /// The partitions replayed.
+        only: Mask,
+        /// The last stream sequence to replay.
+        until: u64,
+    },
+}
+
+impl Scope {
+    /// The chunk's batches, each with the exporter of its trajectories: one for a single
+    /// listener; in a group with an exporter one of the primary's partitions (exported) and
+    /// one of the rest (copies' evidence, not exported), without one a single batch of the
+    /// held partitions. Messages of partitions not held are only acked.
+    fn batches(
+        &mut self,
+        msgs: Vec<jetstream::Message>,
+        exporter: Option<&ExportSender>,
+    ) -> Vec<(Batch, Option<ExportSender>)> {
+        let replay = matches!(self, Scope::Replay { .. });
+        let (coverage, mut only) = match self {
+            Scope::All => return vec![(batch_of(msgs, ALL), exporter.cloned())],
+            Scope::Held(c) => (c, None),
+            Scope::Replay { coverage, only, .. } => (coverage, Some(only)),
+        };
+        let roles = coverage.note_roles();
+        let (mut primary, mut copy) = ([false; PARTITIONS as usize], [false; PARTITIONS as usize]);
+        for (i, role) in roles.iter().enumerate() {
+            if let Some(only) = only.as_mut() {
+                only[i] &= role.is_some();
+                if !only[i] {
+                    continue;
+                }
+            }
+            match role {
+                Some(Role::Primary) => primary[i] = true,
+                Some(Role::Copy) => copy[i] = true,
+                None => {}
+            }
+        }
+        let mut out = match exporter {
+            // Nothing exported: one transaction for the primary's and the copies' evidence.
+            None => {
+                let mut held = primary;
+                for (h, c) in held.iter_mut().zip(copy) {
+                    *h |= c;
+                }
+                vec![(batch_of(msgs, held), None)]
+            }
+            Some(x) => {
+                let (mine, rest): (Vec<_>, Vec<_>) = msgs.into_iter().partition(|m| {
+                    partition_of(m).is_some_and(|p| primary[usize::from(p.index())])
+                });
+                vec![
+                    (batch_of(mine, primary), Some(x.clone())),
+                    (batch_of(rest, copy), None),
+                ]
+            }
+        };
+        if replay {
+            // Old messages: their age is no lag of the live consumer's.
+            for (b, _) in &mut out {
+                b.oldest_published = None;
+            }
+        }
+        out
+    }
+}
+
 /// Why reading the message stream stopped.
-enum Ended {
+#[derive(Debug)]
+pub(crate) enum Ended {
     /// The listener is stopping.
     Stopped,
     /// The consumer went away (stream or consumer deleted): wait for the stream again. With
     /// NATS' error, when it gave one.
     Lost(Option<async_nats::Error>),
+    /// A replay reached its last sequence (or the stream's end); with the partitions it
+    /// replayed to the end (those still held).
+    Reached(Mask),
 }
 
 /// Everything [`run`] needs.
@@ -280,14 +397,23 @@ pub(crate) struct EvidenceSource {
     pub poll_interval: Duration,
 }
 
+/// Where the applied evidence goes.
+#[derive(Debug, Clone)]
+pub(crate) struct Sinks {
+    /// The store.
+    pub store: Arc<Store>,
+    /// The statistics.
+    pub stats: Arc<Stats>,
+    /// The trace export, when configured.
+    pub exporter: Option<ExportSender>,
+}
+
 /// Applies the store evidence of stored messages until `stop` is cancelled. Never fails for a
 /// missing message stream: it waits for it (retrying every [`STREAM_RETRY`]), and goes back
 /// to waiting when the stream or the consumer is deleted.
 pub(crate) async fn run(
     source: EvidenceSource,
-    store: Arc<Store>,
-    stats: Arc<Stats>,
-    exporter: Option<ExportSender>,
+    sinks: Sinks,
     stop: CancellationToken,
 ) -> Result<(), ListenerError> {
     loop {
@@ -299,21 +425,25 @@ pub(crate) async fn run(
             consumer = %source.name,
             "reading store evidence from the message stream"
         );
-        match read(&source, consumer, &store, &stats, exporter.as_ref(), &stop).await {
+        match read(&source, consumer, Scope::All, &sinks, &stop).await {
             Ended::Stopped => return Ok(()),
-            Ended::Lost(why) => {
-                let reason = why.map_or_else(
-                    || "the consumer's message stream ended".to_owned(),
-                    |e| e.to_string(),
-                );
-                tracing::warn!(%reason, "store-evidence consumer lost; waiting for the message stream again");
-            }
+            Ended::Lost(why) => log_lost(why),
+            Ended::Reached(_) => unreachable!("only a replay reaches an end"),
         }
     }
 }
 
+/// Logs that a store-evidence consumer went away.
+pub(crate) fn log_lost(why: Option<async_nats::Error>) {
+    let reason = why.map_or_else(
+        || "the consumer's message stream ended".to_owned(),
+        |e| e.to_string(),
+    );
+    tracing::warn!(%reason, "store-evidence consumer lost; waiting for the message stream again");
+}
+
 /// Gets (or creates) the consumer once the message stream exists; `None` when stopped first.
-async fn wait_for_consumer(
+pub(crate) async fn wait_for_consumer(
     source: &EvidenceSource,
     stop: &CancellationToken,
 ) -> Option<consumer::PullConsumer> {
@@ -351,13 +481,13 @@ async fn wait_for_consumer(
     }
 }
 
-/// Reads the consumer until stopped or until it goes away.
-async fn read(
+/// Reads the consumer until stopped, until it goes away, or (a [`Scope::Replay`]) until it
+/// reached its last sequence. The live consumers' lag goes to the statistics.
+pub(crate) async fn read(
     source: &EvidenceSource,
     consumer: consumer::PullConsumer,
-    store: &Arc<Store>,
-    stats: &Arc<Stats>,
-    exporter: Option<&ExportSender>,
+    mut scope: Scope,
+    sinks: &Sinks,
     stop: &CancellationToken,
 ) -> Ended {
     let mut info_consumer = consumer.clone();
@@ -380,11 +510,19 @@ async fn read(
             _ = stop.cancelled() => return Ended::Stopped,
             _ = poll.tick() => {
                 match info_consumer.info().await {
-                    Ok(info) => stats.set_stored_pending(
-                        info.num_pending,
-                        info.num_ack_pending as u64,
-                        msgtrail_core::time::now_nanos(),
-                    ),
+                    Ok(info) => match &scope {
+                        Scope::Replay { only, .. } => {
+                            // Everything up to the stream's end delivered and acked.
+                            if info.num_pending == 0 && info.num_ack_pending == 0 {
+                                return Ended::Reached(*only);
+                            }
+                        }
+                        _ => sinks.stats.set_stored_pending(
+                            info.num_pending,
+                            info.num_ack_pending as u64,
+                            msgtrail_core::time::now_nanos(),
+                        ),
+                    },
                     Err(e) => tracing::debug!(error = %e, "store-evidence consumer info unavailable"),
                 }
                 continue;
@@ -407,7 +545,22 @@ async fn read(
         if msgs.is_empty() {
             continue;
         }
-        apply(batch_of(msgs), store, stats, exporter, stop).await;
+        let last = msgs
+            .iter()
+            .filter_map(|m| m.info().ok().map(|i| i.stream_sequence))
+            .max()
+            .unwrap_or(0);
+        for (batch, exporter) in scope.batches(msgs, sinks.exporter.as_ref()) {
+            apply(batch, &sinks.store, &sinks.stats, exporter.as_ref(), stop).await;
+        }
+        if stop.is_cancelled() {
+            return Ended::Stopped;
+        }
+        if let Scope::Replay { only, until, .. } = &scope {
+            if last >= *until || !only.contains(&true) {
+                return Ended::Reached(*only);
+            }
+        }
     }
 }
 

@@ -72,7 +72,9 @@
 //!   (`--observe`), fed through the same `ingest::apply`; `GET /api/observe`.
 //! - `evidence`: store evidence — the durable headers-only consumer on the message stream
 //!   (`<durable_name>-stored`), P2/P3 recovered from each stored message, waiting for the
-//!   stream when the broker has not created it yet.
+//!   stream when the broker has not created it yet. In a group each member reads its own
+//!   (`<group>-<instance>-stored`) and keeps the evidence of the partitions it holds,
+//!   replaying the stream's older evidence of a partition it takes over (`cluster::evidence`).
 //! - `store`: the embedded redb store: records per message, shadow-message summaries and
 //!   their indexes, counters, retention.
 //! - `stats`: HDR latency histograms, counts by state, funnel, lag; Prometheus text.
@@ -293,12 +295,16 @@ pub async fn start_with_client(
             stop.clone(),
         ));
     }
-    // Store evidence reads the whole message stream: in a group it would store every
-    // partition's messages on every member (not done yet; docs/ARCHITECTURE.md decision 12).
+    let evidence_sinks = evidence::Sinks {
+        store: store.clone(),
+        stats: stats.clone(),
+        exporter: exporter.clone(),
+    };
+    // In a group each member keeps the evidence of the partitions it holds (started with the
+    // cluster below: it reads the group's view).
     if config.store_evidence && config.group.is_none() {
-        let source = evidence_source(&config, &js);
-        let (store, stats, exporter) = (store.clone(), stats.clone(), exporter.clone());
-        tasks.spawn(evidence::run(source, store, stats, exporter, stop.clone()));
+        let source = evidence_source(&config, &config.durable_name, &js);
+        tasks.spawn(evidence::run(source, evidence_sinks.clone(), stop.clone()));
     }
     let observing = match config.observe.clone() {
         Some(o) => Some(
@@ -364,6 +370,15 @@ pub async fn start_with_client(
         };
         let (view, task) = cluster::start(coordinator, stop.clone()).await?;
         tasks.spawn(task);
+        if config.store_evidence {
+            let g = cluster::evidence::GroupEvidence {
+                source: evidence_source(&config, &group.durable_base(), &js),
+                view: view.clone(),
+                data_dir: config.data_dir.clone(),
+                sinks: evidence_sinks,
+            };
+            tasks.spawn(cluster::evidence::run(g, stop.clone()));
+        }
         app = cluster::layer(app, view);
     }
     tasks.spawn(serve_http(listener, app, stop.clone()));
@@ -378,14 +393,16 @@ pub async fn start_with_client(
 }
 
 /// Where the store-evidence task reads: its own durable consumer of the message stream,
-/// named after the stage consumer's.
+/// named after the stage consumer's (`durable`: a single listener's durable name, a group
+/// member's `<group>-<instance>`).
 fn evidence_source(
     config: &ListenerConfig,
+    durable: &str,
     js: &async_nats::jetstream::Context,
 ) -> evidence::EvidenceSource {
     evidence::EvidenceSource {
         js: js.clone(),
-        name: evidence::consumer_name(&config.durable_name),
+        name: evidence::consumer_name(durable),
         batch_size: config.batch_size,
         ack_wait: config.ack_wait,
         poll_interval: config.watchdog_interval,

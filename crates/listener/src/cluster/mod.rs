@@ -7,23 +7,27 @@
 //! members, computes the partitions this member holds ([`assignment`]) and starts or stops
 //! one [`partition_ingest`] worker per held partition (the primary's exports); it publishes
 //! what it knows in a [`ClusterView`], which [`fanout`] reads to route lookups to an owner
-//! and to merge searches over every member.
+//! and to merge searches over every member. Store evidence in a group
+//! ([`evidence`]) reads the same view: each member applies the evidence of the partitions it
+//! holds, and replays the message stream's evidence for a partition it takes over.
 
 mod assignment;
+pub(crate) mod evidence;
 mod fanout;
 mod membership;
 mod partition_ingest;
 
 pub use membership::{HeldPartition, MemberInfo, HEARTBEAT, MEMBER_BUCKET, MEMBER_TTL};
 
+pub use evidence::COVERAGE_FILE as EVIDENCE_COVERAGE_FILE;
 pub use fanout::{LOCAL_HEADER, PARTIAL_HEADER};
 
+pub(crate) use assignment::Role;
 pub(crate) use fanout::layer;
 
 use crate::error::ListenerError;
 use crate::export::ExportSender;
-use assignment::Role;
-use msgtrail_core::partition::Partition;
+use msgtrail_core::partition::{Partition, PARTITIONS};
 use msgtrail_core::sync::Recover;
 use partition_ingest::PartitionIngest;
 use std::collections::{BTreeMap, HashMap};
@@ -48,6 +52,12 @@ pub struct GroupConfig {
 }
 
 impl GroupConfig {
+    /// `<group>-<instance>`: the base of this member's consumer names (its partitions'
+    /// `<base>-pNN`, its store evidence's `<base>-stored` and `<base>-stored-replay`).
+    pub fn durable_base(&self) -> String {
+        format!("{}-{}", self.name, self.instance)
+    }
+
     /// Checks the names (they become consumer names and KV keys) and the copies.
     pub fn validate(&self) -> Result<(), crate::ConfigError> {
         let bad =
@@ -93,7 +103,15 @@ struct ViewState {
     /// Held partitions: role, and messages still pending in the partition's consumer
     /// (`None` until first polled).
     held: BTreeMap<Partition, (Role, Option<u64>)>,
+    /// Whether the coordinator has made its first assignment (`held` is meaningful).
+    assigned: bool,
+    /// Held partitions whose store evidence is still being replayed ([`evidence`]): not
+    /// ready until it is done.
+    evidence_pending: [bool; PARTITIONS as usize],
 }
+
+/// The role this member holds each partition in (`None`: not held), by partition index.
+pub(crate) type Roles = [Option<Role>; PARTITIONS as usize];
 
 impl ClusterView {
     fn new(me: &str, copies: usize) -> Self {
@@ -125,13 +143,38 @@ impl ClusterView {
         }
     }
 
-    /// The partitions held, with role and readiness, for the heartbeat and `/metrics`.
+    /// The partitions held, with role and readiness, for the heartbeat and `/metrics`. A
+    /// partition is ready once its stage subject is caught up and its store evidence
+    /// replayed.
     pub(crate) fn held(&self) -> Vec<HeldPartition> {
         let s = self.inner.read().recover();
         s.held
             .iter()
-            .map(|(p, (r, pending))| HeldPartition::new(*p, *r, *pending == Some(0)))
+            .map(|(p, (r, pending))| {
+                let evidence_done = !s.evidence_pending[usize::from(p.index())];
+                HeldPartition::new(*p, *r, *pending == Some(0) && evidence_done)
+            })
             .collect()
+    }
+
+    /// The role this member holds each partition in now; `None` before the first
+    /// assignment.
+    pub(crate) fn roles(&self) -> Option<Roles> {
+        let s = self.inner.read().recover();
+        if !s.assigned {
+            return None;
+        }
+        let mut roles = [None; PARTITIONS as usize];
+        for (p, (r, _)) in &s.held {
+            roles[usize::from(p.index())] = Some(*r);
+        }
+        Some(roles)
+    }
+
+    /// Marks the partitions whose store evidence is being replayed (`true`), so that they
+    /// are not announced ready until it is done.
+    pub(crate) fn set_evidence_pending(&self, pending: [bool; PARTITIONS as usize]) {
+        self.inner.write().recover().evidence_pending = pending;
     }
 
     /// Messages still to replay in partitions being rebuilt (for `/metrics`).
@@ -248,7 +291,7 @@ pub(crate) async fn start(
     let view = Arc::new(ClusterView::new(&c.group.instance, c.group.copies));
     let worker = PartitionIngest {
         stream,
-        durable_base: format!("{}-{}", c.group.name, c.group.instance),
+        durable_base: c.group.durable_base(),
         batch_size: c.ingest.batch_size,
         ack_wait: c.ingest.ack_wait,
         store: c.ingest.store.clone(),
@@ -323,6 +366,7 @@ async fn run(
         {
             let mut s = view.inner.write().recover();
             s.members = members;
+            s.assigned |= beats >= 2;
             s.held.retain(|p, _| want.contains_key(p));
             for (p, role) in &want {
                 let e = s.held.entry(*p).or_insert((*role, None));
