@@ -87,11 +87,12 @@ fn print(m: &Received, outcome: &Result<(), String>, json: bool) {
     }
 }
 
-/// Processes and settles one delivery. A settle that fails is said on standard error and
-/// the loop goes on: the message comes again after its ack wait (or, after a timeout, the
-/// settle may have been applied) — a consumer that stopped at the first failed settle would
-/// leave every delivery it holds to the ack wait, and stop consuming.
-async fn handle(consumer: &Consumer, m: Received, args: &ConsumeArgs) {
+/// Processes and settles one delivery; returns whether the settle succeeded. A settle that
+/// fails is said on standard error and the loop goes on: the message comes again after its
+/// ack wait (or, after a timeout, the settle may have been applied) — a consumer that stopped
+/// at the first failed settle would leave every delivery it holds to the ack wait, and stop
+/// consuming. The command's exit status still says that some settle failed.
+async fn handle(consumer: &Consumer, m: Received, args: &ConsumeArgs) -> bool {
     let fail = should_fail(&m, args.fail_rate);
     let shown = m.clone();
     let settled = consumer
@@ -104,18 +105,24 @@ async fn handle(consumer: &Consumer, m: Received, args: &ConsumeArgs) {
         })
         .await;
     match settled {
-        Ok(outcome) => print(&shown, &outcome, args.json),
-        Err(e) => eprintln!(
-            "{} {}: settle failed: {} ({})",
-            shown.message_id,
-            shown.topic,
-            msgtrail_core::ErrorChain(&e),
-            if e.is_delivery_expired() {
-                "not applied; the message is delivered again"
-            } else {
-                "it may have been applied; if not, the message is delivered again"
-            }
-        ),
+        Ok(outcome) => {
+            print(&shown, &outcome, args.json);
+            true
+        }
+        Err(e) => {
+            eprintln!(
+                "{} {}: settle failed: {} ({})",
+                shown.message_id,
+                shown.topic,
+                msgtrail_core::ErrorChain(&e),
+                if e.is_delivery_expired() {
+                    "not applied; the message is delivered again"
+                } else {
+                    "it may have been applied; if not, the message is delivered again"
+                }
+            );
+            false
+        }
     }
 }
 
@@ -137,6 +144,7 @@ pub(crate) async fn run(nats: &NatsArgs, args: ConsumeArgs) -> anyhow::Result<()
     };
     let limit = args.max.map(|m| m as usize).unwrap_or(usize::MAX);
     let mut done = 0usize;
+    let mut failed_settles = 0usize;
     let stop = crate::signal::shutdown_signal();
     tokio::pin!(stop);
     if args.push {
@@ -155,7 +163,7 @@ pub(crate) async fn run(nats: &NatsArgs, args: ConsumeArgs) -> anyhow::Result<()
                 m = stream.next() => match m { Some(m) => m, None => break },
                 _ = &mut stop => break,
             };
-            handle(&consumer, m, &args).await;
+            failed_settles += usize::from(!handle(&consumer, m, &args).await);
             done += 1;
         }
     } else {
@@ -185,7 +193,7 @@ pub(crate) async fn run(nats: &NatsArgs, args: ConsumeArgs) -> anyhow::Result<()
                 eprintln!("no matching message");
             }
             for m in got {
-                handle(&consumer, m, &args).await;
+                failed_settles += usize::from(!handle(&consumer, m, &args).await);
                 done += 1;
             }
             if done >= limit {
@@ -202,5 +210,8 @@ pub(crate) async fn run(nats: &NatsArgs, args: ConsumeArgs) -> anyhow::Result<()
         }
     }
     consumer.close().await?;
+    if failed_settles > 0 {
+        anyhow::bail!("{failed_settles} of {done} settles failed (each is said above)");
+    }
     Ok(())
 }
