@@ -17,7 +17,7 @@
 
 use crate::error::BenchError;
 use crate::measure::{Progress, Throughput};
-use crate::raw::{self, Load, RAW_STREAM, RAW_SUBJECT};
+use crate::raw::{self, Load, RAW_STREAM};
 use crate::reps::{median, spread, PairedRatio};
 use async_nats::jetstream::{self, stream};
 use msgtrail_listener::{ListenerConfig, ListenerHandle, ObserveConfig};
@@ -121,16 +121,7 @@ impl ObserveResult {
 async fn app(
     js: &jetstream::Context,
 ) -> Result<(stream::Stream, jetstream::consumer::PullConsumer), BenchError> {
-    let _ = js.delete_stream(RAW_STREAM).await;
-    let s = js
-        .create_stream(stream::Config {
-            name: RAW_STREAM.to_owned(),
-            subjects: vec![RAW_SUBJECT.to_owned()],
-            storage: stream::StorageType::File,
-            ..Default::default()
-        })
-        .await
-        .map_err(BenchError::nats)?;
+    let s = raw::fresh_stream(js).await?;
     let c = raw::make_consumer(&s, "app").await?;
     Ok((s, c))
 }

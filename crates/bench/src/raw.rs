@@ -182,16 +182,7 @@ pub(crate) async fn run(
     label: &str,
 ) -> Result<RawResult, BenchError> {
     let js = jetstream::new(client.clone());
-    let _ = js.delete_stream(RAW_STREAM).await;
-    let stream = js
-        .create_stream(stream::Config {
-            name: RAW_STREAM.to_owned(),
-            subjects: vec![RAW_SUBJECT.to_owned()],
-            storage: stream::StorageType::File,
-            ..Default::default()
-        })
-        .await
-        .map_err(BenchError::nats)?;
+    let stream = fresh_stream(&js).await?;
 
     // Publish alone.
     let phase = progress.phase(&format!("{label} S1 publish"), p.progress_total());
@@ -344,16 +335,7 @@ pub(crate) async fn run_fast(
     }
     let nats = |e: msgtrail_nats::fast_ingest::FastIngestError| BenchError::Nats(e.into());
     let js = jetstream::new(client.clone());
-    let _ = js.delete_stream(RAW_STREAM).await;
-    let stream = js
-        .create_stream(stream::Config {
-            name: RAW_STREAM.to_owned(),
-            subjects: vec![RAW_SUBJECT.to_owned()],
-            storage: stream::StorageType::File,
-            ..Default::default()
-        })
-        .await
-        .map_err(BenchError::nats)?;
+    let stream = fresh_stream(&js).await?;
     enable_on_stream(client, RAW_STREAM).await.map_err(nats)?;
     let consumer = make_consumer(&stream, "raw-fast").await?;
     let phase = progress.phase(&format!("{label} S1F pipeline"), p.progress_total());
@@ -408,6 +390,20 @@ pub(crate) async fn run_fast(
     drop(phase);
     let _ = js.delete_stream(RAW_STREAM).await;
     Ok(Some(window.throughput(end)))
+}
+
+/// The raw scenarios' stream, created afresh (any earlier one of that name deleted first):
+/// file storage, one subject.
+pub(crate) async fn fresh_stream(js: &jetstream::Context) -> Result<stream::Stream, BenchError> {
+    let _ = js.delete_stream(RAW_STREAM).await;
+    js.create_stream(stream::Config {
+        name: RAW_STREAM.to_owned(),
+        subjects: vec![RAW_SUBJECT.to_owned()],
+        storage: stream::StorageType::File,
+        ..Default::default()
+    })
+    .await
+    .map_err(BenchError::nats)
 }
 
 /// Publishes from `p.producers` tasks, each with `p.window` acks in flight: `p.messages` in
