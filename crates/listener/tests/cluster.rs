@@ -13,7 +13,6 @@ use msgtrail_core::encode_batch;
 use msgtrail_core::partition;
 use msgtrail_core::trajectory::{MessageState, Trajectory};
 use msgtrail_core::{MessageId, StageRecord};
-use msgtrail_listener::cluster::GroupConfig;
 use msgtrail_listener::{ListenerClient, ListenerConfig, SearchQuery};
 use msgtrail_nats::topology::{stage_stream, DEFAULT_STAGE_MAX_AGE};
 use msgtrail_test_support::NatsServer;
@@ -38,22 +37,7 @@ fn member(server: &NatsServer, dir: &Path, instance: &str) -> ListenerConfig {
 
 /// [`member`] on the nats-server at `url`.
 fn member_at(url: &str, dir: &Path, instance: &str) -> ListenerConfig {
-    ListenerConfig {
-        nats: msgtrail_nats::NatsOptions::url(url),
-        data_dir: dir.to_path_buf(),
-        http_addr: "127.0.0.1:0".parse().unwrap(),
-        batch_size: 16,
-        ack_wait: Duration::from_secs(1),
-        watchdog_interval: Duration::from_millis(100),
-        retention_interval: Duration::from_millis(100),
-        group: Some(GroupConfig {
-            name: "g".into(),
-            instance: instance.into(),
-            copies: 2,
-            advertise_url: None,
-        }),
-        ..Default::default()
-    }
+    group_member(url, dir, "g", instance, 2)
 }
 
 /// `n` successful pull trajectories; returns their IDs and records.

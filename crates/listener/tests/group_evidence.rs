@@ -23,7 +23,7 @@ use msgtrail_core::partition::{self, Partition};
 use msgtrail_core::subjects::{message_subject, MESSAGE_STREAM, MESSAGE_SUBJECT_PREFIX};
 use msgtrail_core::trajectory::{AssembleOptions, MessageState, Trajectory, RECOVERED};
 use msgtrail_core::{encode_batch, Stage, StageRecord};
-use msgtrail_listener::cluster::{GroupConfig, MemberInfo, MEMBER_BUCKET};
+use msgtrail_listener::cluster::{MemberInfo, MEMBER_BUCKET};
 use msgtrail_listener::{ListenerConfig, ListenerHandle};
 use msgtrail_nats::topology::{stage_stream, DEFAULT_STAGE_MAX_AGE};
 use msgtrail_test_support::NatsServer;
@@ -36,22 +36,7 @@ const GROUP: &str = "g";
 
 /// A member of group [`GROUP`] holding each partition once.
 fn member(server: &NatsServer, dir: &Path, instance: &str) -> ListenerConfig {
-    ListenerConfig {
-        nats: msgtrail_nats::NatsOptions::url(server.url()),
-        data_dir: dir.to_path_buf(),
-        http_addr: "127.0.0.1:0".parse().unwrap(),
-        batch_size: 16,
-        ack_wait: Duration::from_secs(1),
-        watchdog_interval: Duration::from_millis(100),
-        retention_interval: Duration::from_millis(100),
-        group: Some(GroupConfig {
-            name: GROUP.into(),
-            instance: instance.into(),
-            copies: 1,
-            advertise_url: None,
-        }),
-        ..Default::default()
-    }
+    group_member(server.url(), dir, GROUP, instance, 1)
 }
 
 /// The message stream as the broker creates it (crates/broker/src/streams.rs).

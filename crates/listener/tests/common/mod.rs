@@ -114,3 +114,30 @@ pub(crate) async fn child_client(addr_file: &std::path::Path) -> ListenerClient 
     .await;
     ListenerClient::new(&format!("http://{addr}"), None).unwrap()
 }
+
+/// A member `instance` of listener group `group` on the nats-server at `url`, holding each
+/// partition `copies` times, with the short intervals the group tests need.
+pub(crate) fn group_member(
+    url: &str,
+    dir: &std::path::Path,
+    group: &str,
+    instance: &str,
+    copies: usize,
+) -> msgtrail_listener::ListenerConfig {
+    msgtrail_listener::ListenerConfig {
+        nats: msgtrail_nats::NatsOptions::url(url),
+        data_dir: dir.to_path_buf(),
+        http_addr: "127.0.0.1:0".parse().unwrap(),
+        batch_size: 16,
+        ack_wait: Duration::from_secs(1),
+        watchdog_interval: Duration::from_millis(100),
+        retention_interval: Duration::from_millis(100),
+        group: Some(msgtrail_listener::cluster::GroupConfig {
+            name: group.into(),
+            instance: instance.into(),
+            copies,
+            advertise_url: None,
+        }),
+        ..Default::default()
+    }
+}
