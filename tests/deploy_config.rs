@@ -511,6 +511,14 @@ impl Cluster {
             .collect()
     }
 
+    /// Asserts that no node logged a permission violation: nobody needed more than the
+    /// deploy config grants.
+    fn assert_no_violations(&self) {
+        let logs = self.logs();
+        let violations: Vec<&str> = logs.lines().filter(|l| l.contains("Violation")).collect();
+        assert!(violations.is_empty(), "{violations:#?}");
+    }
+
     fn logs(&self) -> String {
         self.nodes
             .iter()
@@ -1117,9 +1125,7 @@ async fn two_brokers_and_nkey_clients_work_within_the_deploy_permissions() {
         b.shutdown().await;
     }
     // Nobody needed more than the deploy config grants.
-    let logs = cluster.logs();
-    let violations: Vec<&str> = logs.lines().filter(|l| l.contains("Violation")).collect();
-    assert!(violations.is_empty(), "{violations:#?}");
+    cluster.assert_no_violations();
 }
 
 /// Issue 14, bug 6 (channel theft): a client must not read another client's replies — the
@@ -1678,7 +1684,5 @@ async fn a_listener_group_and_partitioned_brokers_work_within_the_deploy_permiss
     for b in brokers {
         b.shutdown().await;
     }
-    let logs = cluster.logs();
-    let violations: Vec<&str> = logs.lines().filter(|l| l.contains("Violation")).collect();
-    assert!(violations.is_empty(), "{violations:#?}");
+    cluster.assert_no_violations();
 }
