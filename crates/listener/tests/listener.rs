@@ -657,21 +657,11 @@ fn statistics_do_not_depend_on_arrival_order() {
 
 #[tokio::test]
 async fn trajectories_are_exported_as_spans_once_per_hop() {
-    use msgtrail_otel::{ExportConfig, PipelineConfig, Protocol};
     use msgtrail_test_support::OtlpReceiver;
     let (server, dir, js) = setup().await;
     let mut rx = OtlpReceiver::start_grpc().await.unwrap();
     let mut cfg = config(&server, dir.path());
-    cfg.otel = Some(PipelineConfig {
-        export: ExportConfig {
-            protocol: Protocol::Grpc,
-            endpoint: Some(rx.endpoint()),
-            batch_delay: Duration::from_millis(10),
-            ..Default::default()
-        },
-        grace: Duration::from_millis(100),
-        ..Default::default()
-    });
+    cfg.otel = Some(export_to(&rx));
     let handle = msgtrail_listener::start(cfg).await.unwrap();
     let sc = scenarios(now());
     let [ok, retry, ..] = &sc[..] else {

@@ -286,7 +286,6 @@ fn observed(store: &msgtrail_listener::Store, seq: u64) -> Option<Trajectory> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn observed_spans_reach_an_otlp_receiver() {
     use msgtrail_core::trace_ids::{hex, span_id, Hop};
-    use msgtrail_otel::{ExportConfig, PipelineConfig, Protocol};
     use msgtrail_test_support::OtlpReceiver;
 
     let server = NatsServer::start().unwrap();
@@ -296,16 +295,7 @@ async fn observed_spans_reach_an_otlp_receiver() {
     // The stream appears after the listener started, so its stored messages are read only
     // at discovery's next look, after the deliveries and acks: the spans must wait for them.
     let mut cfg = observing(server.url(), dir.path(), Duration::from_millis(1500));
-    cfg.otel = Some(PipelineConfig {
-        export: ExportConfig {
-            protocol: Protocol::Grpc,
-            endpoint: Some(rx.endpoint()),
-            batch_delay: Duration::from_millis(10),
-            ..Default::default()
-        },
-        grace: Duration::from_millis(100),
-        ..Default::default()
-    });
+    cfg.otel = Some(export_to(&rx));
     let handle = msgtrail_listener::start(cfg).await.unwrap();
     // The stored reader's first look (the stream not there) is over.
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -918,7 +908,6 @@ async fn unsampled_consumers_are_named_and_can_be_fixed() {
 /// trace of the observed message ID.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_work_queue_stream_is_exported_without_store_hops() {
-    use msgtrail_otel::{ExportConfig, PipelineConfig, Protocol};
     use msgtrail_test_support::OtlpReceiver;
 
     let server = NatsServer::start().unwrap();
@@ -936,16 +925,7 @@ async fn a_work_queue_stream_is_exported_without_store_hops() {
     let mut rx = OtlpReceiver::start_grpc().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = observing(server.url(), dir.path(), Duration::from_millis(200));
-    cfg.otel = Some(PipelineConfig {
-        export: ExportConfig {
-            protocol: Protocol::Grpc,
-            endpoint: Some(rx.endpoint()),
-            batch_delay: Duration::from_millis(10),
-            ..Default::default()
-        },
-        grace: Duration::from_millis(100),
-        ..Default::default()
-    });
+    cfg.otel = Some(export_to(&rx));
     let handle = msgtrail_listener::start(cfg).await.unwrap();
     let v = eventually("the stream found, its messages not readable", || async {
         let (_, body) = client(&handle).get_raw("/api/observe").await.ok()?;

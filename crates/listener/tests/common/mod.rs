@@ -141,3 +141,18 @@ pub(crate) fn group_member(
         ..Default::default()
     }
 }
+
+/// Span export over OTLP/gRPC to `rx`, flushed quickly (10 ms batches, 100 ms grace), as the
+/// tests that read spans at a receiver need.
+pub(crate) fn export_to(rx: &msgtrail_test_support::OtlpReceiver) -> msgtrail_otel::PipelineConfig {
+    msgtrail_otel::PipelineConfig {
+        export: msgtrail_otel::ExportConfig {
+            protocol: msgtrail_otel::Protocol::Grpc,
+            endpoint: Some(rx.endpoint()),
+            batch_delay: Duration::from_millis(10),
+            ..Default::default()
+        },
+        grace: Duration::from_millis(100),
+        ..Default::default()
+    }
+}
