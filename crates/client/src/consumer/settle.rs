@@ -63,12 +63,13 @@ impl TimedOut {
         }
     }
 
+    // Both are on every settle's path, where the set is nearly always empty: no hashing then.
     fn contains(&self, token: &str) -> bool {
-        self.tokens.contains(token)
+        !self.tokens.is_empty() && self.tokens.contains(token)
     }
 
     fn remove(&mut self, token: &str) {
-        if self.tokens.remove(token) {
+        if !self.tokens.is_empty() && self.tokens.remove(token) {
             self.order.retain(|t| t != token);
         }
     }
