@@ -37,6 +37,7 @@
 //! - `error`: the harness's error type, [`BenchError`].
 
 mod config;
+mod cpu;
 mod error;
 mod export;
 mod ingest;

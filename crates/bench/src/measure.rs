@@ -79,6 +79,9 @@ pub struct Throughput {
     pub seconds: f64,
     /// `count / seconds`.
     pub per_sec: f64,
+    /// CPU used in a timed window, by this process and by nats-server, per unit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<crate::cpu::CpuUse>,
 }
 
 impl Throughput {
@@ -89,6 +92,7 @@ impl Throughput {
             count,
             seconds,
             per_sec: count as f64 / seconds,
+            cpu: None,
         }
     }
 }
@@ -303,16 +307,23 @@ pub(crate) struct Window {
     start: Instant,
     bounds: Option<(Instant, Instant)>,
     counted: Arc<AtomicU64>,
+    /// The CPU meter of a timed window ([`crate::cpu`]); taken by the first
+    /// [`Window::throughput`] of the window (a sibling has none).
+    cpu: Arc<std::sync::Mutex<Option<crate::cpu::CpuMeter>>>,
 }
 
 impl Window {
     /// Starts the clock now.
     pub(crate) fn start(timed: Option<Timed>) -> Self {
         let start = Instant::now();
+        let bounds = timed.map(|t| (start + t.warmup, start + t.warmup + t.window));
         Window {
             start,
-            bounds: timed.map(|t| (start + t.warmup, start + t.warmup + t.window)),
+            bounds,
             counted: Arc::default(),
+            cpu: Arc::new(std::sync::Mutex::new(
+                bounds.map(|(from, to)| crate::cpu::CpuMeter::watch(from, to)),
+            )),
         }
     }
 
@@ -321,6 +332,7 @@ impl Window {
     pub(crate) fn sibling(&self) -> Self {
         Window {
             counted: Arc::default(),
+            cpu: Arc::default(),
             ..self.clone()
         }
     }
@@ -364,13 +376,19 @@ impl Window {
     /// The rate: timed, the completions in the window ÷ the window, the window cut short
     /// at `last` when the work ran out before its end (a drained stream); fixed count, every
     /// completion ÷ the time from the start to `last`.
+    ///
+    /// The first call on a timed window also gives its CPU use per completion
+    /// ([`crate::cpu`]; it waits for the window's end).
     pub(crate) fn throughput(&self, last: Instant) -> Throughput {
-        match self.bounds {
+        let mut tp = match self.bounds {
             None => Throughput::new(self.counted(), last - self.start),
             Some((from, to)) if last > from => Throughput::new(self.counted(), last.min(to) - from),
             // Done before the warm-up ended: nothing counted; report the whole run.
             Some(_) => Throughput::new(0, last - self.start),
-        }
+        };
+        let meter = self.cpu.lock().unwrap_or_else(|p| p.into_inner()).take();
+        tp.cpu = meter.and_then(|m| m.finish(tp.count));
+        tp
     }
 }
 

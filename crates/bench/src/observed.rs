@@ -284,6 +284,7 @@ mod tests {
             count: per_sec as u64,
             seconds: 1.0,
             per_sec,
+            cpu: None,
         }
     }
 

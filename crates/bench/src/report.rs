@@ -683,6 +683,34 @@ fn pipeline_table(s: &mut String, title: &str, runs: &[PayloadRun]) {
     for r in runs {
         scenario_rows(s, r);
         ratio_lines(s, r);
+        cpu_lines(s, r);
+    }
+}
+
+/// CPU per message of each saturated scenario's median repetition ([`crate::cpu`]): the bench
+/// process (broker, SDK clients, listener, drivers) and nats-server.
+fn cpu_lines(s: &mut String, r: &PayloadRun) {
+    let b = format!("{} B", r.payload_bytes);
+    let rows = [
+        ("S1", r.s1.pipeline.cpu.as_ref()),
+        ("S1F", r.s1f.as_ref().and_then(|f| f.cpu.as_ref())),
+        ("S2", r.s2.throughput.cpu.as_ref()),
+        ("S3", r.s3.throughput.cpu.as_ref()),
+        ("S3L", r.s3l.throughput.cpu.as_ref()),
+    ];
+    let cells: Vec<String> = rows
+        .iter()
+        .filter_map(|(name, cpu)| {
+            cpu.map(|c| {
+                format!(
+                    "{name} {:.1} ({:.1} bench + {:.1} nats-server; {:.2} cores)",
+                    c.total_us_per_msg, c.bench_us_per_msg, c.nats_server_us_per_msg, c.cores_busy
+                )
+            })
+        })
+        .collect();
+    if !cells.is_empty() {
+        let _ = writeln!(s, "  {b:<7} CPU µs per message: {}", cells.join("  "));
     }
 }
 
@@ -818,6 +846,7 @@ mod tests {
                 count: rate as u64,
                 seconds: 1.0,
                 per_sec: rate,
+                cpu: None,
             },
             e2e: Latency {
                 p99_ms: p99,

@@ -149,6 +149,19 @@ async fn quick_run_reports_every_scenario() {
                 let spread = num(&json, &p(&format!("{scenario}.spread")));
                 assert!((spread - (hi - lo) / median).abs() < 1e-9, "{scenario}");
             }
+            // CPU per message in each timed window, both sides of the NATS connection
+            // (the bench's own nats-server is its child process).
+            for cpu in ["s1.pipeline.cpu", "s2.throughput.cpu", "s3.throughput.cpu"] {
+                positive(&p(&format!("{cpu}.bench_us_per_msg")));
+                positive(&p(&format!("{cpu}.nats_server_us_per_msg")));
+                let total = num(&json, &p(&format!("{cpu}.total_us_per_msg")));
+                let parts = num(&json, &p(&format!("{cpu}.bench_us_per_msg")))
+                    + num(&json, &p(&format!("{cpu}.nats_server_us_per_msg")));
+                assert!(
+                    (total - parts).abs() < 1e-6 * total,
+                    "{cpu}: {total} vs {parts}"
+                );
+            }
             for r in [
                 "s2_over_s1",
                 "s3_over_s2",
