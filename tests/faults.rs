@@ -280,6 +280,7 @@ async fn s2_broker_kill_9_the_moment_its_ok_reply_arrives() {
                 Acked {
                     message_id: mid,
                     duplicate: reply.duplicate,
+                    stream_seq: reply.stream_seq,
                 },
             );
             killed_ids.push(mid);

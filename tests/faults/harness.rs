@@ -1114,6 +1114,8 @@ pub(crate) struct Acked {
     pub message_id: MessageId,
     /// Whether the broker said it was a duplicate of an earlier upload.
     pub duplicate: bool,
+    /// The stream sequence the broker answered with (of the original, for a duplicate).
+    pub stream_seq: u64,
 }
 
 /// Shared state of a running load, readable while it runs.
@@ -1196,6 +1198,7 @@ pub(crate) async fn send_until_acked(
                 return Some(Acked {
                     message_id: reply.message_id,
                     duplicate: reply.duplicate,
+                    stream_seq: reply.stream_seq,
                 });
             }
             Err(e) => {
@@ -1403,6 +1406,8 @@ pub(crate) struct Finished {
 /// A message found in `MSGTRAIL_MESSAGES`.
 #[derive(Debug, Clone)]
 pub(crate) struct StoredMessage {
+    /// Its stream sequence.
+    pub seq: u64,
     /// Its request ID (`Msgtrail-Stored`, or `Msgtrail-Request-Id` of earlier brokers).
     pub request_id: String,
     /// `Msgtrail-Message-Id`.
@@ -1453,6 +1458,7 @@ pub(crate) async fn drain_messages(client: &async_nats::Client) -> Vec<StoredMes
                 let fields = msgtrail_core::stored::read(|k| hs.get(k).map(|v| v.as_str()))
                     .map_err(|e| format!("stored message {seq}: {e}"))?;
                 out.push(StoredMessage {
+                    seq,
                     request_id: fields.request_id.unwrap_or_default().to_owned(),
                     message_id: get(h::MESSAGE_ID),
                     has_received_at: fields.evidence.is_some(),
@@ -1478,6 +1484,10 @@ pub(crate) async fn drain_messages(client: &async_nats::Client) -> Vec<StoredMes
 pub(crate) struct StreamVerdict {
     /// Acked uploads with no stored message of their request ID.
     pub lost: Vec<String>,
+    /// For each lost upload: what the broker answered and what the stream holds at the
+    /// sequence it named — tells a wrong sequence in the answer from a stream that lost
+    /// its tail.
+    pub lost_detail: Vec<Value>,
     /// Extra stored copies of a request ID (a request stored three times counts 2).
     pub duplicated: usize,
     /// Request IDs stored more than once.
@@ -1510,9 +1520,24 @@ pub(crate) fn judge_stream(
             v.duplicated_ids.push((*rid).to_owned());
         }
     }
+    let by_seq: HashMap<u64, &StoredMessage> = stored.iter().map(|m| (m.seq, m)).collect();
+    let last_seq = stored.iter().map(|m| m.seq).max().unwrap_or(0);
     for (rid, a) in uploads {
         match by_rid.get(rid.as_str()) {
-            None => v.lost.push(rid.clone()),
+            None => {
+                v.lost.push(rid.clone());
+                let at_seq = by_seq
+                    .get(&a.stream_seq)
+                    .map(|m| json!({"request_id": m.request_id, "message_id": m.message_id}));
+                v.lost_detail.push(json!({
+                    "request_id": rid,
+                    "message_id": a.message_id.to_string(),
+                    "acked_seq": a.stream_seq,
+                    "acked_duplicate": a.duplicate,
+                    "stream_holds_at_acked_seq": at_seq,
+                    "stream_last_seq": last_seq,
+                }));
+            }
             Some(copies) => {
                 if !copies
                     .iter()
@@ -1725,6 +1750,10 @@ impl Report {
             put(
                 "lost_sample",
                 json!(stream.lost.iter().take(5).collect::<Vec<_>>()),
+            );
+            put(
+                "lost_detail",
+                json!(stream.lost_detail.iter().take(5).collect::<Vec<_>>()),
             );
         }
         let errors = finished.history.error_counts(5);
