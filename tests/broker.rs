@@ -1389,3 +1389,71 @@ async fn an_ack_jetstream_does_not_confirm_is_not_answered_ok() {
     let recs = sys.records_for(reply.message_id, |_| true).await;
     assert_eq!(count(&recs, Stage::PullAckReceived), 0, "{recs:?}");
 }
+
+/// JetStream switched off under a running broker — nats-server does this by itself when its
+/// store runs out of space, and keeps it off until a reload or restart (RELIABILITY.md,
+/// finding 10). An upload meanwhile fails with an error that says JetStream is not
+/// answering and what the operator does — not a timeout, not "no leader"; once JetStream is
+/// back (a config reload, as an operator would do), the same producer's uploads are stored
+/// and delivered again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uploads_while_jetstream_is_off_say_so_and_resume_when_it_is_back() {
+    let mut sys = TestSystem::start().await;
+    let producer = sys.producer("shop").await;
+    producer.send("orders.eu", "before").await.unwrap();
+
+    sys.server.reload_with_jetstream(false).unwrap();
+    // JetStream is off once its API stops answering.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while sys
+        .nats
+        .request("$JS.API.INFO", bytes::Bytes::new())
+        .await
+        .is_ok()
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "JetStream still answers after the reload; log:\n{}",
+            sys.server.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let err = producer
+        .send("orders.eu", "while off")
+        .await
+        .expect_err("nothing can be stored while JetStream is off");
+    let text = err.to_string();
+    assert_eq!(err.code(), Some(ErrorCode::Unavailable), "{text}");
+    assert!(text.contains("JetStream is not answering"), "{text}");
+    assert!(text.contains("restart nats-server"), "{text}");
+    assert!(!text.contains("no leader"), "{text}");
+
+    sys.server.reload_with_jetstream(true).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let stored = loop {
+        match producer.send("orders.eu", "after").await {
+            Ok(reply) => break reply,
+            Err(e) => {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "uploads did not resume after JetStream came back: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    };
+    let consumer = sys.consumer("billing-1").await;
+    let mut by_id = sub("g-js-off", "orders.*");
+    by_id.message_id = Some(stored.message_id);
+    let got = consumer
+        .fetch(&by_id, 1, Duration::from_secs(5))
+        .await
+        .expect("fetch after JetStream is back");
+    assert_eq!(
+        got.len(),
+        1,
+        "the upload stored after JetStream came back is delivered"
+    );
+    assert_eq!(&got[0].payload[..], b"after");
+    got[0].ack().await.expect("and acked");
+}

@@ -1515,13 +1515,11 @@ async fn s14_broker_clock_jumps_mid_load() {
 // 15. nats-server's JetStream store fills up, then gets space back.
 // ---------------------------------------------------------------------------------------
 
-/// Uploads fail with a clear error while the store is full, nothing is reported stored that
-/// was not, and uploads succeed again once space is freed. Ignored (run it with
-/// `--ignored`): it fails today, finding 10 — uploads time out instead of a clear error,
-/// and JetStream stores nothing more after the space is freed (~6 min until the load's
-/// deadline).
+/// Uploads fail with an error that names the cause while the store is full (the brokers'
+/// store timeout below the clients' request timeout), nothing is reported stored that was
+/// not, and uploads succeed again once space is freed and nats-server restarted — it keeps
+/// a stream unwritable after a write error until then (RELIABILITY.md, finding 10).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "finding 10 (RELIABILITY.md): JetStream does not recover after its store filled; ~6 min"]
 async fn s15_nats_store_disk_fills_mid_load() {
     let _serial = SERIAL.lock().await;
     full_disk::nats_store_fills("nats_store_full").await;

@@ -30,6 +30,13 @@ pub struct BrokerConfig {
     pub stage_max_age: Duration,
     /// A delivery not settled within this time is redelivered.
     pub ack_wait: Duration,
+    /// Longest wait for JetStream to acknowledge an upload's store; past it the upload is
+    /// answered `unavailable` ("did not acknowledge") and the client retries with the same
+    /// request ID. Keep it below the clients' request timeout (the SDK's default is 5 s), so
+    /// that a stream that stops acknowledging — nats-server keeps a stream unwritable after a
+    /// write error such as a full disk, until it is restarted — reaches clients as an error
+    /// that says so, not as a timeout.
+    pub store_timeout: Duration,
     /// After this many deliveries a message is dead-lettered.
     pub max_deliver: u32,
     /// A channel without keepalive expires after this time.
@@ -78,6 +85,7 @@ impl Default for BrokerConfig {
             message_max_age: Duration::from_secs(7 * 24 * 3600),
             stage_max_age: msgtrail_nats::topology::DEFAULT_STAGE_MAX_AGE,
             ack_wait: Duration::from_secs(30),
+            store_timeout: Duration::from_secs(4),
             max_deliver: 5,
             channel_ttl: Duration::from_secs(60),
             nonce_ttl: Duration::from_secs(30),
@@ -111,6 +119,9 @@ impl BrokerConfig {
         }
         if self.ack_wait < Duration::from_millis(100) {
             return bad("ack wait", "must be at least 100 ms");
+        }
+        if self.store_timeout < Duration::from_millis(100) {
+            return bad("store timeout", "must be at least 100 ms");
         }
         if self.dedup_window.is_zero() {
             return bad("dedup window", "must be positive");

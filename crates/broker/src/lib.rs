@@ -35,6 +35,7 @@ mod clients;
 mod config;
 mod consume;
 mod error;
+mod js_probe;
 mod metrics;
 mod push;
 mod relay;

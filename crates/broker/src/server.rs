@@ -295,7 +295,7 @@ async fn fast_ingest(
             return None;
         }
     }
-    match FastIngest::new(client.clone(), stream, std::time::Duration::from_secs(5)).await {
+    match FastIngest::new(client.clone(), stream, config.store_timeout).await {
         Ok(f) => Some(Arc::new(f)),
         Err(e) => {
             tracing::warn!(error = %e, "fast-ingest publisher not started; uploads stored with one PubAck per message");
@@ -328,6 +328,9 @@ async fn build_handlers(
     .await
     .map_err(|e| BrokerError::setup("channels bucket", e))?;
     let fast = fast_ingest(config, client).await;
+    // Uploads wait for their PubAcks at most the store timeout (BrokerConfig::store_timeout).
+    let mut js = js;
+    js.set_timeout(config.store_timeout);
     let shared = Arc::new(crate::shared::Shared {
         js,
         stream: storage.messages.clone(),
@@ -338,6 +341,7 @@ async fn build_handlers(
         metrics: metrics.clone(),
         config: config.clone(),
         key: key.clone(),
+        js_probe: Arc::default(),
     });
     let relay = Relay {
         key,

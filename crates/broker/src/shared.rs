@@ -30,4 +30,6 @@ pub(crate) struct Shared {
     pub config: Arc<BrokerConfig>,
     /// Signs ack tokens and upload receipts.
     pub key: SigningKey,
+    /// Tells a stream without a leader from JetStream not answering at all.
+    pub js_probe: Arc<crate::js_probe::JetStreamProbe>,
 }

@@ -119,6 +119,9 @@ pub struct NatsServer {
     url: String,
     monitor_url: Option<String>,
     store_dir: PathBuf,
+    /// What it was started with (a reload rewrites the config from them).
+    options: NatsServerOptions,
+    bin: PathBuf,
     _dir: tempfile::TempDir,
 }
 
@@ -141,29 +144,11 @@ impl NatsServer {
         let ports_dir = dir.path().join("ports");
         std::fs::create_dir_all(&ports_dir)?;
         let config_path = dir.path().join("nats.conf");
-        let mut config = std::fs::File::create(&config_path)?;
-        writeln!(
-            config,
-            "listen: \"127.0.0.1:{}\"",
-            options.port.map(i32::from).unwrap_or(-1)
-        )?;
-        writeln!(
-            config,
-            "ports_file_dir: {:?}",
-            ports_dir.display().to_string()
-        )?;
-        if options.monitoring {
-            writeln!(config, "http: \"127.0.0.1:-1\"")?;
-        }
-        if options.jetstream {
-            writeln!(
-                config,
-                "jetstream {{ store_dir: {:?} }}",
-                store_dir.display().to_string()
-            )?;
-        }
-        writeln!(config, "{}", options.extra_config)?;
-        drop(config);
+        let listen = ConfigPorts {
+            client: options.port.map(i32::from).unwrap_or(-1),
+            http: -1,
+        };
+        write_config(&config_path, &options, &store_dir, &ports_dir, listen)?;
 
         let log = std::fs::File::create(dir.path().join("nats.log"))?;
         let child = Command::new(&bin)
@@ -182,6 +167,8 @@ impl NatsServer {
             url: String::new(),
             monitor_url: None,
             store_dir,
+            options,
+            bin: bin.clone(),
             _dir: dir,
         };
         server.wait_for_ports(&ports_dir)?;
@@ -250,6 +237,84 @@ impl NatsServer {
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
+
+    /// Turns JetStream on or off in the running server: rewrites its config file (same
+    /// ports, store and extra config) and has it reloaded (`nats-server --signal reload`),
+    /// as an operator would. Turning it on also restarts a JetStream that nats-server
+    /// disabled by itself (after its store ran out of space): a reload of a config that asks
+    /// for JetStream brings it back.
+    pub fn reload_with_jetstream(&mut self, enabled: bool) -> Result<(), NatsServerError> {
+        self.options.jetstream = enabled;
+        let http = self
+            .monitor_url
+            .as_deref()
+            .and_then(|u| u.rsplit(':').next())
+            .and_then(|p| p.trim_end_matches('/').parse().ok())
+            .unwrap_or(-1);
+        let listen = ConfigPorts {
+            // nats-server keeps the port it picked: a reload must name that one.
+            client: i32::from(self.port()),
+            http,
+        };
+        let dir = self._dir.path();
+        write_config(
+            &dir.join("nats.conf"),
+            &self.options,
+            &self.store_dir,
+            &dir.join("ports"),
+            listen,
+        )?;
+        let status = Command::new(&self.bin)
+            .arg("--signal")
+            .arg(format!("reload={}", self.child.id()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()?;
+        if !status.success() {
+            return Err(NatsServerError::Start(format!(
+                "nats-server --signal reload exited with {status}; log:\n{}",
+                self.log()
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// The ports a config file names (`-1`: a free one).
+#[derive(Debug, Clone, Copy)]
+struct ConfigPorts {
+    client: i32,
+    http: i32,
+}
+
+/// Writes the server's config file.
+fn write_config(
+    path: &Path,
+    options: &NatsServerOptions,
+    store_dir: &Path,
+    ports_dir: &Path,
+    ports: ConfigPorts,
+) -> std::io::Result<()> {
+    let mut config = std::fs::File::create(path)?;
+    writeln!(config, "listen: \"127.0.0.1:{}\"", ports.client)?;
+    writeln!(
+        config,
+        "ports_file_dir: {:?}",
+        ports_dir.display().to_string()
+    )?;
+    if options.monitoring {
+        writeln!(config, "http: \"127.0.0.1:{}\"", ports.http)?;
+    }
+    if options.jetstream {
+        writeln!(
+            config,
+            "jetstream {{ store_dir: {:?} }}",
+            store_dir.display().to_string()
+        )?;
+    }
+    writeln!(config, "{}", options.extra_config)?;
+    Ok(())
 }
 
 impl Drop for NatsServer {

@@ -46,6 +46,17 @@ pub enum FastIngestError {
     /// ordinary way from now on.
     #[error("stream {0} does not allow fast-ingest batches")]
     Disabled(String),
+    /// The batch was sent but its PubAck did not come: within the timeout (`no_responders`
+    /// false; the server may have stored any prefix of it), or nobody listens on the stream's
+    /// subjects (`no_responders`: nothing of it was stored). Publishing the rest the ordinary
+    /// way would wait as long again: the caller answers its uploads as not stored instead.
+    #[error("fast-ingest batch on stream {stream}: {}", if *.no_responders { "no responders (no stream listens on the subject)" } else { "no acknowledgement within the timeout" })]
+    NotAcknowledged {
+        /// The stream.
+        stream: String,
+        /// Whether the server said nobody listens (NATS status 503).
+        no_responders: bool,
+    },
     /// Talking to NATS failed (publish, subscribe, stream info).
     #[error("fast-ingest batch on stream {stream}: {cause}")]
     Nats {
@@ -320,9 +331,18 @@ impl FastIngest {
                 return Err(self.nats(e.to_string()));
             }
         }
-        let ack = self.await_pub_ack(&mut state, id).await;
-        let stored = match ack {
-            Ok(ack) => match ack.error {
+        let ack = match self.await_pub_ack(&mut state, id).await {
+            Ok(ack) => ack,
+            Err(no_responders) => {
+                state.last = None;
+                return Err(FastIngestError::NotAcknowledged {
+                    stream: self.stream.clone(),
+                    no_responders,
+                });
+            }
+        };
+        let stored = {
+            match ack.error {
                 Some(e) if e.err_code == ERR_BATCH_DISABLED => {
                     state.last = None;
                     self.disabled.store(true, Ordering::Relaxed);
@@ -331,8 +351,7 @@ impl FastIngest {
                 Some(_) => 0,
                 None if !self.prove => ack.count.min(n as u64) as usize,
                 None => ack.seq.saturating_sub(base).min(n as u64) as usize,
-            },
-            Err(_) => 0,
+            }
         };
         if !self.prove {
             return Ok(Stored {
@@ -352,15 +371,18 @@ impl FastIngest {
     }
 
     /// Waits for the PubAck of batch `id` (flow-control, gap and error notes are skipped;
-    /// replies to earlier batches too).
-    async fn await_pub_ack(&self, state: &mut State, id: u64) -> Result<PubAck, ()> {
+    /// replies to earlier batches too). A status reply (no responders: no stream listens on
+    /// the subject — JetStream is down, disabled itself, or the stream has no leader) ends
+    /// the wait at once: nothing more will come.
+    /// `Err(true)`: no responders; `Err(false)`: the timeout passed.
+    async fn await_pub_ack(&self, state: &mut State, id: u64) -> Result<PubAck, bool> {
         let prefix_len = state.prefix.len() + 1;
         let want = id.to_string();
         let deadline = tokio::time::Instant::now() + self.timeout;
         loop {
             let msg = match tokio::time::timeout_at(deadline, state.sub.next()).await {
                 Ok(Some(msg)) => msg,
-                Ok(None) | Err(_) => return Err(()),
+                Ok(None) | Err(_) => return Err(false),
             };
             let subject = msg.subject.as_str();
             let of_this = subject
@@ -369,6 +391,12 @@ impl FastIngest {
                 .is_some_and(|b| b == want);
             if !of_this || msg.payload.starts_with(b"{\"type\"") {
                 continue;
+            }
+            if msg
+                .status
+                .is_some_and(|s| s == async_nats::StatusCode::NO_RESPONDERS)
+            {
+                return Err(true);
             }
             if let Ok(ack) = serde_json::from_slice::<PubAck>(&msg.payload) {
                 return Ok(ack);

@@ -24,6 +24,7 @@
 
 use crate::channels::OpenChannel;
 use crate::clients::may_publish;
+use crate::js_probe::JetStreamState;
 use crate::metrics::Metrics;
 use crate::shared::Shared;
 use async_nats::jetstream::context::{PublishError, PublishErrorKind};
@@ -222,17 +223,42 @@ impl Uploader {
     }
 }
 
-/// The error of an upload JetStream did not store. While a replicated message stream elects
-/// a leader (after a node failure) JetStream answers "no responders", which async-nats reports
-/// as [`PublishErrorKind::StreamNotFound`] although the stream exists: say what is going on
-/// and that a retry will succeed, instead of suggesting the stream is gone.
-fn store_failure(e: &PublishError) -> WireError {
-    let why = if e.kind() == PublishErrorKind::StreamNotFound {
-        "the message stream did not answer: it has no leader right now (an election after a \
-         node failure, usually a few seconds) or does not exist; retry with the same request \
-         id: uploads succeed once it has a leader"
-    } else {
-        "message stream did not store the message"
+/// The error of an upload JetStream did not store. Nobody answering a publish (NATS "no
+/// responders", which async-nats reports as [`PublishErrorKind::StreamNotFound`] although the
+/// stream exists) has two causes, told apart by [`crate::js_probe`]: while a replicated
+/// message stream elects a leader (after a node failure) the JetStream API still answers — say
+/// so and that a retry will succeed; when nothing under `$JS.API` answers, JetStream is not
+/// running on the server or disabled itself (nats-server does when its store runs out of
+/// space, until it is restarted) — say that, and what the operator does.
+///
+/// A store JetStream did not acknowledge within the broker's store timeout is said to be
+/// that, with the usual cause: nats-server keeps a stream unwritable after a write error
+/// (its store's disk was full) until it is restarted, answering none of its publishes.
+fn store_failure(e: &PublishError, js: JetStreamState, timeout: std::time::Duration) -> WireError {
+    if e.kind() == PublishErrorKind::TimedOut {
+        return WireError::new(
+            ErrorCode::Unavailable,
+            format!(
+                "message stream did not acknowledge the store within {timeout:?} (the broker's \
+                 store timeout): JetStream is overloaded, or cannot write — nats-server logs \
+                 \"Critical write error\" when its store's disk is full and answers no publish \
+                 to that stream until it is restarted; retry with the same request id: {e}"
+            ),
+        );
+    }
+    let why = match (e.kind(), js) {
+        (PublishErrorKind::StreamNotFound, JetStreamState::NotAnswering) => {
+            "JetStream is not answering on the NATS server: it is not running there, or \
+             disabled itself (nats-server turns JetStream off when its store runs out of space \
+             and keeps it off until restarted: free space, then restart nats-server); retry \
+             with the same request id once it is back"
+        }
+        (PublishErrorKind::StreamNotFound, JetStreamState::Answering) => {
+            "the message stream did not answer: it has no leader right now (an election after \
+             a node failure, usually a few seconds) or does not exist; retry with the same \
+             request id: uploads succeed once it has a leader"
+        }
+        _ => "message stream did not store the message",
     };
     WireError::new(ErrorCode::Unavailable, format!("{why}: {e}"))
 }

@@ -4,7 +4,7 @@
 
 use super::*;
 use msgtrail_core::partition::Partition;
-use msgtrail_nats::fast_ingest::FastMessage;
+use msgtrail_nats::fast_ingest::{FastIngestError, FastMessage};
 
 /// What JetStream said of one stored upload.
 #[derive(Debug, Clone, Copy)]
@@ -89,28 +89,39 @@ impl Uploader {
                 (up, received_at, id)
             })
             .collect();
-        let mut acks: Vec<Option<Result<Ack, WireError>>> = std::iter::repeat_with(|| None)
+        let mut acks: Vec<Option<Result<Ack, PublishError>>> = std::iter::repeat_with(|| None)
             .take(pending.len())
             .collect();
         self.store_fast(channel, &pending, &mut acks).await;
         self.store_windowed(channel, &pending, &mut acks).await;
+        // Nobody answered: probe once what that means (module doc of crate::js_probe).
+        let unanswered = acks
+            .iter()
+            .any(|a| matches!(a, Some(Err(e)) if e.kind() == PublishErrorKind::StreamNotFound));
+        let js = match unanswered {
+            true => self.shared.js_probe.state(&self.shared.client).await,
+            false => JetStreamState::Answering,
+        };
+        let timeout = self.shared.config.store_timeout;
         let mut out = Vec::with_capacity(pending.len());
         for ((up, received_at, message_id), ack) in pending.into_iter().zip(acks) {
             out.push(match ack.expect("every upload published") {
                 Ok(ack) => self.stored(channel, up, received_at, message_id, ack).await,
-                Err(e) => Err(e),
+                Err(e) => Err(store_failure(&e, js, timeout)),
             });
         }
         out
     }
 
     /// The fast-ingest batch of the first attempts, if there is one: answers the prefix it
-    /// stored (each at its own, proven, stream sequence) and leaves the rest unanswered.
+    /// stored (each at its own, proven, stream sequence) and leaves the rest unanswered —
+    /// unless the batch got no answer at all, which fails its uploads (published again the
+    /// ordinary way they would wait as long again, past the client's timeout).
     async fn store_fast(
         &self,
         channel: &OpenChannel,
         pending: &[(Upload, u64, MessageId)],
-        acks: &mut [Option<Result<Ack, WireError>>],
+        acks: &mut [Option<Result<Ack, PublishError>>],
     ) {
         let Some(fast) = self.shared.fast.as_ref().filter(|f| !f.is_disabled()) else {
             return;
@@ -143,6 +154,17 @@ impl Uploader {
                 }
                 stored.count
             }
+            Err(FastIngestError::NotAcknowledged { no_responders, .. }) => {
+                let kind = match no_responders {
+                    true => PublishErrorKind::StreamNotFound,
+                    false => PublishErrorKind::TimedOut,
+                };
+                for &i in &firsts {
+                    acks[i] = Some(Err(PublishError::new(kind)));
+                }
+                // Not a fallback: nothing is published again.
+                return;
+            }
             Err(e) => {
                 tracing::debug!(error = %e, "fast-ingest batch not used");
                 0
@@ -159,9 +181,8 @@ impl Uploader {
         &self,
         channel: &OpenChannel,
         pending: &[(Upload, u64, MessageId)],
-        acks: &mut [Option<Result<Ack, WireError>>],
+        acks: &mut [Option<Result<Ack, PublishError>>],
     ) {
-        let unavailable = store_failure;
         if acks.iter().all(Option::is_some) {
             return;
         }
@@ -191,19 +212,19 @@ impl Uploader {
         }
         let answered = futures::future::join_all(sent.into_iter().map(|(i, sent)| async move {
             let ack = match sent {
-                Ok(ack) => ack.await.map_err(|e| unavailable(&e)),
-                Err(e) => Err(unavailable(&e)),
+                Ok(ack) => ack.await,
+                Err(e) => Err(e),
             };
             (i, ack)
         }))
         .await;
+        drop(paused);
         for (i, ack) in answered {
             acks[i] = Some(ack.map(|a| Ack {
                 sequence: a.sequence,
                 duplicate: a.duplicate,
             }));
         }
-        drop(paused);
     }
 
     /// Records and answers one upload that JetStream acknowledged.

@@ -1,14 +1,35 @@
 use super::{store_failure, valid_traceparent};
+use crate::js_probe::JetStreamState;
 use async_nats::jetstream::context::{PublishError, PublishErrorKind};
+
+/// A store timeout.
+const T: std::time::Duration = std::time::Duration::from_millis(1500);
 
 #[test]
 fn a_stream_without_a_leader_is_explained() {
-    let e = store_failure(&PublishError::new(PublishErrorKind::StreamNotFound));
+    let not_found = PublishError::new(PublishErrorKind::StreamNotFound);
+    let e = store_failure(&not_found, JetStreamState::Answering, T);
     assert_eq!(e.code, msgtrail_core::ErrorCode::Unavailable);
     assert!(e.message.contains("no leader right now"), "{e}");
     assert!(e.message.contains("retry"), "{e}");
-    let e = store_failure(&PublishError::new(PublishErrorKind::TimedOut));
+    let e = store_failure(
+        &PublishError::new(PublishErrorKind::Other),
+        JetStreamState::NotAnswering,
+        T,
+    );
     assert!(!e.message.contains("leader"), "{e}");
+    assert!(!e.message.contains("JetStream is not answering"), "{e}");
+}
+
+#[test]
+fn jetstream_that_does_not_answer_at_all_is_explained() {
+    let not_found = PublishError::new(PublishErrorKind::StreamNotFound);
+    let e = store_failure(&not_found, JetStreamState::NotAnswering, T);
+    assert_eq!(e.code, msgtrail_core::ErrorCode::Unavailable);
+    assert!(e.message.contains("JetStream is not answering"), "{e}");
+    assert!(e.message.contains("out of space"), "{e}");
+    assert!(e.message.contains("restart nats-server"), "{e}");
+    assert!(!e.message.contains("no leader"), "{e}");
 }
 
 #[test]

@@ -29,6 +29,10 @@ pub(crate) struct BrokerArgs {
     /// Ack wait before redelivery (e.g. 30s).
     #[arg(long, default_value_t = defaults().ack_wait.into(), value_parser = duration_arg)]
     pub ack_wait: humantime::Duration,
+    /// Longest wait for JetStream to acknowledge an upload's store before answering it
+    /// `unavailable` (e.g. 4s); keep it below the clients' request timeout (SDK default 5 s).
+    #[arg(long, default_value_t = defaults().store_timeout.into(), value_parser = duration_arg)]
+    pub store_timeout: humantime::Duration,
     /// Deliveries before a message is dead-lettered.
     #[arg(long, default_value_t = defaults().max_deliver)]
     pub max_deliver: u32,
@@ -61,6 +65,7 @@ pub(crate) async fn run(nats: &NatsArgs, args: BrokerArgs) -> anyhow::Result<()>
         replicas: args.replicas,
         max_payload: args.max_payload,
         ack_wait: args.ack_wait.into(),
+        store_timeout: args.store_timeout.into(),
         max_deliver: args.max_deliver,
         dedup_window: args.dedup_window.into(),
         record_payload_bytes: args.record_payload_bytes,
