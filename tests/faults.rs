@@ -1556,7 +1556,6 @@ async fn s16_partition_cuts_off_the_stream_leader_sync_always() {
 /// A minority: the stream leader's node, broker-1 and the test's own clients on one side:
 /// nothing may be acked there that the majority does not store.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "~110 s: one refused ack's message is not redelivered and the consumer waits out its 90 s deadline (RELIABILITY.md, scenario 16): --ignored"]
 async fn s16_partition_minority_with_a_broker_and_the_clients() {
     let _serial = SERIAL.lock().await;
     let cut = partitions::Cut::Node {
