@@ -234,6 +234,9 @@ impl Relay {
         records: Vec<StageRecord>,
         invalid: Option<String>,
     ) -> usize {
+        // What the token names is worked out once for all of the settle's records (`by_id`
+        // derives a consumer name: thousands of instructions, per record before).
+        let by_id = token.by_id();
         let checked = match invalid {
             Some(why) => Err(WireError::new(ErrorCode::InvalidRecord, why)),
             None => records
@@ -247,7 +250,7 @@ impl Relay {
                             format!("stage {} is not a delivery's", r.stage),
                         ));
                     }
-                    apply_token(i + 1, &mut r, token)?;
+                    apply_token(i + 1, &mut r, token, by_id)?;
                     Ok(r)
                 })
                 .collect::<Result<Vec<_>, _>>(),
@@ -414,14 +417,14 @@ impl Relay {
         let t = tokens
             .decode(text, &channel.client_id, &self.key)
             .map_err(|e| not_owned(n, e.message))?;
-        apply_token(n, r, &t)
+        apply_token(n, r, &t, t.by_id())
     }
 }
 
 /// A consumer stage against its delivery's verified ack token: of the same mode (push or
 /// pull), not contradicting it; the record then takes the delivery's message, group,
-/// attempt, sequence and topic.
-fn apply_token(n: usize, r: &mut StageRecord, t: &AckToken) -> Result<(), WireError> {
+/// attempt, sequence and topic, and `by_id` (the token's [`AckToken::by_id`]).
+fn apply_token(n: usize, r: &mut StageRecord, t: &AckToken, by_id: bool) -> Result<(), WireError> {
     let push_stage = matches!(r.stage, Stage::PushReceived | Stage::PushAckSent);
     let pull_stage = matches!(r.stage, Stage::PullReceived | Stage::PullAckSent);
     if (push_stage && !t.p) || (pull_stage && t.p) {
@@ -449,6 +452,6 @@ fn apply_token(n: usize, r: &mut StageRecord, t: &AckToken) -> Result<(), WireEr
     r.attempt = Some(t.n);
     r.stream_seq = Some(t.q);
     r.topic = Some(t.t.clone());
-    r.by_id = t.by_id();
+    r.by_id = by_id;
     Ok(())
 }
