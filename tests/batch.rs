@@ -126,12 +126,7 @@ fn entry(request_id: &str, topic: &str, payload: impl Into<Bytes>) -> UploadEntr
 
 /// An ack of the delivery with `token`.
 fn ack_entry(token: &str) -> SettleEntry {
-    SettleEntry {
-        token: token.to_owned(),
-        kind: SettleKind::Ack,
-        delay_ms: None,
-        reason: String::new(),
-    }
+    SettleEntry::new(token, SettleKind::Ack)
 }
 
 /// A settle batch acking every one of `delivered`.
@@ -502,16 +497,13 @@ async fn settle_batches_mix_ack_nack_term_and_a_forged_token_fails_alone() {
                 ack_entry(&tok(0)),
                 ack_entry(&forged),
                 SettleEntry {
-                    token: tok(1),
-                    kind: SettleKind::Nack,
                     delay_ms: Some(0),
                     reason: "later".into(),
+                    ..SettleEntry::new(tok(1), SettleKind::Nack)
                 },
                 SettleEntry {
-                    token: tok(2),
-                    kind: SettleKind::Term,
-                    delay_ms: None,
                     reason: "poison".into(),
+                    ..SettleEntry::new(tok(2), SettleKind::Term)
                 },
             ],
             reports,
@@ -721,11 +713,16 @@ async fn ride_along_records_give_the_same_trajectory_as_separate_reports() {
     let producer = RawChannel::open(&sys, "shop", Role::Producer).await;
     let res = producer
         .upload(&UploadBatch {
-            entries: vec![entry("ride", "same.x", "a"), entry("apart", "same.x", "b")],
+            entries: vec![
+                entry("ride", "same.x", "a"),
+                entry("apart", "same.x", "b"),
+                entry("inside", "same.x", "c"),
+            ],
             ..Default::default()
         })
         .await;
     let (a, b) = (stored(&res.results[0]).0, stored(&res.results[1]).0);
+    let c = stored(&res.results[2]).0;
     let consumer = RawChannel::open(&sys, "billing-1", Role::Consumer).await;
     let got = consumer.fetch("same", "same.*", 10).await;
     let token_of = |id: MessageId| {
@@ -788,6 +785,17 @@ async fn ride_along_records_give_the_same_trajectory_as_separate_reports() {
         })
         .await;
     assert_eq!(apart.results, vec![None]);
+    // c: the records inside its own settle (version 2), no token of their own.
+    let own = SettleBatch {
+        entries: vec![SettleEntry {
+            records: consumer_records(t0),
+            ..ack_entry(&token_of(c))
+        }],
+        ..Default::default()
+    };
+    assert_eq!(own.encode()[3], 2, "a version 2 frame");
+    let inside = consumer.settle(&own).await;
+    assert_eq!((inside.results, inside.reports.accepted), (vec![None], 4));
 
     let done = |r: &[StageRecord]| {
         [
@@ -801,6 +809,7 @@ async fn ride_along_records_give_the_same_trajectory_as_separate_reports() {
     };
     let recs_a = sys.records_for(a, done).await;
     let recs_b = sys.records_for(b, done).await;
+    let recs_c = sys.records_for(c, done).await;
     // The consumer's records are the same but for what names the message.
     let consumer_side = |recs: &[StageRecord]| -> Vec<StageRecord> {
         let mut out: Vec<StageRecord> = recs
@@ -825,6 +834,17 @@ async fn ride_along_records_give_the_same_trajectory_as_separate_reports() {
         out
     };
     assert_eq!(consumer_side(&recs_a), consumer_side(&recs_b));
+    assert_eq!(consumer_side(&recs_a), consumer_side(&recs_c));
+    assert!(
+        recs_c
+            .iter()
+            .filter(|r| r.stage == Stage::ProcessStarted)
+            .all(|r| r.message_id == Some(c)
+                && r.group.as_ref().map(|g| g.as_str()) == Some("same")
+                && r.attempt == Some(1)
+                && r.consumer.as_ref().map(|g| g.as_str()) == Some("billing-1")),
+        "the broker fills in what the settle's token names: {recs_c:#?}"
+    );
     // And so are the trajectories' shapes: hops, statuses, events, state.
     let shape = |recs: Vec<StageRecord>| {
         let t = Trajectory::assemble(recs, &AssembleOptions::default()).unwrap();
@@ -841,7 +861,119 @@ async fn ride_along_records_give_the_same_trajectory_as_separate_reports() {
             .collect();
         (t.state, hops)
     };
-    assert_eq!(shape(recs_a), shape(recs_b));
+    let shape_a = shape(recs_a);
+    assert_eq!(shape_a, shape(recs_b));
+    assert_eq!(shape_a, shape(recs_c));
+}
+
+/// A settle's own records are checked against its token per settle: a forged token refuses
+/// its settle and its records, a record that contradicts its token (or is not a delivery's
+/// stage, or of the other mode) refuses that settle's records only — the settle is applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settles_own_records_are_checked_against_its_token_per_settle() {
+    let sys = TestSystem::start().await;
+    let producer = RawChannel::open(&sys, "shop", Role::Producer).await;
+    let res = producer
+        .upload(&UploadBatch {
+            entries: (0..4)
+                .map(|i| entry(&format!("own-{i}"), "own.x", "p"))
+                .collect(),
+            ..Default::default()
+        })
+        .await;
+    let ids: Vec<MessageId> = res.results.iter().map(|r| stored(r).0).collect();
+    let consumer = RawChannel::open(&sys, "billing-1", Role::Consumer).await;
+    let got = consumer.fetch("own", "own.*", 10).await;
+    assert_eq!(got.messages.len(), 4);
+    let tok = |i: usize| {
+        got.messages
+            .iter()
+            .find(|m| m.message_id == ids[i])
+            .unwrap()
+            .ack_token
+            .clone()
+    };
+    let t0 = msgtrail_core::time::now_nanos();
+    let rec = |stage: Stage, dt: u64| StageRecord::at(stage, t0 + dt);
+    let with = |token: String, records: Vec<StageRecord>| SettleEntry {
+        records,
+        ..ack_entry(&token)
+    };
+    let (body, tag) = tok(3)
+        .rsplit_once('.')
+        .map(|(b, t)| (b.to_owned(), t.to_owned()))
+        .unwrap();
+    let forged = format!(
+        "{body}.{}",
+        if tag.starts_with('A') { "B" } else { "A" }.repeat(tag.len())
+    );
+    let mut other_group = rec(Stage::ProcessStarted, 2);
+    other_group.group = Some(msgtrail_core::ClientId::new("elsewhere").unwrap());
+    let reply = consumer
+        .settle(&SettleBatch {
+            entries: vec![
+                // 0: fine — two records.
+                with(
+                    tok(0),
+                    vec![rec(Stage::PullReceived, 1), rec(Stage::PullAckSent, 2)],
+                ),
+                // 1: one record names another group: this settle's records are refused.
+                with(tok(1), vec![rec(Stage::PullReceived, 1), other_group]),
+                // 2: a push stage for a pull delivery, and a producer stage: refused.
+                with(tok(2), vec![rec(Stage::PushReceived, 1)]),
+                // 3 (forged): refused with its records.
+                with(forged, vec![rec(Stage::PullReceived, 1)]),
+                // 3 (real), one producer stage: refused records, settle applied.
+                with(tok(3), vec![rec(Stage::StoreConfirmed, 1)]),
+            ],
+            ..Default::default()
+        })
+        .await;
+    assert_eq!(reply.results.len(), 5);
+    assert_eq!(reply.results[0], None);
+    assert_eq!(reply.results[1], None);
+    assert_eq!(reply.results[2], None);
+    assert_eq!(
+        reply.results[3].as_ref().map(|e| e.code),
+        Some(ErrorCode::BadAckToken)
+    );
+    assert_eq!(reply.results[4], None);
+    assert_eq!(
+        (reply.reports.accepted, reply.reports.error.clone()),
+        (2, None),
+        "only the first settle's records: {reply:?}"
+    );
+    // Every message was acked: its C8 is there; only message 0 has consumer records.
+    for (i, id) in ids.iter().enumerate() {
+        let recs = sys
+            .records_for(*id, |r| r.iter().any(|x| x.stage == Stage::PullAckReceived))
+            .await;
+        let consumer_side = recs
+            .iter()
+            .filter(|r| {
+                matches!(
+                    r.stage,
+                    Stage::PullReceived
+                        | Stage::ProcessStarted
+                        | Stage::PullAckSent
+                        | Stage::PushReceived
+                        | Stage::StoreConfirmed
+                )
+            })
+            .count();
+        assert_eq!(
+            consumer_side,
+            if i == 0 { 2 } else { 0 },
+            "message {i}: {recs:#?}"
+        );
+    }
+    let metrics = &sys.broker.as_ref().unwrap().metrics;
+    assert_eq!(
+        metrics
+            .own_records
+            .load(std::sync::atomic::Ordering::Relaxed),
+        2
+    );
 }
 
 /// The stored headers of `seq` that a broker wrote (JetStream's own direct-get headers left

@@ -1456,4 +1456,87 @@ async fn uploads_while_jetstream_is_off_say_so_and_resume_when_it_is_back() {
     );
     assert_eq!(&got[0].payload[..], b"after");
     got[0].ack().await.expect("and acked");
+
+/// The SDK's consumer records of a delivery (C6, X1, X2, C7) travel inside its settle: no
+/// stage report of their own, the same records in the stage stream. A delivery never settled
+/// has its C6 sent as a report once the hold runs out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deliverys_records_travel_inside_its_settle_without_a_report_of_their_own() {
+    use std::sync::atomic::Ordering::Relaxed;
+    const N: usize = 12;
+    let sys = TestSystem::start().await;
+    let producer = sys.producer("shop").await;
+    let mut ids = Vec::new();
+    for i in 0..=N {
+        let reply = producer
+            .send_message(Outgoing::new("inside.x", format!("m{i}")))
+            .await
+            .unwrap();
+        ids.push(reply.message_id);
+    }
+    // The producer's P4s are in before the consumer starts (the last goes as a report).
+    for id in &ids {
+        sys.records_for(*id, |r| has_all(r, &[Stage::StoreConfirmed]))
+            .await;
+    }
+    let metrics = sys.broker.as_ref().unwrap().metrics.clone();
+    let reports_before = metrics.stage_reports.load(Relaxed);
+    let own_before = metrics.own_records.load(Relaxed);
+
+    let consumer = sys.consumer("billing-1").await;
+    let mut got = Vec::new();
+    while got.len() < N + 1 {
+        got.extend(
+            consumer
+                .fetch(&sub("inside", "inside.*"), (N + 1 - got.len()) as u32, WAIT)
+                .await
+                .unwrap(),
+        );
+    }
+    let unsettled = got.pop().unwrap();
+    for m in got.clone() {
+        let outcome = consumer
+            .process(m, |_| async { Ok::<(), String>(()) })
+            .await
+            .unwrap();
+        assert_eq!(outcome, Ok(()));
+    }
+    let want = [
+        Stage::PullReceived,
+        Stage::ProcessStarted,
+        Stage::ProcessFinished,
+        Stage::PullAckSent,
+        Stage::PullAckReceived,
+    ];
+    for m in &got {
+        let recs = sys.records_for(m.message_id, |r| has_all(r, &want)).await;
+        for stage in &want[..4] {
+            let of: Vec<&StageRecord> = recs.iter().filter(|r| r.stage == *stage).collect();
+            assert_eq!(of.len(), 1, "{stage}: {recs:#?}");
+            let r = of[0];
+            assert_eq!(r.consumer.as_ref().map(|c| c.as_str()), Some("billing-1"));
+            assert_eq!(r.group.as_ref().map(|g| g.as_str()), Some("inside"));
+            assert_eq!((r.attempt, r.topic.as_deref()), (Some(1), Some("inside.x")));
+            assert_eq!(r.service.as_deref(), Some("billing-1-svc"));
+        }
+    }
+    assert_eq!(
+        metrics.own_records.load(Relaxed) - own_before,
+        4 * N as u64,
+        "C6, X1, X2, C7 of each delivery inside its settle"
+    );
+    assert_eq!(
+        metrics.stage_reports.load(Relaxed),
+        reports_before,
+        "no stage report was sent for settled deliveries"
+    );
+    // The delivery not settled: its C6 waits for the hold, then goes as a report.
+    let recs = sys
+        .records_for(unsettled.message_id, |r| has_all(r, &[Stage::PullReceived]))
+        .await;
+    assert_eq!(count(&recs, Stage::PullReceived), 1);
+    assert!(metrics.stage_reports.load(Relaxed) > reports_before);
+    // (Past the test broker's 1 s ack wait by now: not acked.)
+    drop(unsettled);
+    consumer.close().await.unwrap();
 }

@@ -20,9 +20,10 @@ It walks the whole protocol of docs/PROTOCOL.md once:
     with an invalid topic, raw binary bytes), each carrying its own P1 time (sent_at), and
     prints the per-message results (the invalid one is refused alone); reports the P4s of
     the stored ones in a binary report frame; fetches them with "format": "binary" and
-    decodes the delivery frame; settles them in one binary settle batch with C6, X1, X2 and
-    C7 of each delivery riding along (each with its ack token), plus one forged token that
-    fails alone; fetches again and decodes the binary no-matching-message notice;
+    decodes the delivery frame; settles them in one binary settle batch (version 2) whose
+    every settle carries C6, X1, X2 and C7 of its own delivery (the settle's token is their
+    proof), plus one forged token that fails alone with its records; fetches again and
+    decodes the binary no-matching-message notice;
  9. closes both channels.
 
 Every step prints one JSON line on stdout ({"event": ...}); a refusal prints
@@ -247,8 +248,12 @@ def bytes32(b):
     return u32(len(b)) + b
 
 
-def frame_head(kind):
-    return b"MT" + kind.encode() + u8(FRAME_VERSION)
+# A settle batch whose settles carry their delivery's records (docs/PROTOCOL.md §18.4).
+SETTLE_RECORDS_VERSION = 2
+
+
+def frame_head(kind, version=FRAME_VERSION):
+    return b"MT" + kind.encode() + u8(version)
 
 
 def attrs_bytes(attrs):
@@ -315,14 +320,20 @@ def encode_upload_batch(entries, reports=()):
 
 
 def encode_settle_batch(settles, reports=()):
-    """A settle batch: per delivery kind, optional delay_ms, token and reason; then the
-    reported records (C2/C3, C6/C7, X1/X2, each with its delivery's ack token)."""
-    out = frame_head("S") + u16(len(settles))
+    """A settle batch: per delivery kind, optional delay_ms, token and reason, and (version 2,
+    when any settle has "records") the delivery's own records (C2/C3, C6/C7, X1/X2) with no
+    token: the settle's is their proof; then the reported records riding along (each with
+    its delivery's ack token)."""
+    own = any(s.get("records") for s in settles)
+    out = frame_head("S", SETTLE_RECORDS_VERSION if own else FRAME_VERSION) + u16(len(settles))
     for s in settles:
         out += u8(SETTLE_KINDS[s.get("kind", "ack")])
         delay = s.get("delay_ms")
         out += u8(0) if delay is None else u8(1) + u64(delay)
         out += str16(s["token"]) + str16(s.get("reason", ""))
+        if own:
+            records = s.get("records", [])
+            out += u8(len(records)) + b"".join(record_bytes(r) for r in records)
     return out + reports_bytes(reports)
 
 
@@ -698,27 +709,30 @@ async def batch(nc, args, producer, consumer, request_id):
     )
 
     # "Process" each, then settle all in one batch: an ack per delivery, and a forged token
-    # (a real one with another signature) that must fail alone. C6, X1, X2, C7 of each
-    # delivery ride along, each with the delivery's ack token as its proof.
-    ride = []
+    # (a real one with another signature) that must fail alone. Each settle carries C6, X1,
+    # X2, C7 of its own delivery: the settle's ack token proves them, and the broker fills in
+    # message, group, attempt and topic from it, so they need only stage, time and outcome.
+    own = []
     settles = []
     for m, c6_at in delivered:
-        hop = {"message_id": m["message_id"], "group": m["group"], "topic": m["topic"],
-               "attempt": m["delivery_attempt"], "token": m["ack_token"]}
         x1_at = time.time_ns()
         ok = any(m["payload"] == e["payload"] for e, _ in stored)
-        ride += [
-            {"stage": "C6", "at": c6_at, **hop},
-            {"stage": "X1", "at": x1_at, **hop},
-            {"stage": "X2", "at": time.time_ns(), "outcome": "ok" if ok else "failed", **hop},
-            {"stage": "C7", "at": time.time_ns(), "outcome": "ack", **hop},
+        records = [
+            {"stage": "C6", "at": c6_at},
+            {"stage": "X1", "at": x1_at},
+            {"stage": "X2", "at": time.time_ns(), "outcome": "ok" if ok else "failed"},
+            {"stage": "C7", "at": time.time_ns(), "outcome": "ack"},
         ]
-        settles.append({"kind": "ack", "token": m["ack_token"], "message_id": m["message_id"]})
+        own += records
+        settles.append({"kind": "ack", "token": m["ack_token"], "message_id": m["message_id"],
+                        "records": records})
     if settles:
         body, _, tag = settles[0]["token"].rpartition(".")
         forged = body + "." + ("A" * len(tag) if tag != "A" * len(tag) else "B" * len(tag))
-        settles.insert(1, {"kind": "ack", "token": forged, "forged": True})
-    reply = await request_raw(nc, SETTLE, encode_settle_batch(settles, ride),
+        # The forged settle's records are refused with it (not counted as accepted).
+        settles.insert(1, {"kind": "ack", "token": forged, "forged": True,
+                           "records": [{"stage": "C6", "at": time.time_ns()}]})
+    reply = await request_raw(nc, SETTLE, encode_settle_batch(settles),
                               headers={"Msgtrail-Channel": consumer})
     results, reports = decode_settle_results(reply)
     emit(
@@ -728,7 +742,7 @@ async def batch(nc, args, producer, consumer, request_id):
             for s, r in zip(settles, results)
         ],
         reports=reports,
-        stages=[r["stage"] for r in ride],
+        stages=[r["stage"] for r in own],
     )
 
     # Settled: nothing matches any more; the binary reply is the no-matching-message notice.

@@ -54,6 +54,11 @@ pub struct Metrics {
     pub stage_batches: AtomicU64,
     /// Client stage records relayed.
     pub relayed_records: AtomicU64,
+    /// Of them, the records relayed from inside their delivery's settle (settle batch
+    /// version 2), proven by the settle's token.
+    pub own_records: AtomicU64,
+    /// Stage reports received on their own (`msgtrail.v1.stage`), not riding along a batch.
+    pub stage_reports: AtomicU64,
     /// The most requests handled at once so far (bounded by `max_concurrent_requests`).
     pub peak_concurrent_requests: AtomicU64,
     errors: Mutex<BTreeMap<&'static str, u64>>,
@@ -101,6 +106,8 @@ impl Metrics {
             "stage_publish_retries": g(&self.stage_publish_retries),
             "stage_batches": g(&self.stage_batches),
             "relayed_records": g(&self.relayed_records),
+            "own_records": g(&self.own_records),
+            "stage_reports": g(&self.stage_reports),
             "peak_concurrent_requests": g(&self.peak_concurrent_requests),
             "errors": self.errors(),
         })

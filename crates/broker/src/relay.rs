@@ -17,7 +17,10 @@
 //! The `token` is not written to the stage stream. A report is accepted whole or refused
 //! whole, with the first offending line (record) named. Reports come as newline-delimited
 //! JSON or as a binary report frame on `msgtrail.v1.stage`, or ride along upload and settle
-//! batches ([`Relay::relay_reported`]); all three take the same checks.
+//! batches ([`Relay::relay_reported`]); all three take the same checks. A settle's own
+//! records (settle batch version 2) take them too, against the settle's token that the
+//! settle path verified already ([`Relay::relay_own`]): no token travels or is checked per
+//! record.
 
 use crate::channels::{Channels, OpenChannel};
 use crate::metrics::Metrics;
@@ -157,6 +160,7 @@ impl Relay {
     /// Handles one `stage` report (newline-delimited JSON, or a binary report frame);
     /// returns how many records were accepted.
     pub(crate) async fn handle(&self, msg: &async_nats::Message) -> Result<usize, WireError> {
+        Metrics::inc(&self.metrics.stage_reports);
         let headers = msg.headers.as_ref().ok_or_else(|| {
             WireError::new(
                 ErrorCode::BadRequest,
@@ -218,6 +222,55 @@ impl Relay {
         }
     }
 
+    /// Checks and relays the records a settle carries about its own delivery, whose `token`
+    /// the settle path has verified for this channel's consumer: the same checks as a
+    /// report's consumer records, without verifying the token again. Accepted whole or
+    /// refused whole (per settle; the refusal is counted, never fails the settle); returns
+    /// how many were relayed.
+    pub(crate) fn relay_own(
+        &self,
+        channel: &OpenChannel,
+        token: &AckToken,
+        records: Vec<StageRecord>,
+        invalid: Option<String>,
+    ) -> usize {
+        // What the token names is worked out once for all of the settle's records (`by_id`
+        // derives a consumer name: thousands of instructions, per record before).
+        let by_id = token.by_id();
+        let checked = match invalid {
+            Some(why) => Err(WireError::new(ErrorCode::InvalidRecord, why)),
+            None => records
+                .into_iter()
+                .enumerate()
+                .map(|(i, mut r)| {
+                    self.check_owner(i + 1, &mut r, channel)?;
+                    if matches!(r.stage, Stage::UploadSent | Stage::StoreConfirmed) {
+                        return Err(not_owned(
+                            i + 1,
+                            format!("stage {} is not a delivery's", r.stage),
+                        ));
+                    }
+                    apply_token(i + 1, &mut r, token, by_id)?;
+                    Ok(r)
+                })
+                .collect::<Result<Vec<_>, _>>(),
+        };
+        match checked {
+            Ok(records) => {
+                let n = self.relay(records);
+                self.metrics
+                    .own_records
+                    .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+                n
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "a settle's own stage records refused");
+                self.metrics.error(e.code);
+                0
+            }
+        }
+    }
+
     fn relay(&self, records: Vec<StageRecord>) -> usize {
         let n = records.len();
         for r in records {
@@ -264,6 +317,28 @@ impl Relay {
         channel: &OpenChannel,
         tokens: &mut TokenCache,
     ) -> Result<(), WireError> {
+        self.check_owner(n, r, channel)?;
+        match r.stage {
+            Stage::UploadSent => {
+                if r.request_id.is_none() {
+                    return Err(invalid(n, "stage P1 needs a request_id"));
+                }
+            }
+            Stage::StoreConfirmed => self.check_receipt(n, r, token, channel)?,
+            _ => self.check_delivery(n, r, token, channel, tokens)?,
+        }
+        Ok(())
+    }
+
+    /// The checks of every record, whatever proves it: a stage the channel's role reports,
+    /// naming no other client; fills in owner and service, and drops what only a broker
+    /// says.
+    fn check_owner(
+        &self,
+        n: usize,
+        r: &mut StageRecord,
+        channel: &OpenChannel,
+    ) -> Result<(), WireError> {
         if !r.stage.reportable_by(channel.role) {
             return Err(not_owned(
                 n,
@@ -291,15 +366,6 @@ impl Relay {
         // them is not believed (the sink leaves a client's record without an instance).
         r.broker = None;
         r.stored_at = None;
-        match r.stage {
-            Stage::UploadSent => {
-                if r.request_id.is_none() {
-                    return Err(invalid(n, "stage P1 needs a request_id"));
-                }
-            }
-            Stage::StoreConfirmed => self.check_receipt(n, r, token, channel)?,
-            _ => self.check_delivery(n, r, token, channel, tokens)?,
-        }
         Ok(())
     }
 
@@ -351,34 +417,41 @@ impl Relay {
         let t = tokens
             .decode(text, &channel.client_id, &self.key)
             .map_err(|e| not_owned(n, e.message))?;
-        let push_stage = matches!(r.stage, Stage::PushReceived | Stage::PushAckSent);
-        let pull_stage = matches!(r.stage, Stage::PullReceived | Stage::PullAckSent);
-        if (push_stage && !t.p) || (pull_stage && t.p) {
-            return Err(not_owned(
-                n,
-                format!(
-                    "stage {} does not match a {} delivery",
-                    r.stage,
-                    if t.p { "push" } else { "pull" }
-                ),
-            ));
-        }
-        if r.message_id.is_some_and(|m| m != t.m)
-            || r.group.as_ref().is_some_and(|g| *g != t.g)
-            || r.attempt.is_some_and(|a| a != t.n)
-            || r.topic.as_ref().is_some_and(|topic| *topic != t.t)
-        {
-            return Err(not_owned(
-                n,
-                "record's message, group, attempt or topic differ from its delivery token",
-            ));
-        }
-        r.message_id = Some(t.m);
-        r.group = Some(t.g.clone());
-        r.attempt = Some(t.n);
-        r.stream_seq = Some(t.q);
-        r.topic = Some(t.t.clone());
-        r.by_id = t.by_id();
-        Ok(())
+        apply_token(n, r, &t, t.by_id())
     }
+}
+
+/// A consumer stage against its delivery's verified ack token: of the same mode (push or
+/// pull), not contradicting it; the record then takes the delivery's message, group,
+/// attempt, sequence and topic, and `by_id` (the token's [`AckToken::by_id`]).
+fn apply_token(n: usize, r: &mut StageRecord, t: &AckToken, by_id: bool) -> Result<(), WireError> {
+    let push_stage = matches!(r.stage, Stage::PushReceived | Stage::PushAckSent);
+    let pull_stage = matches!(r.stage, Stage::PullReceived | Stage::PullAckSent);
+    if (push_stage && !t.p) || (pull_stage && t.p) {
+        return Err(not_owned(
+            n,
+            format!(
+                "stage {} does not match a {} delivery",
+                r.stage,
+                if t.p { "push" } else { "pull" }
+            ),
+        ));
+    }
+    if r.message_id.is_some_and(|m| m != t.m)
+        || r.group.as_ref().is_some_and(|g| *g != t.g)
+        || r.attempt.is_some_and(|a| a != t.n)
+        || r.topic.as_ref().is_some_and(|topic| *topic != t.t)
+    {
+        return Err(not_owned(
+            n,
+            "record's message, group, attempt or topic differ from its delivery token",
+        ));
+    }
+    r.message_id = Some(t.m);
+    r.group = Some(t.g.clone());
+    r.attempt = Some(t.n);
+    r.stream_seq = Some(t.q);
+    r.topic = Some(t.t.clone());
+    r.by_id = by_id;
+    Ok(())
 }

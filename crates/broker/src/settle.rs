@@ -1,7 +1,10 @@
 //! Batched settles (`msgtrail.v1.settle`): one request settles many deliveries — ack, nack
 //! with an optional delay, or term with a reason — each checked on its own, so a forged or
 //! foreign token fails alone. The consumer's own stage records about those deliveries (C2/C3,
-//! C6/C7, X1/X2) may ride along and are relayed with the same checks as a stage report.
+//! C6/C7, X1/X2) may ride along and are relayed with the same checks as a stage report —
+//! after the settles, each with its token, or (frame version 2) inside the settle of their
+//! delivery, proven by the settle's token: that token is verified once, for the settle and
+//! its records together (`Relay::relay_own`).
 //!
 //! The request is a binary [`SettleBatch`] frame or JSON ([`SettleRequest`]); the reply has
 //! the same form. Each settle is answered ok only once JetStream has confirmed it (a double
@@ -51,13 +54,21 @@ impl Settler {
             let channel = self
                 .consumer_channel(required(headers, h::CHANNEL)?)
                 .await?;
-            let batch = SettleBatch::decode(&msg.payload)?;
+            let mut batch = SettleBatch::decode(&msg.payload)?;
             let mut tokens = TokenCache::new();
-            let reports = self
+            let mut reports = self
                 .relay
                 .relay_reported(&channel, batch.reports, batch.reports_invalid, &mut tokens)
                 .await;
-            let results = self.settle_all(&channel, &batch.entries, &mut tokens).await;
+            let own: Vec<OwnRecords> = batch
+                .entries
+                .iter_mut()
+                .map(|e| (std::mem::take(&mut e.records), e.records_invalid.take()))
+                .collect();
+            let (results, relayed) = self
+                .settle_all(&channel, &batch.entries, own, &mut tokens)
+                .await;
+            reports.accepted += relayed as u32;
             self.records_stored().await;
             return Ok(SettleResults {
                 results: results.into_iter().map(Result::err).collect(),
@@ -73,17 +84,16 @@ impl Settler {
             .settles
             .into_iter()
             .map(|s| SettleEntry {
-                token: s.token,
-                kind: s.kind,
                 delay_ms: s.delay_ms,
                 reason: s.reason.unwrap_or_default(),
+                ..SettleEntry::new(s.token, s.kind)
             })
             .collect();
         if entries.len() > frame::MAX_BATCH_ENTRIES {
             return Err(too_many(entries.len()));
         }
-        let results = self
-            .settle_all(&channel, &entries, &mut TokenCache::new())
+        let (results, _) = self
+            .settle_all(&channel, &entries, Vec::new(), &mut TokenCache::new())
             .await;
         self.records_stored().await;
         let reply = SettleReply {
@@ -117,17 +127,28 @@ impl Settler {
     /// has processed it (a double ack). JetStream processes one connection's settles of one
     /// consumer in order, so that answer confirms the earlier ones too: a batch costs one
     /// confirmation per consumer, not one per delivery ([`consumer_key`]).
+    ///
+    /// `own` holds each settle's own records (empty for a version 1 frame or JSON): they are
+    /// relayed once their settle's token is verified, whether or not the settle is then
+    /// applied in time; the second value is how many were.
     async fn settle_all(
         &self,
         channel: &OpenChannel,
         entries: &[SettleEntry],
+        mut own: Vec<OwnRecords>,
         tokens: &mut TokenCache,
-    ) -> Vec<Result<(), WireError>> {
+    ) -> (Vec<Result<(), WireError>>, usize) {
         let d = &self.deliverer;
+        let mut relayed = 0;
+        own.resize_with(entries.len(), Default::default);
         let mut prepared: Vec<Result<Prepared, WireError>> = entries
             .iter()
-            .map(|e| {
+            .zip(own)
+            .map(|(e, (records, invalid))| {
                 let token = tokens.decode(&e.token, &channel.client_id, &d.shared.key)?;
+                if !records.is_empty() || invalid.is_some() {
+                    relayed += self.relay.relay_own(channel, &token, records, invalid);
+                }
                 d.check_in_time(&token, e.kind)?;
                 let (effective, payload) = d.jetstream_settle(&token, e.kind, e.delay_ms);
                 Ok(Prepared {
@@ -219,9 +240,12 @@ impl Settler {
                 }
             }
         }
-        results
+        (results, relayed)
     }
 }
+
+/// A settle's own records as decoded, and why they were refused by the decoder, if they were.
+type OwnRecords = (Vec<msgtrail_core::StageRecord>, Option<String>);
 
 /// One settle, checked and ready for JetStream.
 struct Prepared {

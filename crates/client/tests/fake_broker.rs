@@ -34,6 +34,8 @@ struct Seen {
     records: Vec<ReportedRecord>,
     /// Records reported alone on the stage subject.
     stage_reports: usize,
+    /// Records that came inside their delivery's settle.
+    own_records: usize,
     /// Channel IDs that sent uploads.
     channels: Vec<String>,
     /// Fetch and subscribe requests asked for binary.
@@ -231,7 +233,22 @@ async fn serve(client: async_nats::Client, script: Arc<Script>) {
                             _ => None,
                         })
                         .collect();
-                    let reports = take_reports(&script, batch.reports);
+                    let mut reports = take_reports(&script, batch.reports);
+                    // A settle's own records, as the broker takes them: per settle, refused
+                    // with a forged token (and with "bad-report"), proven by its token.
+                    for e in batch.entries {
+                        if e.records.is_empty() || ["forged", "bad-report"].contains(&&*e.token) {
+                            continue;
+                        }
+                        reports.accepted += e.records.len() as u32;
+                        let mut seen = script.seen.lock().unwrap();
+                        seen.own_records += e.records.len();
+                        seen.records
+                            .extend(e.records.into_iter().map(|record| ReportedRecord {
+                                record,
+                                token: e.token.clone(),
+                            }));
+                    }
                     Ok(SettleResults { results, reports }.encode())
                 }
                 s::STAGE_REPORT => {
@@ -565,7 +582,8 @@ async fn binary_deliveries_batched_settles_and_refused_reports() {
         c.reporter().unwrap().failed()
     };
     assert!(reporter_failed > 0);
-    // (The C2s and C7s rode with the bad record, so they were refused with it.)
+    // (The "bad-report" delivery's C2, X1, X2 and C3 came inside its settle and were refused
+    // with it.)
     let stages = f.stages();
     for stage in [Stage::PullReceived, Stage::PushAckSent] {
         assert!(stages.contains(&stage), "{stage} missing from {stages:?}");
@@ -576,6 +594,11 @@ async fn binary_deliveries_batched_settles_and_refused_reports() {
         // the processed one.
         2 + 3 + 3 + 51 + 3
     );
+    // Inside their settles: C6 + C7 of got[0], C2 + C3 of pushed[0], the late ack's C7, C2 and
+    // the 50 C3s of pushed[2]; not the forged settle's C7 or the "bad-report" delivery's.
+    // The C6 of got[1], never settled with its own token, went as a report at close.
+    assert_eq!(f.seen(|s| s.own_records), 2 + 2 + 1 + 51);
+    assert_eq!(f.seen(|s| s.stage_reports), 1);
 }
 
 /// A message settles through its own methods, with any [`AckKind`], even after the consumer

@@ -92,6 +92,12 @@ pub struct BrokerCounts {
     pub stage_publish_failed: u64,
     /// Client stage records relayed.
     pub relayed_records: u64,
+    /// Of them, relayed from inside their delivery's settle (settle batch version 2).
+    #[serde(default)]
+    pub own_records: u64,
+    /// Stage reports the clients sent on their own (one request each), not riding along.
+    #[serde(default)]
+    pub stage_reports: u64,
     /// Upload requests (one per message without batching).
     pub upload_requests: u64,
     /// Settle requests.
@@ -265,6 +271,8 @@ fn broker_counts(metrics: &msgtrail_broker::Metrics) -> BrokerCounts {
         stage_dropped: g(&metrics.stage_dropped),
         stage_publish_failed: g(&metrics.stage_publish_failed),
         relayed_records: g(&metrics.relayed_records),
+        own_records: g(&metrics.own_records),
+        stage_reports: g(&metrics.stage_reports),
         upload_requests: g(&metrics.upload_requests),
         settle_requests: g(&metrics.settle_requests),
         fast_batches: g(&metrics.fast_batches),

@@ -1,5 +1,7 @@
-//! The settle path: [`Settler`] queues one delivery's settle for the consumer's batcher, and
-//! [`Settles`] sends the batches to `msgtrail.v1.settle` (stage records riding along).
+//! The settle path: [`Settler`] queues one delivery's settle for the consumer's batcher, with
+//! the delivery's stage records the reporter held for it (C6, X1, X2, C7: docs/PROTOCOL.md
+//! §18.4, version 2), and [`Settles`] sends the batches to `msgtrail.v1.settle` (other stage
+//! records riding along after the settles).
 
 use super::message::Received;
 use super::options::ConsumerOptions;
@@ -21,9 +23,15 @@ use std::time::Duration;
 /// The result of one settle.
 type Settled = Result<(), ClientError>;
 
-/// The encoded size of a settle entry in a batch frame.
+/// The encoded size of a settle entry in a version 2 batch frame: with its records' count
+/// byte and its records (a bound for version 1, which has no count byte).
 pub(super) fn settle_size(e: &SettleEntry) -> usize {
-    1 + 1 + e.delay_ms.map_or(0, |_| 8) + 2 + e.token.len() + 2 + e.reason.len()
+    let records = 1 + e
+        .records
+        .iter()
+        .map(crate::reporter::record_size)
+        .sum::<usize>();
+    1 + 1 + e.delay_ms.map_or(0, |_| 8) + 2 + e.token.len() + 2 + e.reason.len() + records
 }
 
 /// Bytes of a settle batch frame besides its entries and reports.
@@ -34,6 +42,8 @@ pub(super) const SETTLE_FRAME_OVERHEAD: usize = 4 + 2 + 2;
 #[derive(Debug, Clone)]
 pub(crate) struct Settler {
     hooks: Hooks,
+    /// Where the reporter holds the deliveries' records for their settles, when it reports.
+    outbox: Option<Arc<Outbox>>,
     settles: Queue<Settles>,
     /// Tokens of deliveries whose last settle timed out: applied or not, nobody knows. Each
     /// holder does one insert, lookup or removal, which leave the set whole if it panicked.
@@ -108,16 +118,18 @@ impl Settler {
         .clamped(frame::MAX_BATCH_ENTRIES);
         let flight = Arc::new(Settles {
             channel: channel.clone(),
-            outbox,
+            outbox: outbox.clone(),
         });
         Settler {
             hooks: hooks.clone(),
+            outbox,
             settles: batch::spawn(flight, limits),
             timed_out: Arc::default(),
         }
     }
 
-    /// Settles `msg`: tells the hooks (stage C3/C7), queues the entry, waits for its result.
+    /// Settles `msg`: tells the hooks (stage C3/C7), queues the entry with the delivery's
+    /// held records, waits for its result.
     pub(super) async fn settle(
         &self,
         msg: &Received,
@@ -135,6 +147,12 @@ impl Settler {
             kind,
             delay_ms: delay.map(|d| d.as_millis() as u64),
             reason,
+            records: self
+                .outbox
+                .as_ref()
+                .map(|o| o.take_held(&msg.ack_token))
+                .unwrap_or_default(),
+            records_invalid: None,
         };
         let size = settle_size(&entry);
         let (job, rx) = Job::new(entry, size);
@@ -175,10 +193,15 @@ impl Settles {
     async fn settle(&self, batch: Vec<Job<SettleEntry, Settled>>, spare_bytes: usize) {
         let (entries, replies): (Vec<_>, Vec<_>) =
             batch.into_iter().map(|j| (j.item, j.reply)).unzip();
-        let (reports, ticket) = reporter::ride_along(
+        let (reports, mut ticket) = reporter::ride_along(
             self.outbox.as_ref(),
             spare_bytes.saturating_sub(SETTLE_FRAME_OVERHEAD),
         );
+        // The settles' own records are answered with the ride-along ones.
+        let own: usize = entries.iter().map(|e: &SettleEntry| e.records.len()).sum();
+        if let (Some(outbox), Some(t), true) = (&self.outbox, ticket.as_mut(), own > 0) {
+            t.absorb(outbox.ticket(own));
+        }
         let body = SettleBatch {
             entries,
             reports,
@@ -261,13 +284,34 @@ mod tests {
                 kind: WireKind::Nack,
                 delay_ms: Some(5),
                 reason: "db busy".into(),
+                records: vec![],
+                records_invalid: None,
             },
             SettleEntry {
                 token: "u".repeat(280),
                 kind: WireKind::Ack,
                 delay_ms: None,
                 reason: String::new(),
+                records: vec![],
+                records_invalid: None,
             },
+        ];
+        let v1: usize = entries.iter().map(settle_size).sum();
+        let got = SettleBatch {
+            entries: entries.clone(),
+            ..Default::default()
+        }
+        .encode()
+        .len();
+        assert_eq!(got, SETTLE_FRAME_OVERHEAD + v1 - entries.len());
+        // With a settle's own records the frame is version 2: every settle has its count byte.
+        let mut entries = entries;
+        let mut x2 = msgtrail_core::StageRecord::at(msgtrail_core::Stage::ProcessFinished, 7);
+        x2.outcome = Some("failed".into());
+        x2.detail = Some("db busy ✗".into());
+        entries[0].records = vec![
+            msgtrail_core::StageRecord::at(msgtrail_core::Stage::PullReceived, 5),
+            x2,
         ];
         let want: usize = entries.iter().map(settle_size).sum();
         let got = SettleBatch {

@@ -1,8 +1,9 @@
 //! The reporting task: flushes what no batch took from the outbox within [`LINGER`] as one
-//! binary report to `msgtrail.v1.stage`, and everything left at close.
+//! binary report to `msgtrail.v1.stage`, releases into it the records of deliveries not
+//! settled within [`HOLD`], and sends everything left at close.
 
 use super::outbox::{Outbox, Ticket};
-use super::{LINGER, MAX_RECORDS_PER_REQUEST};
+use super::{HOLD, LINGER, MAX_RECORDS_PER_REQUEST};
 use crate::channel::{decode, Channel};
 use crate::hooks::HookEvent;
 use msgtrail_core::frame::{self, ReportedRecord};
@@ -51,13 +52,22 @@ pub(super) async fn run(
         )
     };
     while open {
-        let deadline = outbox.oldest().map(|t| t + LINGER);
+        let lingered = outbox.oldest().map(|t| t + LINGER);
+        let held = outbox.oldest_held().map(|t| t + HOLD);
+        let deadline = match (lingered, held) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         tokio::select! {
             ev = lifeline.recv() => if ev.is_none() {
                 open = false;
             },
             _ = outbox.arrived.notified() => {},
             _ = sleep_until(deadline), if deadline.is_some() => {
+                // Deliveries still unsettled after the hold: their records go as a report.
+                if let Some(before) = Instant::now().checked_sub(HOLD) {
+                    outbox.release_held(Some(before));
+                }
                 // Still there after the linger: no batch took these.
                 if outbox.oldest().is_some_and(|t| t + LINGER <= Instant::now()) {
                     let (records, ticket) = take(&outbox);
@@ -67,8 +77,9 @@ pub(super) async fn run(
             Some(_) = reports.join_next(), if !reports.is_empty() => {},
         }
     }
-    // Closing: send what is left, then wait for what batches took.
+    // Closing: send what is left (held records too), then wait for what batches took.
     while reports.join_next().await.is_some() {}
+    outbox.release_held(None);
     while !outbox.is_empty() {
         let (records, ticket) = take(&outbox);
         if records.is_empty() {

@@ -6,7 +6,13 @@
 //! upload receipt for P4), and puts them into a shared bounded **outbox**. P1 is not reported this
 //! way: each upload entry carries its send time (`sent_at`) and the broker writes P1 from it.
 //!
-//! The outbox empties three ways:
+//! A consumer's records of a delivery (C2/C3, C6/C7, X1/X2) are **held for its settle**: the
+//! settle takes them into its own entry of the settle batch (docs/PROTOCOL.md §18.4, version
+//! 2), where the settle's token proves them, so they cost neither a request nor a token of
+//! their own and the broker checks that token once. A delivery not settled within [`HOLD`]
+//! has its records released into the queue below.
+//!
+//! The outbox's queue (P4s, released deliveries' records) empties three ways:
 //! - **riding along**: the upload and settle batchers take what it holds (up to
 //!   [`MAX_RECORDS_PER_REQUEST`] records, within the request's byte bound) into the
 //!   batch request they are about to send, so under load reports cost no request of their own;
@@ -25,7 +31,7 @@ mod outbox;
 mod records;
 
 pub(crate) use outbox::{Outbox, Ticket};
-pub(crate) use records::record_of;
+pub(crate) use records::{record_of, record_size};
 
 use crate::channel::Channel;
 use crate::error::ClientError;
@@ -48,6 +54,9 @@ pub(crate) fn shifted(at: u64, offset_nanos: i64) -> u64 {
 pub(crate) const MAX_RECORDS_PER_REQUEST: usize = 1000;
 /// Longest a record waits in the outbox for a batch to take it before it is sent alone.
 pub(crate) const LINGER: Duration = Duration::from_millis(20);
+/// Longest a delivery's records wait for its settle to carry them; then they are sent as a
+/// report (a handler that runs longer, a delivery never settled).
+pub(crate) const HOLD: Duration = Duration::from_secs(1);
 /// Most records the outbox holds; more are dropped and counted.
 pub(crate) const OUTBOX_CAPACITY: usize = 65_536;
 
@@ -164,7 +173,11 @@ impl Reporting {
         hooks.observe(Arc::new(move |ev: &HookEvent| {
             if let Some(mut r) = records::reported(ev) {
                 r.record.at = shifted(r.record.at, clock_offset_nanos);
-                observed.push(r);
+                if records::of_a_delivery(ev) {
+                    observed.hold(&r.token, records::proven_by_token(r.record));
+                } else {
+                    observed.push(r);
+                }
             }
         }));
         let task = tokio::spawn(flush::run(

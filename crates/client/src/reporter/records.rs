@@ -107,6 +107,29 @@ pub(crate) fn reported(event: &HookEvent) -> Option<ReportedRecord> {
     })
 }
 
+/// True for the events of a delivery (C2/C3, C6/C7, X1/X2): their records are held for the
+/// delivery's settle.
+pub(crate) fn of_a_delivery(event: &HookEvent) -> bool {
+    matches!(
+        event,
+        HookEvent::Received { .. }
+            | HookEvent::ProcessingStarted { .. }
+            | HookEvent::ProcessingFinished { .. }
+            | HookEvent::Settled { .. }
+    )
+}
+
+/// A delivery's record without what its ack token names (message, group, attempt, topic):
+/// the broker fills those in from the token, in a settle or a report alike
+/// (docs/PROTOCOL.md §11), so they need not travel.
+pub(crate) fn proven_by_token(mut r: StageRecord) -> StageRecord {
+    r.message_id = None;
+    r.group = None;
+    r.attempt = None;
+    r.topic = None;
+    r
+}
+
 fn delivery_record(stage: Stage, d: &DeliveryInfo, at: u64) -> StageRecord {
     let mut r = StageRecord::at(stage, at);
     r.message_id = Some(d.message_id);
@@ -120,12 +143,17 @@ fn delivery_record(stage: Stage, d: &DeliveryInfo, at: u64) -> StageRecord {
 /// counts with its length prefix, and the record as if it were alone in its token's group —
 /// records sharing a token take less).
 pub(crate) fn reported_size(r: &ReportedRecord) -> usize {
-    let rec = &r.record;
-    let s8 = |v: Option<&str>| v.map_or(0, |v| 1 + v.len());
-    let s16 = |v: Option<&str>| v.map_or(0, |v| 2 + v.len());
     2 + r.token.len()
         + 2 // the group's record count
-        + 1 // stage
+        + record_size(&r.record)
+}
+
+/// The encoded size of a compact record (docs/PROTOCOL.md §18.6) without a token: what a
+/// settle's own record takes in its entry.
+pub(crate) fn record_size(rec: &StageRecord) -> usize {
+    let s8 = |v: Option<&str>| v.map_or(0, |v| 1 + v.len());
+    let s16 = |v: Option<&str>| v.map_or(0, |v| 2 + v.len());
+    1 // stage
         + 8 // at
         + 2 // present bits
         + rec.message_id.map_or(0, |_| 16)

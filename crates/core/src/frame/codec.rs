@@ -15,10 +15,14 @@ pub(super) struct Writer {
 
 impl Writer {
     pub(super) fn new(kind: FrameKind, capacity: usize) -> Self {
+        Writer::with_version(kind, VERSION, capacity)
+    }
+    /// A frame of a later format version (the kinds that have one say what it adds).
+    pub(super) fn with_version(kind: FrameKind, version: u8, capacity: usize) -> Self {
         let mut buf = Vec::with_capacity(capacity + 4);
         buf.extend_from_slice(&MAGIC);
         buf.push(kind as u8);
-        buf.push(VERSION);
+        buf.push(version);
         Writer { buf }
     }
     pub(super) fn u8(&mut self, v: u8) {
@@ -76,6 +80,8 @@ pub(super) struct Reader<'a> {
     pub(super) owner: Option<&'a Bytes>,
     pub(super) pos: usize,
     pub(super) kind: &'static str,
+    /// The frame's format version (1 unless the kind has later ones).
+    pub(super) version: u8,
 }
 
 impl<'a> Reader<'a> {
@@ -88,16 +94,36 @@ impl<'a> Reader<'a> {
         r.owner = Some(bytes);
         Ok(r)
     }
+    /// Opens a frame of `kind` in any format version from 1 to `newest`.
+    pub(super) fn open_up_to(
+        bytes: &'a Bytes,
+        kind: FrameKind,
+        name: &'static str,
+        newest: u8,
+    ) -> Result<Self, FrameError> {
+        let mut r = Reader::open_versions(bytes, kind, name, newest)?;
+        r.owner = Some(bytes);
+        Ok(r)
+    }
     pub(super) fn open_slice(
         bytes: &'a [u8],
         kind: FrameKind,
         name: &'static str,
+    ) -> Result<Self, FrameError> {
+        Reader::open_versions(bytes, kind, name, VERSION)
+    }
+    fn open_versions(
+        bytes: &'a [u8],
+        kind: FrameKind,
+        name: &'static str,
+        newest: u8,
     ) -> Result<Self, FrameError> {
         let mut r = Reader {
             bytes,
             owner: None,
             pos: 0,
             kind: name,
+            version: VERSION,
         };
         let head = r.take(4)?;
         if head[..2] != MAGIC || head[2] != kind as u8 {
@@ -106,9 +132,10 @@ impl<'a> Reader<'a> {
                 format!("not a {name} frame (expected M T {:?})", kind as u8 as char),
             ));
         }
-        if head[3] != VERSION {
+        if !(VERSION..=newest).contains(&head[3]) {
             return Err(r.err_at(3, format!("unsupported frame version {}", head[3])));
         }
+        r.version = head[3];
         Ok(r)
     }
     pub(super) fn err_at(&self, offset: usize, what: impl Into<String>) -> FrameError {

@@ -1,4 +1,10 @@
 //! Settle batches ([`SettleBatch`]: acks, nacks and terms) and their replies ([`SettleResults`]).
+//!
+//! A settle batch comes in two versions of the frame format. Version 1 carries the settles
+//! and, after them, reported records grouped by token. Version 2 (written when any settle
+//! carries records of its own) adds to every settle the consumer's records of that delivery
+//! (C2/C3, C6/C7, X1/X2): their proof is the settle's own token, so they carry none, and the
+//! broker checks the token once for the settle and its records together.
 
 use super::*;
 
@@ -17,7 +23,33 @@ pub struct SettleEntry {
     pub delay_ms: Option<u64>,
     /// For a nack or term: why, or empty.
     pub reason: String,
+    /// The consumer's own records of this delivery (C2/C3, C6/C7, X1/X2), proven by `token`;
+    /// the broker fills in what the token names (message, group, attempt, sequence, topic).
+    /// Any record here makes the batch a version 2 frame.
+    pub records: Vec<StageRecord>,
+    /// Set by decoding when one of this settle's records breaks a grammar (then `records` is
+    /// empty): the records are refused, the settle is not. Ignored by encoding.
+    pub records_invalid: Option<String>,
 }
+
+impl SettleEntry {
+    /// A settle of the delivery `token` without records of its own.
+    pub fn new(token: impl Into<String>, kind: SettleKind) -> Self {
+        SettleEntry {
+            token: token.into(),
+            kind,
+            delay_ms: None,
+            reason: String::new(),
+            records: Vec::new(),
+            records_invalid: None,
+        }
+    }
+}
+
+/// The frame version of a settle batch whose settles carry their own records.
+pub const SETTLE_RECORDS_VERSION: u8 = 2;
+/// Most records one settle carries (its delivery's C6, X1, X2, C7, and a few retries').
+pub const MAX_ENTRY_RECORDS: usize = u8::MAX as usize;
 
 /// A settle batch: settles, and the consumer's own records riding along (C2/C3, C6/C7,
 /// X1/X2, each with its delivery's token).
@@ -43,8 +75,14 @@ pub(super) fn kind_byte(k: SettleKind) -> u8 {
 impl SettleBatch {
     /// Encodes the batch.
     pub fn encode(&self) -> Bytes {
-        let mut w = Writer::new(
+        let embedded = self.entries.iter().any(|e| !e.records.is_empty());
+        let mut w = Writer::with_version(
             FrameKind::SettleBatch,
+            if embedded {
+                SETTLE_RECORDS_VERSION
+            } else {
+                VERSION
+            },
             self.entries.len() * 400 + self.reports.len() * 420,
         );
         w.u16(self.entries.len().min(MAX_BATCH_ENTRIES) as u16);
@@ -59,6 +97,13 @@ impl SettleBatch {
             }
             w.str16(&e.token);
             w.str16(&e.reason);
+            if embedded {
+                let records = &e.records[..e.records.len().min(MAX_ENTRY_RECORDS)];
+                w.u8(records.len() as u8);
+                for r in records {
+                    write_record(&mut w, r);
+                }
+            }
         }
         write_reports(&mut w, &self.reports);
         w.finish()
@@ -66,7 +111,13 @@ impl SettleBatch {
 
     /// Decodes a batch.
     pub fn decode(bytes: &Bytes) -> Result<SettleBatch, FrameError> {
-        let mut r = Reader::open(bytes, FrameKind::SettleBatch, "settle batch")?;
+        let mut r = Reader::open_up_to(
+            bytes,
+            FrameKind::SettleBatch,
+            "settle batch",
+            SETTLE_RECORDS_VERSION,
+        )?;
+        let embedded = r.version == SETTLE_RECORDS_VERSION;
         let n = r.count(MAX_BATCH_ENTRIES, "settles")?;
         let mut entries = Vec::with_capacity(n);
         for _ in 0..n {
@@ -81,11 +132,20 @@ impl SettleBatch {
                 0 => None,
                 _ => Some(r.u64()?),
             };
+            let token = r.str16()?;
+            let reason = r.str16()?;
+            let (records, records_invalid) = if embedded {
+                read_entry_records(&mut r)?
+            } else {
+                (Vec::new(), None)
+            };
             entries.push(SettleEntry {
                 kind,
                 delay_ms,
-                token: r.str16()?,
-                reason: r.str16()?,
+                token,
+                reason,
+                records,
+                records_invalid,
             });
         }
         let reports = read_reports(&mut r)?;
@@ -100,6 +160,27 @@ impl SettleBatch {
             reports_invalid,
         })
     }
+}
+
+/// Reads a settle's own records (`u8` count, then compact records): structurally always,
+/// semantically as a whole — the first invalid one (1-based) refuses this settle's records.
+fn read_entry_records(
+    r: &mut Reader<'_>,
+) -> Result<(Vec<StageRecord>, Option<String>), FrameError> {
+    let n = r.u8()? as usize;
+    let mut out = Vec::with_capacity(n);
+    let mut bad = None;
+    for i in 0..n {
+        match read_record(r)? {
+            Ok(rec) => out.push(rec),
+            Err(e) if bad.is_none() => bad = Some(format!("record {}: {e}", i + 1)),
+            Err(_) => {}
+        }
+    }
+    Ok(match bad {
+        None => (out, None),
+        Some(e) => (Vec::new(), Some(e)),
+    })
 }
 
 /// The reply to a settle batch: one result per settle, in order (`None` = settled).

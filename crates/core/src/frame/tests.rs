@@ -189,18 +189,24 @@ fn deliveries_and_settles_round_trip() {
                 kind: SettleKind::Ack,
                 delay_ms: None,
                 reason: String::new(),
+                records: vec![],
+                records_invalid: None,
             },
             SettleEntry {
                 token: "b".into(),
                 kind: SettleKind::Nack,
                 delay_ms: Some(0),
                 reason: "later".into(),
+                records: vec![],
+                records_invalid: None,
             },
             SettleEntry {
                 token: "c".into(),
                 kind: SettleKind::Term,
                 delay_ms: None,
                 reason: "poison".into(),
+                records: vec![],
+                records_invalid: None,
             },
         ],
         reports: vec![],
@@ -376,4 +382,85 @@ fn the_documented_sizes_of_the_stage_batch_example_hold() {
     );
     assert_eq!((batch.len(), json.len()), (69, 146));
     assert!(PROTOCOL_MD.contains(&format!("```json\n{json}\n```")));
+}
+
+/// A settle's own records: C6, X1, X2 (failed, with its detail) and C7 of one delivery.
+fn delivery_records() -> Vec<StageRecord> {
+    let mut x2 = StageRecord::at(Stage::ProcessFinished, 3);
+    x2.outcome = Some("failed".into());
+    x2.detail = Some("db down ✗".into());
+    let mut c7 = StageRecord::at(Stage::PullAckSent, 4);
+    c7.outcome = Some("nack".into());
+    vec![
+        StageRecord::at(Stage::PullReceived, 1),
+        StageRecord::at(Stage::ProcessStarted, 2),
+        x2,
+        c7,
+    ]
+}
+
+#[test]
+fn settles_carrying_their_records_are_version_2_and_round_trip() {
+    let mut with = SettleEntry::new("a", SettleKind::Nack);
+    with.records = delivery_records();
+    let bare = SettleEntry::new("b", SettleKind::Ack);
+    let s = SettleBatch {
+        entries: vec![with, bare.clone()],
+        reports: vec![ReportedRecord {
+            record: StageRecord::at(Stage::PullReceived, 9),
+            token: "c".into(),
+        }],
+        reports_invalid: None,
+    };
+    let bytes = s.encode();
+    assert_eq!(&bytes[..4], b"MTS\x02");
+    assert_eq!(SettleBatch::decode(&bytes).unwrap(), s);
+    // Without records of its own a batch is written as version 1, byte for byte as before.
+    let plain = SettleBatch {
+        entries: vec![bare],
+        ..Default::default()
+    };
+    let v1 = plain.encode();
+    assert_eq!(&v1[..], b"MTS\x01\x00\x01\x00\x00\x00\x01b\x00\x00\x00\x00");
+    assert_eq!(SettleBatch::decode(&v1).unwrap(), plain);
+}
+
+#[test]
+fn a_bad_record_refuses_its_settles_records_only_and_unknown_versions_fail() {
+    let mut one = SettleEntry::new("a", SettleKind::Ack);
+    one.records = vec![StageRecord::at(Stage::PullReceived, 1)];
+    let mut two = SettleEntry::new("b", SettleKind::Ack);
+    two.records = delivery_records();
+    let mut bytes = SettleBatch {
+        entries: vec![one, two],
+        ..Default::default()
+    }
+    .encode()
+    .to_vec();
+    // The first settle's record: after head (4), count (2), kind, has_delay, token "a" (3),
+    // empty reason (2) and the record count (1) comes its stage byte.
+    let at = 4 + 2 + 1 + 1 + 3 + 2 + 1;
+    assert_eq!(bytes[at], stage_byte(Stage::PullReceived));
+    bytes[at] = 50;
+    let b = SettleBatch::decode(&Bytes::from(bytes.clone())).unwrap();
+    assert!(b.entries[0].records.is_empty());
+    assert_eq!(
+        b.entries[0].records_invalid.as_deref(),
+        Some("record 1: unknown stage byte 50")
+    );
+    assert_eq!(b.entries[1].records, delivery_records());
+    assert_eq!(b.entries[1].records_invalid, None);
+    // A truncated record fails the frame; so does a version this code does not know.
+    let cut = Bytes::from(bytes[..bytes.len() - 3].to_vec());
+    assert!(SettleBatch::decode(&cut).is_err());
+    bytes[3] = 3;
+    let e = SettleBatch::decode(&Bytes::from(bytes)).unwrap_err();
+    assert_eq!(
+        (e.offset, e.what.as_str()),
+        (3, "unsupported frame version 3")
+    );
+    // Only settle batches have a version 2.
+    let mut upload = UploadBatch::default().encode().to_vec();
+    upload[3] = 2;
+    assert!(UploadBatch::decode(&Bytes::from(upload)).is_err());
 }
