@@ -1456,6 +1456,7 @@ async fn uploads_while_jetstream_is_off_say_so_and_resume_when_it_is_back() {
     );
     assert_eq!(&got[0].payload[..], b"after");
     got[0].ack().await.expect("and acked");
+}
 
 /// The SDK's consumer records of a delivery (C6, X1, X2, C7) travel inside its settle: no
 /// stage report of their own, the same records in the stage stream. A delivery never settled
