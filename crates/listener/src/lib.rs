@@ -345,6 +345,7 @@ pub async fn start_with_client(
         exporter,
         config.token.clone(),
         config.trace_ui.as_ref(),
+        observing.clone().map(observe::amend),
     );
     app = match observing {
         Some(status) => app.merge(observe::http::routes(status, config.token.clone())),

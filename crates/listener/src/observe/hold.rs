@@ -100,7 +100,7 @@ pub(crate) async fn recheck(obs: Arc<Observer>, held: Arc<Held>) {
 
 /// Whether `t` waits for its stored message before it may be exported.
 pub(crate) fn held(t: &Trajectory, status: &ObserveStatus) -> bool {
-    if t.observed.is_some() {
+    if t.observed.as_ref().is_some_and(|o| o.stored) {
         return false; // its P3 is in
     }
     let Some(id) = t.message_id.filter(|m| m.is_observed()) else {
