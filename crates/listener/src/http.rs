@@ -13,7 +13,7 @@
 //! | `GET /api/stats[?topic=T]` | [`StatsSnapshot`] |
 //! | `GET /metrics` | Prometheus text 0.0.4, or OpenMetrics 1.0 with the latency histograms' exemplars (trace IDs) when `Accept` asks for `application/openmetrics-text` ([`Exposition`]) |
 //! | `GET /healthz` | `ok`; 503 with the reason while the store cannot write (never needs the token) |
-//! | `GET /` | the page: statistics, recent messages, a trajectory's timeline, the group, dead-letter and client views (static, with its scripts `/page.js`, `/page-list.js`, `/page-trace.js` and `/page-views.js`; its data calls carry the token) |
+//! | `GET /` | the page: statistics, recent messages (observed ones marked), a trajectory's timeline (an observed one with its stream, sequence and unsampled consumers), the group, dead-letter, client and observed-streams (`/api/observe`) views (static, with its scripts `/page.js`, `/page-list.js`, `/page-trace.js` and `/page-views.js`; its data calls carry the token) |
 //! | `GET /api/config` | `{"trace_ui_template": "http://…/trace/{trace_id}" or null, "span_ui_template": "…{trace_id}…{span_id}…" or null}` |
 //! | `GET /favicon.ico` | the page's icon (SVG) |
 //!
