@@ -63,6 +63,10 @@ pub struct ObserveConfig {
     pub discovery_interval: Duration,
     /// How long `MSGTRAIL_OBSERVE` keeps events.
     pub events_max_age: Duration,
+    /// Observe only (`--observe-only`): no stage stream, no store evidence, nothing of a
+    /// msgtrail broker; what a listener with only an observer's NATS rights
+    /// (deploy/nats/accounts.conf, `observer`) can run. Not in a listener group.
+    pub only: bool,
 }
 
 impl ObserveConfig {
@@ -73,6 +77,7 @@ impl ObserveConfig {
             set_sample_freq: false,
             discovery_interval: Duration::from_secs(5),
             events_max_age: Duration::from_secs(24 * 3600),
+            only: false,
         }
     }
 
