@@ -5,8 +5,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NATS_SERVER_BIN=$(scripts/install-nats-server.sh | tail -n 1)
-# tests/python_client.rs runs examples/python/raw_client.py (a Debian/Ubuntu system Python
-# refuses plain pip installs, PEP 668: then install them anyway, this is a test machine).
+# tests/python_client.rs runs examples/python/raw_client.py (nats-py, nkeys) and
+# crates/listener/tests/observe_python.rs runs examples/python/observed_app.py (nats-py) (a
+# Debian/Ubuntu system Python refuses plain pip installs, PEP 668: then install them anyway,
+# this is a test machine).
 PY_PKGS=('nats-py>=2.6' 'nkeys>=0.2.1')
 python3 -m pip install --quiet --disable-pip-version-check "${PY_PKGS[@]}" \
   || python3 -m pip install --quiet --disable-pip-version-check --break-system-packages "${PY_PKGS[@]}"

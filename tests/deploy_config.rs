@@ -7,7 +7,8 @@
 //! replies at msgtrail's subjects (they live in an account of their own) — and two real
 //! brokers, the SDK's producer and consumer (authenticated by the demo nkeys, connected with
 //! their inbox prefixes) and the listener's durable consumers all work within those
-//! permissions.
+//! permissions; so does an observe-only listener as the `observer` user, tracing an
+//! application of the APP account.
 //!
 //! YAML is parsed with `serde_norway`, the maintained fork of the archived `serde_yaml` (same
 //! API, libyaml-based, YAML 1.1 merge keys via `apply_merge`, which compose's `<<: *anchor`
@@ -29,6 +30,8 @@ use std::time::{Duration, Instant};
 const BROKER_PASSWORD: &str = "test-broker-secret";
 const LISTENER_PASSWORD: &str = "test-listener-secret";
 const CLIENT_PASSWORD: &str = "test-client-secret";
+const APP_PASSWORD: &str = "test-app-secret";
+const OBSERVER_PASSWORD: &str = "test-observer-secret";
 
 /// The inbox prefix deploy/nats/accounts.conf gives the client user `user` (the demo nkey
 /// users are named after their client IDs, the password user is `client`).
@@ -354,6 +357,11 @@ fn node_env(i: usize, nodes: &[NodePorts], store: &Path) -> Vec<(String, String)
             LISTENER_PASSWORD.into(),
         ),
         ("MSGTRAIL_CLIENT_PASSWORD".into(), CLIENT_PASSWORD.into()),
+        ("MSGTRAIL_APP_PASSWORD".into(), APP_PASSWORD.into()),
+        (
+            "MSGTRAIL_OBSERVER_PASSWORD".into(),
+            OBSERVER_PASSWORD.into(),
+        ),
     ];
     for (r, n) in nodes.iter().enumerate() {
         env.push((
@@ -1684,5 +1692,169 @@ async fn a_listener_group_and_partitioned_brokers_work_within_the_deploy_permiss
     for b in brokers {
         b.shutdown().await;
     }
+    cluster.assert_no_violations();
+}
+
+/// Observe mode within the deploy permissions: on the cluster started from the deploy
+/// config, an application in the APP account (user `app`, plain async-nats, an R3 stream and
+/// two durable pull consumers) is traced by a listener connected as `observer` with
+/// `--observe-only`: every message's trajectory has its store hop and each consumer's
+/// attempts and outcomes (ack, nak then ack, term), and no node logs a permission violation —
+/// the observer's minimum rights are enough.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_observer_traces_an_application_within_the_deploy_permissions() {
+    use async_nats::jetstream::{consumer, AckKind};
+    use msgtrail_core::observed::observed_message_id;
+    use msgtrail_core::trajectory::{HopKind, Trajectory};
+
+    let cluster = Cluster::start();
+    let (app, _) = connect(
+        async_nats::ConnectOptions::with_user_and_password("app".into(), APP_PASSWORD.into()),
+        &cluster.urls(),
+    )
+    .await;
+    let js = async_nats::jetstream::new(app.clone());
+    let orders = create_r3_stream(&js, "ORDERS", "orders.>", &cluster).await;
+    let pull = |name: &str| consumer::pull::Config {
+        durable_name: Some(name.into()),
+        ack_policy: consumer::AckPolicy::Explicit,
+        ack_wait: Duration::from_secs(5),
+        sample_frequency: 100,
+        ..Default::default()
+    };
+    let billing: consumer::PullConsumer = orders.create_consumer(pull("billing")).await.unwrap();
+    let audit: consumer::PullConsumer = orders.create_consumer(pull("audit")).await.unwrap();
+
+    let (observer, _) = connect(
+        async_nats::ConnectOptions::with_user_and_password(
+            "observer".into(),
+            OBSERVER_PASSWORD.into(),
+        ),
+        &cluster.urls(),
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut observe = msgtrail_listener::ObserveConfig::streams(["ORDERS"]);
+    observe.discovery_interval = Duration::from_millis(300);
+    observe.only = true;
+    let listener = msgtrail_listener::start_with_client(
+        msgtrail_listener::ListenerConfig {
+            nats: msgtrail_client::NatsOptions {
+                urls: cluster.url_strings(),
+                ..Default::default()
+            },
+            data_dir: dir.path().to_path_buf(),
+            http_addr: "127.0.0.1:0".parse().unwrap(),
+            observe: Some(observe),
+            ..Default::default()
+        },
+        observer,
+    )
+    .await
+    .expect("an observe-only listener under the observer's permissions");
+
+    let mut hs = async_nats::HeaderMap::new();
+    hs.insert("Nats-Msg-Id", "ord-1");
+    js.publish_with_headers("orders.eu", hs, "ok".into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    for body in ["nak-once", "term"] {
+        js.publish("orders.eu", body.into())
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+    let mut a = audit.messages().await.unwrap();
+    for _ in 0..3 {
+        a.next().await.unwrap().unwrap().ack().await.unwrap();
+    }
+    let mut b = billing.messages().await.unwrap();
+    let mut settled = 0;
+    while settled < 3 {
+        let m = tokio::time::timeout(Duration::from_secs(10), b.next())
+            .await
+            .expect("billing gets its messages")
+            .unwrap()
+            .unwrap();
+        let n = m.info().unwrap().delivered;
+        match (&*m.payload, n) {
+            (b"nak-once", 1) => m.ack_with(AckKind::Nak(None)).await.unwrap(),
+            (b"term", _) => {
+                m.ack_with(AckKind::Term).await.unwrap();
+                settled += 1;
+            }
+            _ => {
+                m.ack().await.unwrap();
+                settled += 1;
+            }
+        }
+    }
+
+    // (consumer, attempt, outcome) of every settled attempt.
+    let outcomes = |t: &Trajectory| {
+        let mut v: Vec<(String, u32, String)> = t
+            .hops
+            .iter()
+            .filter(|h| h.kind == HopKind::Deliver)
+            .flat_map(|h| {
+                h.events.iter().filter_map(|r| {
+                    Some((
+                        h.consumer.as_ref()?.as_str().to_owned(),
+                        h.attempt?,
+                        r.outcome.clone()?,
+                    ))
+                })
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    let own = |c: &str, n: u32, o: &str| (c.to_owned(), n, o.to_owned());
+    let want = [
+        vec![own("audit", 1, "ack"), own("billing", 1, "ack")],
+        vec![
+            own("audit", 1, "ack"),
+            own("billing", 1, "nack"),
+            own("billing", 2, "ack"),
+        ],
+        vec![own("audit", 1, "ack"), own("billing", 1, "term")],
+    ];
+    let store = listener.store().clone();
+    for (i, want) in want.iter().enumerate() {
+        let seq = i as u64 + 1;
+        let key = observed_message_id("ORDERS", seq).to_string();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let now = msgtrail_core::time::now_nanos();
+            let t = store.trajectory(&key, now).unwrap();
+            let got = t
+                .as_ref()
+                .map(|t| (t.hops.iter().any(|h| h.kind == HopKind::Store), outcomes(t)));
+            if got.as_ref() == Some(&(true, want.clone())) {
+                let o = t.unwrap().observed.unwrap();
+                assert_eq!((o.stream.as_str(), o.stream_seq), ("ORDERS", seq));
+                assert_eq!(o.nats_msg_id.is_some(), seq == 1);
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "message {seq}: want {want:?} with a store hop, got {got:?}\n{}",
+                cluster.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    // Only msgtrail's own consumer was added to the app's stream.
+    let mut names: Vec<String> = orders
+        .consumer_names()
+        .map(|n| n.unwrap())
+        .collect::<Vec<_>>()
+        .await;
+    names.sort();
+    assert_eq!(names, ["audit", "billing", "msgtrail-listener-observe"]);
+    listener.shutdown().await.unwrap();
     cluster.assert_no_violations();
 }

@@ -40,6 +40,24 @@ pub const UNSEEN: &[&str] = &[
     "the delivery time of an attempt that was not acked (nak, term, ack wait expired): only its outcome",
 ];
 
+/// What an observed trajectory also cannot see when msgtrail never read its stored message
+/// ([`Observation::stored`] false), named after [`UNSEEN`].
+pub const UNSEEN_STORED: &str = "the stored message (subject, stored time, Nats-Msg-Id, traceparent): msgtrail did not read it (a work-queue stream, whose messages a reader would remove, or a message gone before it was read): no store hop, and the trace is the message ID's";
+
+/// Why an observed trajectory may lack hops: a consumer of its stream that does not sample
+/// every ack (`sample_freq` under 100 %), whose acked deliveries nats-server reports only
+/// some of (none at 0 %). Set by the listener from what it last saw of the consumer, on
+/// trajectories that have no ack of that consumer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnsampledConsumer {
+    /// The durable consumer (its group).
+    pub consumer: String,
+    /// Its `sample_freq`, percent (0: unset, no ack sampled).
+    pub sample_freq: u8,
+    /// The `nats` CLI command that makes it sample every ack.
+    pub fix: String,
+}
+
 /// The message ID of the message stored at `seq` in `stream` (see the module documentation):
 /// a UUIDv8, the same for everyone who computes it.
 pub fn observed_message_id(stream: &str, seq: u64) -> MessageId {
@@ -118,8 +136,23 @@ pub struct Observation {
     /// The producer's trace, when the stored message carried a valid `traceparent`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub joins: Option<ObservedTrace>,
-    /// What observe mode cannot see ([`UNSEEN`]).
+    /// Whether msgtrail read the stored message (its store hop, subject, `Nats-Msg-Id` and
+    /// `traceparent` are in); false when only nats-server's events about its deliveries
+    /// are ([`UNSEEN_STORED`]).
+    #[serde(default = "yes")]
+    pub stored: bool,
+    /// What observe mode cannot see ([`UNSEEN`], and [`UNSEEN_STORED`] when not
+    /// `stored`).
     pub unseen: Vec<String>,
+    /// The consumers of the stream that do not sample every ack and have no ack on this
+    /// trajectory: their deliveries may be missing from it. Filled in by the listener
+    /// (assembly leaves it empty).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unsampled: Vec<UnsampledConsumer>,
+}
+
+fn yes() -> bool {
+    true
 }
 
 mod hex16 {

@@ -144,6 +144,12 @@ impl ListenerConfig {
         }
         if let Some(o) = &self.observe {
             o.validate()?;
+            if o.only && self.group.is_some() {
+                return bad(
+                    "observe",
+                    "observe-only runs no stage partitions: not in a group",
+                );
+            }
         }
         if let Some(g) = &self.group {
             g.validate()?;

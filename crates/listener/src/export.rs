@@ -31,6 +31,24 @@ const DRAIN: Duration = Duration::from_secs(5);
 /// Says whether a trajectory is held back from the export for now.
 pub(crate) type Hold = Box<dyn Fn(&Trajectory) -> bool + Send + Sync>;
 
+/// Completes a trajectory from what the listener knows beside its records, before it is
+/// exported or served (observe mode's unsampled consumers).
+pub(crate) type Amend = Arc<dyn Fn(&mut Trajectory) + Send + Sync>;
+
+/// The completion every clone of a sender shares, set once.
+#[derive(Clone, Default)]
+struct SharedAmend(Arc<OnceLock<Amend>>);
+
+impl std::fmt::Debug for SharedAmend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.get().is_some() {
+            "SharedAmend(set)"
+        } else {
+            "SharedAmend(none)"
+        })
+    }
+}
+
 /// The hold every clone of a sender shares, set once.
 #[derive(Clone, Default)]
 struct SharedHold(Arc<OnceLock<Hold>>);
@@ -52,6 +70,7 @@ pub(crate) struct ExportSender {
     dropped: Arc<AtomicU64>,
     exporter: msgtrail_otel::ExportHandle,
     hold: SharedHold,
+    amend: SharedAmend,
 }
 
 impl ExportSender {
@@ -61,13 +80,24 @@ impl ExportSender {
         self.hold.0.set(hold).is_ok()
     }
 
+    /// Completes, from now on and for every clone of this sender, every trajectory offered
+    /// with `amend` before it is exported; `false` when one was set already (it is kept).
+    pub(crate) fn amend_with(&self, amend: Amend) -> bool {
+        self.amend.0.set(amend).is_ok()
+    }
+
     /// Offers trajectories; those that do not fit are counted as dropped, those held back
-    /// ([`ExportSender::hold_back`]) are left for their next change.
+    /// ([`ExportSender::hold_back`]) are left for their next change; the others are
+    /// completed ([`ExportSender::amend_with`]) first.
     pub(crate) fn offer(&self, ts: Vec<Trajectory>) {
         let hold = self.hold.0.get();
-        for t in ts {
+        let amend = self.amend.0.get();
+        for mut t in ts {
             if hold.is_some_and(|h| h(&t)) {
                 continue;
+            }
+            if let Some(a) = amend {
+                a(&mut t);
             }
             if self.tx.try_send(t).is_err() {
                 self.dropped.fetch_add(1, Ordering::Relaxed);
@@ -112,6 +142,7 @@ pub(crate) fn spawn(
         dropped: Arc::new(AtomicU64::new(0)),
         exporter: pipeline.handle().clone(),
         hold: SharedHold::default(),
+        amend: SharedAmend::default(),
     };
     let task = async move {
         let mut tick = tokio::time::interval(TICK);

@@ -13,7 +13,7 @@
 //! | `GET /api/stats[?topic=T]` | [`StatsSnapshot`] |
 //! | `GET /metrics` | Prometheus text 0.0.4, or OpenMetrics 1.0 with the latency histograms' exemplars (trace IDs) when `Accept` asks for `application/openmetrics-text` ([`Exposition`]) |
 //! | `GET /healthz` | `ok`; 503 with the reason while the store cannot write (never needs the token) |
-//! | `GET /` | the page: statistics, recent messages, a trajectory's timeline, the group, dead-letter and client views (static, with its scripts `/page.js`, `/page-list.js`, `/page-trace.js` and `/page-views.js`; its data calls carry the token) |
+//! | `GET /` | the page: statistics, recent messages (observed ones marked), a trajectory's timeline (an observed one with its stream, sequence and unsampled consumers), the group, dead-letter, client and observed-streams (`/api/observe`) views (static, with its scripts `/page.js`, `/page-list.js`, `/page-trace.js` and `/page-views.js`; its data calls carry the token) |
 //! | `GET /api/config` | `{"trace_ui_template": "http://…/trace/{trace_id}" or null, "span_ui_template": "…{trace_id}…{span_id}…" or null}` |
 //! | `GET /favicon.ico` | the page's icon (SVG) |
 //!
@@ -97,6 +97,8 @@ struct AppState {
     token: Option<Arc<SecretString>>,
     trace_ui_template: Option<String>,
     span_ui_template: Option<String>,
+    /// Completes a served trajectory (observe mode's unsampled consumers).
+    amend: Option<crate::export::Amend>,
 }
 
 /// What the page needs to know about this listener.
@@ -187,6 +189,7 @@ pub(crate) fn router(
     exporter: Option<ExportSender>,
     token: Option<SecretString>,
     trace_ui: Option<&msgtrail_otel::TraceUi>,
+    amend: Option<crate::export::Amend>,
 ) -> Router {
     // Hex-looking markers survive any escaping the UI's link format applies.
     let (marker, span_marker) = ("f".repeat(32), "e".repeat(16));
@@ -196,6 +199,7 @@ pub(crate) fn router(
         clocks,
         exporter,
         token: token.map(Arc::new),
+        amend,
         trace_ui_template: trace_ui.map(|u| u.link_hex(&marker).replace(&marker, TRACE_ID_SLOT)),
         span_ui_template: trace_ui.map(|u| {
             u.span_link_hex(&marker, &span_marker)
@@ -291,8 +295,17 @@ async fn message(
     Path(id): Path<String>,
     ApiQuery(p): ApiQuery<MessageParams>,
 ) -> Response {
-    let store = st.store.clone();
-    json(blocking(move || store.lookup(&id, p.producer.as_deref(), now_nanos())).await)
+    let (store, amend) = (st.store.clone(), st.amend.clone());
+    json(
+        blocking(move || {
+            let mut t = store.lookup(&id, p.producer.as_deref(), now_nanos())?;
+            if let Some(a) = &amend {
+                a(&mut t);
+            }
+            Ok(t)
+        })
+        .await,
+    )
 }
 
 async fn message_spans(
@@ -300,11 +313,14 @@ async fn message_spans(
     Path(id): Path<String>,
     ApiQuery(p): ApiQuery<MessageParams>,
 ) -> Response {
-    let store = st.store.clone();
+    let (store, amend) = (st.store.clone(), st.amend.clone());
     json(
         blocking(move || {
             let now = now_nanos();
-            let t = store.lookup(&id, p.producer.as_deref(), now)?;
+            let mut t = store.lookup(&id, p.producer.as_deref(), now)?;
+            if let Some(a) = &amend {
+                a(&mut t);
+            }
             Ok(crate::views::spans(&t, now))
         })
         .await,

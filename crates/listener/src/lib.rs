@@ -255,7 +255,10 @@ pub async fn start_with_client(
     let stats = load_stats(&config, &store, started_at).await?;
     let js = async_nats::jetstream::new(client);
     // In a group the partition workers (crate::cluster) read the stage stream instead.
+    let observe_only = config.observe.as_ref().is_some_and(|o| o.only);
     let consumer = match &config.group {
+        // Observe only: no stage stream (nor store evidence) in this account.
+        None if observe_only => None,
         None => Some(
             ingest::consumer(
                 &js,
@@ -302,7 +305,7 @@ pub async fn start_with_client(
     };
     // In a group each member keeps the evidence of the partitions it holds (started with the
     // cluster below: it reads the group's view).
-    if config.store_evidence && config.group.is_none() {
+    if config.store_evidence && config.group.is_none() && !observe_only {
         let source = evidence_source(&config, &config.durable_name, &js);
         tasks.spawn(evidence::run(source, evidence_sinks.clone(), stop.clone()));
     }
@@ -345,6 +348,7 @@ pub async fn start_with_client(
         exporter,
         config.token.clone(),
         config.trace_ui.as_ref(),
+        observing.clone().map(observe::amend),
     );
     app = match observing {
         Some(status) => app.merge(observe::http::routes(status, config.token.clone())),

@@ -135,6 +135,9 @@ function applyHeld() {
 const CHUNK = 500;
 let listRows = [], drawn = 0, longest = 1;
 const today = () => stamp(Date.now()).slice(0, 10);
+// An observed message's ID is a UUIDv8 (docs/PROTOCOL.md, "Observed messages"); a broker's
+// is a UUIDv7.
+const isObserved = id => !!id && id[14] === "8";
 function rowHtml(m) {
   const id = rowId(m), failed = hadFailure(m) && !BAD.includes(m.state);
   const at = dateTime(m.first_at, false), d = durationOf(m), done = e2eOf(m) != null;
@@ -142,7 +145,7 @@ function rowHtml(m) {
   const tail = m.message_id ? "…" + m.message_id.slice(-12) : "request " + m.request_id;
   return `<tr class="msg" tabindex="-1" data-key="${esc(m.key)}" data-id="${esc(id)}" data-producer="${esc(m.message_id ? "" : m.producer)}" aria-selected="false">
     <td class="t" title="${esc(at)}">${at.slice(0, 10) === today() ? at.slice(11) : at}</td>
-    <td>${esc(m.topic)}<div class="dim sub"><span class="mono" title="${esc(id)}">${esc(tail)}</span> · <span class="prod" title="producer">${esc(m.producer)}</span></div></td>
+    <td>${esc(m.topic)}${isObserved(m.message_id) ? ` <span class="badge obs" title="observed: traced from nats-server's events about stream ${esc(m.producer)}">observed</span>` : ""}<div class="dim sub"><span class="mono" title="${esc(id)}">${esc(tail)}</span> · <span class="prod" title="${isObserved(m.message_id) ? "stream" : "producer"}">${esc(m.producer)}</span></div></td>
     <td class="n" title="${esc(groups.map(([g, s]) => g + ": " + s).join(", ") || "no group got it yet")}${m.attempts != null ? esc(`; ${m.attempts} delivery attempts`) : ""}">${groups.length}${m.attempts != null ? `<div class="dim sub attempts">${m.attempts} att.</div>` : ""}</td>
     <td class="dur" data-nanos="${d}"><span class="${done ? "" : "incomplete"}" title="${done ? "end to end, its slowest group" : "its records so far: no group has consumed it"}">${dur(d)}</span><div class="mini"><i style="width:${(d / longest * 100).toFixed(1)}%"></i></div></td>
     <td class="${m.state}">${m.state}${failed ? ` <span class="warn mark-failed" title="${esc(m.failure || "a hop failed, a later attempt recovered")}">⚠ had a failure</span>` : ""}${

@@ -242,6 +242,7 @@ function render(t) {
     <div class="kv dim"><span>first record ${dateTime(first)} (the waterfall's +0)</span><span>trace <span class="mono">${esc(t.trace_id)}</span>${copyButton(t.trace_id, "trace ID")}${link}</span>${attrs ? `<span>${attrs}</span>` : ""}</div>
     <div class="kv dim" id="upload"><span>${t.payload_size != null ? t.payload_size + " bytes" : "size unknown"}</span><span>${t.upload_attempts} upload attempt(s)</span><span>${t.duplicates} duplicate(s) suppressed</span></div>
     ${t.payload_head != null ? payloadHead(t.payload_head, t.payload_size) : ""}
+    ${observedHtml(t.observed)}
     ${waiting}${groupsWaiting(t, now)}
     ${zoomBar}
     ${minimap(t, first, fullEnd, now)}
@@ -276,6 +277,20 @@ function hopMark(t, h) {
   return null;
 }
 // The groups that have not settled it while others have: consumed is not the end for them.
+// Observe mode (a JetStream stream msgtrail does not own): where the message is, whether
+// its stored copy was read, the consumers that may lack hops (they do not sample every
+// ack) with the command that fixes each, and what observe mode cannot see.
+function observedHtml(o) {
+  if (!o) return "";
+  const where = `stream <b class="mono">${esc(o.stream)}</b>, sequence <b class="mono">${o.stream_seq}</b>${o.nats_msg_id ? `, Nats-Msg-Id <span class="mono">${esc(o.nats_msg_id)}</span>` : ""}`;
+  const joins = o.joins ? ` · joins the producer's trace <span class="mono">${esc(o.joins.trace_id)}</span> (child of its span <span class="mono">${esc(o.joins.parent_span_id)}</span>)` : "";
+  const stored = o.stored === false ? `<div class="unread">Its stored message was not read (a work-queue stream, or gone before it was read): no store hop, no subject, Nats-Msg-Id or traceparent.</div>` : "";
+  const unsampled = (o.unsampled || []).map(u => `<li class="unsampled" data-consumer="${esc(u.consumer)}"><b>${esc(u.consumer)}</b> samples ${u.sample_freq || 0} % of its acks (sample_freq): nats-server reports ${u.sample_freq ? "only some of" : "none of"} its acked deliveries, so its hops may be missing here.
+    Fix: <code class="fix">${esc(u.fix)}</code>${copyButton(u.fix, "command")}</li>`).join("");
+  return `<div class="observed" id="observed"><div><span class="badge">source: observed</span> built from nats-server's own events, ${where}${joins}</div>${stored}
+    ${unsampled ? `<div class="warn-box" id="unsampled">⚠ Hops may be missing: <ul>${unsampled}</ul></div>` : ""}
+    <details><summary>What observe mode cannot see</summary><ul>${(o.unseen || []).map(u => `<li>${esc(u)}</li>`).join("")}</ul></details></div>`;
+}
 function groupsWaiting(t, now) {
   const open = t.groups.filter(g => !SETTLED.includes(g.state));
   if (!open.length || open.length === t.groups.length && t.state !== "consumed") return "";

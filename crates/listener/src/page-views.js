@@ -12,7 +12,7 @@ function showView(kind, arg) {
 }
 function hideView() { if (!view) return; view = null; $("view").hidden = true; $("trace").hidden = false; markNav(); }
 function markNav() {
-  for (const [id, kind] of [["nav-groups", "groups"], ["nav-dead", "dead"]]) {
+  for (const [id, kind] of [["nav-groups", "groups"], ["nav-dead", "dead"], ["nav-observe", "observe"]]) {
     if (view && view.kind === kind) $(id).setAttribute("aria-current", "page"); else $(id).removeAttribute("aria-current");
   }
 }
@@ -21,6 +21,7 @@ const VIEWS = {
   group: { title: g => `Consumer group ${g}`, path: g => "/api/groups/" + enc(g), draw: groupHtml },
   dead: { title: () => "Dead letters", path: () => "/api/dead-letters", draw: deadHtml },
   client: { title: c => `Client ${c}`, load: clientData, draw: clientHtml },
+  observe: { title: () => "Observed streams", path: () => "/api/observe", draw: observeHtml },
 };
 // A client's events, its clock offsets (as `msgtrail trace --client` gives them), and whether
 // it produced any listed message: one body for its view.
@@ -94,6 +95,34 @@ function clientHtml(c, id) {
   return `<p class="dim">Its channel events (A1) and no-match notices (N1), newest first. ${lists}</p>
     <h3>Clock against the broker's</h3>${clocks ? `<table id="clientClocks">${clocks}</table>` : `<p class="dim" id="clientClocks">No exchange of this client in the last ${c.window_secs || 60} s of records: no clock estimate.</p>`}
     <h3>Events</h3>${rows ? `<table id="events">${rows}</table>` : "<p>No channel event or no-match notice of this client.</p>"}`;
+}
+// Observe mode's status (GET /api/observe): per observed stream whether it exists and is
+// read, its durable consumers, and those that do not sample every ack, with the fix.
+function observeHtml(o) {
+  const streams = Object.entries(o.streams || {}).map(([name, s]) => {
+    const rows = Object.entries(s.consumers || {}).map(([c, v]) => `<tr class="consumer${v.every_ack_sampled ? "" : " unsampled"}" data-consumer="${esc(c)}"><td>${groupLink(c)}</td><td>${esc(v.mode)}</td>
+      <td>${esc((v.filter_subjects || []).join(" ") || "all")}</td><td class="n">${v.sample_freq} %</td>
+      <td>${v.every_ack_sampled ? `<span class="ok">every ack sampled</span>` : `<span class="error">⚠ acked deliveries missing</span><div>Fix: <code class="fix">${esc(v.fix)}</code>${copyButton(v.fix, "command")}</div>`}</td></tr>`).join("");
+    const state = !s.exists ? `<span class="incomplete">not there yet (picked up when it appears)</span>`
+      : s.reads_messages ? `<span class="ok">exists; its stored messages are read</span>`
+      : `<span class="incomplete">exists; its stored messages are not read (a work-queue stream, or refused): no store hops</span>`;
+    return `<div class="stream" data-stream="${esc(name)}"><h3>${esc(name)}</h3><p>${state}</p>${rows
+      ? `<table class="consumers"><thead><tr><th>consumer</th><th>mode</th><th>filter</th><th class="n">sample_freq</th><th>acks</th></tr></thead><tbody>${rows}</tbody></table>`
+      : `<p class="dim">No durable consumer yet.</p>`}</div>`;
+  }).join("");
+  return `<p class="dim">Observe mode traces these JetStream streams from nats-server's own events. A consumer under 100 % sample_freq reports only some acks (none at 0 %): start the listener with --observe-set-sample-freq, or run each fix.</p>${streams}`;
+}
+// The header's link to the observed streams: shown when the listener observes (its count of
+// consumers that do not sample every ack beside it).
+let observing = true;
+async function loadObserveNav() {
+  if (!observing) return;
+  let o;
+  try { o = await api("/api/observe"); } catch (e) { if (e.status === 404) { observing = false; $("nav-observe").hidden = true; } return; }
+  const bad = Object.values(o.streams || {}).reduce((n, s) => n + Object.values(s.consumers || {}).filter(c => !c.every_ack_sampled).length, 0);
+  $("nav-observe").hidden = false;
+  $("nav-observe").textContent = "Observed streams" + (bad ? ` ⚠ ${bad} unsampled` : "");
+  $("nav-observe").title = bad ? `${bad} consumer(s) do not sample every ack: their hops may be missing` : "every consumer samples every ack";
 }
 $("viewBody").addEventListener("click", e => {
   const a = e.target.closest("a[data-list-group], a[data-list-producer]"); if (!a) return;

@@ -902,12 +902,16 @@ async fn unsampled_consumers_are_named_and_can_be_fixed() {
     handle.shutdown().await.unwrap();
 }
 
-/// A work-queue stream refuses msgtrail's headers-only consumer beside the app's unfiltered
-/// one: `GET /api/observe` says it does not read the messages, and the deliveries are
-/// exported all the same, at once (not held for a stored message that cannot come), in the
-/// trace of the observed message ID.
+/// A work-queue stream is never read (a reader would take its messages away from the app
+/// and keep the app's unfiltered consumers out): with the listener running first, the
+/// app's consumers are still created and get every message; `GET /api/observe` says the
+/// stream's messages are not read. The deliveries are exported at once (not held for a
+/// stored message that cannot come), in the trace of the observed message ID, and every
+/// trajectory still carries its `observed` block (stream and sequence, `stored` false, the
+/// stored message named as unseen). A consumer that does not sample every ack is named on
+/// the trajectories it may lack hops on (the API's and the spans'), with its fix.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_work_queue_stream_is_exported_without_store_hops() {
+async fn a_work_queue_stream_is_traced_from_its_deliveries_alone() {
     use msgtrail_test_support::OtlpReceiver;
 
     let server = NatsServer::start().unwrap();
@@ -921,47 +925,179 @@ async fn a_work_queue_stream_is_exported_without_store_hops() {
         })
         .await
         .unwrap();
-    let billing = app_consumer(&stream, "billing").await;
     let mut rx = OtlpReceiver::start_grpc().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = observing(server.url(), dir.path(), Duration::from_millis(200));
     cfg.otel = Some(export_to(&rx));
     let handle = msgtrail_listener::start(cfg).await.unwrap();
-    let v = eventually("the stream found, its messages not readable", || async {
+    // The listener's first looks are over before the app's consumers come.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    // An unfiltered one and one under 100 %: a work-queue stream with a consumer of its own
+    // (msgtrail's) would refuse both.
+    let billing = stream
+        .create_consumer(consumer::pull::Config {
+            durable_name: Some("billing".into()),
+            ack_policy: consumer::AckPolicy::Explicit,
+            filter_subject: "orders.eu.>".into(),
+            sample_frequency: 100,
+            ..Default::default()
+        })
+        .await
+        .expect("the app's consumer is created beside the observer");
+    let audit = stream
+        .create_consumer(consumer::pull::Config {
+            durable_name: Some("audit".into()),
+            ack_policy: consumer::AckPolicy::Explicit,
+            filter_subject: "orders.us.>".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("the app's consumer is created beside the observer");
+    let v = eventually("the stream found, its messages not read", || async {
         let (_, body) = client(&handle).get_raw("/api/observe").await.ok()?;
         let v: serde_json::Value = serde_json::from_slice(&body).ok()?;
         let s = v["streams"]["ORDERS"].clone();
-        (s["exists"] == true && s["consumers"].get("billing").is_some()).then_some(s)
+        (s["exists"] == true && s["consumers"].get("audit").is_some()).then_some(s)
     })
     .await;
     assert_eq!(v["reads_messages"], false, "{v}");
+    assert_eq!(
+        v["consumers"]["audit"]["filter_subjects"][0], "orders.us.>",
+        "{v}"
+    );
+    let mut info = stream.clone();
+    let names: Vec<String> = info
+        .consumer_names()
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    assert!(
+        !names.iter().any(|n| n.contains("observe")),
+        "msgtrail made no consumer on the work queue: {names:?}"
+    );
+    let _ = info.info().await.unwrap();
 
-    js.publish("orders.eu", "one".into())
+    js.publish("orders.eu.1", "one".into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    js.publish("orders.us.1", "two".into())
         .await
         .unwrap()
         .await
         .unwrap();
     let mut b = billing.messages().await.unwrap();
     b.next().await.unwrap().unwrap().ack().await.unwrap();
+    let mut a = audit.messages().await.unwrap();
+    let m = a.next().await.unwrap().unwrap();
+    assert_eq!(
+        m.subject.as_str(),
+        "orders.us.1",
+        "the app gets its message"
+    );
+    m.ack_with(AckKind::Nak(None)).await.unwrap();
+    a.next().await.unwrap().unwrap().ack().await.unwrap();
     let t0 = tokio::time::Instant::now();
-    let spans = rx.spans(1, Duration::from_secs(20)).await;
+    let spans = rx.spans(2, Duration::from_secs(20)).await;
     assert!(
         t0.elapsed() < Duration::from_secs(10),
         "exported at once, not after the hold's limit: {:?}",
         t0.elapsed()
     );
-    let id = observed_message_id("ORDERS", 1);
     let keys: Vec<_> = spans.iter().map(|s| s.attr("msgtrail.hop.key")).collect();
-    let deliver: Vec<_> = spans
-        .iter()
-        .filter(|s| s.attr("msgtrail.hop.key").as_deref() == Some("deliver/billing/billing/1"))
-        .collect();
-    assert_eq!(deliver.len(), 1, "{keys:?}");
-    assert_eq!(deliver[0].trace_hex(), id.trace_hex());
-    assert_eq!(deliver[0].service_name, "nats-server");
+    let span = |key: &str| {
+        let found: Vec<_> = spans
+            .iter()
+            .filter(|s| s.attr("msgtrail.hop.key").as_deref() == Some(key))
+            .collect();
+        assert_eq!(found.len(), 1, "{key}: {keys:?}");
+        found[0]
+    };
+    let deliver = span("deliver/billing/billing/1");
     assert_eq!(
-        deliver[0].attr("msgtrail.delivery.mode").as_deref(),
+        deliver.trace_hex(),
+        observed_message_id("ORDERS", 1).trace_hex()
+    );
+    assert_eq!(deliver.service_name, "nats-server");
+    assert_eq!(
+        deliver.attr("msgtrail.delivery.mode").as_deref(),
         Some("pull")
     );
+    assert_eq!(deliver.attr("msgtrail.observed").as_deref(), Some("true"));
+    assert_eq!(
+        deliver.attr("msgtrail.observe.stream_seq").as_deref(),
+        Some("1")
+    );
+    let naked = span("deliver/audit/audit/1");
+    assert_eq!(
+        naked.trace_hex(),
+        observed_message_id("ORDERS", 2).trace_hex()
+    );
+    let unsampled = naked
+        .attr("msgtrail.observe.unsampled_consumers")
+        .expect("the unsampled consumer named on its spans");
+    assert!(unsampled.contains("\"audit\""), "{unsampled}");
+    assert!(!unsampled.contains("billing"), "{unsampled}");
+
+    // The API: both trajectories observed without their stored message; the audit one
+    // names its consumer as unsampled, with the fix (its ack of attempt 2 is missing).
+    let c = client(&handle);
+    let (_, body) = c
+        .get_raw(&format!(
+            "/api/messages/{}",
+            observed_message_id("ORDERS", 2)
+        ))
+        .await
+        .unwrap();
+    let t: Trajectory = serde_json::from_slice(&body).unwrap();
+    let o = t
+        .observed
+        .as_ref()
+        .expect("observed block on a work-queue message");
+    assert_eq!(
+        (o.stream.as_str(), o.stream_seq, o.stored),
+        ("ORDERS", 2, false)
+    );
+    assert!(
+        o.unseen
+            .iter()
+            .any(|u| u == msgtrail_core::observed::UNSEEN_STORED),
+        "{:?}",
+        o.unseen
+    );
+    assert_eq!(
+        attempts(&t, "audit").len(),
+        1,
+        "the unsampled ack left nothing"
+    );
+    let names: Vec<_> = o.unsampled.iter().map(|u| u.consumer.as_str()).collect();
+    assert_eq!(names, ["audit"]);
+    assert_eq!(
+        o.unsampled[0].fix,
+        "nats consumer edit ORDERS audit --sample 100 --force"
+    );
+    let (_, body) = c
+        .get_raw(&format!(
+            "/api/messages/{}",
+            observed_message_id("ORDERS", 1)
+        ))
+        .await
+        .unwrap();
+    let t: Trajectory = serde_json::from_slice(&body).unwrap();
+    let o = t
+        .observed
+        .as_ref()
+        .expect("observed block on a work-queue message");
+    assert_eq!((o.stream_seq, o.stored), (1, false));
+    // Its subject is unknown (not read), so the filtered unsampled consumer may take it;
+    // billing acked it and samples every ack.
+    let names: Vec<_> = o.unsampled.iter().map(|u| u.consumer.as_str()).collect();
+    assert_eq!(names, ["audit"]);
+    // The queue holds nothing more: the app got and removed both messages.
+    let mut s = stream.clone();
+    assert_eq!(s.info().await.unwrap().state.messages, 0);
     handle.shutdown().await.unwrap();
 }

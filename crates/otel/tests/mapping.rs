@@ -476,6 +476,13 @@ fn an_observed_message_joins_the_producers_trace() {
             .attributes
             .iter()
             .any(|kv| kv.key.as_str() == "msgtrail.observed"));
+        let unsampled = s
+            .span
+            .attributes
+            .iter()
+            .find(|kv| kv.key.as_str() == "msgtrail.observe.unsampled_consumers")
+            .map(|kv| kv.value.to_string());
+        assert_eq!(unsampled.as_deref(), Some("[\"audit\"]"), "{}", s.span.name);
     }
     let root = spans
         .iter()

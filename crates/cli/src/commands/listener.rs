@@ -104,6 +104,11 @@ pub(crate) struct Args {
     /// consumer that does not sample every ack is only named, with the command that fixes it).
     #[arg(long, requires = "observe")]
     pub observe_set_sample_freq: bool,
+    /// With --observe: observe only — read no stage stream and no store evidence (no
+    /// msgtrail broker here); runs with only the NATS rights of an observer
+    /// (deploy/nats/accounts.conf, user `observer`).
+    #[arg(long, requires = "observe")]
+    pub observe_only: bool,
     /// Join a group of listeners sharing the stage partitions (the brokers then run with
     /// `--stage-partitions`); every member answers for all. Unset: one listener reads every
     /// record, as before.
@@ -150,6 +155,7 @@ impl Args {
             replicas: self.replicas,
             observe: (!self.observe.is_empty()).then(|| msgtrail_listener::ObserveConfig {
                 set_sample_freq: self.observe_set_sample_freq,
+                only: self.observe_only,
                 ..msgtrail_listener::ObserveConfig::streams(self.observe.clone())
             }),
             group: self

@@ -8,7 +8,9 @@
 
 use async_nats::jetstream::{self, consumer};
 use futures::TryStreamExt;
-use msgtrail_core::trajectory::DeliveryMode;
+use msgtrail_core::observed::UnsampledConsumer;
+use msgtrail_core::outcome::SettleKind;
+use msgtrail_core::trajectory::{DeliveryMode, HopKind, Trajectory};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::sync::RwLock;
@@ -26,6 +28,22 @@ pub(crate) struct ObservedConsumer {
     /// The command that makes every ack sampled, when it is not.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fix: Option<String>,
+    /// Its filter subjects (none: every subject of the stream).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub filter_subjects: Vec<String>,
+}
+
+impl ObservedConsumer {
+    /// Whether it would be delivered a message on `topic` (an unknown topic: it may).
+    fn takes(&self, topic: Option<&str>) -> bool {
+        match topic {
+            Some(t) if !self.filter_subjects.is_empty() => self
+                .filter_subjects
+                .iter()
+                .any(|f| msgtrail_core::topic_matches(f, t)),
+            _ => true,
+        }
+    }
 }
 
 /// One observed stream.
@@ -51,8 +69,8 @@ pub(crate) enum Reader {
     Waiting,
     /// Reading the stored messages.
     Reading,
-    /// The stream exists but refused the consumer (a work-queue stream with an unfiltered
-    /// consumer already, missing permissions): its messages get no store hop.
+    /// The stream exists but is not read: a work-queue stream (msgtrail never reads one),
+    /// or it refused the consumer (missing permissions): its messages get no store hop.
     Refused,
 }
 
@@ -120,6 +138,48 @@ impl ObserveStatus {
             .is_some_and(|s| s.consumers.contains_key(consumer))
     }
 
+    /// Names, on an observed trajectory, the consumers of its stream that do not sample
+    /// every ack ([`Observation::unsampled`]): those that would take its subject and have no
+    /// ack on it (their deliveries may be missing). As discovery last saw them: a consumer
+    /// fixed since is no longer named, though the acks it made unsampled stay missing.
+    ///
+    /// [`Observation::unsampled`]: msgtrail_core::observed::Observation::unsampled
+    pub(crate) fn mark_unsampled(&self, t: &mut Trajectory) {
+        let Some(o) = &t.observed else { return };
+        let acked = |consumer: &str| {
+            t.hops.iter().any(|h| {
+                h.kind == HopKind::Deliver
+                    && h.consumer.as_ref().is_some_and(|c| c.as_str() == consumer)
+                    && h.events
+                        .iter()
+                        .any(|r| r.outcome.as_deref() == Some(SettleKind::Ack.as_str()))
+            })
+        };
+        let unsampled: Vec<UnsampledConsumer> = {
+            let streams = self.streams.read().unwrap_or_else(|p| p.into_inner());
+            let Some(s) = streams.get(&o.stream) else {
+                return;
+            };
+            s.consumers
+                .iter()
+                .filter(|(name, c)| {
+                    !c.every_ack_sampled && c.takes(t.topic.as_deref()) && !acked(name)
+                })
+                .map(|(name, c)| UnsampledConsumer {
+                    consumer: name.clone(),
+                    sample_freq: c.sample_freq,
+                    fix: c
+                        .fix
+                        .clone()
+                        .unwrap_or_else(|| fix_command(&o.stream, name)),
+                })
+                .collect()
+        };
+        if let Some(o) = &mut t.observed {
+            o.unsampled = unsampled;
+        }
+    }
+
     /// Every observed stream and its consumers.
     pub(crate) fn snapshot(&self) -> BTreeMap<String, ObservedStream> {
         let mut out = self
@@ -139,6 +199,15 @@ impl ObserveStatus {
             .unwrap_or_else(|p| p.into_inner())
             .insert(stream.to_owned(), value)
     }
+}
+
+/// A consumer's filter subjects (`filter_subject` or `filter_subjects`).
+fn filters(c: &consumer::Config) -> Vec<String> {
+    let mut fs = c.filter_subjects.clone();
+    if !c.filter_subject.is_empty() {
+        fs.push(c.filter_subject.clone());
+    }
+    fs
 }
 
 /// The `nats` CLI command that samples every ack of a consumer.
@@ -211,6 +280,7 @@ pub(crate) async fn discover(
             sample_freq: freq,
             every_ack_sampled: freq >= 100,
             fix: (freq < 100).then(|| fix_command(stream, &name)),
+            filter_subjects: filters(&info.config),
         };
         if before.consumers.get(&name) != Some(&c) {
             match &c.fix {
@@ -225,4 +295,99 @@ pub(crate) async fn discover(
     }
     status.set(stream, now);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::observe::event::{ConsumerEvent, What};
+    use crate::observe::records::{event_records, stored_records, StoredMessage};
+
+    fn consumer(sample_freq: u8, filter: &[&str]) -> ObservedConsumer {
+        ObservedConsumer {
+            mode: "pull",
+            sample_freq,
+            every_ack_sampled: sample_freq >= 100,
+            fix: (sample_freq < 100).then(|| "fix it".to_owned()),
+            filter_subjects: filter.iter().map(|f| (*f).to_owned()).collect(),
+        }
+    }
+
+    fn acked_by(name: &str) -> Vec<msgtrail_core::StageRecord> {
+        let e = ConsumerEvent {
+            stream: "ORDERS".into(),
+            consumer: name.into(),
+            stream_seq: 4,
+            deliveries: 1,
+            at: 2_000_000,
+            what: What::Acked { ack_time: 1_000 },
+        };
+        event_records(&e, DeliveryMode::Pull, &mut |_, _, _| false).unwrap()
+    }
+
+    /// Named: the consumers under 100 % that would take the message and have no ack on it;
+    /// not the sampled one, not one that acked it all the same (sampled at 50 %), not one
+    /// whose filter excludes its subject.
+    #[test]
+    fn unsampled_consumers_are_named_on_the_trajectories_they_may_lack_hops_on() {
+        let status = ObserveStatus::new(&["ORDERS".to_owned()]);
+        let consumers = [
+            ("sampled", consumer(100, &[])),
+            ("audit", consumer(0, &[])),
+            ("half", consumer(50, &[])),
+            ("us", consumer(0, &["orders.us.>"])),
+            ("eu", consumer(20, &["orders.eu.*"])),
+        ];
+        status.set(
+            "ORDERS",
+            ObservedStream {
+                exists: true,
+                consumers: consumers
+                    .into_iter()
+                    .map(|(n, c)| (n.to_owned(), c))
+                    .collect(),
+                ..Default::default()
+            },
+        );
+        let mut rs = acked_by("sampled");
+        rs.extend(acked_by("half"));
+        rs.extend(
+            stored_records(StoredMessage {
+                stream: "ORDERS",
+                subject: "orders.eu.fr",
+                stream_seq: 4,
+                stored_at: 1_000_000,
+                headers: None,
+            })
+            .unwrap(),
+        );
+        let mut t = Trajectory::assemble(rs.clone(), &Default::default()).unwrap();
+        status.mark_unsampled(&mut t);
+        let named: Vec<_> = t.observed.as_ref().unwrap().unsampled.clone();
+        let names: Vec<_> = named.iter().map(|u| u.consumer.as_str()).collect();
+        assert_eq!(names, ["audit", "eu"]);
+        assert_eq!(
+            (named[1].sample_freq, named[1].fix.as_str()),
+            (20, "fix it")
+        );
+
+        // Without a subject (no stored message read) a filtered consumer may take it too.
+        let mut t = Trajectory::assemble(acked_by("sampled"), &Default::default()).unwrap();
+        status.mark_unsampled(&mut t);
+        let names: Vec<_> = t
+            .observed
+            .as_ref()
+            .unwrap()
+            .unsampled
+            .iter()
+            .map(|u| u.consumer.clone())
+            .collect();
+        assert_eq!(names, ["audit", "eu", "half", "us"]);
+
+        // Another stream's trajectory, or a broker's: nothing named.
+        let other = ObserveStatus::new(&["PAYMENTS".to_owned()]);
+        let mut t = Trajectory::assemble(rs, &Default::default()).unwrap();
+        other.mark_unsampled(&mut t);
+        assert!(t.observed.as_ref().unwrap().unsampled.is_empty());
+    }
 }

@@ -5,8 +5,8 @@
 //! synthesized store hop — and, exported once per hop, they would stay so. Held back, the
 //! trajectory goes with its next change: the P2/P3 the stored reader brings.
 //!
-//! Not held (exported as they are, without a store hop): messages of a stream that refused
-//! msgtrail's headers-only consumer ([`Reader::Refused`]), messages before the stream's
+//! Not held (exported as they are, without a store hop): messages of a stream msgtrail does
+//! not read ([`Reader::Refused`]: a work-queue stream, or one that refused its consumer), messages before the stream's
 //! first sequence (gone before the reader got to them), and any message held for
 //! [`MAX_HOLD`] already. [`Held`] remembers the held ones; [`recheck`] reads them from the
 //! store again every [`RECHECK`] and offers them once more, so none waits for a change
@@ -100,7 +100,7 @@ pub(crate) async fn recheck(obs: Arc<Observer>, held: Arc<Held>) {
 
 /// Whether `t` waits for its stored message before it may be exported.
 pub(crate) fn held(t: &Trajectory, status: &ObserveStatus) -> bool {
-    if t.observed.is_some() {
+    if t.observed.as_ref().is_some_and(|o| o.stored) {
         return false; // its P3 is in
     }
     let Some(id) = t.message_id.filter(|m| m.is_observed()) else {

@@ -16,6 +16,9 @@
 //!   its durable consumer `<durable>-observe-events` turns them into delivery records. An
 //!   event of a consumer discovery has not seen yet makes it run discovery on that stream
 //!   first, so the consumer's mode (push or pull) is known before its records are made.
+//! - [`amend`]: every observed trajectory exported or served (`GET /api/messages/…`) names
+//!   the consumers of its stream that do not sample every ack (they may lack hops), from
+//!   discovery's status.
 //! - `hold`: the trace export holds back an observed trajectory until its stored message
 //!   is in (the readers are independent; exported earlier, its spans would miss the
 //!   producer's trace), set on the export with `ExportSender::hold_back`.
@@ -60,6 +63,10 @@ pub struct ObserveConfig {
     pub discovery_interval: Duration,
     /// How long `MSGTRAIL_OBSERVE` keeps events.
     pub events_max_age: Duration,
+    /// Observe only (`--observe-only`): no stage stream, no store evidence, nothing of a
+    /// msgtrail broker; what a listener with only an observer's NATS rights
+    /// (deploy/nats/accounts.conf, `observer`) can run. Not in a listener group.
+    pub only: bool,
 }
 
 impl ObserveConfig {
@@ -70,6 +77,7 @@ impl ObserveConfig {
             set_sample_freq: false,
             discovery_interval: Duration::from_secs(5),
             events_max_age: Duration::from_secs(24 * 3600),
+            only: false,
         }
     }
 
@@ -146,7 +154,7 @@ impl Observer {
             match r {
                 Ok(c) => return Some(c),
                 Err(e) if !logged => {
-                    tracing::info!(%stream, error = %e, "observed stream not available yet; picked up when it appears");
+                    tracing::info!(%stream, error = %e, "observed stream not read yet (absent, a work-queue stream or refused); looked at again every discovery interval");
                     logged = true;
                 }
                 Err(e) => tracing::debug!(%stream, error = %e, "observed stream still unavailable"),
@@ -188,6 +196,7 @@ pub(crate) async fn spawn(
     if let Some(x) = &sinks.exporter {
         let (st, h) = (status.clone(), held.clone());
         x.hold_back(Box::new(move |t| h.hold(t, &st)));
+        x.amend_with(amend(status.clone()));
     }
     let obs = Arc::new(Observer {
         js,
@@ -232,6 +241,12 @@ pub(crate) async fn spawn(
     }
     tasks.spawn(events::run(obs, events_stream));
     Ok(status)
+}
+
+/// Names on each observed trajectory the consumers of its stream that do not sample every
+/// ack ([`ObserveStatus::mark_unsampled`]); for the export and the API.
+pub(crate) fn amend(status: Arc<ObserveStatus>) -> crate::export::Amend {
+    Arc::new(move |t| status.mark_unsampled(t))
 }
 
 /// Discovery on its interval until stopped.

@@ -9,9 +9,11 @@
 //! | max-deliveries advisory | R1 `dead_letter` of that attempt |
 //! | any event of attempt n ≥ 2 whose attempt n − 1 has no outcome | R1 `redeliver` of attempt n − 1, "ack wait expired" |
 //!
-//! Every delivery record names the durable consumer as both group and consumer, its
-//! attempt (`deliveries`) and the stream sequence, and carries the `service.name`
-//! [`OBSERVED_SERVICE`]. Records depend only on the event, so a redelivered event gives the
+//! Every delivery record names the durable consumer as both group and consumer, the stream
+//! as producer (as the stored records do), its attempt (`deliveries`) and the stream
+//! sequence, and carries the `service.name` [`OBSERVED_SERVICE`]: so a trajectory of
+//! delivery records alone (a work-queue stream, whose stored messages msgtrail does not
+//! read) still says which stream and sequence it observed. Records depend only on the event, so a redelivered event gives the
 //! same records and the store skips them; the ack-wait inference also asks whether the
 //! previous attempt already has an outcome (in the store or earlier in the batch).
 
@@ -82,7 +84,7 @@ pub(crate) fn stored_records(m: StoredMessage<'_>) -> Result<[StageRecord; 2], N
 /// One delivery record of `e`'s message and consumer.
 fn delivery(
     e: &ConsumerEvent,
-    id: MessageId,
+    (id, stream): (MessageId, &ClientId),
     c: &ClientId,
     stage: Stage,
     at: u64,
@@ -90,6 +92,7 @@ fn delivery(
 ) -> StageRecord {
     let mut r = StageRecord::at(stage, at);
     r.message_id = Some(id);
+    r.producer = Some(stream.clone());
     r.consumer = Some(c.clone());
     r.group = Some(c.clone());
     r.attempt = Some(attempt);
@@ -107,7 +110,9 @@ pub(crate) fn event_records(
     unsettled: &mut dyn FnMut(MessageId, &str, u32) -> bool,
 ) -> Result<Vec<StageRecord>, NameError> {
     let c = client_id("consumer", &e.consumer)?;
+    let stream = client_id("stream", &e.stream)?;
     let id = observed_message_id(&e.stream, e.stream_seq);
+    let msg = (id, &stream);
     let (sent, settled) = match mode {
         DeliveryMode::Push => (Stage::PushSent, Stage::PushAckReceived),
         DeliveryMode::Pull => (Stage::PullSent, Stage::PullAckReceived),
@@ -115,7 +120,7 @@ pub(crate) fn event_records(
     let n = e.deliveries;
     let mut out = Vec::with_capacity(3);
     if n >= 2 && unsettled(id, &e.consumer, n - 1) {
-        let mut r1 = delivery(e, id, &c, Stage::Redelivery, e.at, n - 1);
+        let mut r1 = delivery(e, msg, &c, Stage::Redelivery, e.at, n - 1);
         if let What::Acked { ack_time } = e.what {
             // Redelivered when attempt n was delivered.
             r1.at = e.at.saturating_sub(ack_time);
@@ -126,24 +131,31 @@ pub(crate) fn event_records(
     }
     match &e.what {
         What::Acked { ack_time } => {
-            out.push(delivery(e, id, &c, sent, e.at.saturating_sub(*ack_time), n));
-            let mut ack = delivery(e, id, &c, settled, e.at, n);
+            out.push(delivery(
+                e,
+                msg,
+                &c,
+                sent,
+                e.at.saturating_sub(*ack_time),
+                n,
+            ));
+            let mut ack = delivery(e, msg, &c, settled, e.at, n);
             ack.set_outcome(SettleKind::Ack);
             out.push(ack);
         }
         What::Naked => {
-            let mut nak = delivery(e, id, &c, settled, e.at, n);
+            let mut nak = delivery(e, msg, &c, settled, e.at, n);
             nak.set_outcome(SettleKind::Nack);
             out.push(nak);
         }
         What::Terminated { reason } => {
-            let mut term = delivery(e, id, &c, settled, e.at, n);
+            let mut term = delivery(e, msg, &c, settled, e.at, n);
             term.set_outcome(SettleKind::Term);
             term.detail = reason.clone();
             out.push(term);
         }
         What::MaxDeliveries => {
-            let mut dead = delivery(e, id, &c, Stage::Redelivery, e.at, n);
+            let mut dead = delivery(e, msg, &c, Stage::Redelivery, e.at, n);
             dead.set_outcome(RedeliveryOutcome::DeadLetter);
             dead.detail = Some(format!("max deliveries reached ({n})"));
             out.push(dead);
@@ -241,6 +253,37 @@ mod tests {
     }
 
     #[test]
+    fn deliveries_alone_still_say_what_was_observed() {
+        let rs = event_records(
+            &ev(What::Acked { ack_time: 400 }, 1),
+            DeliveryMode::Pull,
+            &mut |_, _, _| false,
+        )
+        .unwrap();
+        assert!(rs
+            .iter()
+            .all(|r| r.producer.as_ref().map(|p| p.as_str()) == Some("ORDERS")));
+        let t = msgtrail_core::trajectory::Trajectory::assemble(rs, &Default::default()).unwrap();
+        let o = t
+            .observed
+            .as_ref()
+            .expect("observed without a stored message");
+        assert_eq!(
+            (o.stream.as_str(), o.stream_seq, o.stored),
+            ("ORDERS", 9, false)
+        );
+        assert_eq!(o.nats_msg_id, None);
+        assert!(o
+            .unseen
+            .iter()
+            .any(|u| u == msgtrail_core::observed::UNSEEN_STORED));
+        assert_eq!(
+            t.trace_id.as_deref(),
+            Some(observed_message_id("ORDERS", 9).trace_hex().as_str())
+        );
+    }
+
+    #[test]
     fn a_stored_message_gives_p2_and_p3_at_its_stored_time() {
         let mut hs = HeaderMap::new();
         hs.insert(h::NATS_MSG_ID, "ord-1");
@@ -265,7 +308,14 @@ mod tests {
         let t = msgtrail_core::trajectory::Trajectory::assemble(vec![p2, p3], &Default::default())
             .unwrap();
         let o = t.observed.as_ref().expect("observed");
-        assert_eq!((o.stream.as_str(), o.stream_seq), ("ORDERS", 9));
+        assert_eq!(
+            (o.stream.as_str(), o.stream_seq, o.stored),
+            ("ORDERS", 9, true)
+        );
+        assert!(!o
+            .unseen
+            .iter()
+            .any(|u| u == msgtrail_core::observed::UNSEEN_STORED));
         assert_eq!(
             t.trace_id.as_deref(),
             Some("0af7651916cd43dd8448eb211c80319c")

@@ -2,7 +2,10 @@
 //! consumer (`<durable>-observe`): each becomes its P2/P3 ([`super::records::stored_records`]).
 //! The consumer is created when the stream appears (retried every discovery interval), and
 //! reads from the stream's first message; a restart resumes where its acks stopped.
-//! Where it is ([`Reader`]: waiting, reading, refused by the stream) goes to the shared
+//! A work-queue stream is never read: a consumer of it would take messages away from the
+//! app (its acks remove them) and keep the app's unfiltered consumers out; its messages
+//! are traced from their deliveries alone (the trajectory's `observed.stored` false).
+//! Where it is ([`Reader`]: waiting, reading, refused by the stream or not read) goes to the shared
 //! status: the API shows it (`reads_messages`) and the trace export's hold asks it
 //! (`super::hold`).
 
@@ -15,6 +18,9 @@ use futures::StreamExt;
 use msgtrail_core::StageRecord;
 use std::sync::Arc;
 use std::time::Duration;
+
+/// Why a work-queue stream's messages are not read (its deliveries are traced all the same).
+const WORK_QUEUE: &str = "a work-queue stream: msgtrail does not read its messages (a reader would remove them from the queue); its deliveries are traced without store hops";
 
 /// The headers-only consumer of an observed stream: every message from the first, explicit
 /// acks after each transaction commits.
@@ -65,6 +71,15 @@ pub(crate) async fn run(obs: Arc<Observer>, stream: String) {
                 let cfg = consumer_config(&obs.own_consumer, obs.batch_size, obs.ack_wait);
                 let (status, name) = (obs.status.clone(), stream.clone());
                 async move {
+                    if s.cached_info().config.retention
+                        == jetstream::stream::RetentionPolicy::WorkQueue
+                    {
+                        // A consumer of a work-queue stream takes its messages away from the
+                        // app (its acks remove them) and keeps the app's unfiltered consumers
+                        // out: never read one.
+                        status.set_reader(&name, Reader::Refused);
+                        return Err(async_nats::Error::from(WORK_QUEUE));
+                    }
                     let c = crate::ingest::durable_consumer(&s, cfg).await;
                     if c.is_err() {
                         // The stream is there but will not have msgtrail's consumer.

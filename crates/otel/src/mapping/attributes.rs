@@ -183,7 +183,8 @@ pub(super) fn detail_attributes(hop: &HopSpan, attrs: &mut Vec<KeyValue>) {
 }
 
 /// What every span of an observed trajectory says (observe mode, docs/ARCHITECTURE.md):
-/// `msgtrail.observed`, the stream and its sequence.
+/// `msgtrail.observed`, the stream and its sequence, and the stream's consumers that do not
+/// sample every ack and so may lack hops on it.
 pub(super) fn observed_attributes(t: &Trajectory, attrs: &mut Vec<KeyValue>) {
     let Some(o) = &t.observed else {
         return;
@@ -194,4 +195,15 @@ pub(super) fn observed_attributes(t: &Trajectory, attrs: &mut Vec<KeyValue>) {
         "msgtrail.observe.stream_seq",
         i64::try_from(o.stream_seq).unwrap_or(i64::MAX),
     ));
+    if !o.unsampled.is_empty() {
+        let names = o
+            .unsampled
+            .iter()
+            .map(|u| opentelemetry::StringValue::from(u.consumer.clone()))
+            .collect();
+        attrs.push(KeyValue::new(
+            "msgtrail.observe.unsampled_consumers",
+            opentelemetry::Value::Array(opentelemetry::Array::String(names)),
+        ));
+    }
 }

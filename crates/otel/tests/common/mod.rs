@@ -150,7 +150,8 @@ pub(crate) fn synthesized_root() -> Trajectory {
 }
 
 /// An observed message (observe mode) whose stored `traceparent` makes it join the
-/// producer's trace: the `msgtrail.observed` and `msgtrail.observe.*` attributes.
+/// producer's trace, with a consumer of its stream that does not sample every ack: the
+/// `msgtrail.observed` and `msgtrail.observe.*` attributes.
 pub(crate) fn observed() -> Trajectory {
     let id = msgtrail_core::observed::observed_message_id("ORDERS", 7);
     let mut r = upload(false);
@@ -164,7 +165,15 @@ pub(crate) fn observed() -> Trajectory {
             x.traceparent = Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into());
         }
     }
-    assemble(r, None)
+    let mut t = assemble(r, None);
+    let o = t.observed.as_mut().expect("an observed trajectory");
+    o.unsampled
+        .push(msgtrail_core::observed::UnsampledConsumer {
+            consumer: "audit".into(),
+            sample_freq: 0,
+            fix: "nats consumer edit ORDERS audit --sample 100 --force".into(),
+        });
+    t
 }
 
 /// A retried upload the broker flagged duplicate, a hop whose clock timestamps contradict

@@ -291,26 +291,43 @@ fn header(recs: &[StageRecord]) -> Trajectory {
     }
 }
 
-/// How the message was observed, when its P3 is one observe mode wrote
-/// ([`crate::outcome::StoreOutcome::Observed`]): its producer is the stream, its request ID
-/// the `Nats-Msg-Id`.
+/// How the message was observed: from its P3 when observe mode wrote one
+/// ([`crate::outcome::StoreOutcome::Observed`]: its producer is the stream, its request ID
+/// the `Nats-Msg-Id`); else from a delivery record observe mode wrote (service
+/// [`crate::observed::OBSERVED_SERVICE`], an observed message ID, the stream as producer
+/// and its sequence): a message whose stored copy msgtrail did not read.
 fn observation(recs: &[StageRecord]) -> Option<crate::observed::Observation> {
+    use crate::observed::{Observation, ObservedTrace, OBSERVED_SERVICE, UNSEEN, UNSEEN_STORED};
     use crate::outcome::StoreOutcome;
     let p3 = recs
         .iter()
-        .find(|r| r.stage == Stage::Stored && r.store_outcome() == Some(StoreOutcome::Observed))?;
-    Some(crate::observed::Observation {
-        stream: p3.producer.as_ref()?.as_str().to_owned(),
-        stream_seq: p3.stream_seq?,
-        nats_msg_id: p3.request_id.as_ref().map(|r| r.as_str().to_owned()),
+        .find(|r| r.stage == Stage::Stored && r.store_outcome() == Some(StoreOutcome::Observed));
+    let from = p3.or_else(|| {
+        recs.iter().find(|r| {
+            r.service.as_deref() == Some(OBSERVED_SERVICE)
+                && r.message_id.is_some_and(|m| m.is_observed())
+                && r.producer.is_some()
+                && r.stream_seq.is_some()
+        })
+    })?;
+    let stored = p3.is_some();
+    let mut unseen: Vec<String> = UNSEEN.iter().map(|s| (*s).to_owned()).collect();
+    if !stored {
+        unseen.push(UNSEEN_STORED.to_owned());
+    }
+    Some(Observation {
+        stream: from.producer.as_ref()?.as_str().to_owned(),
+        stream_seq: from.stream_seq?,
+        nats_msg_id: p3
+            .and_then(|r| r.request_id.as_ref())
+            .map(|r| r.as_str().to_owned()),
         joins: recs
             .iter()
             .find_map(|r| r.traceparent.as_deref())
-            .and_then(crate::observed::ObservedTrace::from_traceparent),
-        unseen: crate::observed::UNSEEN
-            .iter()
-            .map(|s| (*s).to_owned())
-            .collect(),
+            .and_then(ObservedTrace::from_traceparent),
+        stored,
+        unseen,
+        unsampled: Vec::new(),
     })
 }
 
