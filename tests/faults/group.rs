@@ -167,7 +167,10 @@ async fn get_local(addr: &str, path: &str) -> Option<(u16, Vec<u8>)> {
     let head = String::from_utf8_lossy(&buf[..head_end]).to_string();
     let status: u16 = head.split_whitespace().nth(1)?.parse().ok()?;
     let mut body = buf[head_end + 4..].to_vec();
-    if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+    if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
         body = dechunk(&body);
     }
     Some((status, body))
@@ -177,7 +180,8 @@ async fn get_local(addr: &str, path: &str) -> Option<(u16, Vec<u8>)> {
 fn dechunk(mut b: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
     while let Some(eol) = b.windows(2).position(|w| w == b"\r\n") {
-        let size = usize::from_str_radix(String::from_utf8_lossy(&b[..eol]).trim(), 16).unwrap_or(0);
+        let size =
+            usize::from_str_radix(String::from_utf8_lossy(&b[..eol]).trim(), 16).unwrap_or(0);
         if size == 0 {
             break;
         }
@@ -277,8 +281,8 @@ pub(crate) async fn group_member_kill_9(scenario: &str) {
         let uploads = finished.progress.uploads.lock().unwrap().clone();
         let consumed = finished.progress.consumed_ids.lock().unwrap().clone();
         // The other survivor answers every message too.
-        let via_c = judge_trajectories(&members[2].client, &uploads, &consumed, TRAJECTORY_WAIT)
-            .await;
+        let via_c =
+            judge_trajectories(&members[2].client, &uploads, &consumed, TRAJECTORY_WAIT).await;
 
         // The killed member starts again on its store and catches up.
         blocking(|| members[0].child.restart()).expect("listener-a restarts");
@@ -286,8 +290,8 @@ pub(crate) async fn group_member_kill_9(scenario: &str) {
         wait_healthy(&mut members[0]).await;
         settled(&sys, &MEMBERS, Duration::from_secs(60)).await;
         let catch_up_ms = ms_since(restarted, Instant::now());
-        let via_a = judge_trajectories(&members[0].client, &uploads, &consumed, TRAJECTORY_WAIT)
-            .await;
+        let via_a =
+            judge_trajectories(&members[0].client, &uploads, &consumed, TRAJECTORY_WAIT).await;
         let held_again: BTreeSet<Partition> = heartbeats(&sys).await[MEMBERS[0]]
             .partitions
             .iter()
@@ -403,15 +407,37 @@ pub(crate) async fn group_member_kill_9(scenario: &str) {
         };
         r.assert_sound(true, &sys);
         let line = serde_json::Value::Object(r.json.clone()).to_string();
-        assert!(!before.is_empty(), "nothing acked before the kill in its partitions");
+        assert!(
+            !before.is_empty(),
+            "nothing acked before the kill in its partitions"
+        );
         assert_eq!(via_c.incomplete.len(), 0, "via listener-c: {line}");
-        assert_eq!(via_a.incomplete.len(), 0, "via the restarted listener-a: {line}\n{}", logs());
-        assert!(missing_locally.is_empty(), "the restarted member did not catch up: {line}");
-        assert!(records_disagree.is_empty(), "stores disagree on a message's records: {line}");
+        assert_eq!(
+            via_a.incomplete.len(),
+            0,
+            "via the restarted listener-a: {line}\n{}",
+            logs()
+        );
+        assert!(
+            missing_locally.is_empty(),
+            "the restarted member did not catch up: {line}"
+        );
+        assert!(
+            records_disagree.is_empty(),
+            "stores disagree on a message's records: {line}"
+        );
         assert_eq!(hops_twice, 0, "a hop listed twice: {line}");
         assert!(expected_hops > 0, "no hop to export: {line}");
-        assert!(exported_twice.is_empty(), "hops exported twice: {line}\n{}", logs());
-        assert!(never_exported.is_empty(), "hops never exported: {line}\n{}", logs());
+        assert!(
+            exported_twice.is_empty(),
+            "hops exported twice: {line}\n{}",
+            logs()
+        );
+        assert!(
+            never_exported.is_empty(),
+            "hops never exported: {line}\n{}",
+            logs()
+        );
         for m in &mut members {
             drop(blocking(|| m.child.kill9()));
         }
