@@ -22,6 +22,8 @@
 mod full_disk;
 #[path = "faults/garbage.rs"]
 mod garbage;
+#[path = "faults/group.rs"]
+mod group;
 #[path = "faults/harness.rs"]
 mod harness;
 #[path = "faults/otlp.rs"]
@@ -1589,4 +1591,17 @@ async fn s16_partition_cuts_off_a_broker() {
 async fn s16_partition_cuts_off_the_listener() {
     let _serial = SERIAL.lock().await;
     partitions::partition("partition_listener", partitions::Cut::Listener, false).await;
+}
+
+// ---------------------------------------------------------------------------------------
+// 17. A listener group (three members, two copies) loses a member mid-load; it comes back.
+// ---------------------------------------------------------------------------------------
+
+/// Every member answers every message, the killed member's partitions are served within
+/// 10 s, each trace's spans reach the OTLP receiver once, and the member restarted on its
+/// store catches up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s17_listener_group_member_kill_9_mid_load() {
+    let _serial = SERIAL.lock().await;
+    group::group_member_kill_9("listener_group_member_kill_9").await;
 }

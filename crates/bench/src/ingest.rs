@@ -189,7 +189,7 @@ fn ten_record_bytes(messages: u64, batch: usize, progress: &Progress) -> Result<
     Ok(in_use as f64 / messages.max(1) as f64)
 }
 
-fn open_store(dir: &std::path::Path, payload_head: usize) -> Result<Store, BenchError> {
+pub(crate) fn open_store(dir: &std::path::Path, payload_head: usize) -> Result<Store, BenchError> {
     Store::open(dir, payload_head, Default::default()).map_err(|e| BenchError::Listener(e.into()))
 }
 
@@ -204,20 +204,20 @@ fn new_stats() -> Stats {
 
 /// What ingesting one set of stage messages gave.
 #[derive(Debug, Default)]
-struct Ingested {
-    records: u64,
-    new_records: u64,
-    repeated_records: u64,
-    drops: u64,
-    transactions: u64,
-    seconds: f64,
+pub(crate) struct Ingested {
+    pub(crate) records: u64,
+    pub(crate) new_records: u64,
+    pub(crate) repeated_records: u64,
+    pub(crate) drops: u64,
+    pub(crate) transactions: u64,
+    pub(crate) seconds: f64,
     /// Time per transaction (decode, apply, commit).
-    per_transaction: Latency,
+    pub(crate) per_transaction: Latency,
 }
 
 /// Ingests encoded stage messages into `store`, `batch` per transaction, as the listener
 /// does: decode, apply, statistics.
-fn ingest(
+pub(crate) fn ingest(
     store: &Store,
     set: &[Vec<u8>],
     batch: usize,

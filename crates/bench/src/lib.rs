@@ -31,6 +31,8 @@
 //!   of S5's size filled with the synthetic mix.
 //! - `observed`: S8, an unmodified JetStream application alone and observed by a listener
 //!   (observe mode).
+//! - `scaleout`: S4P, two listeners' ingest (one core each) ÷ one listener's, and the cost
+//!   of a listener group's fanned-out lookup and search against a single listener's.
 //! - `report`: [`Report`], its ratios and target checks, the table and the JSON.
 //! - `synth`: a synthetic stage-record workload with a production mix, for S4 and S7.
 //! - `run`(mod@run): the order of the scenarios and the nats-servers they run against.
@@ -51,6 +53,7 @@ mod raw;
 mod report;
 mod reps;
 mod run;
+mod scaleout;
 mod search;
 mod synth;
 
@@ -63,5 +66,6 @@ pub use raw::Load;
 pub use report::Report;
 pub use reps::PairedRatio;
 pub use run::run;
+pub use scaleout::{FanoutResult, ScaleOutResult};
 pub use search::{KindResult, SearchResult};
 pub use synth::{stage_messages, Mix};

@@ -295,6 +295,9 @@ impl PayloadRun {
 pub struct ReportRatios {
     /// S8: the application's msgs/s observed by a listener ÷ alone (medians; no target).
     pub s8_observed_over_raw: f64,
+    /// S4P: two listeners' aggregate ingest ÷ one listener's (target ≥ 1.8).
+    #[serde(default)]
+    pub s4p_scaling: f64,
 }
 
 /// One of the project's targets and whether this run met it.
@@ -335,7 +338,10 @@ pub struct Report {
     /// S8: observe mode's overhead on an unmodified JetStream application.
     #[serde(default)]
     pub s8: ObserveResult,
-    /// Ratios beyond the per-payload ones (S8).
+    /// S4P: a listener group's ingest scaling and fan-out cost.
+    #[serde(default)]
+    pub s4p: crate::ScaleOutResult,
+    /// Ratios beyond the per-payload ones (S8, S4P).
     #[serde(default)]
     pub ratios: ReportRatios,
     /// The project's targets (BENCHMARKS.md).
@@ -360,6 +366,12 @@ impl Report {
     /// Fills [`Report::targets`] from the figures.
     pub fn check_targets(&mut self) {
         let mut t = Vec::new();
+        t.push(check(
+            "S4P two listeners' ingest ÷ one listener's".to_owned(),
+            "≥ 1.8",
+            self.ratios.s4p_scaling,
+            self.ratios.s4p_scaling >= 1.8,
+        ));
         for r in &self.runs {
             let b = r.payload_bytes;
             let x = &r.ratios;
@@ -546,6 +558,23 @@ impl Report {
             s4.logical_bytes as f64 / (1u64 << 20) as f64,
             s4.peak_rss_bytes as f64 / (1u64 << 20) as f64,
             s4.peak_rss_method,
+        );
+        let p = &self.s4p;
+        let _ = writeln!(
+            s,
+            "S4P two listeners at once (half the partitions each{}): {:.0} records/s against one listener's {:.0} = {:.2}× ({} records of {} messages); fan-out in a group of two: lookup p50 {:.3} ms forwarded vs {:.3} ms local ({:.2}×), search p50 {:.3} ms merged vs {:.3} ms one store ({:.2}×)",
+            if p.pinned { ", one core each" } else { ", not pinned to cores" },
+            p.two_listeners_records_per_sec,
+            p.one_listener_records_per_sec,
+            p.scaling,
+            p.records,
+            p.messages,
+            p.fanout.lookup_forwarded_ms.p50_ms,
+            p.fanout.lookup_local_ms.p50_ms,
+            p.fanout.lookup_p50_ratio,
+            p.fanout.search_merged_ms.p50_ms,
+            p.fanout.search_local_ms.p50_ms,
+            p.fanout.search_p50_ratio,
         );
         let s5 = &self.s5;
         let _ = writeln!(

@@ -61,6 +61,7 @@ pub async fn run(config: BenchConfig, progress: bool) -> Result<Report, BenchErr
     let durable = durable_variant(&config, &progress).await?;
     let (s4, s5, s6) = replay_scenarios(&config, recorded, &progress).await?;
     let s7 = search_scenario(&config, &progress).await?;
+    let s4p = scale_out_scenario(&config, &url, &progress).await?;
 
     let mut report = Report {
         machine,
@@ -73,7 +74,9 @@ pub async fn run(config: BenchConfig, progress: bool) -> Result<Report, BenchErr
         s6,
         ratios: crate::report::ReportRatios {
             s8_observed_over_raw: s8.ratio(),
+            s4p_scaling: s4p.scaling,
         },
+        s4p,
         s7,
         s8,
         targets: Vec::new(),
@@ -179,6 +182,27 @@ async fn replay_scenarios(
     )
     .await?;
     Ok((s4, s5, s6))
+}
+
+/// S4P: the ingest scaling on blocking threads (S4's message count and batch), then the
+/// fan-out against the main server (S5's query count).
+async fn scale_out_scenario(
+    config: &BenchConfig,
+    url: &str,
+    progress: &Progress,
+) -> Result<crate::ScaleOutResult, BenchError> {
+    let progress = *progress;
+    let (messages, batch) = (config.ingest_messages, config.ingest_batch);
+    let mut r = tokio::task::spawn_blocking(move || {
+        crate::scaleout::ingest_scaling(messages, batch, &progress)
+    })
+    .await
+    .map_err(|e| BenchError::Listener(e.into()))??;
+    let fan_messages = config.lookup_messages.min(2_000);
+    r.fanout =
+        crate::scaleout::fanout(url, fan_messages, config.lookup_queries.min(2_000) as usize)
+            .await?;
+    Ok(r)
 }
 
 /// S7 on a blocking thread: a store of S5's size, filled with the synthetic mix, searched.

@@ -189,6 +189,18 @@ async fn quick_run_reports_every_scenario() {
     }
     for s in [
         "s4.records.count",
+        "s4p.records",
+        "s4p.one_listener_records_per_sec",
+        "s4p.two_listeners_records_per_sec",
+        "s4p.per_listener_records_per_sec.0",
+        "s4p.per_listener_records_per_sec.1",
+        "ratios.s4p_scaling",
+        "s4p.fanout.lookup_local_ms.p50_ms",
+        "s4p.fanout.lookup_forwarded_ms.p50_ms",
+        "s4p.fanout.search_local_ms.p50_ms",
+        "s4p.fanout.search_merged_ms.p50_ms",
+        "s4p.fanout.lookup_p50_ratio",
+        "s4p.fanout.search_p50_ratio",
         "s4.records.per_sec",
         "s4.new_records",
         "s4.messages",

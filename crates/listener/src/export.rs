@@ -7,6 +7,10 @@
 //! ([`ExportSender::hold_back`], observe mode until an observed message's stored copy is
 //! in): a held trajectory is not offered, and is offered again with its next change.
 //!
+//! In a listener group a gate ([`ExportSender::gate`], `cluster::export_marks`) admits only
+//! the trajectories of the partitions this member is the primary of, and the hops another
+//! member exported already are handed to the pipeline as done.
+//!
 //! Everything else is the pipeline's: the grace for stragglers, the trajectories kept until
 //! their hops are due (looked at again by [`TracePipeline::tick`], called here on a timer),
 //! sampling, and the exporter's queue. This task only calls `observe`, `tick` and, at the
@@ -63,6 +67,11 @@ impl std::fmt::Debug for SharedHold {
     }
 }
 
+/// A listener group's gate, set once for every clone of a sender
+/// ([`crate::cluster::export_marks`]): which trajectories this member exports, and which of
+/// their hops another member exported already.
+type SharedGate = Arc<OnceLock<Arc<crate::cluster::export_marks::ExportGate>>>;
+
 /// The ingest side: hands trajectories to the export task without waiting.
 #[derive(Debug, Clone)]
 pub(crate) struct ExportSender {
@@ -71,9 +80,19 @@ pub(crate) struct ExportSender {
     exporter: msgtrail_otel::ExportHandle,
     hold: SharedHold,
     amend: SharedAmend,
+    gate: SharedGate,
 }
 
 impl ExportSender {
+    /// Exports, from now on, only what a group member's `gate` admits, and has the
+    /// exporter's accepted hops marked through it; a second gate is ignored.
+    pub(crate) fn gate(&self, gate: Arc<crate::cluster::export_marks::ExportGate>) {
+        let hook = gate.hook();
+        if self.gate.set(gate).is_ok() {
+            self.exporter.on_exported(hook);
+        }
+    }
+
     /// Holds back, from now on and for every clone of this sender, the trajectories `hold`
     /// says are not ready; `false` when a hold was set already (it is kept).
     pub(crate) fn hold_back(&self, hold: Hold) -> bool {
@@ -143,7 +162,9 @@ pub(crate) fn spawn(
         exporter: pipeline.handle().clone(),
         hold: SharedHold::default(),
         amend: SharedAmend::default(),
+        gate: SharedGate::default(),
     };
+    let gate = sender.gate.clone();
     let task = async move {
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -152,6 +173,13 @@ pub(crate) fn spawn(
                 _ = stop.cancelled() => break,
                 t = rx.recv() => {
                     let Some(t) = t else { break };
+                    if let Some(g) = gate.get() {
+                        use crate::cluster::export_marks::Admit;
+                        match g.admit(&t, pipeline.knows(&t)).await {
+                            Admit::Skip => continue,
+                            Admit::Export(elsewhere) => pipeline.mark_exported(&t, &elsewhere),
+                        }
+                    }
                     pipeline.observe(&t, now_nanos());
                 }
                 _ = tick.tick() => {

@@ -36,8 +36,8 @@ mod transport;
 
 pub use error::ConfigError;
 pub use export::{
-    Compression, ExportConfig, ExportHandle, ExportStats, ExportStatsSnapshot, Protocol,
-    TraceExporter,
+    Compression, ExportConfig, ExportHandle, ExportStats, ExportStatsSnapshot, ExportedHook,
+    ExportedHop, Protocol, TraceExporter,
 };
 pub use links::TraceUi;
 pub use mapping::{

@@ -348,6 +348,29 @@ impl TracePipeline {
             .insert(trace, (TraceDecisions::default(), self.generation));
     }
 
+    /// Whether the pipeline remembers `t`'s trace (it decided some of its hops).
+    pub fn knows(&self, t: &Trajectory) -> bool {
+        trajectory_trace_id(t).is_some_and(|id| self.traces.contains_key(&id.to_string()))
+    }
+
+    /// Remembers hops of `t` as exported elsewhere (by another process, before this one took
+    /// the trajectory's export over): they are not exported again here.
+    pub fn mark_exported(&mut self, t: &Trajectory, hop_keys: &[String]) {
+        let Some(trace) = trajectory_trace_id(t).map(|id| id.to_string()) else {
+            return;
+        };
+        if hop_keys.is_empty() {
+            return;
+        }
+        if !self.traces.contains_key(&trace) {
+            self.remember(trace.clone());
+        }
+        let state = &mut self.traces.get_mut(&trace).expect("remembered above").0;
+        for k in hop_keys {
+            state.set(k, true);
+        }
+    }
+
     /// How many traces are remembered now.
     pub fn tracked_traces(&self) -> usize {
         self.traces.len()

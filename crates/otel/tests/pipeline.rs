@@ -186,3 +186,42 @@ async fn hops_inside_their_grace_are_kept_and_go_out_on_tick_or_shutdown() {
     let stats = p.shutdown(Duration::from_secs(5)).await;
     assert_eq!(stats.exported, 8);
 }
+
+/// A member taking a trace's export over: the hops another one exported (marked) are not
+/// exported again, the rest go out; the exporter reports what the receiver accepted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hops_marked_exported_elsewhere_are_not_exported_again_and_accepted_hops_are_reported() {
+    let (mut p, mut rx) = pipeline(SamplingPolicy::default()).await;
+    let reported = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = reported.clone();
+    assert!(p.handle().on_exported(std::sync::Arc::new(move |hops| {
+        sink.lock().unwrap().extend(hops)
+    })));
+    let t = success();
+    assert!(!p.knows(&t));
+    p.mark_exported(&t, &["send".to_owned(), "store".to_owned()]);
+    assert!(p.knows(&t));
+    assert_eq!(p.observe(&t, ms(9_000)), 2, "deliver and process only");
+    let got = rx.spans(2, Duration::from_secs(10)).await;
+    assert_eq!(
+        hops(&got),
+        ["deliver/billing/billing-1/1", "process/billing/billing-1/1"]
+            .map(String::from)
+            .into()
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while reported.lock().unwrap().len() < 2 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let reported: BTreeSet<String> = reported
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|h| {
+            assert_eq!(h.message_id, t.message_id.unwrap().to_string());
+            h.hop_key.clone()
+        })
+        .collect();
+    assert_eq!(reported, hops(&got));
+    p.shutdown(Duration::from_secs(5)).await;
+}

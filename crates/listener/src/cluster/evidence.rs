@@ -25,6 +25,10 @@
 //!   ends). A restarted member replays only the partitions it holds and had not covered; a
 //!   member whose live consumer is new (it starts at the stream's first message) covers what
 //!   it holds without a replay.
+//! - [`ReplayInProgress`] (the file `evidence-replay`) names the replay under way: a member
+//!   restarted mid-replay whose replay consumer JetStream still keeps, and whose replay's
+//!   partitions it still wants, resumes that replay after the consumer's ack floor, up to the
+//!   same last sequence, instead of reading the stream from its first message again.
 
 use super::{ClusterView, Roles};
 use crate::error::ListenerError;
@@ -40,6 +44,57 @@ use tokio_util::sync::CancellationToken;
 /// The file of the data directory that lists the covered partitions (comma-separated
 /// partition numbers).
 pub const COVERAGE_FILE: &str = "evidence-partitions";
+
+/// The file, in the data directory, naming the replay under way (`<partitions> until
+/// <sequence>`), so that a member restarted mid-replay resumes it ([`ReplayInProgress`]).
+pub(crate) const REPLAY_FILE: &str = "evidence-replay";
+
+/// A replay under way, as [`REPLAY_FILE`] records it: its partitions and the message
+/// stream's last sequence when it began. A member that died during it finds it on restart;
+/// when its replay consumer is still there (JetStream keeps it for `REPLAY_INACTIVE`), the
+/// replay resumes after that consumer's ack floor (what it applied was acked after its
+/// commit) instead of reading the stream from its first message again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ReplayInProgress {
+    /// The partitions replayed.
+    pub(crate) only: Mask,
+    /// The last sequence the replay reads.
+    pub(crate) until: u64,
+}
+
+impl ReplayInProgress {
+    /// The replay recorded at `path`, if any (an unreadable file is none: start over).
+    pub(crate) fn load(path: &std::path::Path) -> Option<Self> {
+        let text = std::fs::read_to_string(path).ok()?;
+        let (parts, until) = text.trim().split_once(" until ")?;
+        let mut only = [false; PARTITIONS as usize];
+        for p in parts
+            .split(',')
+            .filter_map(|t| t.trim().parse::<u16>().ok())
+            .filter_map(Partition::new)
+        {
+            only[usize::from(p.index())] = true;
+        }
+        Some(ReplayInProgress {
+            only,
+            until: until.trim().parse().ok()?,
+        })
+    }
+
+    /// Records this replay at `path` (written before the replay reads anything).
+    pub(crate) fn save(&self, path: &std::path::Path) {
+        let tmp = path.with_extension("tmp");
+        let text = format!("{} until {}\n", list(&self.only), self.until);
+        if let Err(e) = std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, path)) {
+            tracing::warn!(path = %path.display(), error = %e, "store-evidence replay not recorded; a restart mid-replay starts it over");
+        }
+    }
+
+    /// Forgets the replay at `path` (it ended).
+    pub(crate) fn clear(path: &std::path::Path) {
+        let _ = std::fs::remove_file(path);
+    }
+}
 
 /// Suffix of the replay consumer's name, after the live consumer's.
 pub(crate) const REPLAY_SUFFIX: &str = "-replay";
@@ -324,14 +379,37 @@ async fn takeovers(
             coverage.cover_since(wanted, since);
             continue;
         }
-        tracing::info!(partitions = %list(&wanted), until, "replaying the store evidence of partitions taken over");
-        // A replay consumer left by an earlier run (it died mid-replay) starts over.
-        let _ = stream.delete_consumer(&replay).await;
+        // A replay this member began before it died, whose consumer is still there and whose
+        // partitions are all still wanted, resumes after its ack floor; anything else starts
+        // over (a consumer left by an earlier run is deleted first).
+        let replay_file = g.data_dir.join(REPLAY_FILE);
+        let resumed = match ReplayInProgress::load(&replay_file) {
+            Some(r)
+                if r.only.contains(&true)
+                    && (0..usize::from(PARTITIONS)).all(|i| !r.only[i] || wanted[i])
+                    && stream.consumer_info(&replay).await.is_ok() =>
+            {
+                Some(r)
+            }
+            _ => None,
+        };
+        let (wanted, until) = match &resumed {
+            Some(r) => {
+                tracing::info!(partitions = %list(&r.only), until = r.until, "resuming the store-evidence replay a restart interrupted, after its last acknowledged message");
+                (r.only, r.until)
+            }
+            None => {
+                tracing::info!(partitions = %list(&wanted), until, "replaying the store evidence of partitions taken over");
+                let _ = stream.delete_consumer(&replay).await;
+                (wanted, until)
+            }
+        };
         let mut config = evidence::consumer_config(&replay, g.source.batch_size, g.source.ack_wait);
         config.description =
             Some("msgtrail listener: store evidence replay of partitions taken over".into());
         config.inactive_threshold = REPLAY_INACTIVE;
-        let consumer = match stream.create_consumer(config).await {
+        // Creating a consumer that exists with the same configuration binds to it.
+        let consumer = match stream.get_or_create_consumer(&replay, config).await {
             Ok(c) => c,
             Err(e) => {
                 // Once a minute at most (a permission refused it, say: the partitions stay
@@ -344,6 +422,11 @@ async fn takeovers(
             }
         };
         refused = 0;
+        ReplayInProgress {
+            only: wanted,
+            until,
+        }
+        .save(&replay_file);
         let scope = Scope::Replay {
             coverage: coverage.clone(),
             only: wanted,
@@ -356,6 +439,9 @@ async fn takeovers(
         let ended = evidence::read(&source, consumer, scope, &g.sinks, stop).await;
         if let Err(e) = stream.delete_consumer(&replay).await {
             tracing::debug!(consumer = %replay, error = %e, "replay consumer not deleted (JetStream removes it when inactive)");
+        }
+        if !matches!(ended, evidence::Ended::Stopped) {
+            ReplayInProgress::clear(&replay_file);
         }
         match ended {
             evidence::Ended::Stopped => return,
@@ -403,6 +489,27 @@ mod tests {
             .filter(|h| h.ready)
             .map(|h| h.partition.index())
             .collect()
+    }
+
+    #[test]
+    fn a_replay_in_progress_is_recorded_and_read_back_and_forgotten() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(REPLAY_FILE);
+        assert_eq!(ReplayInProgress::load(&path), None);
+        let r = ReplayInProgress {
+            only: mask(&[2, 7, 15]),
+            until: 4242,
+        };
+        r.save(&path);
+        assert_eq!(ReplayInProgress::load(&path), Some(r));
+        ReplayInProgress::clear(&path);
+        assert_eq!(ReplayInProgress::load(&path), None);
+        std::fs::write(&path, "garbage").unwrap();
+        assert_eq!(
+            ReplayInProgress::load(&path),
+            None,
+            "unreadable: start over"
+        );
     }
 
     #[test]

@@ -13,6 +13,7 @@
 
 mod assignment;
 pub(crate) mod evidence;
+pub(crate) mod export_marks;
 mod fanout;
 mod membership;
 mod partition_ingest;
@@ -20,6 +21,7 @@ mod partition_ingest;
 pub use membership::{HeldPartition, MemberInfo, HEARTBEAT, MEMBER_BUCKET, MEMBER_TTL};
 
 pub use evidence::COVERAGE_FILE as EVIDENCE_COVERAGE_FILE;
+pub use export_marks::{EXPORT_MARKS_STREAM, EXPORT_MARKS_SUBJECT_PREFIX};
 pub use fanout::{LOCAL_HEADER, PARTIAL_HEADER};
 
 pub(crate) use assignment::Role;
@@ -34,6 +36,13 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
+
+/// How long a partition remembers the messages it applied, for a new primary to offer
+/// their trajectories to the export again ([`export_marks`]): longer than a dead member's
+/// heartbeat lives plus the export's grace and queue.
+pub(crate) const RECENT_WINDOW: std::time::Duration = std::time::Duration::from_secs(30);
+/// Most messages a partition remembers for [`RECENT_WINDOW`].
+const RECENT_MAX: usize = 50_000;
 
 /// Most owners a partition can be given.
 pub const MAX_COPIES: usize = 5;
@@ -94,6 +103,9 @@ pub(crate) struct ClusterView {
     /// member map and adjust the held map with map operations only, so a panicking holder
     /// leaves a view the next heartbeat round corrects.
     inner: RwLock<ViewState>,
+    /// Per partition, the messages applied in the last [`RECENT_WINDOW`] (Unix nanoseconds
+    /// of the apply), for a new primary's handover.
+    recent: Vec<std::sync::Mutex<std::collections::VecDeque<(u64, msgtrail_core::MessageId)>>>,
 }
 
 #[derive(Debug, Default)]
@@ -108,6 +120,8 @@ struct ViewState {
     /// Held partitions whose store evidence is still being replayed ([`evidence`]): not
     /// ready until it is done.
     evidence_pending: [bool; PARTITIONS as usize],
+    /// Since when (Unix nanoseconds) this member is each partition's primary.
+    primary_since: [Option<u64>; PARTITIONS as usize],
 }
 
 /// The role this member holds each partition in (`None`: not held), by partition index.
@@ -119,7 +133,43 @@ impl ClusterView {
             me: me.to_owned(),
             copies,
             inner: RwLock::new(ViewState::default()),
+            recent: (0..PARTITIONS)
+                .map(|_| std::sync::Mutex::new(std::collections::VecDeque::new()))
+                .collect(),
         }
+    }
+
+    /// Since when this member is `p`'s primary (Unix nanoseconds); `None` when it is not.
+    pub(crate) fn primary_since(&self, p: Partition) -> Option<u64> {
+        self.inner.read().recover().primary_since[usize::from(p.index())]
+    }
+
+    /// Notes messages `p` applied at `now`, forgetting those older than [`RECENT_WINDOW`].
+    pub(crate) fn applied(
+        &self,
+        p: Partition,
+        ids: impl IntoIterator<Item = msgtrail_core::MessageId>,
+        now: u64,
+    ) {
+        let mut q = self.recent[usize::from(p.index())].lock().recover();
+        for id in ids {
+            if q.back().is_none_or(|(_, last)| *last != id) {
+                q.push_back((now, id));
+            }
+        }
+        let oldest = now.saturating_sub(RECENT_WINDOW.as_nanos() as u64);
+        while q.front().is_some_and(|(at, _)| *at < oldest) || q.len() > RECENT_MAX {
+            q.pop_front();
+        }
+    }
+
+    /// The distinct messages `p` applied in the last [`RECENT_WINDOW`].
+    pub(crate) fn recently_applied(&self, p: Partition) -> Vec<msgtrail_core::MessageId> {
+        let q = self.recent[usize::from(p.index())].lock().recover();
+        let mut ids: Vec<msgtrail_core::MessageId> = q.iter().map(|(_, id)| *id).collect();
+        ids.sort();
+        ids.dedup();
+        ids
     }
 
     /// This member's name.
@@ -289,6 +339,22 @@ pub(crate) async fn start(
     .await
     .map_err(|e| ListenerError::nats("stage stream", e))?;
     let view = Arc::new(ClusterView::new(&c.group.instance, c.group.copies));
+    // With export on, the primaries' exports are marked and a takeover reads the marks.
+    let marks = match &c.exporter {
+        Some(x) => {
+            let (gate, writer) = export_marks::ExportGate::start(
+                js,
+                &c.group.name,
+                c.ingest.replicas,
+                view.clone(),
+                stop.clone(),
+            )
+            .await?;
+            x.gate(gate);
+            Some(writer)
+        }
+        None => None,
+    };
     let worker = PartitionIngest {
         stream,
         durable_base: c.group.durable_base(),
@@ -298,7 +364,15 @@ pub(crate) async fn start(
         stats: c.ingest.stats.clone(),
         view: view.clone(),
     };
-    let task = run(c, membership, worker, view.clone(), stop);
+    let coordinator = run(c, membership, worker, view.clone(), stop);
+    let task = async move {
+        match marks {
+            Some(writer) => futures::future::try_join(coordinator, writer)
+                .await
+                .map(|_| ()),
+            None => coordinator.await,
+        }
+    };
     Ok((view, task))
 }
 
@@ -371,6 +445,14 @@ async fn run(
             for (p, role) in &want {
                 let e = s.held.entry(*p).or_insert((*role, None));
                 e.0 = *role;
+            }
+            let now = msgtrail_core::time::now_nanos();
+            for p in Partition::all() {
+                let i = usize::from(p.index());
+                s.primary_since[i] = match want.get(&p) {
+                    Some(Role::Primary) => Some(s.primary_since[i].unwrap_or(now)),
+                    _ => None,
+                };
             }
         }
         for (p, role) in want {

@@ -67,6 +67,15 @@ impl PartitionIngest {
         stop: CancellationToken,
     ) -> Result<(), ListenerError> {
         let name = durable_name(&self.durable_base, partition);
+        if let Some(x) = &exporter {
+            // A new primary: let the former one stop and its last exports be marked, then
+            // offer again what the partition applied lately (export_marks module docs).
+            tokio::select! {
+                _ = stop.cancelled() => return Ok(()),
+                _ = tokio::time::sleep(super::export_marks::HANDOVER_SETTLE) => {}
+            }
+            self.offer_recent(partition, x).await;
+        }
         let mut backoff =
             msgtrail_core::Backoff::new(Duration::from_millis(250), Duration::from_secs(5));
         loop {
@@ -90,6 +99,26 @@ impl PartitionIngest {
                 _ = tokio::time::sleep(backoff.next_pause()) => {}
             }
         }
+    }
+
+    /// Offers the export the trajectories of the messages `partition` applied in the last
+    /// [`super::RECENT_WINDOW`] (the gate leaves out the hops marked exported).
+    async fn offer_recent(&self, partition: Partition, exporter: &ExportSender) {
+        let ids = self.view.recently_applied(partition);
+        if ids.is_empty() {
+            return;
+        }
+        let store = self.store.clone();
+        let now = msgtrail_core::time::now_nanos();
+        let found = tokio::task::spawn_blocking(move || {
+            ids.iter()
+                .filter_map(|id| store.trajectory(&id.to_string(), now).ok().flatten())
+                .collect::<Vec<_>>()
+        })
+        .await
+        .unwrap_or_default();
+        tracing::info!(%partition, trajectories = found.len(), "primary now: offering the partition's recent trajectories to the export again (hops marked exported left out)");
+        exporter.offer(found);
     }
 
     async fn consumer(
@@ -163,6 +192,11 @@ impl PartitionIngest {
                 continue;
             }
             let batch = decode(msgs, partition, &self.stats).await;
+            self.view.applied(
+                partition,
+                batch.records.iter().filter_map(|r| r.message_id),
+                msgtrail_core::time::now_nanos(),
+            );
             ingest::apply(batch, &self.store, &self.stats, exporter, stop).await;
         }
     }

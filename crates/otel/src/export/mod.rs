@@ -86,14 +86,73 @@ pub use config::*;
 pub use stats::*;
 use worker::*;
 
+/// One hop of an accepted export request: the span's `messaging.message.id` and
+/// `msgtrail.hop.key` attributes (what [`ExportHandle::on_exported`] reports).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExportedHop {
+    /// The message ID (`messaging.message.id`).
+    pub message_id: String,
+    /// The hop key (`msgtrail.hop.key`).
+    pub hop_key: String,
+}
+
+impl ExportedHop {
+    /// The hop of a msgtrail span; `None` for a span without both attributes.
+    fn of(span: &opentelemetry_sdk::trace::SpanData) -> Option<Self> {
+        let attr = |key: &str| {
+            span.attributes
+                .iter()
+                .find(|kv| kv.key.as_str() == key)
+                .map(|kv| kv.value.as_str().into_owned())
+        };
+        Some(ExportedHop {
+            message_id: attr(opentelemetry_semantic_conventions::attribute::MESSAGING_MESSAGE_ID)?,
+            hop_key: attr(crate::mapping::HOP_KEY)?,
+        })
+    }
+}
+
+/// Called with the hops of each request the receiver accepted whole (every span of it), on
+/// the exporter's task: it must not block.
+pub type ExportedHook = Arc<dyn Fn(Vec<ExportedHop>) + Send + Sync>;
+
+/// The hook every handle of one exporter shares, set once.
+#[derive(Clone, Default)]
+pub(crate) struct ExportedHookCell(Arc<std::sync::OnceLock<ExportedHook>>);
+
+impl ExportedHookCell {
+    fn get(&self) -> Option<&ExportedHook> {
+        self.0.get()
+    }
+}
+
+impl std::fmt::Debug for ExportedHookCell {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.get().is_some() {
+            "ExportedHookCell(set)"
+        } else {
+            "ExportedHookCell(none)"
+        })
+    }
+}
+
 /// A cheap, cloneable handle that enqueues spans.
 #[derive(Debug, Clone)]
 pub struct ExportHandle {
     tx: mpsc::Sender<ServiceSpan>,
     stats: Arc<ExportStats>,
+    exported: ExportedHookCell,
 }
 
 impl ExportHandle {
+    /// From now on, tells `hook` the hops of every request the receiver accepted whole (a
+    /// request partly rejected, failed or dropped is not reported); `false` when a hook was
+    /// set already (it is kept). A listener group uses it to record which hops its primary
+    /// exported, so that a member taking the partition over does not export them again.
+    pub fn on_exported(&self, hook: ExportedHook) -> bool {
+        self.exported.0.set(hook).is_ok()
+    }
+
     /// Enqueues spans without waiting; returns how many were accepted. Spans that do not
     /// fit are dropped and counted.
     pub fn try_export(&self, spans: impl IntoIterator<Item = ServiceSpan>) -> usize {
@@ -173,14 +232,20 @@ impl TraceExporter {
         let (tx, rx) = mpsc::channel(config.queue_capacity.max(1));
         let stats = Arc::new(ExportStats::default());
         let closing = CancellationToken::new();
+        let exported = ExportedHookCell::default();
         let shared = Arc::new(Shared {
             config,
             stats: stats.clone(),
             transport,
+            exported: exported.clone(),
         });
         let worker = tokio::spawn(run(rx, shared, closing.clone()));
         Ok(TraceExporter {
-            handle: ExportHandle { tx, stats },
+            handle: ExportHandle {
+                tx,
+                stats,
+                exported,
+            },
             closing,
             worker,
         })

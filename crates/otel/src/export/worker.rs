@@ -8,6 +8,9 @@ pub(super) struct Shared {
     pub(super) config: ExportConfig,
     pub(super) stats: Arc<ExportStats>,
     pub(super) transport: Transport,
+    /// Told of the hops of every request the receiver accepted whole
+    /// ([`ExportHandle::on_exported`]).
+    pub(super) exported: ExportedHookCell,
 }
 
 impl Shared {
@@ -93,6 +96,16 @@ pub(super) async fn deliver(
     let config = &shared.config;
     let n: u64 = groups.iter().map(|g| g.spans.len() as u64).sum();
     let gzip = config.compression == Some(Compression::Gzip) && config.protocol != Protocol::Grpc;
+    // The hops of the spans, for the hook, before encoding consumes them.
+    let hook = shared.exported.get().cloned();
+    let hops: Vec<ExportedHop> = match &hook {
+        Some(_) => groups
+            .iter()
+            .flat_map(|g| g.spans.iter())
+            .filter_map(ExportedHop::of)
+            .collect(),
+        None => Vec::new(),
+    };
     let bodies =
         match crate::otlp::encode(groups, config.encoding(), gzip, config.max_request_bytes) {
             Ok(b) => b,
@@ -102,8 +115,14 @@ pub(super) async fn deliver(
                 return;
             }
         };
+    let mut whole = true;
     for body in bodies {
-        send_with_retries(body, &shared, &closing).await;
+        whole &= send_with_retries(body, &shared, &closing).await;
+    }
+    if let (Some(hook), true) = (hook, whole) {
+        if !hops.is_empty() {
+            hook(hops);
+        }
     }
 }
 
@@ -111,8 +130,13 @@ pub(super) async fn deliver(
 pub(super) const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
 
 /// Sends one body, retrying with backoff until it goes through, fails for good, runs out of
-/// attempts, or shutdown starts (then one last attempt).
-pub(super) async fn send_with_retries(body: Body, shared: &Shared, closing: &CancellationToken) {
+/// attempts, or shutdown starts (then one last attempt). Returns whether the receiver
+/// accepted every span of it.
+pub(super) async fn send_with_retries(
+    body: Body,
+    shared: &Shared,
+    closing: &CancellationToken,
+) -> bool {
     let (config, stats) = (&shared.config, &shared.stats);
     let n = body.spans;
     let mut backoff = Backoff::new(config.initial_backoff, config.max_backoff);
@@ -128,7 +152,7 @@ pub(super) async fn send_with_retries(body: Body, shared: &Shared, closing: &Can
                 }
                 shared.settle(&stats.exported, n - rejected);
                 shared.settle(&stats.rejected, rejected);
-                return;
+                return rejected == 0;
             }
             Err(e) => e,
         };
@@ -136,14 +160,17 @@ pub(super) async fn send_with_retries(body: Body, shared: &Shared, closing: &Can
         tracing::debug!(spans = n, error = %e, "OTLP export failed");
         if !e.retryable {
             tracing::warn!(spans = n, error = %e, "the OTLP receiver refused a request");
-            return shared.settle(&stats.rejected, n);
+            shared.settle(&stats.rejected, n);
+            return false;
         }
         if last_try {
-            return shared.settle(&stats.dropped_shutdown, n);
+            shared.settle(&stats.dropped_shutdown, n);
+            return false;
         }
         if attempts >= config.max_attempts.max(1) {
             tracing::warn!(spans = n, attempts, error = %e, "OTLP export given up");
-            return shared.settle(&stats.dropped_retries, n);
+            shared.settle(&stats.dropped_retries, n);
+            return false;
         }
         // A receiver that throttles says how long to wait: the OTLP specification asks the
         // client to honour it (capped, so that a bad value does not stall the queue).
