@@ -571,14 +571,20 @@ impl<'t> Tables<'t> {
             c.chunks = 0;
             c.bytes = 0;
         }
+        // When the new chunk holds every record of the message (a message new to the store,
+        // or rewritten), its bytes are the cache's stored form too: kept, not encoded again.
+        let whole = new.len() == c.records.len();
+        c.encoded = None;
         if !new.is_empty() {
             let v = records::encode(new);
             let k = keys::record(sk, c.chunks);
             c.bytes += (k.len() + v.len()) as u64;
+            if whole {
+                c.encoded = Some(v.clone());
+            }
             self.tx.insert(&self.ks.records, k, v);
             c.chunks += 1;
         }
-        c.encoded = None;
         Ok(c.bytes as i64 - old)
     }
 
