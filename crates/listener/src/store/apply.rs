@@ -69,6 +69,12 @@ pub(super) struct Pass<'a, 't> {
     cache: &'a mut Cache,
     /// Message IDs formatted as keys, once per batch.
     keys: HashMap<MessageId, String>,
+    /// Counter changes of this batch, gathered by hashing (a message bumps some twenty
+    /// counters, and a topic's are looked up by `&str`, with no key built per bump); moved
+    /// into [`ApplyOutcome::counters`] once, before the counters are written.
+    global: HashMap<Counter, i64>,
+    /// As `global`, per topic.
+    by_topic: HashMap<String, HashMap<Counter, i64>>,
     pub(super) out: ApplyOutcome,
     now: u64,
 }
@@ -85,6 +91,8 @@ impl<'a, 't> Pass<'a, 't> {
             t,
             cache,
             keys: HashMap::new(),
+            global: HashMap::new(),
+            by_topic: HashMap::new(),
             out: ApplyOutcome::default(),
             now,
         }
@@ -114,6 +122,7 @@ impl<'a, 't> Pass<'a, 't> {
         }
         self.count_reuploads(&linking.again, &staged)?;
         self.t.flush_requests()?;
+        self.gather_counters();
         self.t
             .count_states(&self.out.state_changes, &mut self.out.counters)?;
         self.t.flush(&self.out.counters)?;
@@ -125,15 +134,42 @@ impl<'a, 't> Pass<'a, 't> {
     }
 
     fn bump(&mut self, key: CounterKey, by: i64) -> Result<(), StoreError> {
-        self.t.bump(key, by, &mut self.out.counters)
+        match key {
+            CounterKey::Global(c) if by != 0 => *self.global.entry(c).or_default() += by,
+            CounterKey::Global(_) => {}
+            CounterKey::Topic(topic, c) => self.bump_topic(&topic, c, by)?,
+        }
+        Ok(())
     }
 
-    /// Bumps a counter within `topic`; the key is built only for a change.
+    /// Bumps a counter within `topic`; the topic is copied only the first time it is bumped.
     fn bump_topic(&mut self, topic: &str, c: Counter, by: i64) -> Result<(), StoreError> {
         if by == 0 {
             return Ok(());
         }
-        self.bump(CounterKey::Topic(topic.to_owned(), c), by)
+        let counts = match self.by_topic.get_mut(topic) {
+            Some(m) => m,
+            None => self.by_topic.entry(topic.to_owned()).or_default(),
+        };
+        *counts.entry(c).or_default() += by;
+        Ok(())
+    }
+
+    /// Moves the batch's counter changes into the outcome (every counter bumped by a change,
+    /// as [`Tables::bump`] keeps them).
+    fn gather_counters(&mut self) {
+        for (c, by) in self.global.drain() {
+            *self.out.counters.entry(c.into()).or_default() += by;
+        }
+        for (topic, counts) in self.by_topic.drain() {
+            for (c, by) in counts {
+                *self
+                    .out
+                    .counters
+                    .entry(CounterKey::Topic(topic.clone(), c))
+                    .or_default() += by;
+            }
+        }
     }
 
     /// Pass 1.

@@ -4,7 +4,8 @@
 //! --client <id>`).
 //!
 //! How the parts meet: [`super::Store::apply`] hands every unkeyed record to [`record`]
-//! inside its own write transaction (one call where it counts them); [`record`] keeps a
+//! inside its own write (one call where it counts them) — a write transaction whenever the
+//! batch holds a client event, since the ring reads back what it wrote; [`record`] keeps a
 //! bounded ring per client (the newest [`PER_CLIENT`] events) in the `client_events` keyspace,
 //! keyed by (client, time, fingerprint) so that a redelivered batch stores an event once, with
 //! the ring sizes in `client_event_counts`. [`super::Store::client_events`] reads one client's events back,
@@ -56,7 +57,11 @@ pub(super) fn record(t: &mut Tables<'_>, r: &StageRecord) -> Result<bool, StoreE
     };
     let ks = t.ks;
     let key = keys::event(client, r.at, fingerprint(r));
-    let tx = t.tx();
+    // The ring reads back what this write added: a batch with client events is applied in
+    // a transaction (`Store::apply`).
+    let tx = t
+        .tx()
+        .expect("client events are recorded in a write transaction");
     if tx.contains_key(&ks.events, &key)? {
         return Ok(false);
     }
@@ -79,7 +84,9 @@ pub(super) fn record(t: &mut Tables<'_>, r: &StageRecord) -> Result<bool, StoreE
 /// Drops the client events older than `cutoff` (Unix nanoseconds); returns how many.
 pub(super) fn prune(t: &mut Tables<'_>, cutoff: u64) -> Result<u64, StoreError> {
     let ks = t.ks;
-    let tx = t.tx();
+    let tx = t
+        .tx()
+        .expect("client events are pruned in a write transaction");
     let mut clients = Vec::new();
     for item in tx.iter(&ks.event_counts) {
         let (k, v) = item.into_inner()?;

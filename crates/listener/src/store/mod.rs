@@ -25,8 +25,8 @@
 //! message of its request ID) has its chunks replaced. The store skips a record whose
 //! [`StageRecord::dedup_key`] it already holds (by a 64-bit fingerprint,
 //! [`records::dedup_hash`], kept per message in the in-flight cache), so a redelivered batch
-//! writes nothing new and counts nothing twice. A batch is one write transaction — one
-//! atomic fjall batch across the keyspaces, fsynced ([`fjall::PersistMode::SyncAll`]) —
+//! writes nothing new and counts nothing twice. A batch is one write — one atomic fjall
+//! batch across the keyspaces, fsynced ([`fjall::PersistMode::SyncAll`]) —
 //! before the ingest acks the stage-stream messages it came from; its passes are in
 //! `store/apply.rs`.
 //!
@@ -408,7 +408,13 @@ impl Store {
     fn apply_inner(&self, records: Vec<StageRecord>, now: u64) -> Result<ApplyOutcome, StoreError> {
         let mut cache = self.lock_cache();
         let db = self.db()?;
-        let mut t = Tables::begin(&db);
+        // A plain batch unless a client event's ring must read back this write's own
+        // changes (`store/tables.rs` says what the batch gives up).
+        let mut t = if records.iter().any(client_events::is_client_event) {
+            Tables::begin(&db)
+        } else {
+            Tables::begin_batch(&db)
+        };
         let (staged, out) = {
             let mut pass = apply::Pass::new(self, &mut t, &mut cache, now);
             let staged = pass.run(records)?;

@@ -1,9 +1,20 @@
 //! The store's keyspaces and the operations one write transaction does on them
 //! ([`Tables`]): record chunks and summaries, their indexes, request-ID links and counters.
 //!
-//! Every key is built here ([`keys`]); a transaction is one fjall write transaction (it
-//! reads its own writes), committed as one atomic batch across the keyspaces and persisted
-//! ([`fjall::PersistMode::SyncAll`]) before [`Tables::commit`] returns.
+//! Every key is built here ([`keys`]). A [`Tables`] writes through one [`Writer`]: a fjall
+//! write transaction (it reads its own writes) or a plain write batch (reads see the store as
+//! committed before it began). Either is committed as one atomic batch across the keyspaces
+//! and persisted ([`fjall::PersistMode::SyncAll`]) before [`Tables::commit`] returns.
+//!
+//! What the transaction gives that a batch does not, and how a batch does without it:
+//! - *Reading its own writes.* Counters are kept by [`Tables`] itself (read once, written
+//!   once at commit) and request rows too ([`Tables::flush_requests`]); applying a batch
+//!   reads every message before it writes it and writes each key at most once, so it needs
+//!   no more. Only the client-event rings ([`super::client_events`]) and retention read back
+//!   what they wrote: they use the transaction.
+//! - *Exclusion of other writers.* The store has one writer at a time: every write holds the
+//!   store's cache lock from before it begins until after it commits.
+//! - *Repeatable reads.* A batch reads through a snapshot taken when it begins.
 
 use super::engine::{Engine, Keyspaces};
 use super::key::StoredKey;
@@ -13,7 +24,10 @@ use crate::cache::Cached;
 use crate::counters::{Counter, CounterKey};
 use crate::error::StoreError;
 use crate::summary::{state_code, MessageSummary, StateDelta};
-use fjall::{PersistMode, Readable, SingleWriterWriteTx};
+use fjall::{
+    Guard, Iter, OwnedWriteBatch as WriteBatch, PersistMode, Readable, SingleWriterTxKeyspace,
+    SingleWriterWriteTx, Snapshot, UserValue,
+};
 use foldhash::HashMap;
 use msgtrail_core::{MessageId, StageRecord};
 use std::collections::BTreeSet;
@@ -182,10 +196,78 @@ pub(super) fn nearest(set: &BTreeSet<MessageId>, at: u64) -> Option<MessageId> {
         .min_by_key(|m| (m.unix_millis().saturating_mul(1_000_000).abs_diff(at), *m))
 }
 
-/// One write transaction over the keyspaces.
+/// How a [`Tables`] writes (see the module documentation for what each gives).
+pub(super) enum Writer<'t> {
+    /// A write transaction: reads see its own writes.
+    Tx(SingleWriterWriteTx<'t>),
+    /// A plain write batch: reads see `snapshot`, the store as it was when it began.
+    Batch {
+        /// What reads see.
+        snapshot: Snapshot,
+        /// The writes, applied at commit.
+        batch: WriteBatch,
+    },
+}
+
+impl Writer<'_> {
+    fn get(
+        &self,
+        ks: &SingleWriterTxKeyspace,
+        key: &[u8],
+    ) -> Result<Option<UserValue>, StoreError> {
+        Ok(match self {
+            Writer::Tx(tx) => tx.get(ks, key)?,
+            Writer::Batch { snapshot, .. } => snapshot.get(ks, key)?,
+        })
+    }
+
+    fn prefix(&self, ks: &SingleWriterTxKeyspace, prefix: &[u8]) -> Iter {
+        match self {
+            Writer::Tx(tx) => tx.prefix(ks, prefix),
+            Writer::Batch { snapshot, .. } => snapshot.prefix(ks, prefix),
+        }
+    }
+
+    fn range(&self, ks: &SingleWriterTxKeyspace, range: std::ops::Range<Vec<u8>>) -> Iter {
+        match self {
+            Writer::Tx(tx) => tx.range(ks, range),
+            Writer::Batch { snapshot, .. } => snapshot.range(ks, range),
+        }
+    }
+
+    fn first_key_value(&self, ks: &SingleWriterTxKeyspace) -> Option<Guard> {
+        match self {
+            Writer::Tx(tx) => tx.first_key_value(ks),
+            Writer::Batch { snapshot, .. } => snapshot.first_key_value(ks),
+        }
+    }
+
+    fn insert(
+        &mut self,
+        ks: &SingleWriterTxKeyspace,
+        key: impl Into<fjall::UserKey>,
+        value: impl Into<UserValue>,
+    ) {
+        match self {
+            Writer::Tx(tx) => tx.insert(ks, key, value),
+            Writer::Batch { batch, .. } => batch.insert(ks.inner(), key, value),
+        }
+    }
+
+    fn remove(&mut self, ks: &SingleWriterTxKeyspace, key: impl Into<fjall::UserKey>) {
+        match self {
+            Writer::Tx(tx) => tx.remove(ks, key),
+            Writer::Batch { batch, .. } => batch.remove(ks.inner(), key),
+        }
+    }
+}
+
+/// One write (a transaction or a batch, [`Writer`]) over the keyspaces.
 pub(super) struct Tables<'t> {
-    tx: SingleWriterWriteTx<'t>,
+    tx: Writer<'t>,
     pub(super) ks: &'t Keyspaces,
+    /// The counters this write read or set, by name: read once, written once at commit.
+    counters: HashMap<String, u64>,
     /// The request rows this transaction read or changed, by (request ID, producer): every
     /// request operation goes through them, and the changed ones are written once, by
     /// [`Tables::flush_requests`], which every transaction that changes them calls before
@@ -194,38 +276,79 @@ pub(super) struct Tables<'t> {
 }
 
 impl<'t> Tables<'t> {
-    /// Begins a write transaction (the engine has one writer at a time).
+    /// Begins a write transaction, which reads its own writes (the engine has one writer at
+    /// a time).
     pub(super) fn begin(engine: &'t Engine) -> Self {
+        Tables::with(
+            engine,
+            Writer::Tx(engine.db.write_tx().durability(Some(PersistMode::SyncAll))),
+        )
+    }
+
+    /// Begins a plain write batch: reads see the store as committed now, never this write's
+    /// own changes (see the module documentation). The caller holds the store's cache lock,
+    /// which makes it the only writer.
+    pub(super) fn begin_batch(engine: &'t Engine) -> Self {
+        let batch = engine
+            .db
+            .inner()
+            .batch()
+            .durability(Some(PersistMode::SyncAll));
+        let snapshot = engine.db.read_tx();
+        Tables::with(engine, Writer::Batch { snapshot, batch })
+    }
+
+    fn with(engine: &'t Engine, tx: Writer<'t>) -> Self {
         Tables {
-            tx: engine.db.write_tx().durability(Some(PersistMode::SyncAll)),
+            tx,
             ks: &engine.ks,
+            counters: HashMap::default(),
             request_rows: HashMap::default(),
         }
     }
 
     /// Commits: one atomic batch across the keyspaces, on disk (fsynced) when this returns.
-    pub(super) fn commit(self) -> Result<(), StoreError> {
-        self.tx.commit()?;
+    pub(super) fn commit(mut self) -> Result<(), StoreError> {
+        for (name, v) in std::mem::take(&mut self.counters) {
+            self.tx
+                .insert(&self.ks.counters, name, v.to_be_bytes().as_slice());
+        }
+        match self.tx {
+            Writer::Tx(tx) => tx.commit()?,
+            Writer::Batch { batch, .. } => batch.commit()?,
+        }
         Ok(())
     }
 
-    /// The transaction, for the modules that keep their own keyspaces
-    /// ([`super::client_events`]).
-    pub(super) fn tx(&mut self) -> &mut SingleWriterWriteTx<'t> {
-        &mut self.tx
-    }
-
-    /// A counter's value as this transaction sees it.
-    pub(super) fn counter(&self, name: &str) -> Result<u64, StoreError> {
-        match self.tx.get(&self.ks.counters, name)? {
-            Some(v) => counter_value(&v),
-            None => Ok(0),
+    /// The transaction, for the modules that read back what they wrote in their own
+    /// keyspaces ([`super::client_events`]); `None` for a batch.
+    pub(super) fn tx(&mut self) -> Option<&mut SingleWriterWriteTx<'t>> {
+        match &mut self.tx {
+            Writer::Tx(tx) => Some(tx),
+            Writer::Batch { .. } => None,
         }
     }
 
+    /// A counter's value as this write sees it.
+    pub(super) fn counter(&mut self, name: &str) -> Result<u64, StoreError> {
+        if let Some(v) = self.counters.get(name) {
+            return Ok(*v);
+        }
+        let v = match self.tx.get(&self.ks.counters, name.as_bytes())? {
+            Some(v) => counter_value(&v)?,
+            None => 0,
+        };
+        self.counters.insert(name.to_owned(), v);
+        Ok(v)
+    }
+
     fn set_counter(&mut self, name: &str, v: u64) {
-        self.tx
-            .insert(&self.ks.counters, name, v.to_be_bytes().as_slice());
+        match self.counters.get_mut(name) {
+            Some(c) => *c = v,
+            None => {
+                self.counters.insert(name.to_owned(), v);
+            }
+        }
     }
 
     pub(super) fn bump(
@@ -307,7 +430,7 @@ impl<'t> Tables<'t> {
             let mut row = RequestRow {
                 entry: match self
                     .tx
-                    .get(&self.ks.requests, keys::request(request, producer))?
+                    .get(&self.ks.requests, &keys::request(request, producer))?
                 {
                     Some(v) => RequestEntry::decode(&v)?,
                     None => RequestEntry::default(),
@@ -402,7 +525,7 @@ impl<'t> Tables<'t> {
         // memtable and table first.
         if self
             .tx
-            .get(&self.ks.records, keys::record(sk.as_bytes(), 0))?
+            .get(&self.ks.records, &keys::record(sk.as_bytes(), 0))?
             .is_none()
         {
             return Ok(c);
@@ -433,26 +556,35 @@ impl<'t> Tables<'t> {
         let old = c.bytes as i64;
         let sk = stored(key)?;
         let sk = sk.as_bytes();
-        if rewrite {
-            for n in 0..c.chunks {
-                self.tx.remove(&self.ks.records, keys::record(sk, n));
-            }
-            c.chunks = 0;
-            c.bytes = 0;
-        }
         let new = if rewrite {
             &c.records[..]
         } else {
             &c.records[from.min(c.records.len())..]
         };
+        if rewrite {
+            // The new chunk 0 (if any) replaces the old one: a write removes and inserts the
+            // same key at most once.
+            let kept = u32::from(!new.is_empty());
+            for n in kept..c.chunks {
+                self.tx.remove(&self.ks.records, keys::record(sk, n));
+            }
+            c.chunks = 0;
+            c.bytes = 0;
+        }
+        // When the new chunk holds every record of the message (a message new to the store,
+        // or rewritten), its bytes are the cache's stored form too: kept, not encoded again.
+        let whole = new.len() == c.records.len();
+        c.encoded = None;
         if !new.is_empty() {
             let v = records::encode(new);
             let k = keys::record(sk, c.chunks);
             c.bytes += (k.len() + v.len()) as u64;
+            if whole {
+                c.encoded = Some(v.clone());
+            }
             self.tx.insert(&self.ks.records, k, v);
             c.chunks += 1;
         }
-        c.encoded = None;
         Ok(c.bytes as i64 - old)
     }
 
