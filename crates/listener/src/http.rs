@@ -76,7 +76,8 @@ fn error(status: StatusCode, kind: &str, msg: String, producers: Vec<String>) ->
 
 impl IntoResponse for QueryError {
     fn into_response(self) -> Response {
-        let msg = self.to_string();
+        // The store's error names its cause as its source: the reply shows the chain once.
+        let msg = msgtrail_core::ErrorChain(&self).to_string();
         match self {
             QueryError::NotFound(_) => error(StatusCode::NOT_FOUND, "not_found", msg, vec![]),
             QueryError::Ambiguous { producers, .. } => {

@@ -544,7 +544,7 @@ async fn housekeeping(
                             x.offer(out.trajectories);
                         }
                     }
-                    Ok(Err(e)) => tracing::warn!(error = %e, "watchdog failed"),
+                    Ok(Err(e)) => tracing::warn!(error = %msgtrail_core::ErrorChain(&e), "watchdog failed"),
                     Err(e) => tracing::warn!(error = %e, "watchdog task failed"),
                 }
             }
@@ -566,7 +566,7 @@ async fn housekeeping(
                             tracing::info!(deleted = out.deleted, bytes = out.bytes_freed, "retention");
                         }
                     }
-                    Ok(Err(e)) => tracing::warn!(error = %e, "retention failed"),
+                    Ok(Err(e)) => tracing::warn!(error = %msgtrail_core::ErrorChain(&e), "retention failed"),
                     Err(e) => tracing::warn!(error = %e, "retention task failed"),
                 }
             }

@@ -1174,6 +1174,18 @@ async fn a_full_disk_loses_nothing_and_recovers_when_space_is_freed() {
         "{}",
         unhealthy.1
     );
+    // The reason is the store error's chain rendered once: its level, then the I/O error.
+    assert!(
+        unhealthy.1.contains(": store engine failed: "),
+        "{}",
+        unhealthy.1
+    );
+    assert_eq!(
+        unhealthy.1.matches("No space left on device").count(),
+        1,
+        "{}",
+        unhealthy.1
+    );
     // A few more attempts fail while the disk stays full.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let s = c.stats(None).await.unwrap();

@@ -238,7 +238,10 @@ impl Stats {
 
     /// Counts a transaction the store could not commit at `now`; returns whether it begins
     /// an outage (the store wrote until then), so the caller logs once per outage.
-    pub fn store_failed(&self, now: u64, error: &dyn std::fmt::Display) -> bool {
+    ///
+    /// The outage's reason (`/healthz`, the stats) is `error`'s chain rendered once here
+    /// ([`msgtrail_core::ErrorChain`]): each level and cause named once.
+    pub fn store_failed(&self, now: u64, error: &(dyn std::error::Error + 'static)) -> bool {
         let mut g = self.lock();
         g.ingest.store_errors += 1;
         g.outage_failures += 1;
@@ -247,7 +250,7 @@ impl Stats {
         }
         g.ingest.store_outages += 1;
         g.ingest.store_unwritable_since = Some(now);
-        g.ingest.store_error = Some(error.to_string());
+        g.ingest.store_error = Some(msgtrail_core::ErrorChain(error).to_string());
         true
     }
 
