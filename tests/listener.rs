@@ -520,7 +520,7 @@ async fn a_delivery_never_acked_is_stuck_at_its_consumer() {
     eventually("the message in a search for stuck ones", async || {
         let found = l
             .client
-            .search("state=stuck&since_secs=3600")
+            .search::<msgtrail_listener::MessageSummary>("state=stuck&since_secs=3600")
             .await
             .unwrap();
         found
@@ -578,7 +578,11 @@ async fn a_duplicate_upload_is_one_message_with_the_duplicate_counted() {
         &["1 duplicate upload(s) suppressed", "stored"],
     );
     // One shadow message for the topic, and the duplicate in the statistics.
-    let found = l.client.search("topic=orders.dup").await.unwrap();
+    let found = l
+        .client
+        .search::<msgtrail_listener::MessageSummary>("topic=orders.dup")
+        .await
+        .unwrap();
     assert_eq!(found.len(), 1, "{found:?}");
     eventually("the duplicate in the statistics", async || {
         l.handle.stats(None).events.duplicates == 1

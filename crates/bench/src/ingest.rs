@@ -245,7 +245,7 @@ pub(crate) fn ingest(
                 out.repeated_records += o.repeated_records;
             }
             Err(e) => {
-                tracing::warn!(error = %e, "S4 store transaction failed");
+                tracing::warn!(error = %msgtrail_core::ErrorChain(&e), "S4 store transaction failed");
                 out.drops += n;
             }
         }

@@ -78,7 +78,7 @@ pub(crate) fn run(
         }
         let n = records.len() as u64;
         if let Err(e) = store.apply(records, msgtrail_core::time::now_nanos()) {
-            tracing::warn!(error = %e, "S4 paced transaction failed");
+            tracing::warn!(error = %msgtrail_core::ErrorChain(&e), "S4 paced transaction failed");
             out.drops += n;
         }
         let committed = Instant::now();

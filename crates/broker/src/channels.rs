@@ -135,6 +135,7 @@ impl Channels {
     }
 
     /// `channel.open`: verifies the signed nonce and opens a channel, recording A1 either way.
+    #[tracing::instrument(name = "channel.open", skip_all, fields(client_id = %req.client_id, role = ?req.role))]
     pub(crate) async fn open(
         &self,
         req: OpenRequest,

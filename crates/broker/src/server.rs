@@ -34,6 +34,7 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tracing::Instrument;
 
 /// The request kinds, one per endpoint.
 #[derive(Debug, Clone, Copy)]
@@ -50,6 +51,17 @@ enum Kind {
     Ack,
     Settle,
     Stage,
+}
+
+impl Kind {
+    /// The endpoint's name (`upload`, `fetch`, …), as in [`ENDPOINTS`]: the `kind` of the
+    /// request's span.
+    fn name(self) -> &'static str {
+        ENDPOINTS
+            .iter()
+            .find(|(k, ..)| std::mem::discriminant(k) == std::mem::discriminant(&self))
+            .map_or("unknown", |(_, name, _)| name)
+    }
 }
 
 const ENDPOINTS: &[(Kind, &str, &str)] = &[
@@ -163,25 +175,53 @@ impl Handlers {
                 return;
             }
         }
-        let result = self.handle(kind, &req.message).await;
-        let sent = match result {
-            Ok(body) => req.respond(Ok(body)).await,
-            Err(e) => {
-                self.metrics.error(e.code);
-                tracing::debug!(code = %e.code, error = %e.message, "request refused");
-                let mut headers = HeaderMap::new();
-                headers.insert(h::ERROR, e.code.as_str());
-                let err = service::error::Error {
-                    status: e.to_string().replace(['\r', '\n'], " "),
-                    code: usize::from(e.code.status()),
-                };
-                req.respond_with_headers(Err(err), headers).await
+        let span = request_span(kind, &req.message);
+        let answer = async {
+            let sent = match self.handle(kind, &req.message).await {
+                Ok(body) => {
+                    tracing::debug!(reply_bytes = body.len(), "request answered");
+                    req.respond(Ok(body)).await
+                }
+                Err(e) => {
+                    self.metrics.error(e.code);
+                    tracing::Span::current().record("code", e.code.as_str());
+                    tracing::debug!(code = %e.code, error = %e.message, "request refused");
+                    let mut headers = HeaderMap::new();
+                    headers.insert(h::ERROR, e.code.as_str());
+                    let err = service::error::Error {
+                        status: e.to_string().replace(['\r', '\n'], " "),
+                        code: usize::from(e.code.status()),
+                    };
+                    req.respond_with_headers(Err(err), headers).await
+                }
+            };
+            if let Err(e) = sent {
+                tracing::debug!(error = %e, "reply not sent (requester gone?)");
             }
         };
-        if let Err(e) = sent {
-            tracing::debug!(error = %e, "reply not sent (requester gone?)");
-        }
+        answer.instrument(span).await;
     }
+}
+
+/// The span of one request (`RUST_LOG=msgtrail_broker=debug` shows it on every line the
+/// request logs): its endpoint, the channel and request ID where the request's headers carry
+/// them (uploads, binary settles; the JSON requests' handlers add theirs), its size, and the
+/// error code if it is refused. Never the payload.
+fn request_span(kind: Kind, msg: &async_nats::Message) -> tracing::Span {
+    let header = |name: &str| {
+        msg.headers
+            .as_ref()
+            .and_then(|hs| hs.get(name))
+            .map(|v| v.as_str().to_owned())
+    };
+    tracing::info_span!(
+        "request",
+        kind = kind.name(),
+        channel = header(h::CHANNEL),
+        request_id = header(h::REQUEST_ID),
+        bytes = msg.payload.len(),
+        code = tracing::field::Empty,
+    )
 }
 
 /// Reply subjects the broker refuses to publish to: JetStream and system subjects (`$…`) and

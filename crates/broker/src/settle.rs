@@ -43,6 +43,7 @@ pub(crate) struct Settler {
 
 impl Settler {
     /// Handles one settle request, binary or JSON.
+    #[tracing::instrument(name = "settle", skip_all, fields(entries = tracing::field::Empty))]
     pub(crate) async fn handle(&self, msg: &async_nats::Message) -> Result<Bytes, WireError> {
         if frame::frame_kind(&msg.payload) == Some(frame::FrameKind::SettleBatch) {
             let headers = msg.headers.as_ref().ok_or_else(|| {
@@ -55,6 +56,7 @@ impl Settler {
                 .consumer_channel(required(headers, h::CHANNEL)?)
                 .await?;
             let mut batch = SettleBatch::decode(&msg.payload)?;
+            tracing::Span::current().record("entries", batch.entries.len());
             let mut tokens = TokenCache::new();
             let mut reports = self
                 .relay

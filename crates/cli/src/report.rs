@@ -81,8 +81,11 @@ mod tests {
             .local_addr()
             .unwrap()
             .port();
-        let c = msgtrail_listener::ListenerClient::new(&format!("http://127.0.0.1:{port}"), None)
-            .unwrap();
+        let c = msgtrail_listener_client::ListenerClient::new(
+            &format!("http://127.0.0.1:{port}"),
+            None,
+        )
+        .unwrap();
         let e = c.stats(None).await.unwrap_err();
         let line = assert_each_cause_once(anyhow::Error::new(e).context("query failed"));
         assert!(

@@ -1,7 +1,8 @@
 //! The deployment's binary leaves the development tools out: built as the Dockerfile builds
 //! it (`--no-default-features`), `msgtrail` links neither msgtrail-devkit (a nats-server child
 //! process and a test OTLP receiver) nor msgtrail-bench; the default build (the README's
-//! commands, `msgtrail dev` and `msgtrail bench`) links both.
+//! commands, `msgtrail dev` and `msgtrail bench`) links both. The listener API's client
+//! (msgtrail-listener-client, behind `trace`, `stats` and `audit`) links none of the listener.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -12,6 +13,11 @@ fn root() -> PathBuf {
 
 /// The packages `msgtrail-cli` links (normal dependencies), one name a line.
 fn linked(features: &[&str]) -> String {
+    linked_by("msgtrail-cli", features)
+}
+
+/// The packages `package` links (normal dependencies), one name a line.
+fn linked_by(package: &str, features: &[&str]) -> String {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let out = Command::new(cargo)
         .current_dir(root())
@@ -20,7 +26,7 @@ fn linked(features: &[&str]) -> String {
             "--offline",
             "--locked",
             "-p",
-            "msgtrail-cli",
+            package,
             "-e",
             "normal",
         ])
@@ -68,4 +74,25 @@ fn the_deployed_binary_links_no_development_tools() {
                 && l.contains("-p msgtrail-cli --no-default-features")),
         "the Dockerfile builds the lean binary"
     );
+}
+
+#[test]
+fn the_listener_client_links_none_of_the_listener() {
+    let client = linked_by("msgtrail-listener-client", &[]);
+    assert!(links(&client, "hyper") && links(&client, "msgtrail-core"));
+    for heavy in [
+        "msgtrail-listener",
+        "fjall",
+        "redb",
+        "axum",
+        "async-nats",
+        "prometheus-client",
+        "hdrhistogram",
+        "msgtrail-otel",
+    ] {
+        assert!(
+            !links(&client, heavy),
+            "{heavy} linked by the listener client:\n{client}"
+        );
+    }
 }

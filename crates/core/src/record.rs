@@ -90,8 +90,8 @@ pub const RECOVERED: &str = "recovered";
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum RecordError {
-    /// A line was not a valid record.
-    #[error("stage record on line {line} is invalid: {source}")]
+    /// A line was not a valid record (the JSON error is its `source()`).
+    #[error("stage record on line {line} is invalid")]
     Invalid {
         /// 1-based line number within the batch.
         line: usize,
@@ -218,6 +218,21 @@ pub fn decode_batch(bytes: &[u8]) -> Result<Vec<StageRecord>, RecordError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_invalid_line_names_its_line_and_the_json_error_once() {
+        let batch = b"{\"stage\":\"P1\",\"at\":1}\n{\"stage\":\"P1\",\"at\":\"soon\"}\n";
+        let e = decode_batch(batch).unwrap_err();
+        let own = e.to_string();
+        let json = std::error::Error::source(&e).expect("the JSON error is the source");
+        assert!(
+            !own.contains(&json.to_string()),
+            "the level writes its cause into its own message: {own}"
+        );
+        let chain = crate::ErrorChain(&e).to_string();
+        assert_eq!(chain, format!("stage record on line 2 is invalid: {json}"));
+        assert_eq!(chain.matches("line 2").count(), 1, "{chain}");
+    }
 
     #[test]
     fn mtt_with_an_unknown_version_byte_is_refused_not_read_as_json() {

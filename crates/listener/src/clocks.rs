@@ -29,7 +29,7 @@
 
 use msgtrail_core::trajectory::ClockEstimate;
 use msgtrail_core::{BrokerInstance, ClientId, MessageId, RequestId, Stage, StageRecord};
-use serde::{Deserialize, Serialize};
+pub use msgtrail_listener_client::{ClientClocks, WindowEstimate};
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -44,32 +44,6 @@ pub(crate) const MAX_PENDING: usize = 65_536;
 pub(crate) const PENDING_FOR: Duration = Duration::from_secs(120);
 /// Most candidate samples kept per pair.
 pub(crate) const MAX_CANDIDATES: usize = 64;
-
-/// One client's window estimates: the body of `GET /api/clients/{id}`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ClientClocks {
-    /// The client asked about.
-    pub client: String,
-    /// The window, seconds of record time (`WINDOW`).
-    pub window_secs: u64,
-    /// Per broker instance the client exchanged with, the best estimate of the window,
-    /// sorted by instance (records without an instance, from older brokers, last).
-    pub clocks: Vec<WindowEstimate>,
-}
-
-/// The best estimate of one (client, broker instance) over the window.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct WindowEstimate {
-    /// The estimate: its `samples` is the number of exchanges in the window, its `broker`
-    /// the instance.
-    #[serde(flatten)]
-    pub estimate: ClockEstimate,
-    /// When the best exchange happened (its broker-side time), Unix nanoseconds.
-    pub measured_at: u64,
-    /// The newest exchange of the pair (broker-side time), Unix nanoseconds: the window
-    /// ends there.
-    pub newest_at: u64,
-}
 
 /// Which exchange a record belongs to.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

@@ -12,8 +12,9 @@ use std::time::Duration;
 pub const ENV_DATA_DIR: &str = "MSGTRAIL_LISTENER_DATA_DIR";
 /// Address the HTTP API binds (`127.0.0.1:7380` by default; port 0 picks a free one).
 pub const ENV_HTTP_ADDR: &str = "MSGTRAIL_LISTENER_ADDR";
-/// Optional bearer token required by `/api/*` and `/metrics`.
-pub const ENV_TOKEN: &str = "MSGTRAIL_LISTENER_TOKEN";
+/// Optional bearer token required by `/api/*` and `/metrics` (the client's constant: both
+/// sides read the same variable).
+pub use msgtrail_listener_client::ENV_TOKEN;
 /// Name of the durable JetStream consumer on the stage stream.
 pub const ENV_DURABLE: &str = "MSGTRAIL_LISTENER_DURABLE";
 

@@ -48,11 +48,20 @@ pub enum ListenerError {
 }
 
 /// A failure of the embedded store.
-#[derive(Debug, thiserror::Error)]
+///
+/// Each variant displays its own level only and returns its cause from `source()`; where it
+/// is shown (the logs, `/healthz`) the chain is rendered once with
+/// [`msgtrail_core::ErrorChain`].
+///
+/// fjall's and lsm-tree's errors display their `Debug` form, which already holds their own
+/// cause (`FjallError: Io(Os { .. })`), and return that cause from `source()` too: as a chain
+/// the root cause would appear twice. So [`StoreError::Engine`]'s `source()` is the root of
+/// fjall's chain (the I/O error, directly or through lsm-tree), and fjall's error itself
+/// only where it is the root (`Poisoned`, `Locked`, a bad format version, …).
+#[derive(Debug)]
 #[non_exhaustive]
 pub enum StoreError {
     /// The database file could not be opened or created.
-    #[error("cannot open the store at {path}: {reason}")]
     Open {
         /// The path.
         path: String,
@@ -60,17 +69,67 @@ pub enum StoreError {
         reason: String,
     },
     /// A read or write of the store's engine (fjall) failed.
-    #[error("store: {0}")]
-    Engine(#[from] fjall::Error),
+    Engine(fjall::Error),
     /// A read of a store written by an earlier (redb) version failed while migrating it.
-    #[error("store: {0}")]
-    Db(#[from] redb::Error),
+    Db(redb::Error),
     /// The blocking task running a store operation died.
-    #[error("store: {0}")]
-    Task(#[from] tokio::task::JoinError),
+    Task(tokio::task::JoinError),
     /// A stored value could not be decoded (a bug or a corrupted file).
-    #[error("store holds an undecodable value: {0}")]
     Corrupt(String),
+}
+
+impl std::fmt::Display for StoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StoreError::Open { path, reason } => {
+                write!(f, "cannot open the store at {path}: {reason}")
+            }
+            StoreError::Engine(_) => f.write_str("store engine failed"),
+            StoreError::Db(_) => f.write_str("store migration (redb) failed"),
+            StoreError::Task(_) => f.write_str("store task failed"),
+            StoreError::Corrupt(what) => write!(f, "store holds an undecodable value: {what}"),
+        }
+    }
+}
+
+impl std::error::Error for StoreError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            StoreError::Engine(e) => Some(chain_root(e)),
+            StoreError::Db(e) => Some(e),
+            StoreError::Task(e) => Some(e),
+            StoreError::Open { .. } | StoreError::Corrupt(_) => None,
+        }
+    }
+}
+
+/// The last error of `e`'s `source()` chain (`e` itself when it has none).
+fn chain_root<'a>(
+    e: &'a (dyn std::error::Error + 'static),
+) -> &'a (dyn std::error::Error + 'static) {
+    let mut root = e;
+    while let Some(next) = root.source() {
+        root = next;
+    }
+    root
+}
+
+impl From<fjall::Error> for StoreError {
+    fn from(e: fjall::Error) -> Self {
+        StoreError::Engine(e)
+    }
+}
+
+impl From<redb::Error> for StoreError {
+    fn from(e: redb::Error) -> Self {
+        StoreError::Db(e)
+    }
+}
+
+impl From<tokio::task::JoinError> for StoreError {
+    fn from(e: tokio::task::JoinError) -> Self {
+        StoreError::Task(e)
+    }
 }
 
 impl StoreError {

@@ -45,22 +45,11 @@ use axum::routing::get;
 use axum::{Json, Router};
 use msgtrail_core::time::now_nanos;
 use msgtrail_core::trajectory::MessageState;
+use msgtrail_listener_client::{ApiError, ClientEvents};
 use secrecy::{ExposeSecret, SecretString};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use subtle::ConstantTimeEq;
-
-/// The body of every error answer.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ApiError {
-    /// What went wrong, in words.
-    pub error: String,
-    /// `not_found`, `ambiguous`, `bad_request`, `unauthorized` or `store`.
-    pub kind: String,
-    /// For `ambiguous`: the producers that used the request ID.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub producers: Vec<String>,
-}
 
 fn error(status: StatusCode, kind: &str, msg: String, producers: Vec<String>) -> Response {
     (
@@ -76,7 +65,8 @@ fn error(status: StatusCode, kind: &str, msg: String, producers: Vec<String>) ->
 
 impl IntoResponse for QueryError {
     fn into_response(self) -> Response {
-        let msg = self.to_string();
+        // The store's error names its cause as its source: the reply shows the chain once.
+        let msg = msgtrail_core::ErrorChain(&self).to_string();
         match self {
             QueryError::NotFound(_) => error(StatusCode::NOT_FOUND, "not_found", msg, vec![]),
             QueryError::Ambiguous { producers, .. } => {
@@ -325,15 +315,6 @@ async fn message_spans(
         })
         .await,
     )
-}
-
-/// The body of `GET /api/clients/{id}/events`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ClientEvents {
-    /// The client asked about.
-    pub client: String,
-    /// Its N1 and A1 records, newest first.
-    pub events: Vec<msgtrail_core::StageRecord>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -291,7 +291,7 @@ async fn decode_stage_messages(msgs: Vec<jetstream::Message>, stats: &Stats) -> 
                 batch.ack_after_commit(m);
             }
             Err(e) => {
-                tracing::warn!(error = %e, "undecodable stage batch dropped");
+                tracing::warn!(error = %msgtrail_core::ErrorChain(&e), "undecodable stage batch dropped");
                 stats.decode_error();
                 if let Err(e) = m.ack_with(AckKind::Term).await {
                     tracing::warn!(error = %e, "term of an undecodable batch failed");
@@ -387,12 +387,12 @@ pub(crate) async fn apply(
                 ack_batch(&acks, source).await;
                 return;
             }
-            Ok(Err(e)) => e.to_string(),
-            Err(e) => format!("store task panicked: {e}"),
+            Ok(Err(e)) => e,
+            Err(e) => StoreError::Task(e),
         };
         if stats.store_failed(now, &error) {
             tracing::error!(
-                %error,
+                error = %msgtrail_core::ErrorChain(&error),
                 ?source,
                 messages = acks.len(),
                 "the store cannot write: holding the batch unacknowledged and trying again every {} s at most until it can (one line when it recovers; /healthz answers 503 meanwhile)",
@@ -402,7 +402,9 @@ pub(crate) async fn apply(
         let st = store.clone();
         match tokio::task::spawn_blocking(move || st.recover()).await {
             Ok(Ok(_)) => {}
-            Ok(Err(e)) => tracing::debug!(error = %e, "store reopen failed; trying again"),
+            Ok(Err(e)) => {
+                tracing::debug!(error = %msgtrail_core::ErrorChain(&e), "store reopen failed; trying again")
+            }
             Err(e) => tracing::debug!(error = %e, "store reopen task failed; trying again"),
         }
         tokio::select! {

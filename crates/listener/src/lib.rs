@@ -88,7 +88,6 @@
 //! Trajectory assembly itself is pure and lives in `msgtrail_core::trajectory`.
 
 mod cache;
-mod client;
 mod clocks;
 pub mod cluster;
 mod codec;
@@ -107,9 +106,6 @@ mod summary;
 mod views;
 
 pub use cache::{CacheStats, DEFAULT_CACHE_MESSAGES};
-pub use client::{
-    encode as encode_component, ListenerClient, ListenerClientError, DEFAULT_URL, ENV_LISTENER_URL,
-};
 pub use clocks::{ClientClocks, WindowEstimate};
 pub use config::{
     ListenerConfig, DEFAULT_DURABLE, DEFAULT_HTTP_ADDR, ENV_DATA_DIR, ENV_DURABLE, ENV_HTTP_ADDR,
@@ -117,6 +113,11 @@ pub use config::{
 };
 pub use error::{ConfigError, ListenerError, QueryError, StoreError};
 pub use evidence::consumer_name as evidence_consumer_name;
+/// The API client and its answer types live in their own crate (`msgtrail-listener-client`),
+/// so that a caller of the API does not link the listener; re-exported here unchanged.
+pub use msgtrail_listener_client::{
+    encode as encode_component, ListenerClient, ListenerClientError, DEFAULT_URL, ENV_LISTENER_URL,
+};
 pub use observe::ObserveConfig;
 pub use search::{had_failure, redelivered};
 pub use stats::{Funnel, LatencyRow, LatencyStats, Stats, StatsSnapshot};
@@ -548,7 +549,7 @@ async fn housekeeping(
                             x.offer(out.trajectories);
                         }
                     }
-                    Ok(Err(e)) => tracing::warn!(error = %e, "watchdog failed"),
+                    Ok(Err(e)) => tracing::warn!(error = %msgtrail_core::ErrorChain(&e), "watchdog failed"),
                     Err(e) => tracing::warn!(error = %e, "watchdog task failed"),
                 }
             }
@@ -570,7 +571,7 @@ async fn housekeeping(
                             tracing::info!(deleted = out.deleted, bytes = out.bytes_freed, "retention");
                         }
                     }
-                    Ok(Err(e)) => tracing::warn!(error = %e, "retention failed"),
+                    Ok(Err(e)) => tracing::warn!(error = %msgtrail_core::ErrorChain(&e), "retention failed"),
                     Err(e) => tracing::warn!(error = %e, "retention task failed"),
                 }
             }

@@ -9,6 +9,7 @@ use msgtrail_core::Stage;
 use msgtrail_core::{MessageId, RequestId, StageRecord};
 use msgtrail_listener::ListenerClient;
 use msgtrail_listener::ListenerConfig;
+use msgtrail_listener::MessageSummary;
 use msgtrail_nats::topology::{stage_stream, DEFAULT_STAGE_MAX_AGE};
 use msgtrail_test_support::NatsServer;
 use std::collections::BTreeMap;
@@ -279,12 +280,15 @@ async fn shuffled_batches_give_the_same_trajectories_as_in_order() {
     assert_eq!(all.topics["orders.eu"].values().sum::<u64>(), 5);
 
     // Search: by topic, by state.
-    let eu = c.search("topic=orders.eu").await.unwrap();
+    let eu = c.search::<MessageSummary>("topic=orders.eu").await.unwrap();
     assert_eq!(eu.len(), 5);
-    let delivered = c.search("state=delivered").await.unwrap();
+    let delivered = c.search::<MessageSummary>("state=delivered").await.unwrap();
     assert_eq!(delivered.len(), 1);
     assert_eq!(delivered[0].message_id, Some(open.id));
-    let bad = c.search("state=nonsense").await.unwrap_err();
+    let bad = c
+        .search::<MessageSummary>("state=nonsense")
+        .await
+        .unwrap_err();
     assert!(matches!(
         bad,
         msgtrail_listener::ListenerClientError::Api { status: 400, .. }
@@ -347,7 +351,10 @@ async fn a_restart_mid_stream_loses_nothing_and_doubles_nothing() {
     assert_eq!(s.funnel.sent, 40);
     assert_eq!(s.funnel.acked, 40);
     assert_eq!(s.states.get(&MessageState::Consumed), Some(&40));
-    let list = c.search("topic=orders.eu&limit=1000").await.unwrap();
+    let list = c
+        .search::<MessageSummary>("topic=orders.eu&limit=1000")
+        .await
+        .unwrap();
     assert_eq!(list.len(), 40);
     assert!(
         list.iter().all(|m| m.records == 10),
@@ -415,7 +422,10 @@ async fn the_watchdog_names_the_failure_point() {
     })
     .await;
     assert_eq!(s.states.get(&MessageState::Lost), Some(&1));
-    let found = c.search("state=stuck&since_secs=3600").await.unwrap();
+    let found = c
+        .search::<MessageSummary>("state=stuck&since_secs=3600")
+        .await
+        .unwrap();
     assert_eq!(found.len(), 1);
     handle.shutdown().await.unwrap();
 }
@@ -1033,7 +1043,10 @@ async fn openmetrics_exemplars_name_traces_the_api_resolves() {
         exemplars.iter().any(|e| e.segment == "end_to_end"),
         "no end-to-end exemplar in {text}"
     );
-    let summaries = c.search("topic=orders.eu&limit=100").await.unwrap();
+    let summaries = c
+        .search::<MessageSummary>("topic=orders.eu&limit=100")
+        .await
+        .unwrap();
     for e in &exemplars {
         // The trace ID is a message ID the listener API resolves to its trajectory.
         let t = c.trajectory(&e.trace_id, None).await.unwrap();
@@ -1174,6 +1187,18 @@ async fn a_full_disk_loses_nothing_and_recovers_when_space_is_freed() {
         "{}",
         unhealthy.1
     );
+    // The reason is the store error's chain rendered once: its level, then the I/O error.
+    assert!(
+        unhealthy.1.contains(": store engine failed: "),
+        "{}",
+        unhealthy.1
+    );
+    assert_eq!(
+        unhealthy.1.matches("No space left on device").count(),
+        1,
+        "{}",
+        unhealthy.1
+    );
     // A few more attempts fail while the disk stays full.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let s = c.stats(None).await.unwrap();
@@ -1208,7 +1233,9 @@ async fn a_full_disk_loses_nothing_and_recovers_when_space_is_freed() {
     // The API keeps answering, from the store too (reopened after the I/O error).
     assert_eq!(c.get_raw("/api/stats").await.unwrap().0, 200);
     let stored = eventually("a search answered during the outage", || async {
-        c.search("topic=orders.eu&limit=10000").await.ok()
+        c.search::<MessageSummary>("topic=orders.eu&limit=10000")
+            .await
+            .ok()
     })
     .await;
     assert!(stored.len() >= 20, "{} messages found", stored.len());
@@ -1229,7 +1256,10 @@ async fn a_full_disk_loses_nothing_and_recovers_when_space_is_freed() {
     assert_eq!(s.ingest.store_unwritable_since, None);
     assert_eq!(s.ingest.store_outages, 1);
     let messages = (total / 10) as usize;
-    let list = c.search("topic=orders.eu&limit=10000").await.unwrap();
+    let list = c
+        .search::<MessageSummary>("topic=orders.eu&limit=10000")
+        .await
+        .unwrap();
     assert_eq!(list.len(), messages);
     assert!(
         list.iter().all(|m| m.records == 10),

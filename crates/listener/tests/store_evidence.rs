@@ -14,6 +14,7 @@ use msgtrail_core::{ClientId, MessageId, RequestId, StageRecord};
 use msgtrail_listener::evidence_consumer_name as consumer_name;
 use msgtrail_listener::ListenerClient;
 use msgtrail_listener::ListenerConfig;
+use msgtrail_listener::MessageSummary;
 use msgtrail_test_support::NatsServer;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -569,7 +570,10 @@ async fn other_records_before_or_after_the_stored_message_give_the_same_trajecto
 
 /// Every stored message's summary: exactly its P2 and P3, once each.
 async fn assert_each_stored_once(c: &ListenerClient, messages: &[Stored]) {
-    let list = c.search("topic=orders.eu&limit=10000").await.unwrap();
+    let list = c
+        .search::<MessageSummary>("topic=orders.eu&limit=10000")
+        .await
+        .unwrap();
     assert_eq!(list.len(), messages.len());
     assert!(
         list.iter()

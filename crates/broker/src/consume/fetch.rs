@@ -6,6 +6,13 @@ use super::*;
 impl Deliverer {
     /// `fetch`: pull matching messages, or answer with a no-matching-message notice; the
     /// reply is a JSON [`FetchReply`] or a binary [`DeliveryBatch`], as the request asks.
+    #[tracing::instrument(name = "fetch", skip_all, fields(
+        channel = %req.channel,
+        group = %req.subscription.group,
+        topic = %req.subscription.topic,
+        message_id = req.subscription.message_id.map(tracing::field::display),
+        max = req.max,
+    ))]
     pub(crate) async fn fetch(&self, req: FetchRequest) -> Result<Bytes, WireError> {
         let channel = self
             .shared

@@ -6,6 +6,7 @@ use super::*;
 impl Deliverer {
     /// `ack`: settles one delivery (ack, nack with optional delay, or term); returns the
     /// push subscription and sequence whose in-flight slot the settle frees, if any.
+    #[tracing::instrument(name = "ack", skip_all, fields(channel = %req.channel, kind = ?req.kind))]
     pub(crate) async fn ack(&self, req: AckRequest) -> Result<Option<(String, u64)>, WireError> {
         let channel = self
             .shared

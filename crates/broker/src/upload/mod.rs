@@ -59,6 +59,7 @@ pub(crate) struct Uploader {
 
 impl Uploader {
     /// Handles one single upload (headers + raw payload).
+    #[tracing::instrument(name = "upload", skip_all, fields(messages = 1))]
     pub(crate) async fn handle(&self, msg: &async_nats::Message) -> Result<UploadReply, WireError> {
         let received_at = msgtrail_core::time::now_nanos();
         let empty = HeaderMap::new();
@@ -88,6 +89,7 @@ impl Uploader {
 
     /// Handles an upload batch: one result per message, in order, and the outcome of the
     /// producer records that rode along.
+    #[tracing::instrument(name = "upload", skip_all, fields(messages = tracing::field::Empty))]
     pub(crate) async fn handle_batch(&self, msg: &async_nats::Message) -> Result<Bytes, WireError> {
         let received_at = msgtrail_core::time::now_nanos();
         let headers = msg
@@ -100,6 +102,7 @@ impl Uploader {
             .lookup_role(required(headers, h::CHANNEL)?, Role::Producer)
             .await?;
         let batch = UploadBatch::decode(&msg.payload)?;
+        tracing::Span::current().record("messages", batch.entries.len());
         let reports = self
             .relay
             .relay_reported(

@@ -9,8 +9,8 @@
 use super::trace::ListenerArgs;
 use anyhow::Context;
 use clap::Args as ClapArgs;
-use msgtrail_listener::encode_component as encode;
 use msgtrail_listener::MessageSummary;
+use msgtrail_listener_client::encode;
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -99,7 +99,7 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
 /// Every message of the last `since_secs` seconds, page by page (each page ends where the
 /// previous one's oldest first record was), each once.
 async fn list(
-    client: &msgtrail_listener::ListenerClient,
+    client: &msgtrail_listener_client::ListenerClient,
     since_secs: u64,
 ) -> anyhow::Result<Vec<MessageSummary>> {
     let mut all: BTreeMap<String, MessageSummary> = BTreeMap::new();

@@ -5,8 +5,8 @@ use crate::present::format_latency as ms;
 use anyhow::Context;
 use clap::Args as ClapArgs;
 use msgtrail_core::trajectory::MessageState;
-use msgtrail_listener::LatencyStats;
-use msgtrail_listener::StatsSnapshot;
+use msgtrail_listener_client::LatencyStats;
+use msgtrail_listener_client::StatsSnapshot;
 
 /// Options of `msgtrail stats`.
 #[derive(Debug, ClapArgs)]
@@ -174,7 +174,7 @@ fn render_latency(o: &mut String, s: &StatsSnapshot) {
 mod tests {
     use super::*;
     use msgtrail_core::trajectory::Segment;
-    use msgtrail_listener::{Funnel, LatencyRow};
+    use msgtrail_listener_client::{Funnel, LatencyRow};
 
     #[test]
     fn table_shows_states_funnel_and_latencies() {

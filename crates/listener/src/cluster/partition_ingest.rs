@@ -213,7 +213,7 @@ async fn decode(msgs: Vec<jetstream::Message>, partition: Partition, stats: &Sta
                 batch.ack_after_commit(m);
             }
             Err(e) => {
-                tracing::warn!(%partition, error = %e, "undecodable stage batch dropped");
+                tracing::warn!(%partition, error = %msgtrail_core::ErrorChain(&e), "undecodable stage batch dropped");
                 stats.decode_error();
                 if let Err(e) = m.ack_with(AckKind::Term).await {
                     tracing::warn!(error = %e, "term of an undecodable batch failed");

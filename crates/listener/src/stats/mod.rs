@@ -24,7 +24,7 @@
 //! asks for `application/openmetrics-text`, otherwise the Prometheus text format 0.0.4
 //! (no exemplars).
 //!
-//! The parts: `snapshot` (the types a snapshot is made of), `window` (one sliding-window
+//! The parts: `msgtrail_listener_client::stats` (the types a snapshot is made of), `window` (one sliding-window
 //! histogram), [`Stats`] here (recording and snapshots), `metrics` (the Prometheus side).
 
 use crate::counters::{topic_counter, Counter, CounterKey, FunnelStep, STAGE_PREFIX};
@@ -39,17 +39,15 @@ use prometheus_client::metrics::exemplar::HistogramWithExemplars;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::{Registry, Unit};
-use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::AtomicU64;
 use std::sync::Mutex;
 use std::time::{Duration, UNIX_EPOCH};
 
 mod metrics;
-mod snapshot;
 mod window;
 pub(crate) use metrics::*;
-pub use snapshot::*;
+pub use msgtrail_listener_client::stats::*;
 use window::*;
 #[cfg(test)]
 mod tests;
@@ -238,7 +236,10 @@ impl Stats {
 
     /// Counts a transaction the store could not commit at `now`; returns whether it begins
     /// an outage (the store wrote until then), so the caller logs once per outage.
-    pub fn store_failed(&self, now: u64, error: &dyn std::fmt::Display) -> bool {
+    ///
+    /// The outage's reason (`/healthz`, the stats) is `error`'s chain rendered once here
+    /// ([`msgtrail_core::ErrorChain`]): each level and cause named once.
+    pub fn store_failed(&self, now: u64, error: &(dyn std::error::Error + 'static)) -> bool {
         let mut g = self.lock();
         g.ingest.store_errors += 1;
         g.outage_failures += 1;
@@ -247,7 +248,7 @@ impl Stats {
         }
         g.ingest.store_outages += 1;
         g.ingest.store_unwritable_since = Some(now);
-        g.ingest.store_error = Some(error.to_string());
+        g.ingest.store_error = Some(msgtrail_core::ErrorChain(error).to_string());
         true
     }
 

@@ -1,4 +1,5 @@
 use super::*;
+use std::io;
 
 fn stats_with(latencies: Vec<(String, Segment, u64, Option<MessageId>)>) -> Stats {
     let s = Stats::new(Duration::from_secs(60), 1, BTreeMap::new(), BTreeMap::new());
@@ -194,7 +195,7 @@ fn ingest_and_lag_figures_reach_the_snapshot() {
     s.record_stored_batch(5, 0, Some(&ApplyOutcome::default()), SEC);
     s.decode_error();
     assert!(
-        s.store_failed(2 * SEC, &"disk full"),
+        s.store_failed(2 * SEC, &io::Error::other("disk full")),
         "the first failure begins an outage"
     );
     s.set_pending(7, 2, 4 * SEC);
@@ -223,12 +224,12 @@ fn a_store_outage_is_one_episode_from_first_failure_to_next_commit() {
     let s = Stats::new(Duration::from_secs(60), 0, BTreeMap::new(), BTreeMap::new());
     assert!(s.store_writable());
     assert_eq!(s.store_written(SEC), None, "no outage, nothing ended");
-    assert!(s.store_failed(2 * SEC, &"No space left on device"));
+    assert!(s.store_failed(2 * SEC, &io::Error::other("No space left on device")));
     assert!(
-        !s.store_failed(3 * SEC, &"again"),
+        !s.store_failed(3 * SEC, &io::Error::other("again")),
         "the same outage: no new episode"
     );
-    assert!(!s.store_failed(4 * SEC, &"again"));
+    assert!(!s.store_failed(4 * SEC, &io::Error::other("again")));
     assert!(!s.store_writable());
     assert_eq!(
         s.store_outage(),
@@ -249,10 +250,66 @@ fn a_store_outage_is_one_episode_from_first_failure_to_next_commit() {
     );
     assert!(s.store_writable());
     assert_eq!(s.store_outage(), None);
-    assert!(s.store_failed(7 * SEC, &"full again"), "a second episode");
+    assert!(
+        s.store_failed(7 * SEC, &io::Error::other("full again")),
+        "a second episode"
+    );
     let snap = s.snapshot(None, 8 * SEC);
     assert_eq!(
         (snap.ingest.store_errors, snap.ingest.store_outages),
         (4, 2)
     );
+}
+
+/// `/healthz` shows the outage's reason: every level of the store's error once, its root
+/// cause once (no level writes its cause into its own message as well as returning it).
+#[tokio::test]
+async fn an_outage_reason_names_each_level_of_the_store_error_once() {
+    use crate::error::StoreError;
+    let enospc = || io::Error::from_raw_os_error(28);
+    let root = enospc().to_string();
+    let panicked = tokio::spawn(async { panic!("store thread gave up") })
+        .await
+        .unwrap_err();
+    let join_text = panicked.to_string();
+    let cases: Vec<(StoreError, &str, String)> = vec![
+        (
+            fjall::Error::Io(enospc()).into(),
+            "store engine failed",
+            root.clone(),
+        ),
+        (
+            fjall::Error::Storage(fjall::LsmError::Io(enospc())).into(),
+            "store engine failed",
+            root.clone(),
+        ),
+        (
+            fjall::Error::Poisoned.into(),
+            "store engine failed",
+            fjall::Error::Poisoned.to_string(),
+        ),
+        (
+            redb::Error::Io(enospc()).into(),
+            "store migration (redb) failed",
+            redb::Error::Io(enospc()).to_string(),
+        ),
+        (StoreError::Task(panicked), "store task failed", join_text),
+    ];
+    for (error, level, cause) in cases {
+        let s = Stats::new(Duration::from_secs(60), 0, BTreeMap::new(), BTreeMap::new());
+        assert!(s.store_failed(SEC, &error));
+        let (_, reason) = s.store_outage().expect("an outage is on");
+        assert_eq!(reason, format!("{level}: {cause}"));
+        for part in [
+            level,
+            "No space left on device",
+            "store thread gave up",
+            "Poisoned",
+        ] {
+            assert!(
+                reason.matches(part).count() <= 1,
+                "{part:?} more than once in {reason:?}"
+            );
+        }
+    }
 }

@@ -22,9 +22,9 @@ use msgtrail_core::trajectory::{
 };
 use msgtrail_core::Stage;
 use msgtrail_core::StageRecord;
-use msgtrail_listener::ClientClocks;
-use msgtrail_listener::ENV_TOKEN;
-use msgtrail_listener::{ListenerClient, DEFAULT_URL, ENV_LISTENER_URL};
+use msgtrail_listener_client::ClientClocks;
+use msgtrail_listener_client::ENV_TOKEN;
+use msgtrail_listener_client::{ListenerClient, DEFAULT_URL, ENV_LISTENER_URL};
 use std::io::IsTerminal;
 
 mod client;
@@ -320,7 +320,7 @@ mod tests {
         let window = ClientClocks {
             client: "shop".into(),
             window_secs: 60,
-            clocks: vec![msgtrail_listener::WindowEstimate {
+            clocks: vec![msgtrail_listener_client::WindowEstimate {
                 estimate: t.clocks[0].clone(),
                 measured_at: t0,
                 newest_at: t0,

@@ -1,7 +1,9 @@
 //! What a statistics snapshot holds ([`StatsSnapshot`]: latencies per topic and segment,
 //! counts, the funnel, ingest lag): the JSON of `GET /api/stats`.
 
-use super::*;
+use msgtrail_core::trajectory::{MessageState, Segment};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 /// Latency percentiles of one (topic, segment), in milliseconds.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -3,9 +3,8 @@
 //! `percent-encoding` for path segments and query values. Plain HTTP: the API is local or
 //! behind a proxy that terminates TLS.
 
-use crate::http::ApiError;
+use crate::api::{ApiError, ClientClocks, ClientEvents};
 use crate::stats::StatsSnapshot;
-use crate::summary::MessageSummary;
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
@@ -21,6 +20,9 @@ use std::time::Duration;
 pub const DEFAULT_URL: &str = "http://127.0.0.1:7380";
 /// Environment variable naming the listener's base URL.
 pub const ENV_LISTENER_URL: &str = "MSGTRAIL_LISTENER_URL";
+/// Environment variable with the listener's API token (the listener requires it, the client
+/// sends it).
+pub const ENV_TOKEN: &str = "MSGTRAIL_LISTENER_TOKEN";
 
 /// Why a call failed.
 #[derive(Debug, thiserror::Error)]
@@ -232,7 +234,7 @@ impl ListenerClient {
         &self,
         client: &str,
         limit: usize,
-    ) -> Result<crate::http::ClientEvents, ListenerClientError> {
+    ) -> Result<ClientEvents, ListenerClientError> {
         self.get_json(&format!(
             "/api/clients/{}/events?limit={limit}",
             encode(client)
@@ -241,10 +243,7 @@ impl ListenerClient {
     }
 
     /// A client's clock estimates over the recent window, per broker instance.
-    pub async fn client_clocks(
-        &self,
-        client: &str,
-    ) -> Result<crate::clocks::ClientClocks, ListenerClientError> {
+    pub async fn client_clocks(&self, client: &str) -> Result<ClientClocks, ListenerClientError> {
         self.get_json(&format!("/api/clients/{}", encode(client)))
             .await
     }
@@ -261,7 +260,14 @@ impl ListenerClient {
     }
 
     /// A search; `query` is the query string without `?` (e.g. `state=stuck&since_secs=3600`).
-    pub async fn search(&self, query: &str) -> Result<Vec<MessageSummary>, ListenerClientError> {
+    ///
+    /// The answer is a list of the listener's shadow messages, `T` =
+    /// `msgtrail_listener::MessageSummary`: that type stays with the listener's store, which
+    /// encodes it, so this crate decodes into whatever type the caller names.
+    pub async fn search<T: DeserializeOwned>(
+        &self,
+        query: &str,
+    ) -> Result<Vec<T>, ListenerClientError> {
         if query.is_empty() {
             self.get_json("/api/messages").await
         } else {
