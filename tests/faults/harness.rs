@@ -278,7 +278,9 @@ pub(crate) fn deploy_accounts_config() -> String {
         "NATS_SYS_PASSWORD: \"faults-sys-secret\"\n\
          MSGTRAIL_BROKER_PASSWORD: \"{}\"\n\
          MSGTRAIL_LISTENER_PASSWORD: \"{}\"\n\
-         MSGTRAIL_CLIENT_PASSWORD: \"{}\"\n{accounts}\n",
+         MSGTRAIL_CLIENT_PASSWORD: \"{}\"\n\
+         MSGTRAIL_APP_PASSWORD: \"faults-app-secret\"\n\
+         MSGTRAIL_OBSERVER_PASSWORD: \"faults-observer-secret\"\n{accounts}\n",
         BROKER_USER.password, LISTENER_USER.password, CLIENT_USER.password
     )
 }
