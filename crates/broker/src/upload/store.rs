@@ -115,8 +115,9 @@ impl Uploader {
 
     /// The fast-ingest batch of the first attempts, if there is one: answers the prefix it
     /// stored (each at its own, proven, stream sequence) and leaves the rest unanswered —
-    /// unless the batch got no answer at all, which fails its uploads (published again the
-    /// ordinary way they would wait as long again, past the client's timeout).
+    /// unless the batch got no answer at all, which fails its uploads: published again the
+    /// ordinary way, they would wait as long again, past the client's timeout (the client
+    /// retries with the same request IDs; dedup answers what the batch did store).
     async fn store_fast(
         &self,
         channel: &OpenChannel,
