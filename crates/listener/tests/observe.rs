@@ -11,7 +11,7 @@ use futures::StreamExt;
 use msgtrail_core::observed::observed_message_id;
 use msgtrail_core::trajectory::{HopKind, Trajectory};
 use msgtrail_core::Stage;
-use msgtrail_listener::{ListenerConfig, ObserveConfig};
+use msgtrail_listener::ListenerConfig;
 use msgtrail_test_support::NatsServer;
 use std::time::Duration;
 
@@ -79,18 +79,9 @@ async fn an_unmodified_jetstream_app_is_traced() {
     let audit = app_consumer(&stream, "audit").await;
 
     let dir = tempfile::tempdir().unwrap();
-    let mut observe = ObserveConfig::streams(["ORDERS"]);
-    observe.discovery_interval = Duration::from_millis(200);
     let handle = msgtrail_listener::start(ListenerConfig {
-        nats: msgtrail_nats::NatsOptions::url(server.url()),
-        data_dir: dir.path().to_path_buf(),
-        http_addr: "127.0.0.1:0".parse().unwrap(),
         batch_size: 16,
-        ack_wait: Duration::from_secs(1),
-        watchdog_interval: Duration::from_millis(100),
-        retention_interval: Duration::from_millis(100),
-        observe: Some(observe),
-        ..Default::default()
+        ..observing(server.url(), dir.path(), Duration::from_millis(200))
     })
     .await
     .unwrap();
@@ -240,24 +231,6 @@ async fn an_unmodified_jetstream_app_is_traced() {
         .get("msgtrail-listener-observe")
         .is_none());
     handle.shutdown().await.unwrap();
-}
-
-/// A listener's settings observing `ORDERS` on `server` with its store in `dir`: small
-/// batches, short ack wait, discovery every `discovery`.
-fn observing(server_url: &str, dir: &std::path::Path, discovery: Duration) -> ListenerConfig {
-    let mut observe = ObserveConfig::streams(["ORDERS"]);
-    observe.discovery_interval = discovery;
-    ListenerConfig {
-        nats: msgtrail_nats::NatsOptions::url(server_url),
-        data_dir: dir.to_path_buf(),
-        http_addr: "127.0.0.1:0".parse().unwrap(),
-        batch_size: 4,
-        ack_wait: Duration::from_secs(1),
-        watchdog_interval: Duration::from_millis(100),
-        retention_interval: Duration::from_millis(100),
-        observe: Some(observe),
-        ..Default::default()
-    }
 }
 
 /// The app's stream `ORDERS` on `orders.>`.

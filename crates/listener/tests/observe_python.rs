@@ -12,7 +12,7 @@
 
 use msgtrail_core::observed::observed_message_id;
 use msgtrail_core::trajectory::{HopKind, Trajectory};
-use msgtrail_listener::{ListenerConfig, ObserveConfig};
+use msgtrail_listener::ListenerConfig;
 use msgtrail_test_support::{NatsServer, OtlpReceiver};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
@@ -127,19 +127,10 @@ async fn a_nats_py_application_is_traced_without_a_code_change() {
     let server = NatsServer::start().unwrap();
     let mut rx = OtlpReceiver::start_grpc().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let mut observe = ObserveConfig::streams(["ORDERS"]);
-    observe.discovery_interval = Duration::from_millis(200);
     let handle = msgtrail_listener::start(ListenerConfig {
-        nats: msgtrail_nats::NatsOptions::url(server.url()),
-        data_dir: dir.path().to_path_buf(),
-        http_addr: "127.0.0.1:0".parse().unwrap(),
         batch_size: 16,
-        ack_wait: Duration::from_secs(1),
-        watchdog_interval: Duration::from_millis(100),
-        retention_interval: Duration::from_millis(100),
-        observe: Some(observe),
         otel: Some(export_to(&rx)),
-        ..Default::default()
+        ..observing(server.url(), dir.path(), Duration::from_millis(200))
     })
     .await
     .unwrap();

@@ -156,3 +156,25 @@ pub(crate) fn export_to(rx: &msgtrail_test_support::OtlpReceiver) -> msgtrail_ot
         ..Default::default()
     }
 }
+
+/// A listener's settings observing `ORDERS` on `server` with its store in `dir`: small
+/// batches, short ack wait, discovery every `discovery`.
+pub(crate) fn observing(
+    server_url: &str,
+    dir: &std::path::Path,
+    discovery: Duration,
+) -> msgtrail_listener::ListenerConfig {
+    let mut observe = msgtrail_listener::ObserveConfig::streams(["ORDERS"]);
+    observe.discovery_interval = discovery;
+    msgtrail_listener::ListenerConfig {
+        nats: msgtrail_nats::NatsOptions::url(server_url),
+        data_dir: dir.to_path_buf(),
+        http_addr: "127.0.0.1:0".parse().unwrap(),
+        batch_size: 4,
+        ack_wait: Duration::from_secs(1),
+        watchdog_interval: Duration::from_millis(100),
+        retention_interval: Duration::from_millis(100),
+        observe: Some(observe),
+        ..Default::default()
+    }
+}
