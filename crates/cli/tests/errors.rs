@@ -39,3 +39,35 @@ fn each_cause_is_printed_once() {
     let last = err.trim_end().rsplit(": ").next().unwrap().to_owned();
     assert_eq!(err.matches(&last).count(), 1, "the root cause once: {err}");
 }
+
+/// `--observe-only` holds no stage partitions, so it cannot join a listener group: the
+/// listener refuses the pair at start-up, naming both flags, before it connects to NATS.
+#[test]
+fn an_observe_only_listener_refuses_a_group_before_connecting() {
+    let dir = tempfile::tempdir().unwrap();
+    let err = stderr_of(&[
+        "--nats-url",
+        "nats://127.0.0.1:1",
+        "listener",
+        "--observe",
+        "ORDERS",
+        "--observe-only",
+        "--group",
+        "g",
+        "--data-dir",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert!(
+        err.starts_with(
+            "msgtrail: invalid listener configuration: group cannot be set with observe-only"
+        ),
+        "{err}"
+    );
+    assert!(err.contains("drop --group or --observe-only"), "{err}");
+    assert!(!err.contains("connect"), "refused before connecting: {err}");
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        0,
+        "nothing written to the data directory"
+    );
+}

@@ -147,8 +147,9 @@ impl ListenerConfig {
             o.validate()?;
             if o.only && self.group.is_some() {
                 return bad(
-                    "observe",
-                    "observe-only runs no stage partitions: not in a group",
+                    "group",
+                    "cannot be set with observe-only: an observe-only listener holds no \
+                     stage partitions to share (drop --group or --observe-only)",
                 );
             }
         }
