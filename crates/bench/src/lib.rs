@@ -66,6 +66,6 @@ pub use raw::Load;
 pub use report::Report;
 pub use reps::PairedRatio;
 pub use run::run;
-pub use scaleout::{FanoutResult, ScaleOutResult};
+pub use scaleout::{ingest_scaling, FanoutResult, ScaleOutResult};
 pub use search::{KindResult, SearchResult};
 pub use synth::{stage_messages, Mix};
