@@ -4,6 +4,8 @@
 /// A configuration value that cannot work: the one shape every msgtrail part shares.
 pub use msgtrail_core::ConfigError;
 
+use std::path::PathBuf;
+
 /// Why the listener stopped or could not start.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -47,6 +49,9 @@ pub enum ListenerError {
     Http(#[source] std::io::Error),
 }
 
+/// The cause an error keeps as its `source()`, whatever its type.
+pub type BoxedCause = Box<dyn std::error::Error + Send + Sync + 'static>;
+
 /// A failure of the embedded store.
 ///
 /// Each variant displays its own level only and returns its cause from `source()`; where it
@@ -61,12 +66,28 @@ pub enum ListenerError {
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum StoreError {
-    /// The database file could not be opened or created.
+    /// The database could not be opened or created.
     Open {
-        /// The path.
-        path: String,
-        /// What went wrong.
-        reason: String,
+        /// The directory or file.
+        path: PathBuf,
+        /// Why: an I/O error of the directory, or the engine's (fjall's, redb's) error.
+        source: BoxedCause,
+    },
+    /// The database was closed after an I/O error and [`crate::Store::recover`] has not yet
+    /// opened it again.
+    Closed {
+        /// The directory or file.
+        path: PathBuf,
+    },
+    /// A store written by an earlier (redb) version was migrated, but its file could not be
+    /// renamed aside.
+    MigratedRename {
+        /// The redb file.
+        from: PathBuf,
+        /// Where it was to be renamed.
+        to: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
     },
     /// A read or write of the store's engine (fjall) failed.
     Engine(fjall::Error),
@@ -75,19 +96,35 @@ pub enum StoreError {
     /// The blocking task running a store operation died.
     Task(tokio::task::JoinError),
     /// A stored value could not be decoded (a bug or a corrupted file).
-    Corrupt(String),
+    Corrupt {
+        /// Which value (`request row [0a, 0b]`, `counter value [..]`).
+        what: String,
+        /// The decode error, where there is one (none for, e.g., a value of the wrong length).
+        source: Option<BoxedCause>,
+    },
 }
 
 impl std::fmt::Display for StoreError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            StoreError::Open { path, reason } => {
-                write!(f, "cannot open the store at {path}: {reason}")
+            StoreError::Open { path, .. } => {
+                write!(f, "cannot open the store at {}", path.display())
             }
+            StoreError::Closed { path } => write!(
+                f,
+                "the store at {} is closed after an I/O error, not yet reopened",
+                path.display()
+            ),
+            StoreError::MigratedRename { from, to, .. } => write!(
+                f,
+                "migrated the store at {}, but cannot rename it to {}",
+                from.display(),
+                to.display()
+            ),
             StoreError::Engine(_) => f.write_str("store engine failed"),
             StoreError::Db(_) => f.write_str("store migration (redb) failed"),
             StoreError::Task(_) => f.write_str("store task failed"),
-            StoreError::Corrupt(what) => write!(f, "store holds an undecodable value: {what}"),
+            StoreError::Corrupt { what, .. } => write!(f, "store holds an undecodable {what}"),
         }
     }
 }
@@ -98,7 +135,10 @@ impl std::error::Error for StoreError {
             StoreError::Engine(e) => Some(chain_root(e)),
             StoreError::Db(e) => Some(e),
             StoreError::Task(e) => Some(e),
-            StoreError::Open { .. } | StoreError::Corrupt(_) => None,
+            StoreError::Open { source, .. } => Some(source.as_ref()),
+            StoreError::MigratedRename { source, .. } => Some(source),
+            StoreError::Corrupt { source, .. } => source.as_deref().map(|e| e as _),
+            StoreError::Closed { .. } => None,
         }
     }
 }
@@ -133,6 +173,34 @@ impl From<tokio::task::JoinError> for StoreError {
 }
 
 impl StoreError {
+    /// The store at `path` could not be opened, because of `source`.
+    pub(crate) fn open(path: impl Into<PathBuf>, source: impl Into<BoxedCause>) -> Self {
+        StoreError::Open {
+            path: path.into(),
+            source: source.into(),
+        }
+    }
+
+    /// The stored value `what` could not be decoded, because of `source`.
+    pub(crate) fn corrupt(
+        what: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        StoreError::Corrupt {
+            what: what.into(),
+            source: Some(Box::new(source)),
+        }
+    }
+
+    /// The stored value `what` is wrong in itself (a bad length, an unknown tag): there is
+    /// no underlying error.
+    pub(crate) fn bad_value(what: impl Into<String>) -> Self {
+        StoreError::Corrupt {
+            what: what.into(),
+            source: None,
+        }
+    }
+
     /// Whether this is an I/O error of the store's files (a full disk, a failing device):
     /// the engine refuses every later write (fjall poisons the database) until the store is
     /// opened again ([`crate::Store::recover`]).
@@ -198,4 +266,88 @@ pub enum QueryError {
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error as _;
+
+    /// A store whose directory is blocked by a regular file fails to open with an `Open`
+    /// error that names the path only and keeps the I/O error as its cause.
+    #[test]
+    fn open_displays_its_own_level_and_keeps_the_io_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let blocked = dir.path().join("store");
+        std::fs::write(&blocked, b"a regular file").unwrap();
+        let e = match crate::Store::open(
+            &blocked,
+            0,
+            msgtrail_core::trajectory::Deadlines::default(),
+        ) {
+            Err(e) => e,
+            Ok(_) => panic!("a store opened where a regular file blocks its directory"),
+        };
+        assert!(
+            matches!(&e, StoreError::Open { path, .. } if path == &blocked),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            format!("cannot open the store at {}", blocked.display())
+        );
+        let io = e
+            .source()
+            .and_then(|s| s.downcast_ref::<std::io::Error>())
+            .expect("the cause is the I/O error");
+        assert!(!e.to_string().contains(&io.to_string()), "{e}");
+    }
+
+    /// A `Corrupt` built from a decode failure keeps it as its cause, out of its own text;
+    /// one without an underlying error has no source.
+    #[test]
+    fn corrupt_displays_its_own_level_and_keeps_the_decode_error() {
+        let cause = "not json".parse::<u64>().unwrap_err();
+        let e = StoreError::corrupt("request row [0a, 0b]", cause.clone());
+        assert_eq!(
+            e.to_string(),
+            "store holds an undecodable request row [0a, 0b]"
+        );
+        let source = e.source().expect("the decode error is the source");
+        assert_eq!(
+            source.downcast_ref::<std::num::ParseIntError>(),
+            Some(&cause)
+        );
+
+        let bad = StoreError::bad_value("counter value [01]");
+        assert_eq!(
+            bad.to_string(),
+            "store holds an undecodable counter value [01]"
+        );
+        assert!(bad.source().is_none());
+    }
+
+    /// A closed store names its path and has no cause; a failed rename after a migration
+    /// keeps the I/O error.
+    #[test]
+    fn closed_and_rename_display_their_own_level() {
+        let closed = StoreError::Closed {
+            path: PathBuf::from("/data/listener.fjall"),
+        };
+        assert_eq!(
+            closed.to_string(),
+            "the store at /data/listener.fjall is closed after an I/O error, not yet reopened"
+        );
+        assert!(closed.source().is_none());
+        let rename = StoreError::MigratedRename {
+            from: PathBuf::from("/data/listener.redb"),
+            to: PathBuf::from("/data/listener.redb.migrated"),
+            source: std::io::Error::from(std::io::ErrorKind::PermissionDenied),
+        };
+        assert_eq!(
+            rename.to_string(),
+            "migrated the store at /data/listener.redb, but cannot rename it to /data/listener.redb.migrated"
+        );
+        assert!(rename.source().unwrap().is::<std::io::Error>());
+    }
 }

@@ -111,7 +111,7 @@ pub use config::{
     ListenerConfig, DEFAULT_DURABLE, DEFAULT_HTTP_ADDR, ENV_DATA_DIR, ENV_DURABLE, ENV_HTTP_ADDR,
     ENV_TOKEN,
 };
-pub use error::{ConfigError, ListenerError, QueryError, StoreError};
+pub use error::{BoxedCause, ConfigError, ListenerError, QueryError, StoreError};
 pub use evidence::consumer_name as evidence_consumer_name;
 /// The API client and its answer types live in their own crate (`msgtrail-listener-client`),
 /// so that a caller of the API does not link the listener; re-exported here unchanged.

@@ -74,10 +74,7 @@ pub(super) fn from_redb(dir: &Path, engine: &Engine) -> Result<u64, StoreError> 
         return Ok(0);
     }
     tracing::info!(path = %path.display(), "migrating a store written by an earlier (redb) version into fjall");
-    let db = Database::create(&path).map_err(|e| StoreError::Open {
-        path: path.display().to_string(),
-        reason: e.to_string(),
-    })?;
+    let db = Database::create(&path).map_err(|e| StoreError::open(&path, e))?;
     // The earlier steps expect the third version's tables to exist.
     let tx = db.begin_write()?;
     for t in [RECORDS, SUMMARIES] {
@@ -108,9 +105,10 @@ pub(super) fn from_redb(dir: &Path, engine: &Engine) -> Result<u64, StoreError> 
     let moved = copy_v3(&db, engine)?;
     drop(db);
     let to = dir.join(REDB_MIGRATED);
-    std::fs::rename(&path, &to).map_err(|e| StoreError::Open {
-        path: path.display().to_string(),
-        reason: format!("migrated, but cannot rename it to {}: {e}", to.display()),
+    std::fs::rename(&path, &to).map_err(|source| StoreError::MigratedRename {
+        from: path.clone(),
+        to: to.clone(),
+        source,
     })?;
     tracing::info!(messages = moved, old = %to.display(), "store migrated into fjall; the redb file is kept aside");
     Ok(moved)
@@ -262,7 +260,7 @@ pub(super) fn migrate_v1(db: &Database) -> Result<u64, StoreError> {
             for item in old.iter()? {
                 let (k, v) = item?;
                 let s = MessageSummary::decode(k.value(), v.value().as_bytes()).map_err(|e| {
-                    StoreError::Corrupt(format!("first-version summary {}: {e}", k.value()))
+                    StoreError::corrupt(format!("first-version summary {}", k.value()), e)
                 })?;
                 new.insert(k.value(), s.encode().as_slice())?;
             }
@@ -292,7 +290,7 @@ pub(super) fn migrate_v1(db: &Database) -> Result<u64, StoreError> {
             let (k, v) = item?;
             let (mk, dk) = k.value();
             let rec: StageRecord = serde_json::from_str(v.value())
-                .map_err(|e| StoreError::Corrupt(format!("first-version record {mk}/{dk}: {e}")))?;
+                .map_err(|e| StoreError::corrupt(format!("first-version record {mk}/{dk}"), e))?;
             if key.as_deref() != Some(mk) {
                 if let Some(prev) = key.take() {
                     flush(&prev, &mut recs)?;
@@ -313,8 +311,8 @@ pub(super) fn migrate_v1(db: &Database) -> Result<u64, StoreError> {
 }
 
 fn bad_key(table: &str, key: &str) -> StoreError {
-    StoreError::Corrupt(format!(
-        "second-version {table} row {key:?}: not a message key"
+    StoreError::bad_value(format!(
+        "second-version {table} row {key:?} (not a message key)"
     ))
 }
 
@@ -371,7 +369,7 @@ fn move_messages_v2(tx: &WriteTransaction) -> Result<u64, StoreError> {
             let (k, v) = item?;
             let key = stored_v2("summaries", k.value())?;
             let s = MessageSummary::decode(k.value(), v.value()).map_err(|e| {
-                StoreError::Corrupt(format!("second-version summary {}: {e}", k.value()))
+                StoreError::corrupt(format!("second-version summary {}", k.value()), e)
             })?;
             new.insert(key.as_bytes(), s.encode().as_slice())?;
         }
@@ -436,7 +434,7 @@ fn move_indexes_v2(tx: &WriteTransaction) -> Result<(), StoreError> {
             let (state, at, key) = k.value();
             let st = state
                 .parse::<MessageState>()
-                .map_err(|_| StoreError::Corrupt(format!("second-version state {state:?}")))?;
+                .map_err(|_| StoreError::bad_value(format!("second-version state {state:?}")))?;
             let key = stored_v2("by_state", key)?;
             new.insert((state_code(st), at, key.as_bytes()), ())?;
         }

@@ -233,15 +233,9 @@ impl Store {
         deadlines: Deadlines,
         cache_bytes: usize,
     ) -> Result<Store, StoreError> {
-        std::fs::create_dir_all(dir).map_err(|e| StoreError::Open {
-            path: dir.display().to_string(),
-            reason: e.to_string(),
-        })?;
+        std::fs::create_dir_all(dir).map_err(|e| StoreError::open(dir, e))?;
         let path = dir.join(STORE_DIR);
-        let engine = Engine::open(&path, cache_bytes).map_err(|e| StoreError::Open {
-            path: path.display().to_string(),
-            reason: e.to_string(),
-        })?;
+        let engine = Engine::open(&path, cache_bytes).map_err(|e| StoreError::open(&path, e))?;
         migrate::from_redb(dir, &engine)?;
         Ok(Store {
             db: RwLock::new(Some(engine)),
@@ -308,9 +302,8 @@ impl Store {
     pub(super) fn db(&self) -> Result<Db<'_>, StoreError> {
         let guard = self.db.read().unwrap_or_else(|e| e.into_inner());
         if guard.is_none() {
-            return Err(StoreError::Open {
-                path: self.path.display().to_string(),
-                reason: "closed after an I/O error, not yet reopened".to_owned(),
+            return Err(StoreError::Closed {
+                path: self.path.clone(),
             });
         }
         Ok(Db(guard))
@@ -342,10 +335,8 @@ impl Store {
         let mut db = self.db.write().unwrap_or_else(|e| e.into_inner());
         // Close the old handle first: fjall locks the directory while a handle is open.
         drop(db.take());
-        let opened = Engine::open(&self.path, self.cache_bytes).map_err(|e| StoreError::Open {
-            path: self.path.display().to_string(),
-            reason: e.to_string(),
-        })?;
+        let opened = Engine::open(&self.path, self.cache_bytes)
+            .map_err(|e| StoreError::open(&self.path, e))?;
         *db = Some(opened);
         self.io_failed.store(false, Ordering::Release);
         tracing::info!(path = %self.path.display(), "store reopened after an I/O error");

@@ -65,8 +65,8 @@ impl Store {
         let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for item in tx.prefix(&db.ks.requests, keys::request_prefix(id)) {
             let (k, val) = item.into_inner()?;
-            let p =
-                keys::producer_of(&k).ok_or_else(|| corrupt(format!("request key {k:02x?}")))?;
+            let p = keys::producer_of(&k)
+                .ok_or_else(|| StoreError::bad_value(format!("request key {k:02x?}")))?;
             if producer.is_some_and(|want| want != p) {
                 continue;
             }
@@ -157,7 +157,7 @@ impl Store {
                 }
                 Ok(out.len() >= limit || examined >= SEARCH_SCAN_MAX)
             };
-        let bad = |what: &str, k: &[u8]| corrupt(format!("{what} key {k:02x?}"));
+        let bad = |what: &str, k: &[u8]| StoreError::bad_value(format!("{what} key {k:02x?}"));
         if let Some(topic) = &q.topic {
             let range = keys::topic_bound(topic, from)..keys::topic_bound(topic, to);
             for item in tx.range(&db.ks.by_topic, range).rev() {
@@ -217,8 +217,8 @@ impl Store {
         for st in MessageState::ALL {
             for item in tx.range(&db.ks.by_state, state_range(*st, since)) {
                 let k = item.key()?;
-                let (_, key) =
-                    keys::timed(&k, 1).ok_or_else(|| corrupt(format!("by_state key {k:02x?}")))?;
+                let (_, key) = keys::timed(&k, 1)
+                    .ok_or_else(|| StoreError::bad_value(format!("by_state key {k:02x?}")))?;
                 if let Some(v) = tx.get(&db.ks.summaries, key)? {
                     let s = MessageSummary::decode(&key_text(key)?, &v).map_err(corrupt)?;
                     out.push(s);

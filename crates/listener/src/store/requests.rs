@@ -43,7 +43,8 @@ impl RequestEntry {
             None => w.u8(LINK_NONE),
             Some(l) if first.as_ref() == Some(l) => w.u8(LINK_FIRST),
             Some(l) => {
-                let key = StoredKey::parse(l).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+                let key = StoredKey::parse(l)
+                    .map_err(|e| StoreError::corrupt(format!("request link {l:?}"), e))?;
                 w.u8(LINK_KEY);
                 w.varint(key.as_bytes().len() as u64);
                 w.bytes(key.as_bytes());
@@ -59,7 +60,7 @@ impl RequestEntry {
     /// Reads what [`RequestEntry::encode`] wrote.
     pub(super) fn decode(bytes: &[u8]) -> Result<RequestEntry, StoreError> {
         let corrupt = |e: crate::codec::CodecError| {
-            StoreError::Corrupt(format!("request row {bytes:02x?}: {e}"))
+            StoreError::corrupt(format!("request row {bytes:02x?}"), e)
         };
         let mut r = Reader::new(bytes);
         let kind = r.u8().map_err(corrupt)?;
@@ -68,11 +69,14 @@ impl RequestEntry {
             LINK_KEY => {
                 let n = r.count().map_err(corrupt)?;
                 let key = r.take(n).map_err(corrupt)?;
-                Some(StoredKey::text(key).map_err(|e| StoreError::Corrupt(e.to_string()))?)
+                Some(
+                    StoredKey::text(key)
+                        .map_err(|e| StoreError::corrupt(format!("request row {bytes:02x?}"), e))?,
+                )
             }
             other => {
-                return Err(StoreError::Corrupt(format!(
-                    "request row {bytes:02x?}: link kind {other}"
+                return Err(StoreError::bad_value(format!(
+                    "request row {bytes:02x?} (link kind {other})"
                 )))
             }
         };
@@ -85,8 +89,8 @@ impl RequestEntry {
         let link = match (kind, messages.first()) {
             (LINK_FIRST, Some(m)) => Some(m.to_string()),
             (LINK_FIRST, None) => {
-                return Err(StoreError::Corrupt(format!(
-                    "request row {bytes:02x?}: linked to the first of no messages"
+                return Err(StoreError::bad_value(format!(
+                    "request row {bytes:02x?} (linked to the first of no messages)"
                 )))
             }
             _ => link,
@@ -98,6 +102,27 @@ impl RequestEntry {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::error::Error as _;
+
+    /// A row that fails to decode names itself in its text and keeps the codec error as its
+    /// cause; a row that decodes but is wrong in itself has no cause.
+    #[test]
+    fn an_undecodable_row_keeps_the_codec_error_as_its_source() {
+        let truncated = RequestEntry::decode(&[]).unwrap_err();
+        assert_eq!(
+            truncated.to_string(),
+            "store holds an undecodable request row []"
+        );
+        let source = truncated.source().expect("the codec error is the source");
+        assert!(source.is::<crate::codec::CodecError>(), "{source:?}");
+
+        let bad_kind = RequestEntry::decode(&[9]).unwrap_err();
+        assert_eq!(
+            bad_kind.to_string(),
+            "store holds an undecodable request row [09] (link kind 9)"
+        );
+        assert!(bad_kind.source().is_none());
+    }
 
     #[test]
     fn rows_round_trip_and_the_usual_one_is_small() {

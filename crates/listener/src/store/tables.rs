@@ -157,7 +157,7 @@ pub(super) mod keys {
 pub(super) fn counter_value(v: &[u8]) -> Result<u64, StoreError> {
     v.try_into()
         .map(u64::from_be_bytes)
-        .map_err(|_| StoreError::Corrupt(format!("counter value {v:02x?}")))
+        .map_err(|_| StoreError::bad_value(format!("counter value {v:02x?}")))
 }
 
 /// The stored form of a key the store itself wrote (its text form always parses).
@@ -174,8 +174,9 @@ pub(super) fn orphan_key(producer: &str, request_id: &str) -> String {
     MessageKey::orphan(producer, request_id).to_string()
 }
 
-pub(super) fn corrupt(e: impl std::fmt::Display) -> StoreError {
-    StoreError::Corrupt(e.to_string())
+/// A stored value that failed to decode, the decode error kept as its cause.
+pub(super) fn corrupt(e: impl std::error::Error + Send + Sync + 'static) -> StoreError {
+    StoreError::corrupt("stored value", e)
 }
 
 /// A request ID's row as a transaction read or changed it.
@@ -730,7 +731,8 @@ impl<'t> Tables<'t> {
             return Ok(None);
         };
         let k = g.key()?;
-        let (at, key) = keys::timed(&k, 0).ok_or_else(|| corrupt(format!("by_time {k:02x?}")))?;
+        let (at, key) =
+            keys::timed(&k, 0).ok_or_else(|| StoreError::bad_value(format!("by_time {k:02x?}")))?;
         Ok(Some((at, key.to_vec())))
     }
 
@@ -755,8 +757,8 @@ impl<'t> Tables<'t> {
                 break;
             }
             let k = item.key()?;
-            let (_, key) =
-                keys::timed(&k, 1).ok_or_else(|| corrupt(format!("by_state {k:02x?}")))?;
+            let (_, key) = keys::timed(&k, 1)
+                .ok_or_else(|| StoreError::bad_value(format!("by_state {k:02x?}")))?;
             out.push(key_text(key)?);
         }
         Ok(out)

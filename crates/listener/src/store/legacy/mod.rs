@@ -87,15 +87,9 @@ impl Store {
         deadlines: Deadlines,
         cache_bytes: usize,
     ) -> Result<Store, StoreError> {
-        std::fs::create_dir_all(dir).map_err(|e| StoreError::Open {
-            path: dir.display().to_string(),
-            reason: e.to_string(),
-        })?;
+        std::fs::create_dir_all(dir).map_err(|e| StoreError::open(dir, e))?;
         let path = dir.join("listener.redb");
-        let db = open_db(&path, cache_bytes).map_err(|e| StoreError::Open {
-            path: path.display().to_string(),
-            reason: e.to_string(),
-        })?;
+        let db = open_db(&path, cache_bytes).map_err(|e| StoreError::open(&path, e))?;
         // Create every table up front so read transactions never meet a missing one.
         let tx = db.begin_write()?;
         drop(Tables::open(&tx)?);
@@ -158,9 +152,8 @@ impl Store {
     pub(crate) fn db(&self) -> Result<Db<'_>, StoreError> {
         let guard = self.db.read().unwrap_or_else(|e| e.into_inner());
         if guard.is_none() {
-            return Err(StoreError::Open {
-                path: self.path.display().to_string(),
-                reason: "closed after an I/O error, not yet reopened".to_owned(),
+            return Err(StoreError::Closed {
+                path: self.path.clone(),
             });
         }
         Ok(Db(guard))
@@ -192,10 +185,8 @@ impl Store {
         let mut db = self.db.write().unwrap_or_else(|e| e.into_inner());
         // Close the old handle first: redb locks the file while a handle is open.
         drop(db.take());
-        let opened = open_db(&self.path, self.cache_bytes).map_err(|e| StoreError::Open {
-            path: self.path.display().to_string(),
-            reason: e.to_string(),
-        })?;
+        let opened =
+            open_db(&self.path, self.cache_bytes).map_err(|e| StoreError::open(&self.path, e))?;
         *db = Some(opened);
         self.io_failed.store(false, Ordering::Release);
         tracing::info!(path = %self.path.display(), "store reopened after an I/O error");

@@ -48,8 +48,9 @@ pub(super) fn orphan_key(producer: &str, request_id: &str) -> String {
     MessageKey::orphan(producer, request_id).to_string()
 }
 
-pub(super) fn corrupt(e: impl std::fmt::Display) -> StoreError {
-    StoreError::Corrupt(e.to_string())
+/// A stored value that failed to decode, the decode error kept as its cause.
+pub(super) fn corrupt(e: impl std::error::Error + Send + Sync + 'static) -> StoreError {
+    StoreError::corrupt("stored value", e)
 }
 
 /// A request ID's row as a transaction read or changed it.
