@@ -1,6 +1,6 @@
 //! S4P's ingest figure once, for profilers and for looking at thread placement
 //! (`/proc/<pid>/task/*/status`) while it runs: `cargo run --release -p msgtrail-bench
-//! --example s4p_once -- [messages] [stage messages per transaction]`.
+//! --example s4p_once -- [messages] [stage messages per transaction] [repetitions]`.
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -9,10 +9,16 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let messages: u64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(100_000);
     let per_tx: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(64);
-    let r = msgtrail_bench::ingest_scaling(messages, per_tx, &msgtrail_bench::Progress::new(false))
-        .expect("S4P ingest");
+    let reps: u32 = args.next().and_then(|a| a.parse().ok()).unwrap_or(1);
+    let r = msgtrail_bench::ingest_scaling(
+        messages,
+        per_tx,
+        reps,
+        &msgtrail_bench::Progress::new(false),
+    )
+    .expect("S4P ingest");
     println!(
-        "one {:.0} records/s; two {:.0} records/s ({:?} each); scaling {:.2}; pinned {}",
+        "one {:.0} records/s; two {:.0} records/s ({:?} each); scaling {:.2} (spread {:?}); pinned {}",
         r.one_listener_records_per_sec,
         r.two_listeners_records_per_sec,
         r.per_listener_records_per_sec
@@ -20,6 +26,7 @@ fn main() {
             .map(|v| v.round())
             .collect::<Vec<_>>(),
         r.scaling,
+        r.scaling_spread,
         r.pinned
     );
 }

@@ -562,11 +562,14 @@ impl Report {
         let p = &self.s4p;
         let _ = writeln!(
             s,
-            "S4P two listeners at once (half the partitions each{}): {:.0} records/s against one listener's {:.0} = {:.2}× ({} records of {} messages); fan-out in a group of two: lookup p50 {:.3} ms forwarded vs {:.3} ms local ({:.2}×), search p50 {:.3} ms merged vs {:.3} ms one store ({:.2}×)",
+            "S4P two listeners at once (half the partitions each{}): {:.0} records/s against one listener's {:.0} = {:.2}× (median of {}, spread {:.2}–{:.2}; {} records of {} messages); fan-out in a group of two: lookup p50 {:.3} ms forwarded vs {:.3} ms local ({:.2}×), search p50 {:.3} ms merged vs {:.3} ms one store ({:.2}×)",
             if p.pinned { ", one core each" } else { ", not pinned to cores" },
             p.two_listeners_records_per_sec,
             p.one_listener_records_per_sec,
             p.scaling,
+            p.reps,
+            p.scaling_spread[0],
+            p.scaling_spread[1],
             p.records,
             p.messages,
             p.fanout.lookup_forwarded_ms.p50_ms,

@@ -192,9 +192,9 @@ async fn scale_out_scenario(
     progress: &Progress,
 ) -> Result<crate::ScaleOutResult, BenchError> {
     let progress = *progress;
-    let (messages, batch) = (config.ingest_messages, config.ingest_batch);
+    let (messages, batch, reps) = (config.ingest_messages, config.ingest_batch, config.reps);
     let mut r = tokio::task::spawn_blocking(move || {
-        crate::scaleout::ingest_scaling(messages, batch, &progress)
+        crate::scaleout::ingest_scaling(messages, batch, reps, &progress)
     })
     .await
     .map_err(|e| BenchError::Listener(e.into()))??;

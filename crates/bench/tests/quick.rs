@@ -195,6 +195,8 @@ async fn quick_run_reports_every_scenario() {
         "s4p.per_listener_records_per_sec.0",
         "s4p.per_listener_records_per_sec.1",
         "ratios.s4p_scaling",
+        "s4p.scaling_spread.0",
+        "s4p.scaling_spread.1",
         "s4p.fanout.lookup_local_ms.p50_ms",
         "s4p.fanout.lookup_forwarded_ms.p50_ms",
         "s4p.fanout.search_local_ms.p50_ms",
@@ -230,6 +232,16 @@ async fn quick_run_reports_every_scenario() {
     ] {
         positive(s);
     }
+    assert_eq!(
+        num(&json, "s4p.reps"),
+        f64::from(c.reps),
+        "S4P repeats like S1–S3"
+    );
+    assert!(
+        num(&json, "s4p.scaling_spread.0") <= num(&json, "ratios.s4p_scaling")
+            && num(&json, "ratios.s4p_scaling") <= num(&json, "s4p.scaling_spread.1"),
+        "S4P's scaling is the median of its repetitions"
+    );
     assert_eq!(num(&json, "s4.drops"), 0.0, "{table}");
     assert!(
         json["s4"]["peak_rss_method"]
