@@ -117,6 +117,29 @@ impl Stage {
         self.emitter() == Emitter::Client(role)
     }
 
+    /// Whether the broker writes the stage about a delivery attempt: a delivery sent (C1, C5)
+    /// or its settle received (C4, C8). R1 is the broker's too, but ends the attempt.
+    pub fn is_deliver_side(self) -> bool {
+        matches!(
+            self,
+            Stage::PushSent | Stage::PushAckReceived | Stage::PullSent | Stage::PullAckReceived
+        )
+    }
+
+    /// Whether the consumer writes the stage about a delivery attempt: received (C2, C6),
+    /// ack sent (C3, C7), processing started and finished (X1, X2).
+    pub fn is_process_side(self) -> bool {
+        matches!(
+            self,
+            Stage::PushReceived
+                | Stage::PushAckSent
+                | Stage::PullReceived
+                | Stage::PullAckSent
+                | Stage::ProcessStarted
+                | Stage::ProcessFinished
+        )
+    }
+
     /// Whether the stage belongs to push delivery (C1–C4).
     pub fn is_push(self) -> bool {
         matches!(

@@ -17,7 +17,7 @@
 //! used, down to 90 % of the capacity, and counts what it evicted.
 
 use crate::store::records;
-use crate::summary::MessageSummary;
+use crate::summary::{Folded, MessageSummary};
 use foldhash::{HashMap, HashMapExt, HashSet};
 use msgtrail_core::StageRecord;
 use serde::{Deserialize, Serialize};
@@ -43,6 +43,13 @@ pub struct CacheStats {
     /// owns on the heap, counted from the sizes of what it holds.
     #[serde(default)]
     pub bytes: u64,
+    /// Summaries a batch derived from a message's folded state, without assembling it.
+    #[serde(default)]
+    pub summaries_folded: u64,
+    /// Summaries a batch derived by assembling the message (what the folded state does
+    /// not decide, or a store that emits the trajectories anyway).
+    #[serde(default)]
+    pub summaries_assembled: u64,
 }
 
 /// One message in the working form a transaction uses.
@@ -65,6 +72,10 @@ pub(crate) struct Cached {
     /// `summary` as stored, when the transaction wrote it ([`Cached::set_summary`]): the
     /// cache keeps these bytes instead of encoding the summary again.
     pub summary_encoded: Option<Vec<u8>>,
+    /// `records` folded ([`Folded`]), when known: what the summary is derived from without
+    /// assembling them. Kept in memory only (a message read from the store folds its
+    /// records once); `None` after records were taken away.
+    pub folded: Option<Folded>,
 }
 
 impl Cached {
@@ -94,6 +105,7 @@ struct Entry {
     bytes: u64,
     chunks: u32,
     summary: Option<Box<[u8]>>,
+    folded: Option<Box<Folded>>,
     /// Whether the summary's state is final (evicted first).
     done: bool,
     /// When it was last used (the cache's clock).
@@ -119,13 +131,21 @@ impl Entry {
                 (Some(s), None) => Some(s.encode().into_boxed_slice()),
                 (None, _) => None,
             },
+            folded: c.folded.map(Box::new),
             used,
         }
     }
 
-    /// The working form; `None` if what it holds no longer decodes (then the store is
-    /// read instead).
-    fn open(&self, key: &str) -> Option<Cached> {
+    /// The working form, taking the entry apart (its folded state moves rather than being
+    /// copied); `None` if what it holds no longer decodes (then the store is read instead).
+    fn into_open(self, key: &str) -> Option<Cached> {
+        let mut c = self.open_records(key)?;
+        c.folded = self.folded.map(|f| *f);
+        Some(c)
+    }
+
+    /// The working form but the folded state (for reading: nothing is derived from it).
+    fn open_records(&self, key: &str) -> Option<Cached> {
         let records = records::decode(&self.records).ok()?;
         let summary = match &self.summary {
             Some(b) => Some(MessageSummary::decode(key, b).ok()?),
@@ -139,6 +159,7 @@ impl Entry {
             summary,
             encoded: Some(self.records.to_vec()),
             summary_encoded: None,
+            folded: None,
         })
     }
 
@@ -147,6 +168,10 @@ impl Entry {
         self.records.len()
             + self.dedup.len() * std::mem::size_of::<u64>()
             + self.summary.as_ref().map_or(0, |s| s.len())
+            + self
+                .folded
+                .as_ref()
+                .map_or(0, |f| std::mem::size_of::<Folded>() + f.heap_bytes())
     }
 }
 
@@ -158,6 +183,8 @@ pub(crate) struct Cache {
     hits: u64,
     misses: u64,
     evictions: u64,
+    summaries_folded: u64,
+    summaries_assembled: u64,
 }
 
 impl Cache {
@@ -169,6 +196,17 @@ impl Cache {
             hits: 0,
             misses: 0,
             evictions: 0,
+            summaries_folded: 0,
+            summaries_assembled: 0,
+        }
+    }
+
+    /// Counts a summary derived from the folded state (`true`) or by assembly.
+    pub(crate) fn count_summary(&mut self, folded: bool) {
+        if folded {
+            self.summaries_folded += 1;
+        } else {
+            self.summaries_assembled += 1;
         }
     }
 
@@ -185,7 +223,7 @@ impl Cache {
 
     /// Takes a message out without counting (for housekeeping and merges).
     pub(crate) fn remove(&mut self, key: &str) -> Option<Cached> {
-        self.map.remove(key).and_then(|e| e.open(key))
+        self.map.remove(key).and_then(|e| e.into_open(key))
     }
 
     /// Drops a message without reading it back (retention deleted it).
@@ -195,7 +233,7 @@ impl Cache {
 
     /// A held message's working form, left in the cache.
     pub(crate) fn peek(&self, key: &str) -> Option<Cached> {
-        self.map.get(key).and_then(|e| e.open(key))
+        self.map.get(key).and_then(|e| e.open_records(key))
     }
 
     /// Replaces a held message's summary (after a commit that changed only it).
@@ -259,6 +297,8 @@ impl Cache {
             misses: self.misses,
             evictions: self.evictions,
             bytes: self.bytes(),
+            summaries_folded: self.summaries_folded,
+            summaries_assembled: self.summaries_assembled,
         }
     }
 }

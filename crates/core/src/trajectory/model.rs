@@ -199,6 +199,22 @@ pub enum MessageState {
 }
 
 impl MessageState {
+    /// The overall state of a message its groups (one state each, at least one) consumed:
+    /// the worst of them — dead-lettered, stuck, failed, consuming, delivered — else
+    /// consumed.
+    pub fn worst_of_groups(groups: impl Iterator<Item = MessageState> + Clone) -> MessageState {
+        [
+            MessageState::DeadLettered,
+            MessageState::Stuck,
+            MessageState::Failed,
+            MessageState::Consuming,
+            MessageState::Delivered,
+        ]
+        .into_iter()
+        .find(|s| groups.clone().any(|g| g == *s))
+        .unwrap_or(MessageState::Consumed)
+    }
+
     /// Every state, in lifecycle order.
     pub const ALL: &'static [MessageState] = &[
         MessageState::Sent,

@@ -190,16 +190,10 @@ fn overall_state(
         };
     }
     // The worst group state wins.
-    let worst = [
-        MessageState::DeadLettered,
-        MessageState::Stuck,
-        MessageState::Failed,
-        MessageState::Consuming,
-        MessageState::Delivered,
-    ]
-    .into_iter()
-    .find(|s| t.groups.iter().any(|g| g.state == *s));
-    (worst.unwrap_or(MessageState::Consumed), None)
+    (
+        MessageState::worst_of_groups(t.groups.iter().map(|g| g.state)),
+        None,
+    )
 }
 
 /// The state a record moves its group to, if any.

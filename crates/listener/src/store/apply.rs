@@ -6,8 +6,11 @@
 //!    message are counted, not stored).
 //! 3. [`Pass::merge_orphans`] and [`Pass::regroup_requests`]: records already stored that
 //!    move to another message key.
-//! 4. [`Pass::update_message`], per touched message: insert what is new, rebuild the
-//!    summary, and turn the difference into counters, state changes and latencies.
+//! 4. [`Pass::update_message`], per touched message: insert what is new, derive the
+//!    summary, and turn the difference into counters, state changes and latencies. The
+//!    summary comes from the message's folded state ([`Folded`], which each inserted record
+//!    updates); the message is assembled only when that state cannot decide it, when
+//!    records moved to or from it (passes 3a/3b), or when the store emits trajectories.
 //! 5. [`Pass::count_reuploads`]: messages stored again after the dedup window.
 //!
 //! The transaction commits (one atomic, fsynced fjall batch) after the passes; the cache gets the touched messages back only
@@ -19,7 +22,7 @@ use crate::cache::{Cache, Cached};
 use crate::counters::{Counter, CounterKey, FunnelStep};
 use crate::error::StoreError;
 use crate::store::ApplyOutcome;
-use crate::summary::{new_latencies, topic_state, MessageSummary};
+use crate::summary::{new_latencies, topic_state, Folded, MessageSummary};
 use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 use msgtrail_core::outcome::{ChannelOutcome, RedeliveryOutcome};
 use msgtrail_core::{MessageId, Stage, StageRecord};
@@ -375,6 +378,8 @@ impl<'a, 't> Pass<'a, 't> {
                 }
                 c.records = kept;
                 c.encoded = None;
+                // Records left: fold what remains again when it is next needed.
+                c.folded = None;
                 moves.taken.insert(key, c);
             }
         }
@@ -417,15 +422,30 @@ impl<'a, 't> Pass<'a, 't> {
         if ins.count == 0 && !moves.rebuild.contains(&key) {
             return Ok((key, own));
         }
-        // Assembly drops repeats, so the message's records now (its own and the inserted
-        // ones) are all it needs: a moved record already held has the same dedup key. From
-        // here on the records only go to the cache, which keeps their stored form: assembly
-        // takes them rather than a copy.
-        let opts = self.store.options(self.now);
-        let Some(traj) = self.store.assemble(own.take_records(), &opts) else {
-            return Ok((key, own));
+        if own.folded.is_none() {
+            own.folded = Some(Folded::of(&own.records));
+        }
+        let folded = match own.folded.as_ref() {
+            Some(f) if !self.store.emit_trajectories && !moves.rebuild.contains(&key) => {
+                f.summary(&key, self.now, &self.store.deadlines)
+            }
+            _ => None,
         };
-        let summary = MessageSummary::of(&key, &traj);
+        self.cache.count_summary(folded.is_some());
+        let (summary, traj) = match folded {
+            Some(s) => (s, None),
+            None => {
+                // Assembly drops repeats, so the message's records now (its own and the
+                // inserted ones) are all it needs: a moved record already held has the
+                // same dedup key. From here on the records only go to the cache, which
+                // keeps their stored form: assembly takes them rather than a copy.
+                let opts = self.store.options(self.now);
+                let Some(traj) = self.store.assemble(own.take_records(), &opts) else {
+                    return Ok((key, own));
+                };
+                (MessageSummary::of(&key, &traj), Some(traj))
+            }
+        };
         let prev = own.summary.take();
         let stored_summary = self.t.put_summary(prev.as_ref(), &summary)?;
         let same_ts = prev.as_ref().is_some_and(|p| {
@@ -446,14 +466,14 @@ impl<'a, 't> Pass<'a, 't> {
             .as_ref()
             .map(|s| s.segments.as_slice())
             .unwrap_or_default();
-        let topic = traj.topic.clone().unwrap_or_default();
+        let topic = summary.topic.clone().unwrap_or_default();
         for (s, v) in new_latencies(old_l, &summary.segments) {
             let id = summary.message_id;
             self.out.latencies.push((topic.clone(), s, v, id));
         }
         own.set_summary(summary, stored_summary);
         if self.store.emit_trajectories {
-            self.out.trajectories.push(traj);
+            self.out.trajectories.extend(traj);
         }
         Ok((key, own))
     }
@@ -480,6 +500,9 @@ impl<'a, 't> Pass<'a, 't> {
             if !moved_keys.contains(&dk) {
                 let dead = r.redelivery_outcome() == Some(RedeliveryOutcome::DeadLetter);
                 ins.fresh.push((r.stage, r.is_recovered(), dead));
+            }
+            if let Some(f) = own.folded.as_mut() {
+                f.fold(&r);
             }
             own.records.push(r);
             own.encoded = None;

@@ -5,10 +5,18 @@
 //! The store writes a summary whenever a batch changes the message's trajectory, keeps it
 //! in memory while the message is in flight, and diffs old against new to update the
 //! counters ([`crate::counters`]) and latency statistics ([`new_latencies`]).
+//!
+//! A summary follows from a trajectory ([`MessageSummary::of`]); on the ingest path the
+//! store derives it instead from a [`Folded`] state that each record updates (`fold`),
+//! and assembles the trajectory only for what that state cannot decide.
 
 mod codec;
+mod fold;
+#[cfg(test)]
+mod fold_tests;
 
 pub(crate) use codec::state_code;
+pub(crate) use fold::Folded;
 use msgtrail_core::trajectory::{MessageState, Segment, Trajectory};
 use msgtrail_core::{ClientId, MessageId, RequestId};
 use serde::{Deserialize, Serialize};

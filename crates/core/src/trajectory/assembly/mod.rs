@@ -90,22 +90,11 @@ pub(super) struct UploadTimes {
 }
 
 fn is_deliver_stage(s: Stage) -> bool {
-    matches!(
-        s,
-        Stage::PushSent | Stage::PushAckReceived | Stage::PullSent | Stage::PullAckReceived
-    )
+    s.is_deliver_side()
 }
 
 fn is_process_stage(s: Stage) -> bool {
-    matches!(
-        s,
-        Stage::PushReceived
-            | Stage::PushAckSent
-            | Stage::PullReceived
-            | Stage::PullAckSent
-            | Stage::ProcessStarted
-            | Stage::ProcessFinished
-    )
+    s.is_process_side()
 }
 
 fn first_service(events: &[StageRecord]) -> Option<String> {
