@@ -58,6 +58,10 @@ fn main() {
         cache.bytes as f64 / cache.messages.max(1) as f64,
         cache.messages
     );
+    println!(
+        "summaries: {} from the folded state, {} assembled",
+        cache.summaries_folded, cache.summaries_assembled
+    );
     // The store is a directory (fjall): what its files take on disk.
     fn disk(dir: &std::path::Path) -> u64 {
         std::fs::read_dir(dir)

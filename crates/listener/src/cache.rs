@@ -19,7 +19,7 @@
 use crate::store::records;
 use crate::summary::{Folded, MessageSummary};
 use foldhash::{HashMap, HashMapExt, HashSet};
-use msgtrail_core::StageRecord;
+use msgtrail_core::{MessageId, StageRecord};
 use serde::{Deserialize, Serialize};
 
 /// How many in-flight messages the cache holds by default. A cached message costs a few
@@ -185,6 +185,9 @@ pub(crate) struct Cache {
     evictions: u64,
     summaries_folded: u64,
     summaries_assembled: u64,
+    /// The newest message ID the store may hold (read when it opens, raised by every
+    /// batch): a message ID newer than it is new to the store, with nothing to read.
+    newest: Option<MessageId>,
 }
 
 impl Cache {
@@ -198,7 +201,24 @@ impl Cache {
             evictions: 0,
             summaries_folded: 0,
             summaries_assembled: 0,
+            newest: None,
         }
+    }
+
+    /// Notes a message ID the store may hold from now on (or one it holds).
+    pub(crate) fn saw(&mut self, m: Option<MessageId>) {
+        self.newest = self.newest.max(m);
+    }
+
+    /// The newest message ID the store may hold.
+    pub(crate) fn newest(&self) -> Option<MessageId> {
+        self.newest
+    }
+
+    /// Whether the store cannot hold `m`: it is newer than every message ID it may hold.
+    /// (Raising the mark early, for a batch that then fails, only costs reads.)
+    pub(crate) fn is_new(&self, m: MessageId) -> bool {
+        self.newest.is_none_or(|n| m > n)
     }
 
     /// Counts a summary derived from the folded state (`true`) or by assembly.

@@ -72,6 +72,9 @@ pub(super) struct Pass<'a, 't> {
     cache: &'a mut Cache,
     /// Message IDs formatted as keys, once per batch.
     keys: HashMap<MessageId, String>,
+    /// Keys of the messages of this batch that the store cannot hold yet (newer than every
+    /// message ID it may hold): nothing is read for them when the cache has none.
+    new_keys: HashSet<String>,
     /// Counter changes of this batch, gathered by hashing (a message bumps some twenty
     /// counters, and a topic's are looked up by `&str`, with no key built per bump); moved
     /// into [`ApplyOutcome::counters`] once, before the counters are written.
@@ -94,6 +97,7 @@ impl<'a, 't> Pass<'a, 't> {
             t,
             cache,
             keys: HashMap::new(),
+            new_keys: HashSet::new(),
             global: HashMap::new(),
             by_topic: HashMap::new(),
             out: ApplyOutcome::default(),
@@ -259,7 +263,12 @@ impl<'a, 't> Pass<'a, 't> {
             self.store.trim_payload(&mut r);
             by_key.entry(key).or_default().push(r);
         }
+        let newest = by_id.keys().max().copied();
         for (m, recs) in by_id {
+            if self.cache.is_new(m) {
+                let key = self.key(m);
+                self.new_keys.insert(key);
+            }
             match by_key.entry(self.key(m)) {
                 Entry::Vacant(e) => {
                     e.insert(recs);
@@ -267,6 +276,7 @@ impl<'a, 't> Pass<'a, 't> {
                 Entry::Occupied(mut e) => e.get_mut().extend(recs),
             }
         }
+        self.cache.saw(newest);
         Ok(by_key)
     }
 
@@ -397,6 +407,7 @@ impl<'a, 't> Pass<'a, 't> {
         }
         match self.cache.take(key) {
             Some(c) => Ok(c),
+            None if self.new_keys.contains(key) => Ok(Cached::default()),
             None => self.t.load_cached(key),
         }
     }

@@ -101,6 +101,21 @@ impl StoredKey {
     }
 }
 
+/// The first and last possible stored keys of a message ID (tag, then 16 bytes), and what
+/// follows every key of theirs: the keys of message IDs, whatever follows them in a table's
+/// key, lie from the first bound up to the last.
+pub(crate) const MESSAGE_KEYS: ([u8; 1], [u8; 1]) = ([TAG_MESSAGE], [TAG_MESSAGE + 1]);
+
+/// The message ID a table key starts with (a stored message key, then anything), if it
+/// starts with one.
+pub(crate) fn message_id_of(table_key: &[u8]) -> Option<MessageId> {
+    let id = table_key.get(..17)?;
+    match MessageKey::from_stored(id) {
+        Ok(MessageKey::Message(m)) => Some(m),
+        _ => None,
+    }
+}
+
 impl MessageKey {
     /// The tables' binary form.
     pub(crate) fn to_stored(&self) -> StoredKey {

@@ -237,6 +237,8 @@ impl Store {
         let path = dir.join(STORE_DIR);
         let engine = Engine::open(&path, cache_bytes).map_err(|e| StoreError::open(&path, e))?;
         migrate::from_redb(dir, &engine)?;
+        let mut cache = Cache::new(DEFAULT_CACHE_MESSAGES);
+        cache.saw(engine.newest_message()?);
         Ok(Store {
             db: RwLock::new(Some(engine)),
             path,
@@ -245,7 +247,7 @@ impl Store {
             payload_head_bytes,
             deadlines,
             emit_trajectories: false,
-            cache: Mutex::new(Cache::new(DEFAULT_CACHE_MESSAGES)),
+            cache: Mutex::new(cache),
         })
     }
 
@@ -259,7 +261,11 @@ impl Store {
     /// Sets how many in-flight messages [`Store::apply`] keeps in memory (default
     /// [`DEFAULT_CACHE_MESSAGES`]; 0 keeps none and reads every touched message back).
     pub fn cache_capacity(self, messages: usize) -> Self {
-        *self.lock_cache() = Cache::new(messages);
+        let mut cache = self.lock_cache();
+        let newest = cache.newest();
+        *cache = Cache::new(messages);
+        cache.saw(newest);
+        drop(cache);
         self
     }
 

@@ -29,15 +29,21 @@ struct First<T> {
     tie: bool,
 }
 
-/// Offers `value` of a record at (`at`, `stage`) to an earliest-first slot.
-fn offer_first<T: PartialEq>(slot: &mut Option<First<T>>, at: u64, stage: Stage, value: T) {
+/// Offers `value` of a record at (`at`, `stage`) to an earliest-first slot (copied only
+/// when it takes the place).
+fn offer_first<T: PartialEq + Clone>(
+    slot: &mut Option<First<T>>,
+    at: u64,
+    stage: Stage,
+    value: &T,
+) {
     match slot {
         Some(f) if (at, stage) > f.at => {}
-        Some(f) if (at, stage) == f.at => f.tie |= f.value != value,
+        Some(f) if (at, stage) == f.at => f.tie |= f.value != *value,
         _ => {
             *slot = Some(First {
                 at: (at, stage),
-                value,
+                value: value.clone(),
                 tie: false,
             })
         }
@@ -265,16 +271,16 @@ impl Folded {
         max_in(&mut self.last_at, r.at);
         let (at, stage) = (r.at, r.stage);
         if let Some(m) = r.message_id {
-            offer_first(&mut self.message_id, at, stage, m);
+            offer_first(&mut self.message_id, at, stage, &m);
         }
         if let Some(q) = &r.request_id {
-            offer_first(&mut self.request_id, at, stage, q.clone());
+            offer_first(&mut self.request_id, at, stage, q);
         }
         if let Some(p) = &r.producer {
-            offer_first(&mut self.producer, at, stage, p.clone());
+            offer_first(&mut self.producer, at, stage, p);
         }
         if let Some(t) = &r.topic {
-            offer_first(&mut self.topic, at, stage, t.clone());
+            offer_first(&mut self.topic, at, stage, t);
         }
         match stage {
             Stage::UploadSent => {
@@ -300,7 +306,7 @@ impl Folded {
                 } else {
                     min_in(&mut self.p2_at, at);
                     let v = (r.topic.clone(), r.attrs.clone());
-                    offer_first(&mut self.p2, at, stage, v);
+                    offer_first(&mut self.p2, at, stage, &v);
                 }
             }
             s if s.is_deliver_side() || s.is_process_side() || s == Stage::Redelivery => {
