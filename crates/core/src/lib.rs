@@ -39,6 +39,7 @@
 
 mod backoff;
 mod chain;
+pub mod codec;
 mod config;
 pub mod frame;
 mod group;

@@ -90,7 +90,6 @@
 mod cache;
 mod clocks;
 pub mod cluster;
-mod codec;
 mod config;
 mod counters;
 mod error;

@@ -16,7 +16,7 @@
 //! Decoding checks every index, length and ID, and fails with [`CodecError`] rather than
 //! guess: a value that does not decode is corruption, which the store reports as such.
 
-use crate::codec::{CodecError, Reader as Bytes, Writer as Out};
+use msgtrail_core::codec::{CodecError, Reader as Bytes, Writer as Out};
 use msgtrail_core::{BrokerInstance, ClientId, MessageId, RequestId, Stage, StageRecord};
 
 /// The version byte of the stored form.
