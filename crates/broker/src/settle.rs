@@ -26,9 +26,27 @@ use msgtrail_core::wire::{ItemResult, SettleKind, SettleReply, SettleRequest};
 use msgtrail_core::{ErrorCode, Role, WireError};
 use std::sync::atomic::Ordering;
 
-/// Longest a settle waits for its stage records to be stored before answering anyway (the
-/// writer keeps retrying them): about a stage-stream leader election.
-pub(crate) const STORED_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+/// Longest a settle (or a stage report) waits for its stage records to be stored before
+/// answering anyway (the writer keeps retrying them): a typical stage-stream leader election.
+///
+/// It is chosen so that the reply reaches the client before the SDK's default request
+/// timeout (5 s) even when the settle also waited the whole
+/// [`crate::consume::SETTLE_CONFIRM_WAIT`] (1.5 s) for JetStream's confirmation: 1.5 s + 3 s
+/// leaves 0.5 s for the trips. A wait as long as the client's timeout (5 s until round 11)
+/// turned every long election into client timeouts, retries after the delivery's deadline
+/// and ambiguous acks (RELIABILITY.md, findings 6 and 8). The trade-off: a settle answered
+/// after a longer election is answered before its records are stored; they are not lost
+/// unless this broker is also killed before its writer stores them (two faults at once).
+pub(crate) const STORED_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// The SDK's default request timeout (`msgtrail-client`, 5 s): a settle's longest wait must
+/// end before it, with room for the trips.
+const SDK_DEFAULT_TIMEOUT_MS: u128 = 5_000;
+const _: () = assert!(
+    crate::consume::SETTLE_CONFIRM_WAIT.as_millis() + STORED_WAIT.as_millis() + 250
+        <= SDK_DEFAULT_TIMEOUT_MS,
+    "a settle's longest wait must end before the SDK's default request timeout"
+);
 
 /// Handles settle batches.
 #[derive(Debug, Clone)]
