@@ -48,6 +48,57 @@ const _: () = assert!(
     "a settle's longest wait must end before the SDK's default request timeout"
 );
 
+/// What is left of a request's reply time for waiting on its stage records: [`STORED_WAIT`],
+/// or less when the client said in `Msgtrail-Timeout-Ms` that it gives up sooner, less
+/// [`REPLY_MARGIN`] for the reply's trip and what the request already took here. A reply is
+/// worth more to a client before its timeout than after it: after it the client retries,
+/// possibly past the delivery's deadline, and cannot tell whether its first settle was applied
+/// (RELIABILITY.md, findings 6 and 8).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ReplyBudget {
+    received: std::time::Instant,
+    client_timeout: Option<std::time::Duration>,
+}
+
+/// Room left for a reply's trip back to the client.
+pub(crate) const REPLY_MARGIN: std::time::Duration = std::time::Duration::from_millis(200);
+
+impl ReplyBudget {
+    /// The budget of a request received now, from its headers; a `Msgtrail-Timeout-Ms` that is
+    /// not a whole number of milliseconds is refused (`bad_request`).
+    pub(crate) fn of(headers: Option<&async_nats::HeaderMap>) -> Result<Self, WireError> {
+        let client_timeout = match headers.and_then(|hs| hs.get(h::TIMEOUT_MS)) {
+            None => None,
+            Some(v) => Some(v.as_str().trim().parse::<u64>().map_err(|_| {
+                WireError::new(
+                    ErrorCode::BadRequest,
+                    format!(
+                        "header {} must be a whole number of milliseconds, not {:?}",
+                        h::TIMEOUT_MS,
+                        v.as_str()
+                    ),
+                )
+            })?),
+        }
+        .map(std::time::Duration::from_millis);
+        Ok(ReplyBudget {
+            received: std::time::Instant::now(),
+            client_timeout,
+        })
+    }
+
+    /// How long the reply may still wait for its stage records.
+    pub(crate) fn stored_wait(&self) -> std::time::Duration {
+        match self.client_timeout {
+            None => STORED_WAIT,
+            Some(t) => t
+                .saturating_sub(REPLY_MARGIN)
+                .saturating_sub(self.received.elapsed())
+                .min(STORED_WAIT),
+        }
+    }
+}
+
 /// Handles settle batches.
 #[derive(Debug, Clone)]
 pub(crate) struct Settler {
@@ -63,6 +114,7 @@ impl Settler {
     /// Handles one settle request, binary or JSON.
     #[tracing::instrument(name = "settle", skip_all, fields(entries = tracing::field::Empty))]
     pub(crate) async fn handle(&self, msg: &async_nats::Message) -> Result<Bytes, WireError> {
+        let wait = ReplyBudget::of(msg.headers.as_ref())?;
         if frame::frame_kind(&msg.payload) == Some(frame::FrameKind::SettleBatch) {
             let headers = msg.headers.as_ref().ok_or_else(|| {
                 WireError::new(
@@ -89,7 +141,7 @@ impl Settler {
                 .settle_all(&channel, &batch.entries, own, &mut tokens)
                 .await;
             reports.accepted += relayed as u32;
-            self.records_stored().await;
+            self.records_stored(wait).await;
             return Ok(SettleResults {
                 results: results.into_iter().map(Result::err).collect(),
                 reports,
@@ -115,7 +167,7 @@ impl Settler {
         let (results, _) = self
             .settle_all(&channel, &entries, Vec::new(), &mut TokenCache::new())
             .await;
-        self.records_stored().await;
+        self.records_stored(wait).await;
         let reply = SettleReply {
             results: results.iter().map(ItemResult::of).collect(),
         };
@@ -126,9 +178,9 @@ impl Settler {
 
     /// Waits until this request's records (C4/C8, R1, and what rode along) are in the stage
     /// stream, so that a broker killed right after its reply loses none of them.
-    async fn records_stored(&self) {
+    async fn records_stored(&self, budget: ReplyBudget) {
         let sink = &self.deliverer.shared.sink;
-        if !sink.stored(STORED_WAIT).await {
+        if !sink.stored(budget.stored_wait()).await {
             tracing::warn!("settle answered before its stage records were stored (the stage stream is slow or electing a leader); they are retried");
         }
     }

@@ -7,7 +7,11 @@ impl Deliverer {
     /// `ack`: settles one delivery (ack, nack with optional delay, or term); returns the
     /// push subscription and sequence whose in-flight slot the settle frees, if any.
     #[tracing::instrument(name = "ack", skip_all, fields(channel = %req.channel, kind = ?req.kind))]
-    pub(crate) async fn ack(&self, req: AckRequest) -> Result<Option<(String, u64)>, WireError> {
+    pub(crate) async fn ack(
+        &self,
+        req: AckRequest,
+        budget: crate::settle::ReplyBudget,
+    ) -> Result<Option<(String, u64)>, WireError> {
         let channel = self
             .shared
             .channels
@@ -18,7 +22,7 @@ impl Deliverer {
             .settle(&token, req.kind, req.delay_ms, req.reason.as_deref())
             .await?;
         // As for settle batches: the reply waits for the settle's records to be stored.
-        let _ = self.shared.sink.stored(crate::settle::STORED_WAIT).await;
+        let _ = self.shared.sink.stored(budget.stored_wait()).await;
         Ok(freed)
     }
 
