@@ -1618,3 +1618,43 @@ async fn a_settle_is_answered_within_the_clients_timeout_while_the_stage_stream_
         .to_owned();
     assert!(text.contains("Msgtrail-Timeout-Ms"), "{text}");
 }
+
+/// A settle retried after its delivery's deadline, for a message JetStream already took from
+/// the group (the earlier attempt was applied, its answer lost), is refused `already_settled`
+/// — the group is done, nothing to do — not `delivery_expired` ("not applied; delivered
+/// again"), which would be false (RELIABILITY.md, finding 8). The message is indeed never
+/// delivered again. A late settle of a delivery JetStream still holds stays `delivery_expired`
+/// (`a_settle_after_the_ack_wait_is_refused_as_delivery_expired`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_retry_of_an_applied_ack_is_told_the_group_is_done() {
+    let sys = TestSystem::start().await;
+    let producer = sys.producer("shop").await;
+    let consumer = sys.consumer("billing-1").await;
+    let reply = producer.send("orders.eu", "once").await.unwrap();
+    let subscription = sub("billing", "orders.*");
+    let got = consumer.fetch(&subscription, 1, WAIT).await.unwrap();
+    assert_eq!(got.len(), 1);
+    got[0].ack().await.unwrap();
+    tokio::time::sleep(ACK_WAIT + Duration::from_millis(300)).await;
+    let late = got[0].ack().await.unwrap_err();
+    assert!(late.is_already_settled(), "{late}");
+    assert!(!late.is_delivery_expired(), "{late}");
+    assert!(!late.is_transient(), "{late}");
+    assert!(late.to_string().contains("already settled"), "{late}");
+    // Not delivered again, and the late retry recorded no second C8.
+    let again = consumer
+        .fetch(&subscription, 1, ACK_WAIT * 2)
+        .await
+        .unwrap();
+    assert!(again.is_empty(), "delivered again: {again:?}");
+    let recs = sys.records_for(reply.message_id, |_| true).await;
+    assert_eq!(count(&recs, Stage::PullAckReceived), 1, "{recs:?}");
+    let metrics = &sys.broker.as_ref().unwrap().metrics;
+    assert_eq!(
+        metrics
+            .settles_already_settled
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+    assert_eq!(metrics.errors().get("already_settled"), Some(&1));
+}

@@ -213,15 +213,22 @@ impl Settler {
         let d = &self.deliverer;
         let mut relayed = 0;
         own.resize_with(entries.len(), Default::default);
+        // Settles past their deadline, with their tokens: refused after JetStream is asked
+        // whether the group already settled them (`Deliverer::refuse_late`).
+        let mut late = Vec::new();
         let mut prepared: Vec<Result<Prepared, WireError>> = entries
             .iter()
             .zip(own)
-            .map(|(e, (records, invalid))| {
+            .enumerate()
+            .map(|(i, (e, (records, invalid)))| {
                 let token = tokens.decode(&e.token, &channel.client_id, &d.shared.key)?;
                 if !records.is_empty() || invalid.is_some() {
                     relayed += self.relay.relay_own(channel, &token, records, invalid);
                 }
-                d.check_in_time(&token, e.kind)?;
+                if let Err(expired) = d.check_in_time(&token, e.kind) {
+                    late.push((i, token));
+                    return Err(expired);
+                }
                 let (effective, payload) = d.jetstream_settle(&token, e.kind, e.delay_ms);
                 Ok(Prepared {
                     token,
@@ -231,6 +238,12 @@ impl Settler {
                 })
             })
             .collect();
+        for (i, token) in late {
+            if let Err(expired) = &prepared[i] {
+                let refusal = d.refuse_late(&token, expired.clone()).await;
+                prepared[i] = Err(refusal);
+            }
+        }
         // The last settle of each consumer is the confirmed one.
         let mut last_of = std::collections::HashMap::new();
         for (i, p) in prepared.iter().enumerate() {
