@@ -49,6 +49,7 @@ pub mod observed;
 pub mod outcome;
 pub mod partition;
 mod record;
+pub mod record_fields;
 mod stage;
 pub mod stored;
 pub mod subjects;
