@@ -193,7 +193,7 @@ async fn the_page_shows_observed_trajectories_and_the_observe_status() {
     assert!(billing_row.contains("every ack sampled"), "{billing_row}");
     // Its statistics: billing's one delivery, acked, with its ack time; nothing unacked.
     let figure = |consumer: &str, k: &str| {
-        format!("(document.querySelector('#viewBody .stream[data-stream=\"ORDERS\"] tr.figures[data-consumer=\"{consumer}\"] td[data-k=\"{k}\"]') || {{}}).innerText")
+        format!("(document.querySelector('#viewBody .stream[data-stream=\"ORDERS\"] tr[data-figures=\"{consumer}\"] td[data-k=\"{k}\"]') || {{}}).innerText")
     };
     b.until(
         "billing's statistics in the view",

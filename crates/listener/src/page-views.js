@@ -112,7 +112,7 @@ function observedFiguresHtml(f, windowSecs) {
   const rows = (f.consumers || []).map(c => {
     const now = c.now || {};
     const terms = Object.entries(c.term_reasons || {}).map(([r, n]) => `${r || "no reason"}: ${n}`).join(", ");
-    return `<tr class="figures" data-consumer="${esc(c.consumer)}"><td>${groupLink(c.consumer)}</td><td class="n" data-k="deliveries">${c.deliveries}</td>
+    return `<tr class="figures" data-figures="${esc(c.consumer)}"><td>${groupLink(c.consumer)}</td><td class="n" data-k="deliveries">${c.deliveries}</td>
       <td class="n" data-k="redeliveries">${c.redeliveries}</td><td class="n" data-k="acks">${c.acks}</td><td class="n" data-k="naks">${c.naks}</td>
       <td class="n" data-k="terms" title="${esc(terms)}">${c.terms}</td><td class="n" data-k="max_deliveries">${c.max_deliveries}</td>
       <td class="n" data-k="unacked">${now.unacked ?? "—"}</td><td class="n" data-k="pending">${now.pending ?? "—"}</td>
