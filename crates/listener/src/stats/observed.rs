@@ -252,3 +252,87 @@ pub(super) fn register(streams: &[ObservedStreamStats], r: &mut Registry) {
         latency,
     );
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn live() -> BTreeMap<String, BTreeMap<String, Option<ConsumerNow>>> {
+        let now = ConsumerNow {
+            unacked: 2,
+            pending: 5,
+            ..Default::default()
+        };
+        let orders = [
+            ("billing".to_owned(), Some(now)),
+            ("audit".to_owned(), None),
+        ];
+        BTreeMap::from([
+            ("ORDERS".to_owned(), orders.into_iter().collect()),
+            ("PAYMENTS".to_owned(), BTreeMap::new()),
+        ])
+    }
+
+    /// Counters, histograms and discovery's figures meet per (stream, consumer); a consumer
+    /// only the counters name (deleted since) is listed, a stream not observed is not.
+    #[test]
+    fn the_section_puts_counters_samples_and_consumer_info_together() {
+        let counters: BTreeMap<String, u64> = [
+            ("observed/ORDERS//stored", 4),
+            ("observed/ORDERS//state.stuck", 1),
+            ("observed/ORDERS//state.consumed", 0),
+            ("observed/ORDERS/billing/deliveries", 3),
+            ("observed/ORDERS/billing/term.bad", 1),
+            ("observed/ORDERS/gone/acks", 7),
+            ("observed/OLD/x/acks", 1),
+            ("topic/orders/redeliveries", 9),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+        let mut hists = ObservedHists::new();
+        let sample = |nanos| ObservedSample {
+            stream: "ORDERS".into(),
+            consumer: "audit".into(),
+            kind: SampleKind::AckTime,
+            nanos,
+        };
+        let window = Duration::from_secs(10);
+        record(
+            &mut hists,
+            window,
+            &[sample(2_000_000), sample(4_000_000)],
+            1,
+        );
+        let p = Periods {
+            window_secs: 10.0,
+            uptime_secs: 10.0,
+        };
+        let all = snapshot(&counters, &mut hists, &live(), None, 2, p);
+        let names: Vec<&str> = all.iter().map(|s| s.stream.as_str()).collect();
+        assert_eq!(names, ["ORDERS", "PAYMENTS"]);
+        let o = &all[0];
+        assert_eq!((o.stored, o.stuck, o.unacked), (4, 1, 2));
+        assert_eq!(o.states, BTreeMap::from([(MessageState::Stuck, 1)]));
+        let cs: Vec<&str> = o.consumers.iter().map(|c| c.consumer.as_str()).collect();
+        assert_eq!(cs, ["audit", "billing", "gone"]);
+        let (audit, billing) = (&o.consumers[0], &o.consumers[1]);
+        assert_eq!(
+            (audit.ack_time.total.count, audit.ack_time.window.count),
+            (2, 2)
+        );
+        assert!((audit.ack_time.window.max_ms - 4.0).abs() < 0.05);
+        assert_eq!(audit.now, None);
+        assert_eq!(billing.deliveries, 3);
+        assert_eq!(
+            billing.term_reasons,
+            BTreeMap::from([("bad".to_owned(), 1)])
+        );
+        assert_eq!(billing.now.as_ref().map(|n| n.pending), Some(5));
+        assert_eq!(o.consumers[2].acks, 7);
+
+        let one = snapshot(&counters, &mut hists, &live(), Some("PAYMENTS"), 2, p);
+        assert_eq!(one.len(), 1);
+        assert!(one[0].consumers.is_empty());
+    }
+}
