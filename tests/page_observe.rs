@@ -210,8 +210,19 @@ async fn the_page_shows_observed_trajectories_and_the_observe_status() {
         .js(&format!("return {}", figure("billing", "ack_time")))
         .await;
     assert!(
-        ack_time.as_str().is_some_and(|t| t.ends_with("ms (1)")),
-        "one ack-time sample: {ack_time}"
+        ack_time
+            .as_str()
+            .is_some_and(|t| t.contains(" / ") && t.ends_with(" ms")),
+        "billing's ack time p50 / p99: {ack_time}"
+    );
+    let samples = b
+        .js("return document.querySelector('#viewBody .stream[data-stream=\"ORDERS\"] tr[data-figures=\"billing\"] td[data-k=\"ack_time\"] span').title")
+        .await;
+    assert!(
+        samples
+            .as_str()
+            .is_some_and(|t| t.ends_with(", 1 sample(s)")),
+        "one ack-time sample: {samples}"
     );
     let stored = b
         .text("#viewBody .stream[data-stream=\"ORDERS\"] [data-n=\"stored\"] b")

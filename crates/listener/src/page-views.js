@@ -108,7 +108,7 @@ async function observeData() {
 // deliveries and what it holds now.
 function observedFiguresHtml(f, windowSecs) {
   if (!f) return "";
-  const pct = l => l.count ? `${l.p50_ms.toFixed(2)} / ${l.p99_ms.toFixed(2)} / ${l.max_ms.toFixed(2)} ms <span class="dim">(${l.count})</span>` : "—";
+  const pct = l => l.count ? `<span title="max ${l.max_ms.toFixed(2)} ms, ${l.count} sample(s)">${l.p50_ms.toFixed(1)} / ${l.p99_ms.toFixed(1)} ms</span>` : "—";
   const rows = (f.consumers || []).map(c => {
     const now = c.now || {};
     const terms = Object.entries(c.term_reasons || {}).map(([r, n]) => `${r || "no reason"}: ${n}`).join(", ");
@@ -119,9 +119,9 @@ function observedFiguresHtml(f, windowSecs) {
       <td class="n" data-k="queue_wait">${pct(c.queue_wait.window)}</td><td class="n" data-k="ack_time">${pct(c.ack_time.window)}</td></tr>`;
   }).join("");
   const nums = `<div class="nums">${num(["stored", f.stored], "stored")}${num(["stuck", f.stuck], "stuck", "stored, no consumer's delivery seen within the listener's delivered deadline")}${num(["unacked", f.unacked], "unacked", "delivered and not acknowledged, over its consumers (consumer info)")}</div>`;
-  return nums + (rows ? `<table class="stats"><thead><tr><th>consumer</th><th class="n">deliveries</th><th class="n">redelivered</th><th class="n">acks</th><th class="n">naks</th><th class="n">terms</th><th class="n">max deliveries</th>
-    <th class="n">unacked</th><th class="n">pending</th><th class="n" title="stored → first delivery">queue wait p50 / p99 / max</th><th class="n" title="delivery → ack">ack time p50 / p99 / max</th></tr></thead><tbody>${rows}</tbody></table>
-    <p class="dim">Percentiles over the last ${windowSecs} s; unacked and pending as nats-server's consumer info said at the last look.</p>` : "");
+  return nums + (rows ? `<div class="scroll"><table class="stats"><thead><tr><th>consumer</th><th class="n">deliveries</th><th class="n" title="attempts after the first">redeliv.</th><th class="n">acks</th><th class="n">naks</th><th class="n">terms</th><th class="n" title="max deliveries reached">max dlv</th>
+    <th class="n" title="delivered, not acknowledged (consumer info)">unacked</th><th class="n" title="stored, not delivered yet (consumer info)">pending</th><th class="n" title="stored → first delivery">queue wait p50/p99</th><th class="n" title="delivery → ack">ack time p50/p99</th></tr></thead><tbody>${rows}</tbody></table></div>
+    <p class="dim">Queue wait (stored → first delivery) and ack time (delivery → ack) over the last ${windowSecs} s (the maximum and the samples on hover); unacked and pending as nats-server's consumer info said at the last look.</p>` : "");
 }
 // Per observed stream whether it exists and is read, its statistics, its durable consumers,
 // and those that do not sample every ack, with the fix.
