@@ -3,7 +3,7 @@
 //! batch and writes each distinct counter once per transaction under its name
 //! ([`CounterKey`]'s `Display`), the form the counters table, the statistics and the API
 //! have always used: `stage.P1`, `funnel.acked`, `topic/orders/redeliveries`,
-//! `topic/orders/state.consumed`, ….
+//! `topic/orders/state.consumed`, …; observe mode's `observed/<stream>/<consumer>/acks`, ….
 
 use msgtrail_core::trajectory::MessageState;
 use msgtrail_core::Stage;
@@ -109,6 +109,9 @@ pub enum CounterKey {
     Global(Counter),
     /// Within one topic (`""` for messages whose topic is unknown).
     Topic(String, Counter),
+    /// Observe mode's, of an observed stream or one of its consumers
+    /// ([`crate::observe::stats`]).
+    Observed(crate::observe::stats::ObservedKey),
 }
 
 impl fmt::Display for CounterKey {
@@ -116,6 +119,7 @@ impl fmt::Display for CounterKey {
         match self {
             CounterKey::Global(c) => c.fmt(f),
             CounterKey::Topic(t, c) => write!(f, "{TOPIC_PREFIX}{t}/{c}"),
+            CounterKey::Observed(k) => k.fmt(f),
         }
     }
 }

@@ -10,7 +10,7 @@
 //! | `GET /api/dead-letters[?limit=N]` | [`DeadLetter`]s, newest first (default 100, at most 1 000): topic, group, consumer, attempt, why |
 //! | `GET /api/clients/{client-id}` | [`ClientClocks`]: the client's clock offset per broker instance, the best (smallest round trip) of its exchanges in the last 60 s of records ([`crate::clocks`]); none for a client not seen |
 //! | `GET /api/clients/{client-id}/events[?limit=N]` | [`ClientEvents`]: the client's N1 (no-match) and A1 (channel) records, newest first (default 100, at most 512; the newest 512 per client are kept, subject to the age retention) |
-//! | `GET /api/stats[?topic=T]` | [`StatsSnapshot`] |
+//! | `GET /api/stats[?topic=T][&stream=S]` | [`StatsSnapshot`] (`stream`: observe mode's section of that stream only) |
 //! | `GET /metrics` | Prometheus text 0.0.4, or OpenMetrics 1.0 with the latency histograms' exemplars (trace IDs) when `Accept` asks for `application/openmetrics-text` ([`Exposition`]) |
 //! | `GET /healthz` | `ok`; 503 with the reason while the store cannot write (never needs the token) |
 //! | `GET /` | the page: statistics, recent messages (observed ones marked), a trajectory's timeline (an observed one with its stream, sequence and unsampled consumers), the group, dead-letter, client and observed-streams (`/api/observe`) views (static, with its scripts `/page.js`, `/page-list.js`, `/page-trace.js` and `/page-views.js`; its data calls carry the token) |
@@ -522,10 +522,15 @@ async fn not_found(uri: Uri) -> Response {
 #[derive(Debug, Deserialize)]
 struct StatsParams {
     topic: Option<String>,
+    /// Observe mode: only this stream in the `observed` section.
+    stream: Option<String>,
 }
 
 async fn stats_handler(State(st): State<AppState>, ApiQuery(p): ApiQuery<StatsParams>) -> Response {
-    Json(st.stats.snapshot(p.topic.as_deref(), now_nanos())).into_response()
+    let s = st
+        .stats
+        .snapshot_of(p.topic.as_deref(), p.stream.as_deref(), now_nanos());
+    Json(s).into_response()
 }
 
 async fn metrics(State(st): State<AppState>, headers: HeaderMap) -> Response {

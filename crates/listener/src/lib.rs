@@ -442,12 +442,10 @@ async fn load_stats(
 ) -> Result<Arc<Stats>, ListenerError> {
     let st = store.clone();
     let since = started_at.saturating_sub(config.stats_window.as_nanos() as u64);
-    let (counters, states, recent) = tokio::task::spawn_blocking(move || {
-        Ok::<_, StoreError>((
-            st.counters()?,
-            st.state_counts()?,
-            st.recent_summaries(since, RESEED_MAX)?,
-        ))
+    let (counters, states, recent, observed) = tokio::task::spawn_blocking(move || {
+        let recent = st.recent_summaries(since, RESEED_MAX)?;
+        let observed = observe::stats::recent_samples(&st, &recent)?;
+        Ok::<_, StoreError>((st.counters()?, st.state_counts()?, recent, observed))
     })
     .await
     .map_err(ListenerError::Task)??;
@@ -458,6 +456,7 @@ async fn load_stats(
         states,
     ));
     stats.seed(&recent);
+    stats.seed_observed(&observed);
     Ok(stats)
 }
 
@@ -544,6 +543,7 @@ async fn housekeeping(
                     Ok(Ok(out)) => {
                         deadline_since = out.next_since;
                         stats.apply_state_changes(&out.state_changes);
+                        stats.add_counters(&out.counters);
                         if let Some(x) = &exporter {
                             x.offer(out.trajectories);
                         }
@@ -565,6 +565,7 @@ async fn housekeeping(
                 match tokio::task::spawn_blocking(move || st.enforce_retention(now, age, bytes, HOUSEKEEPING_BATCH)).await {
                     Ok(Ok(out)) => {
                         stats.apply_state_changes(&out.state_changes);
+                        stats.add_counters(&out.counters);
                         stats.add_counter(counters::Counter::RetentionDeleted, out.deleted);
                         if out.deleted > 0 {
                             tracing::info!(deleted = out.deleted, bytes = out.bytes_freed, "retention");

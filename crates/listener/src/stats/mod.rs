@@ -45,9 +45,11 @@ use std::sync::Mutex;
 use std::time::{Duration, UNIX_EPOCH};
 
 mod metrics;
+mod observed;
 mod window;
 pub(crate) use metrics::*;
 pub use msgtrail_listener_client::stats::*;
+pub(crate) use observed::ObservedLive;
 use window::*;
 #[cfg(test)]
 mod tests;
@@ -63,6 +65,8 @@ struct Inner {
     lag: IngestLag,
     /// Failed attempts in the current store outage (0 while the store writes).
     outage_failures: u64,
+    /// Observe mode's queue-wait and ack-time histograms.
+    observed: observed::ObservedHists,
 }
 
 /// How a store outage ended ([`Stats::store_written`]).
@@ -82,6 +86,9 @@ pub struct Stats {
     inner: Mutex<Inner>,
     /// `msgtrail_hop_latency_seconds`: since start, with exemplars (locks of its own).
     hop_latency: HopLatency,
+    /// Observe mode's discovery, once observing: the streams, consumers and their figures
+    /// now.
+    observed_live: std::sync::OnceLock<std::sync::Arc<dyn ObservedLive>>,
 }
 
 impl std::fmt::Debug for Stats {
@@ -110,8 +117,10 @@ impl Stats {
                 ingest: IngestCounts::default(),
                 lag: IngestLag::default(),
                 outage_failures: 0,
+                observed: BTreeMap::new(),
             }),
             hop_latency: Family::new_with_constructor(hop_histogram),
+            observed_live: std::sync::OnceLock::new(),
         }
     }
 
@@ -171,6 +180,7 @@ impl Stats {
             *e = e.saturating_add_signed(*v);
         }
         let window = self.window;
+        observed::record(&mut g.observed, window, &outcome.observed, now);
         for (topic, seg, nanos, _) in &outcome.latencies {
             g.hists
                 .entry((topic.clone(), *seg))
@@ -204,7 +214,9 @@ impl Stats {
     /// Adds the metrics of a snapshot taken now (counters and gauges) and the live latency
     /// histograms (`msgtrail_hop_latency_seconds`, with exemplars) to `registry`.
     pub fn register_metrics(&self, registry: &mut Registry, now: u64) {
-        register_snapshot(&self.snapshot(None, now), registry);
+        let snapshot = self.snapshot(None, now);
+        register_snapshot(&snapshot, registry);
+        observed::register(&snapshot.observed, registry);
         registry.register_with_unit(
             "msgtrail_hop_latency",
             "Latency per topic and segment since the listener started; exemplars carry the trace ID (the message ID in hex) of the last sample in each bucket",
@@ -226,6 +238,34 @@ impl Stats {
                     .or_insert_with(|| Windowed::new(window))
                     .record(s.last_at, nanos / 1000);
             }
+        }
+    }
+
+    /// Refills observe mode's histograms after a restart: each message's samples (all of
+    /// its records counted at once) at its last record time, oldest first.
+    pub(crate) fn seed_observed(
+        &self,
+        messages: &[(u64, Vec<crate::observe::stats::ObservedSample>)],
+    ) {
+        let mut g = self.lock();
+        for (at, samples) in messages {
+            observed::record(&mut g.observed, self.window, samples, *at);
+        }
+    }
+
+    /// Makes the snapshots carry the `observed` section, from `live` (discovery) and the
+    /// observed counters; set once, when observe mode starts.
+    pub(crate) fn set_observed_live(&self, live: std::sync::Arc<dyn ObservedLive>) {
+        let _ = self.observed_live.set(live);
+    }
+
+    /// Mirrors counter changes a housekeeping pass persisted (observe mode's per-stream
+    /// states).
+    pub(crate) fn add_counters(&self, deltas: &crate::store::Deltas) {
+        let mut g = self.lock();
+        for (k, v) in deltas {
+            let e = g.counters.entry(k.to_string()).or_default();
+            *e = e.saturating_add_signed(*v);
         }
     }
 
@@ -310,6 +350,18 @@ impl Stats {
 
     /// A snapshot, optionally of one topic's latencies only.
     pub fn snapshot(&self, topic: Option<&str>, now: u64) -> StatsSnapshot {
+        self.snapshot_of(topic, None, now)
+    }
+
+    /// A snapshot, optionally of one topic's latencies only and of one observed stream only.
+    pub fn snapshot_of(
+        &self,
+        topic: Option<&str>,
+        stream: Option<&str>,
+        now: u64,
+    ) -> StatsSnapshot {
+        // Discovery's figures first, outside the statistics' lock.
+        let live = self.observed_live.get().map(|l| l.consumers_now());
         let mut g = self.lock();
         let named = |name: &str| g.counters.get(name).copied().unwrap_or(0);
         let c = |counter: Counter| named(&CounterKey::Global(counter).to_string());
@@ -371,6 +423,22 @@ impl Stats {
             BTreeMap::new()
         };
         let lag = g.lag.clone();
+        let periods = observed::Periods {
+            window_secs: wsecs,
+            uptime_secs: uptime,
+        };
+        let inner = &mut *g;
+        let observed = match &live {
+            Some(live) => observed::snapshot(
+                &inner.counters,
+                &mut inner.observed,
+                live,
+                stream,
+                now,
+                periods,
+            ),
+            None => Vec::new(),
+        };
         for ((t, seg), w) in g.hists.iter_mut() {
             if topic.is_some_and(|want| want != t) {
                 continue;
@@ -396,6 +464,7 @@ impl Stats {
             ingest,
             lag,
             latency,
+            observed,
         }
     }
 }

@@ -7,7 +7,8 @@
 //! 3. [`Pass::merge_orphans`] and [`Pass::regroup_requests`]: records already stored that
 //!    move to another message key.
 //! 4. [`Pass::update_message`], per touched message: insert what is new, rebuild the
-//!    summary, and turn the difference into counters, state changes and latencies.
+//!    summary, and turn the difference into counters, state changes and latencies (observe
+//!    mode's per-stream and per-consumer ones through [`crate::observe::stats`]).
 //! 5. [`Pass::count_reuploads`]: messages stored again after the dedup window.
 //!
 //! The transaction commits (one atomic, fsynced fjall batch) after the passes; the cache gets the touched messages back only
@@ -18,6 +19,7 @@ use super::{client_events, records, MessageKey, Store};
 use crate::cache::{Cache, Cached};
 use crate::counters::{Counter, CounterKey, FunnelStep};
 use crate::error::StoreError;
+use crate::observe::stats as observe_stats;
 use crate::store::ApplyOutcome;
 use crate::summary::{new_latencies, topic_state, MessageSummary};
 use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
@@ -138,6 +140,9 @@ impl<'a, 't> Pass<'a, 't> {
             CounterKey::Global(c) if by != 0 => *self.global.entry(c).or_default() += by,
             CounterKey::Global(_) => {}
             CounterKey::Topic(topic, c) => self.bump_topic(&topic, c, by)?,
+            observed @ CounterKey::Observed(_) => {
+                *self.out.counters.entry(observed).or_default() += by;
+            }
         }
         Ok(())
     }
@@ -417,6 +422,9 @@ impl<'a, 't> Pass<'a, 't> {
         if ins.count == 0 && !moves.rebuild.contains(&key) {
             return Ok((key, own));
         }
+        // Observe mode's hook: the inserted records are the last `ins.count`.
+        let (had, new) = own.records.split_at(own.records.len() - ins.count);
+        self.count_observed(observe_stats::count_records(had, new))?;
         // Assembly drops repeats, so the message's records now (its own and the inserted
         // ones) are all it needs: a moved record already held has the same dedup key. From
         // here on the records only go to the cache, which keeps their stored form: assembly
@@ -428,6 +436,11 @@ impl<'a, 't> Pass<'a, 't> {
         let summary = MessageSummary::of(&key, &traj);
         let prev = own.summary.take();
         let stored_summary = self.t.put_summary(prev.as_ref(), &summary)?;
+        let moved = observe_stats::state_change(prev.as_ref(), Some(&summary));
+        self.count_observed(observe_stats::Change {
+            counters: moved,
+            samples: Vec::new(),
+        })?;
         let same_ts = prev.as_ref().is_some_and(|p| {
             (p.topic.as_deref(), p.state) == (summary.topic.as_deref(), summary.state)
         });
@@ -456,6 +469,15 @@ impl<'a, 't> Pass<'a, 't> {
             self.out.trajectories.push(traj);
         }
         Ok((key, own))
+    }
+
+    /// Adds what observed records changed (observe mode's statistics) to the outcome.
+    fn count_observed(&mut self, change: observe_stats::Change) -> Result<(), StoreError> {
+        for (k, by) in change.counters {
+            self.bump(CounterKey::Observed(k), by)?;
+        }
+        self.out.observed.extend(change.samples);
+        Ok(())
     }
 
     /// Inserts the moved and fresh records a message does not hold yet (by dedup key).

@@ -119,6 +119,8 @@ pub struct ApplyOutcome {
     pub latencies: Vec<(String, Segment, u64, Option<MessageId>)>,
     /// Counter increments (also persisted).
     pub counters: Deltas,
+    /// Observe mode's latencies completed by this batch (queue wait, ack time per consumer).
+    pub(crate) observed: Vec<crate::observe::stats::ObservedSample>,
     /// The trajectories this batch changed, when the store was opened to emit them (for
     /// trace export).
     pub trajectories: Vec<Trajectory>,
@@ -136,6 +138,9 @@ pub struct DeadlineOutcome {
     pub trajectories: Vec<Trajectory>,
     /// The `since` to pass to the next pass.
     pub next_since: u64,
+    /// Counter changes besides the state counts (observe mode's per-stream states), also
+    /// persisted, for the statistics.
+    pub counters: Deltas,
 }
 
 /// What a retention run deleted.
@@ -147,6 +152,9 @@ pub struct RetentionOutcome {
     pub bytes_freed: u64,
     /// The states of the deleted messages, for the state counts.
     pub state_changes: Vec<StateDelta>,
+    /// Counter changes besides the state counts (observe mode's per-stream states), also
+    /// persisted, for the statistics.
+    pub counters: Deltas,
 }
 
 /// One keyspace's share of the store ([`Store::storage`]).
@@ -463,7 +471,7 @@ impl Store {
                     changed.push((key, new));
                 }
             }
-            let mut deltas = BTreeMap::new();
+            let mut deltas = out.counters.clone();
             t.count_states(&out.state_changes, &mut deltas)?;
             t.flush(&deltas)?;
         }
@@ -496,6 +504,9 @@ impl Store {
             return Ok(None);
         }
         t.put_summary(Some(&old), &new)?;
+        for (k, by) in crate::observe::stats::state_change(Some(&old), Some(&new)) {
+            *out.counters.entry(CounterKey::Observed(k)).or_default() += by;
+        }
         if topic_state(&new) != topic_state(&old) {
             out.state_changes
                 .push((Some(topic_state(&old)), Some(topic_state(&new))));
@@ -558,13 +569,16 @@ impl Store {
                 out.deleted += 1;
                 out.bytes_freed += freed;
                 if let Some(s) = summary {
+                    for (k, by) in crate::observe::stats::state_change(Some(&s), None) {
+                        *out.counters.entry(CounterKey::Observed(k)).or_default() += by;
+                    }
                     out.state_changes.push((Some(topic_state(&s)), None));
                 }
             }
             if let Some(c) = cutoff {
                 client_events::prune(&mut t, c)?;
             }
-            let mut ignored = BTreeMap::new();
+            let mut ignored = out.counters.clone();
             t.count_states(&out.state_changes, &mut ignored)?;
             t.bump(
                 Counter::RetentionDeleted.into(),

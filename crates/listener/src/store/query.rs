@@ -9,7 +9,7 @@ use crate::error::{QueryError, StoreError};
 use crate::summary::{state_code, MessageSummary, TopicState};
 use fjall::Readable;
 use msgtrail_core::trajectory::{MessageState, Trajectory};
-use msgtrail_core::{MessageId, RequestId};
+use msgtrail_core::{MessageId, RequestId, StageRecord};
 use std::collections::BTreeMap;
 
 /// Most summaries one search reads before it answers with what it found.
@@ -20,22 +20,15 @@ impl Store {
     /// naming the other messages stored under its producer and request ID
     /// ([`Trajectory::same_request`]).
     pub fn trajectory(&self, key: &str, now: u64) -> Result<Option<Trajectory>, StoreError> {
-        let db = self.db()?;
-        let tx = db.db.read_tx();
-        let sk = stored(key)?;
-        let mut recs = Vec::new();
-        for item in tx.prefix(&db.ks.records, sk.as_bytes()) {
-            let (k, v) = item.into_inner()?;
-            if keys::is_chunk_of(&k, sk.as_bytes()) {
-                recs.extend(records::decode(&v).map_err(corrupt)?);
-            }
-        }
+        let recs = self.records_of(key)?;
         if recs.is_empty() {
             return Ok(None);
         }
         let Some(mut t) = Trajectory::assemble(recs, &self.options(now)) else {
             return Ok(None);
         };
+        let db = self.db()?;
+        let tx = db.db.read_tx();
         if let (Some(m), Some(p), Some(q)) = (t.message_id, &t.producer, &t.request_id) {
             let row = tx.get(&db.ks.requests, keys::request(q.as_str(), p.as_str()))?;
             let others: Vec<MessageId> = match row {
@@ -202,6 +195,21 @@ impl Store {
             out.insert(counter_name(&k)?, counter_value(&v)?);
         }
         Ok(out)
+    }
+
+    /// Every record stored under a message key (none: no such message).
+    pub(crate) fn records_of(&self, key: &str) -> Result<Vec<StageRecord>, StoreError> {
+        let db = self.db()?;
+        let tx = db.db.read_tx();
+        let sk = stored(key)?;
+        let mut recs = Vec::new();
+        for item in tx.prefix(&db.ks.records, sk.as_bytes()) {
+            let (k, v) = item.into_inner()?;
+            if keys::is_chunk_of(&k, sk.as_bytes()) {
+                recs.extend(records::decode(&v).map_err(corrupt)?);
+            }
+        }
+        Ok(recs)
     }
 
     /// The summaries of messages whose last record is at or after `since`, oldest first (to
