@@ -7,10 +7,11 @@
 //! | `GET /api/messages?topic=&state=&from=&to=&since_secs=&limit=&producer=&group=&min_ms=&failed=true&redelivered=true&dead_letter=true&attr=k=v` | matching [`MessageSummary`]s, newest first (`topic` may hold `*` and `>` wildcards; `min_ms` is the slowest group's end to end; `failed`, `redelivered`, `dead_letter`: at any hop) |
 //! | `GET /api/groups[?since_secs=S]` | [`GroupsOverview`]: per consumer group, its messages first seen in the last S seconds (default 900) by state, backlog, in flight, ack rate, dead letters |
 //! | `GET /api/groups/{group}[?since_secs=S]` | [`GroupDetail`]: the group's counts, and from its newest 300 trajectories its members, redeliveries and p50/p99 per hop segment; 404 when no message of the window reached it |
-//! | `GET /api/dead-letters[?limit=N]` | [`DeadLetter`]s, newest first (default 100, at most 1 000): topic, group, consumer, attempt, why |
+//! | `GET /api/dead-letters[?limit=N][&partitions=0,3,7]` | [`DeadLetter`]s, newest first (default 100, at most 1 000): topic, group, consumer, attempt, why; with `partitions`, of those stage partitions' messages only (a group member's share) |
 //! | `GET /api/clients/{client-id}` | [`ClientClocks`]: the client's clock offset per broker instance, the best (smallest round trip) of its exchanges in the last 60 s of records ([`crate::clocks`]); none for a client not seen |
 //! | `GET /api/clients/{client-id}/events[?limit=N]` | [`ClientEvents`]: the client's N1 (no-match) and A1 (channel) records, newest first (default 100, at most 512; the newest 512 per client are kept, subject to the age retention) |
-//! | `GET /api/stats[?topic=T]` | [`StatsSnapshot`] |
+//! | `GET /api/stats[?topic=T]` | [`StatsSnapshot`] (in a group: every partition's, merged by the fan-out layer of `crate::cluster`) |
+//! | `GET /api/share/stats?partitions=0,3,7` | [`StatsShare`]: this member's counters and latency histograms of exactly those stage partitions (what a group member asks another; a listener outside a group keeps no per-partition figures and answers zeros) |
 //! | `GET /metrics` | Prometheus text 0.0.4, or OpenMetrics 1.0 with the latency histograms' exemplars (trace IDs) when `Accept` asks for `application/openmetrics-text` ([`Exposition`]) |
 //! | `GET /healthz` | `ok`; 503 with the reason while the store cannot write (never needs the token) |
 //! | `GET /` | the page: statistics, recent messages (observed ones marked), a trajectory's timeline (an observed one with its stream, sequence and unsampled consumers), the group, dead-letter, client and observed-streams (`/api/observe`) views (static, with its scripts `/page.js`, `/page-list.js`, `/page-trace.js` and `/page-views.js`; its data calls carry the token) |
@@ -24,6 +25,7 @@
 //! [`Trajectory`]: msgtrail_core::trajectory::Trajectory
 //! [`MessageSummary`]: crate::store::MessageSummary
 //! [`StatsSnapshot`]: crate::stats::StatsSnapshot
+//! [`StatsShare`]: crate::stats::StatsShare
 //! [`ClientClocks`]: crate::clocks::ClientClocks
 //! [`Exposition`]: crate::stats::Exposition
 //! [`GroupsOverview`]: crate::views::GroupsOverview
@@ -43,6 +45,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
+use msgtrail_core::partition::Partition;
 use msgtrail_core::time::now_nanos;
 use msgtrail_core::trajectory::MessageState;
 use msgtrail_listener_client::{ApiError, ClientEvents};
@@ -201,6 +204,7 @@ pub(crate) fn router(
         .route("/api/config", get(ui_config))
         .route("/metrics", get(metrics))
         .route("/api/stats", get(stats_handler))
+        .route("/api/share/stats", get(stats_share))
         .route("/api/messages", get(search))
         .route("/api/messages/{id}", get(message))
         .route("/api/messages/{id}/spans", get(message_spans))
@@ -388,12 +392,53 @@ async fn group(
 #[derive(Debug, Deserialize)]
 struct LimitParams {
     limit: Option<usize>,
+    /// Only these stage partitions' messages (`0,3,7`: a group member's share).
+    partitions: Option<String>,
+}
+
+/// A `partitions` parameter that is not a list of partition numbers (answered 400).
+#[derive(Debug)]
+struct BadPartitions(String);
+
+impl IntoResponse for BadPartitions {
+    fn into_response(self) -> Response {
+        error(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            format!("partitions: {:?} is not a list of 0 to 15", self.0),
+            vec![],
+        )
+    }
+}
+
+/// The stage partitions of an optional `partitions` parameter (`None` without it).
+fn partitions_param(list: Option<&str>) -> Result<Option<Vec<Partition>>, BadPartitions> {
+    match list {
+        None => Ok(None),
+        Some(l) => parse_partitions(l)
+            .map(Some)
+            .ok_or_else(|| BadPartitions(l.to_owned())),
+    }
 }
 
 async fn dead_letters(State(st): State<AppState>, ApiQuery(p): ApiQuery<LimitParams>) -> Response {
     let limit = p.limit.unwrap_or(100).clamp(1, 1_000);
+    let parts = match partitions_param(p.partitions.as_deref()) {
+        Ok(ps) => ps,
+        Err(e) => return e.into_response(),
+    };
     let store = st.store.clone();
-    json(blocking(move || Ok(crate::views::dead_letters(&store, now_nanos(), limit)?)).await)
+    json(
+        blocking(move || {
+            Ok(crate::views::dead_letters(
+                &store,
+                now_nanos(),
+                limit,
+                parts,
+            )?)
+        })
+        .await,
+    )
 }
 
 /// A client's clock estimates over the last minute of records, per broker instance
@@ -498,6 +543,7 @@ async fn search(State(st): State<AppState>, ApiQuery(p): ApiQuery<SearchParams>)
         state,
         from,
         to: p.to,
+        partitions: None,
         limit: Some(p.limit.unwrap_or(100).clamp(1, 10_000)),
     };
     let store = st.store.clone();
@@ -526,6 +572,27 @@ struct StatsParams {
 
 async fn stats_handler(State(st): State<AppState>, ApiQuery(p): ApiQuery<StatsParams>) -> Response {
     Json(st.stats.snapshot(p.topic.as_deref(), now_nanos())).into_response()
+}
+
+#[derive(Debug, Deserialize)]
+struct ShareParams {
+    partitions: String,
+}
+
+/// The stage partitions of a `partitions=0,3,7` parameter; `None` when one is not a
+/// partition number.
+pub(crate) fn parse_partitions(list: &str) -> Option<Vec<Partition>> {
+    list.split(',')
+        .filter(|p| !p.is_empty())
+        .map(|p| p.trim().parse::<u16>().ok().and_then(Partition::new))
+        .collect()
+}
+
+async fn stats_share(State(st): State<AppState>, ApiQuery(p): ApiQuery<ShareParams>) -> Response {
+    match partitions_param(Some(&p.partitions)) {
+        Ok(parts) => Json(st.stats.share(&parts.unwrap_or_default(), now_nanos())).into_response(),
+        Err(e) => e.into_response(),
+    }
 }
 
 async fn metrics(State(st): State<AppState>, headers: HeaderMap) -> Response {

@@ -384,7 +384,7 @@ pub async fn start_with_client(
             };
             tasks.spawn(cluster::evidence::run(g, stop.clone()));
         }
-        app = cluster::layer(app, view);
+        app = cluster::layer(app, view, stats.clone());
     }
     tasks.spawn(serve_http(listener, app, stop.clone()));
     tracing::info!(%http_addr, data_dir = %config.data_dir.display(), "listener started");
@@ -426,6 +426,7 @@ async fn open_store(config: &ListenerConfig) -> Result<Arc<Store>, ListenerError
         )
         .map(|s| {
             s.emit_trajectories(cfg.otel.is_some())
+                .partitioned(cfg.group.is_some())
                 .cache_capacity(cfg.cache_messages)
         })
     })
@@ -452,12 +453,10 @@ async fn load_stats(
     })
     .await
     .map_err(ListenerError::Task)??;
-    let stats = Arc::new(Stats::new(
-        config.stats_window,
-        started_at,
-        counters,
-        states,
-    ));
+    let stats = Arc::new(
+        Stats::new(config.stats_window, started_at, counters, states)
+            .partitioned(config.group.is_some()),
+    );
     stats.seed(&recent);
     Ok(stats)
 }
@@ -545,6 +544,7 @@ async fn housekeeping(
                     Ok(Ok(out)) => {
                         deadline_since = out.next_since;
                         stats.apply_state_changes(&out.state_changes);
+                        stats.add_partition_counters(&out.partition_counters);
                         if let Some(x) = &exporter {
                             x.offer(out.trajectories);
                         }
@@ -566,6 +566,7 @@ async fn housekeeping(
                 match tokio::task::spawn_blocking(move || st.enforce_retention(now, age, bytes, HOUSEKEEPING_BATCH)).await {
                     Ok(Ok(out)) => {
                         stats.apply_state_changes(&out.state_changes);
+                        stats.add_partition_counters(&out.partition_counters);
                         stats.add_counter(counters::Counter::RetentionDeleted, out.deleted);
                         if out.deleted > 0 {
                             tracing::info!(deleted = out.deleted, bytes = out.bytes_freed, "retention");

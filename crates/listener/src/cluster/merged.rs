@@ -1,0 +1,172 @@
+//! Merged answers of a group: `GET /api/stats` (and, through the same [`gather`], the
+//! groups and dead-letter views) answered for every partition by any member.
+//!
+//! With `--copies R` each partition is on R members, so adding up members' answers would
+//! count each message R times. Instead [`gather`] picks ONE live owner per partition
+//! ([`ClusterView::pick_owners`]: ready ones first, this member first among equals), asks
+//! each picked member in parallel for exactly its assigned partitions (a member-local
+//! request: [`LOCAL_HEADER`](super::LOCAL_HEADER) and `partitions=0,3,7`), and asks again
+//! elsewhere for the partitions of a member that did not answer. What no member answered
+//! for is said in the headers: [`PARTIAL_HEADER`] names the members that did not answer
+//! and [`MISSING_PARTITIONS_HEADER`] the partitions left out.
+//!
+//! The statistics merge their shares ([`crate::stats::Merged`]): counters summed, latency
+//! histograms merged, percentiles recomputed from the merged histograms.
+
+use super::fanout::{body_json, forward, Fanout, Forward};
+use super::{MAX_COPIES, PARTIAL_HEADER};
+use crate::stats::{Merged, StatsShare};
+use crate::views::dead_letters::{merge, DeadLetter};
+use axum::extract::Request;
+use axum::http::{header, HeaderValue};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use msgtrail_core::partition::Partition;
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+
+/// The header of a merged answer that lacks some partitions: their numbers (`3,7`).
+pub const MISSING_PARTITIONS_HEADER: &str = "x-msgtrail-missing-partitions";
+
+/// One owner's answer for each partition, as [`gather`] got them.
+pub(super) struct Gathered<T> {
+    /// The answers, one per member asked (each for its assigned partitions).
+    pub(super) answers: Vec<T>,
+    /// Members that did not answer (their partitions were asked of another owner).
+    pub(super) failed: Vec<String>,
+    /// Partitions no owner answered for.
+    pub(super) missing: Vec<Partition>,
+}
+
+impl<T> Gathered<T> {
+    /// Marks `resp` partial when partitions are missing: the failed members and the
+    /// missing partitions in their headers.
+    pub(super) fn mark(&self, mut resp: Response) -> Response {
+        if self.missing.is_empty() {
+            return resp;
+        }
+        let parts: Vec<String> = self.missing.iter().map(|p| p.index().to_string()).collect();
+        for (name, value) in [
+            (PARTIAL_HEADER, self.failed.join(",")),
+            (MISSING_PARTITIONS_HEADER, parts.join(",")),
+        ] {
+            if let Ok(v) = HeaderValue::from_str(&value) {
+                resp.headers_mut().insert(name, v);
+            }
+        }
+        resp
+    }
+}
+
+/// Asks one owner of every partition for its share, in parallel: `path(parts)` is the
+/// member-local request for `parts`. A member that fails is skipped and its partitions asked
+/// of another owner, up to [`MAX_COPIES`] rounds.
+pub(super) async fn gather<T: DeserializeOwned>(
+    f: &Fanout,
+    authorization: Option<HeaderValue>,
+    path: impl Fn(&str) -> String,
+) -> Gathered<T> {
+    let mut todo: Vec<Partition> = Partition::all().collect();
+    let mut out = Gathered {
+        answers: Vec::new(),
+        failed: Vec::new(),
+        missing: Vec::new(),
+    };
+    for _ in 0..MAX_COPIES {
+        if todo.is_empty() {
+            break;
+        }
+        let (picked, unowned) = f.view.pick_owners(&todo, &out.failed);
+        if picked.is_empty() {
+            break;
+        }
+        let calls = picked.into_iter().map(|((name, url), parts)| {
+            let list: Vec<String> = parts.iter().map(|p| p.index().to_string()).collect();
+            let fwd = Forward {
+                path_and_query: path(&list.join(",")),
+                authorization: authorization.clone(),
+            };
+            async move {
+                let answer = match forward(f, &url, &fwd).await {
+                    Ok(r) if r.status().is_success() => body_json::<T>(r).await,
+                    Ok(r) => {
+                        tracing::debug!(member = %name, status = %r.status(), "share refused");
+                        None
+                    }
+                    Err(e) => {
+                        tracing::debug!(member = %name, error = %e, "share request failed");
+                        None
+                    }
+                };
+                (name, parts, answer)
+            }
+        });
+        todo = unowned;
+        for (name, parts, answer) in futures::future::join_all(calls).await {
+            match answer {
+                Some(a) => out.answers.push(a),
+                None => {
+                    out.failed.push(name);
+                    todo.extend(parts);
+                }
+            }
+        }
+    }
+    todo.sort();
+    todo.dedup();
+    out.missing = todo;
+    out
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct StatsQuery {
+    topic: Option<String>,
+}
+
+/// `GET /api/stats` for the whole group: one owner's [`StatsShare`] of every partition,
+/// merged; this member's own answer while it knows no members yet.
+pub(super) async fn stats(f: &Fanout, req: Request, next: Next) -> Response {
+    if f.view.roles().is_none() {
+        return next.run(req).await;
+    }
+    let q = axum::extract::Query::<StatsQuery>::try_from_uri(req.uri())
+        .map(|q| q.0)
+        .unwrap_or_default();
+    let auth = req.headers().get(header::AUTHORIZATION).cloned();
+    let got: Gathered<StatsShare> = gather(f, auth, |parts| {
+        format!("/api/share/stats?partitions={parts}")
+    })
+    .await;
+    let mut merged = Merged::default();
+    for share in &got.answers {
+        merged.add(share);
+    }
+    let now = msgtrail_core::time::now_nanos();
+    let snapshot = f.stats.merged_snapshot(&merged, q.topic.as_deref(), now);
+    got.mark(axum::Json(snapshot).into_response())
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct LimitQuery {
+    limit: Option<usize>,
+}
+
+/// `GET /api/dead-letters` for the whole group: one owner's dead letters of every
+/// partition, each message once (a partition is asked of one member), merged as one
+/// listener holding them all lists them ([`merge`]).
+pub(super) async fn dead_letters(f: &Fanout, req: Request, next: Next) -> Response {
+    if f.view.roles().is_none() {
+        return next.run(req).await;
+    }
+    let q = axum::extract::Query::<LimitQuery>::try_from_uri(req.uri())
+        .map(|q| q.0)
+        .unwrap_or_default();
+    let limit = q.limit.unwrap_or(100).clamp(1, 1_000);
+    let auth = req.headers().get(header::AUTHORIZATION).cloned();
+    let got: Gathered<Vec<DeadLetter>> = gather(f, auth, |parts| {
+        format!("/api/dead-letters?limit={limit}&partitions={parts}")
+    })
+    .await;
+    let all = merge(got.answers.iter().flatten().cloned().collect(), limit);
+    got.mark(axum::Json(all).into_response())
+}
