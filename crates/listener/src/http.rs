@@ -7,6 +7,7 @@
 //! | `GET /api/messages?topic=&state=&from=&to=&since_secs=&limit=&producer=&group=&min_ms=&failed=true&redelivered=true&dead_letter=true&attr=k=v` | matching [`MessageSummary`]s, newest first (`topic` may hold `*` and `>` wildcards; `min_ms` is the slowest group's end to end; `failed`, `redelivered`, `dead_letter`: at any hop) |
 //! | `GET /api/groups[?since_secs=S]` | [`GroupsOverview`]: per consumer group, its messages first seen in the last S seconds (default 900) by state, backlog, in flight, ack rate, dead letters |
 //! | `GET /api/groups/{group}[?since_secs=S]` | [`GroupDetail`]: the group's counts, and from its newest 300 trajectories its members, redeliveries and p50/p99 per hop segment; 404 when no message of the window reached it |
+//! | `GET /api/share/groups?partitions=0,3,7[&since_secs=S]`, `GET /api/share/groups/{group}?partitions=…[&since_secs=S]` | [`GroupsShare`], [`GroupDetailShare`]: what this member's messages of those stage partitions give the group views, unsummarized (what a group member asks another, to merge) |
 //! | `GET /api/dead-letters[?limit=N][&partitions=0,3,7]` | [`DeadLetter`]s, newest first (default 100, at most 1 000): topic, group, consumer, attempt, why; with `partitions`, of those stage partitions' messages only (a group member's share) |
 //! | `GET /api/clients/{client-id}` | [`ClientClocks`]: the client's clock offset per broker instance, the best (smallest round trip) of its exchanges in the last 60 s of records ([`crate::clocks`]); none for a client not seen |
 //! | `GET /api/clients/{client-id}/events[?limit=N]` | [`ClientEvents`]: the client's N1 (no-match) and A1 (channel) records, newest first (default 100, at most 512; the newest 512 per client are kept, subject to the age retention) |
@@ -31,6 +32,8 @@
 //! [`GroupsOverview`]: crate::views::GroupsOverview
 //! [`GroupDetail`]: crate::views::GroupDetail
 //! [`DeadLetter`]: crate::views::DeadLetter
+//! [`GroupsShare`]: crate::views::group_share::GroupsShare
+//! [`GroupDetailShare`]: crate::views::group_share::GroupDetailShare
 //! [`TrajectorySpans`]: crate::views::spans::TrajectorySpans
 
 use crate::clocks::ClockWindow;
@@ -54,7 +57,12 @@ use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use subtle::ConstantTimeEq;
 
-fn error(status: StatusCode, kind: &str, msg: String, producers: Vec<String>) -> Response {
+pub(crate) fn error(
+    status: StatusCode,
+    kind: &str,
+    msg: String,
+    producers: Vec<String>,
+) -> Response {
     (
         status,
         Json(ApiError {
@@ -212,6 +220,8 @@ pub(crate) fn router(
         .route("/api/clients/{id}/events", get(client_events))
         .route("/api/groups", get(groups))
         .route("/api/groups/{group}", get(group))
+        .route("/api/share/groups", get(groups_share))
+        .route("/api/share/groups/{group}", get(group_share))
         .route("/api/dead-letters", get(dead_letters))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
     Router::new()
@@ -341,11 +351,61 @@ async fn client_events(
 }
 
 /// The window of the group views when the query does not say: 15 minutes.
-const GROUP_WINDOW_SECS: u64 = 900;
+pub(crate) const GROUP_WINDOW_SECS: u64 = 900;
 
 #[derive(Debug, Deserialize)]
 struct WindowParams {
     since_secs: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ShareWindowParams {
+    since_secs: Option<u64>,
+    partitions: String,
+}
+
+impl ShareWindowParams {
+    /// The window of a member's share.
+    fn window(&self) -> Result<crate::views::groups::Window, BadPartitions> {
+        Ok(crate::views::groups::Window {
+            since_secs: self.since_secs.unwrap_or(GROUP_WINDOW_SECS),
+            partitions: partitions_param(Some(&self.partitions))?,
+        })
+    }
+}
+
+/// A member's share of a group view over the window `p` names: `view` run on the store.
+async fn share_of<T: serde::Serialize + Send + 'static>(
+    st: &AppState,
+    p: &ShareWindowParams,
+    view: impl FnOnce(&Store, u64, &crate::views::groups::Window) -> Result<T, crate::StoreError>
+        + Send
+        + 'static,
+) -> Response {
+    let w = match p.window() {
+        Ok(w) => w,
+        Err(e) => return e.into_response(),
+    };
+    let store = st.store.clone();
+    json(blocking(move || Ok(view(&store, now_nanos(), &w)?)).await)
+}
+
+async fn groups_share(
+    State(st): State<AppState>,
+    ApiQuery(p): ApiQuery<ShareWindowParams>,
+) -> Response {
+    share_of(&st, &p, crate::views::groups::groups_share).await
+}
+
+async fn group_share(
+    State(st): State<AppState>,
+    Path(group): Path<String>,
+    ApiQuery(p): ApiQuery<ShareWindowParams>,
+) -> Response {
+    share_of(&st, &p, move |store, now, w| {
+        crate::views::groups::group_detail_share(store, &group, now, w)
+    })
+    .await
 }
 
 /// The window a group view covers, in seconds: the query's `since_secs` or 15 minutes.

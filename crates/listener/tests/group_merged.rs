@@ -19,8 +19,8 @@ use hyper_util::rt::TokioExecutor;
 use msgtrail_core::trajectory::MessageState;
 use msgtrail_core::{Stage, StageRecord};
 use msgtrail_listener::cluster::{MISSING_PARTITIONS_HEADER, PARTIAL_HEADER};
-use msgtrail_listener::{LatencyStats, StatsSnapshot};
 use msgtrail_listener::ListenerHandle;
+use msgtrail_listener::{LatencyStats, StatsSnapshot};
 use msgtrail_nats::topology::{stage_stream, DEFAULT_STAGE_MAX_AGE};
 use msgtrail_test_support::NatsServer;
 use std::time::Duration;
@@ -204,15 +204,40 @@ async fn stats_equal(who: &str, h: &ListenerHandle, want: &StatsSnapshot) -> Sta
     }
 }
 
-/// A complete merged answer of `h` to `path` equal to the truth's; fails after 20 s with the
-/// last difference.
+/// A view's JSON without what depends on when and where it was computed: the window's
+/// start, the time of the answer, rates.
+fn timeless(mut v: serde_json::Value) -> serde_json::Value {
+    fn strip(v: &mut serde_json::Value) {
+        match v {
+            serde_json::Value::Object(m) => {
+                for k in ["from", "generated_at", "ack_rate_per_sec"] {
+                    m.remove(k);
+                }
+                m.values_mut().for_each(strip);
+            }
+            serde_json::Value::Array(a) => a.iter_mut().for_each(strip),
+            _ => {}
+        }
+    }
+    strip(&mut v);
+    v
+}
+
+/// The JSON of `h`'s answer to `path`, [`timeless`].
+async fn view(h: &ListenerHandle, path: &str) -> serde_json::Value {
+    timeless(serde_json::from_slice(&get(h, path).await.body).unwrap())
+}
+
+/// A complete merged answer of `h` to `path` equal to the truth's ([`timeless`]); fails
+/// after 20 s with the last difference.
 async fn view_equal(who: &str, h: &ListenerHandle, truth: &ListenerHandle, path: &str) {
-    let want: serde_json::Value = serde_json::from_slice(&get(truth, path).await.body).unwrap();
+    let want = view(truth, path).await;
+    let want_status = get(truth, path).await.status;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     loop {
         let a = get(h, path).await;
-        let got: serde_json::Value = serde_json::from_slice(&a.body).unwrap();
-        if a.status == 200 && a.partial.is_none() && a.missing.is_none() && got == want {
+        let got = timeless(serde_json::from_slice(&a.body).unwrap());
+        if a.status == want_status && a.partial.is_none() && a.missing.is_none() && got == want {
             return;
         }
         assert!(
@@ -300,13 +325,29 @@ async fn every_member_answers_the_group_s_statistics_once_per_partition() {
         view_equal(name, h, &truth, "/api/dead-letters?limit=1000").await;
         view_equal(name, h, &truth, "/api/dead-letters?limit=3").await;
     }
-    // A member's own answer (what /api/stats said before the merge) is its share only:
-    // every partition on two of the three members, so no member's own figures are the
-    // group's.
-    for h in &members {
-        let own = h.stats(None);
-        assert_ne!(figures(&own), figures(&want), "a member holds a share");
+    // The consumer-group views: counts of every message once, percentiles over every
+    // member's samples.
+    let overview = view(&truth, "/api/groups").await;
+    let billing = &overview["groups"][0];
+    assert_eq!(billing["group"], GROUP);
+    assert_eq!(billing["messages"], n);
+    assert_eq!(billing["consumed"], n - count(n, Fate::DeadLettered));
+    assert_eq!(billing["dead_letters"], count(n, Fate::DeadLettered));
+    let detail = view(&truth, "/api/groups/billing").await;
+    assert_eq!(detail["redeliveries"], count(n, Fate::Redelivered));
+    assert_eq!(detail["sample"], n);
+    for (name, h) in ["a", "b", "c"].iter().zip(&members) {
+        view_equal(name, h, &truth, "/api/groups").await;
+        view_equal(name, h, &truth, "/api/groups/billing").await;
+        view_equal(name, h, &truth, "/api/groups/nobody").await;
     }
+    // Adding the members' own answers (what each /api/stats said before the merge) counts
+    // every message at least twice: each partition is on two members.
+    let own_sent: u64 = members.iter().map(|h| h.stats(None).funnel.sent).sum();
+    assert!(
+        own_sent >= 2 * n,
+        "the copies: {own_sent} sent over the members"
+    );
 
     // Kill member a: its partitions are on b or c too, so the answers stay complete.
     let a = members.remove(0);
@@ -318,6 +359,7 @@ async fn every_member_answers_the_group_s_statistics_once_per_partition() {
     for (name, h) in ["b", "c"].iter().zip(&members) {
         stats_equal(name, h, &want).await;
         view_equal(name, h, &truth, "/api/dead-letters?limit=1000").await;
+        view_equal(name, h, &truth, "/api/groups/billing").await;
     }
     for h in members {
         h.shutdown().await.unwrap();

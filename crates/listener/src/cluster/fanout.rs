@@ -83,6 +83,18 @@ async fn fan(State(f): State<Fanout>, req: Request, next: Next) -> Response {
     if path == "/api/dead-letters" {
         return super::merged::dead_letters(&f, req, next).await;
     }
+    if path == "/api/groups" {
+        return super::merged::groups(&f, req, next).await;
+    }
+    if let Some(group) = path
+        .strip_prefix("/api/groups/")
+        .filter(|g| !g.is_empty() && !g.contains('/'))
+    {
+        let group = percent_encoding::percent_decode_str(group)
+            .decode_utf8_lossy()
+            .into_owned();
+        return super::merged::group(&f, &group, req, next).await;
+    }
     if path == "/metrics" {
         return with_partition_metrics(&f.view, next.run(req).await).await;
     }
