@@ -313,6 +313,9 @@ async fn every_member_answers_the_group_s_statistics_once_per_partition() {
     for (name, h) in ["a", "b", "c"].iter().zip(&members) {
         let got = stats_equal(name, h, &want).await;
         assert_exact(&got, n);
+        // What `msgtrail stats` reads (the API client) is the merged figures too.
+        let cli = client(h).stats(None).await.unwrap();
+        assert_eq!(figures(&cli), figures(&want), "{name}: msgtrail stats");
     }
     // Every dead letter once, wherever its partition lives.
     let dead: serde_json::Value =
