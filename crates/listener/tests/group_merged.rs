@@ -444,3 +444,34 @@ fn a_partitioned_store_s_partitions_add_up_to_its_counters() {
         count(40, Fate::DeadLettered)
     );
 }
+
+/// A store written without partition counters (a single listener's, an older version's)
+/// keeps its counters when it joins a group: they stay in the plain names ("unpartitioned",
+/// what a single listener shows), and only what it applies as a member counts per partition.
+#[test]
+fn counters_written_before_partitions_stay_unpartitioned() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = now();
+    let before = {
+        let old = msgtrail_listener::Store::open(dir.path(), 256, Default::default()).unwrap();
+        old.apply(load(20, "old"), t).unwrap();
+        old.counters().unwrap()
+    };
+    let member = msgtrail_listener::Store::open(dir.path(), 256, Default::default())
+        .unwrap()
+        .partitioned(true);
+    let (plain, summed) = split_counters(&member);
+    assert_eq!(plain, before, "the old counters are kept as they were");
+    assert!(summed.is_empty(), "{summed:?}");
+    member.apply(load(15, "new"), t).unwrap();
+    let (plain, summed) = split_counters(&member);
+    assert_eq!(
+        plain["funnel.sent"], 35,
+        "the plain counters count everything"
+    );
+    assert_eq!(
+        summed["funnel.sent"], 15,
+        "the partitions count what came since"
+    );
+    assert_eq!(summed["dead_letters"], count(15, Fate::DeadLettered));
+}
