@@ -344,6 +344,19 @@ async fn every_member_answers_the_group_s_statistics_once_per_partition() {
         view_equal(name, h, &truth, "/api/groups/billing").await;
         view_equal(name, h, &truth, "/api/groups/nobody").await;
     }
+    // What a merged answer costs here (three members on one machine): printed, not judged.
+    let mut took: Vec<Duration> = Vec::new();
+    for _ in 0..20 {
+        let start = std::time::Instant::now();
+        assert_eq!(get(&members[1], "/api/stats").await.status, 200);
+        took.push(start.elapsed());
+    }
+    took.sort();
+    eprintln!(
+        "merged /api/stats: median {:?}, max {:?}",
+        took[10], took[19]
+    );
+
     // Adding the members' own answers (what each /api/stats said before the merge) counts
     // every message at least twice: each partition is on two members.
     let own_sent: u64 = members.iter().map(|h| h.stats(None).funnel.sent).sum();
