@@ -383,7 +383,7 @@ pub async fn start_with_client(
             };
             tasks.spawn(cluster::evidence::run(g, stop.clone()));
         }
-        app = cluster::layer(app, view);
+        app = cluster::layer(app, view, stats.clone());
     }
     tasks.spawn(serve_http(listener, app, stop.clone()));
     tracing::info!(%http_addr, data_dir = %config.data_dir.display(), "listener started");
@@ -425,6 +425,7 @@ async fn open_store(config: &ListenerConfig) -> Result<Arc<Store>, ListenerError
         )
         .map(|s| {
             s.emit_trajectories(cfg.otel.is_some())
+                .partitioned(cfg.group.is_some())
                 .cache_capacity(cfg.cache_messages)
         })
     })
@@ -449,12 +450,10 @@ async fn load_stats(
     })
     .await
     .map_err(ListenerError::Task)??;
-    let stats = Arc::new(Stats::new(
-        config.stats_window,
-        started_at,
-        counters,
-        states,
-    ));
+    let stats = Arc::new(
+        Stats::new(config.stats_window, started_at, counters, states)
+            .partitioned(config.group.is_some()),
+    );
     stats.seed(&recent);
     stats.seed_observed(&observed);
     Ok(stats)
@@ -544,6 +543,7 @@ async fn housekeeping(
                         deadline_since = out.next_since;
                         stats.apply_state_changes(&out.state_changes);
                         stats.add_counters(&out.counters);
+                        stats.add_partition_counters(&out.partition_counters);
                         if let Some(x) = &exporter {
                             x.offer(out.trajectories);
                         }
@@ -566,6 +566,7 @@ async fn housekeeping(
                     Ok(Ok(out)) => {
                         stats.apply_state_changes(&out.state_changes);
                         stats.add_counters(&out.counters);
+                        stats.add_partition_counters(&out.partition_counters);
                         stats.add_counter(counters::Counter::RetentionDeleted, out.deleted);
                         if out.deleted > 0 {
                             tracing::info!(deleted = out.deleted, bytes = out.bytes_freed, "retention");

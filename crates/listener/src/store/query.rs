@@ -4,7 +4,7 @@
 use super::requests::RequestEntry;
 use super::tables::{corrupt, counter_value, key_text, keys, stored};
 use super::{records, SearchQuery, Store};
-use crate::counters::{STATE_PREFIX, TOPIC_PREFIX};
+use crate::counters::{topic_state_of, TOPIC_PREFIX};
 use crate::error::{QueryError, StoreError};
 use crate::summary::{state_code, MessageSummary, TopicState};
 use fjall::Readable;
@@ -258,18 +258,14 @@ impl Store {
         let db = self.db()?;
         let tx = db.db.read_tx();
         let mut out = BTreeMap::new();
-        let marker = format!("/{STATE_PREFIX}");
         for item in tx.prefix(&db.ks.counters, TOPIC_PREFIX) {
             let (k, v) = item.into_inner()?;
             let name = counter_name(&k)?;
-            let Some(rest) = name.strip_prefix(TOPIC_PREFIX) else {
+            if !name.starts_with(TOPIC_PREFIX) {
                 break;
-            };
-            let Some((topic, state)) = rest.rsplit_once(&marker) else {
-                continue;
-            };
-            if let (Ok(st), n @ 1..) = (state.parse::<MessageState>(), counter_value(&v)?) {
-                out.insert((topic.to_owned(), st), n);
+            }
+            if let (Some(ts), n @ 1..) = (topic_state_of(&name), counter_value(&v)?) {
+                out.insert(ts, n);
             }
         }
         Ok(out)
