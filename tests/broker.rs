@@ -1541,3 +1541,120 @@ async fn a_deliverys_records_travel_inside_its_settle_without_a_report_of_their_
     drop(unsettled);
     consumer.close().await.unwrap();
 }
+
+/// A settle's reply waits for its stage records to be stored, but never past the client's own
+/// timeout, which the SDK sends as `Msgtrail-Timeout-Ms` (RELIABILITY.md, finding 6): with
+/// the stage stream gone — what a broker sees while the stream elects a leader — a consumer
+/// whose requests time out after 800 ms gets its ack answered ok in time (with the broker's
+/// fixed 3 s wait it timed out, retried past the delivery's deadline and could not tell
+/// whether the ack was applied), and the C8 is stored once the stream is back. A header that
+/// is not a number of milliseconds is refused precisely.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settle_is_answered_within_the_clients_timeout_while_the_stage_stream_is_away() {
+    use msgtrail_core::subjects::STAGE_STREAM;
+    let sys = TestSystem::start().await;
+    let producer = sys.producer("shop").await;
+    let consumer = msgtrail_client::Consumer::connect_with(
+        sys.nats.clone(),
+        sys.identity("billing-1"),
+        msgtrail_client::ConsumerOptions::default().timeout(Duration::from_millis(800)),
+    )
+    .await
+    .unwrap();
+    let reply = producer.send("orders.eu", "x").await.unwrap();
+    let js = async_nats::jetstream::new(sys.nats.clone());
+    // Every record so far is stored; then the stage stream goes away.
+    sys.records_for(reply.message_id, |r| count(r, Stage::Stored) == 1)
+        .await;
+    let got = consumer
+        .fetch(&sub("billing", "orders.*"), 1, WAIT)
+        .await
+        .unwrap();
+    assert_eq!(got.len(), 1);
+    let config = js
+        .get_stream(STAGE_STREAM)
+        .await
+        .unwrap()
+        .info()
+        .await
+        .unwrap()
+        .config
+        .clone();
+    assert!(js.delete_stream(STAGE_STREAM).await.unwrap().success);
+    let started = std::time::Instant::now();
+    got[0]
+        .ack()
+        .await
+        .expect("the ack is answered ok before the client's timeout");
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_millis(800),
+        "answered after {took:?}, past the client's 800 ms"
+    );
+    // The stream is back: the broker's writer stores the ack's C8 it kept.
+    js.create_stream(config).await.unwrap();
+    let recs = sys
+        .records_for(reply.message_id, |r| count(r, Stage::PullAckReceived) == 1)
+        .await;
+    assert_eq!(count(&recs, Stage::PullAckReceived), 1, "{recs:?}");
+
+    // A malformed timeout header: refused as such, before anything else is looked at.
+    let mut hs = async_nats::HeaderMap::new();
+    hs.insert("Msgtrail-Timeout-Ms", "soon");
+    let r = sys
+        .nats
+        .request_with_headers("msgtrail.v1.settle", hs, "{}".into())
+        .await
+        .unwrap();
+    let headers = r.headers.expect("an error reply has headers");
+    assert_eq!(
+        headers.get("Msgtrail-Error").map(|v| v.as_str()),
+        Some("bad_request")
+    );
+    let text = headers
+        .get("Nats-Service-Error")
+        .unwrap()
+        .as_str()
+        .to_owned();
+    assert!(text.contains("Msgtrail-Timeout-Ms"), "{text}");
+}
+
+/// A settle retried after its delivery's deadline, for a message JetStream already took from
+/// the group (the earlier attempt was applied, its answer lost), is refused `already_settled`
+/// — the group is done, nothing to do — not `delivery_expired` ("not applied; delivered
+/// again"), which would be false (RELIABILITY.md, finding 8). The message is indeed never
+/// delivered again. A late settle of a delivery JetStream still holds stays `delivery_expired`
+/// (`a_settle_after_the_ack_wait_is_refused_as_delivery_expired`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_retry_of_an_applied_ack_is_told_the_group_is_done() {
+    let sys = TestSystem::start().await;
+    let producer = sys.producer("shop").await;
+    let consumer = sys.consumer("billing-1").await;
+    let reply = producer.send("orders.eu", "once").await.unwrap();
+    let subscription = sub("billing", "orders.*");
+    let got = consumer.fetch(&subscription, 1, WAIT).await.unwrap();
+    assert_eq!(got.len(), 1);
+    got[0].ack().await.unwrap();
+    tokio::time::sleep(ACK_WAIT + Duration::from_millis(300)).await;
+    let late = got[0].ack().await.unwrap_err();
+    assert!(late.is_already_settled(), "{late}");
+    assert!(!late.is_delivery_expired(), "{late}");
+    assert!(!late.is_transient(), "{late}");
+    assert!(late.to_string().contains("already settled"), "{late}");
+    // Not delivered again, and the late retry recorded no second C8.
+    let again = consumer
+        .fetch(&subscription, 1, ACK_WAIT * 2)
+        .await
+        .unwrap();
+    assert!(again.is_empty(), "delivered again: {again:?}");
+    let recs = sys.records_for(reply.message_id, |_| true).await;
+    assert_eq!(count(&recs, Stage::PullAckReceived), 1, "{recs:?}");
+    let metrics = &sys.broker.as_ref().unwrap().metrics;
+    assert_eq!(
+        metrics
+            .settles_already_settled
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+    assert_eq!(metrics.errors().get("already_settled"), Some(&1));
+}

@@ -1545,7 +1545,6 @@ async fn s16_partition_cuts_off_the_stream_leader() {
 
 /// The same with JetStream `sync_interval: always` on every node (the Jepsen comparison).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "the fsync comparison of 16a; ~1 min: --ignored"]
 async fn s16_partition_cuts_off_the_stream_leader_sync_always() {
     let _serial = SERIAL.lock().await;
     let cut = partitions::Cut::Node {
@@ -1569,7 +1568,6 @@ async fn s16_partition_minority_with_a_broker_and_the_clients() {
 
 /// The node leading `MSGTRAIL_STAGES` cut off alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a longer variant of 16a; ~1 min: --ignored"]
 async fn s16_partition_cuts_off_the_stage_stream_leader() {
     let _serial = SERIAL.lock().await;
     let cut = partitions::Cut::Node {

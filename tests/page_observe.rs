@@ -3,7 +3,8 @@
 //! the producer's trace it joins), a work-queue stream's trajectory says its stored message
 //! was not read, a consumer that does not sample every ack is named with the command that
 //! fixes it, and the "Observed streams" view shows `GET /api/observe`: the streams, their
-//! consumers, the unsampled ones with their fix. The application is plain async-nats.
+//! consumers, the unsampled ones with their fix, and each consumer's statistics (`GET
+//! /api/stats`, `observed`). The application is plain async-nats.
 
 use async_nats::jetstream::{self, consumer};
 use futures::StreamExt;
@@ -190,6 +191,43 @@ async fn the_page_shows_observed_trajectories_and_the_observe_status() {
         .text("#viewBody .stream[data-stream=\"ORDERS\"] tr[data-consumer=\"billing\"]")
         .await;
     assert!(billing_row.contains("every ack sampled"), "{billing_row}");
+    // Its statistics: billing's one delivery, acked, with its ack time; nothing unacked.
+    let figure = |consumer: &str, k: &str| {
+        format!("(document.querySelector('#viewBody .stream[data-stream=\"ORDERS\"] tr[data-figures=\"{consumer}\"] td[data-k=\"{k}\"]') || {{}}).innerText")
+    };
+    b.until(
+        "billing's statistics in the view",
+        &format!(
+            "{} === '1' && {} === '1' && {} === '0'",
+            figure("billing", "deliveries"),
+            figure("billing", "acks"),
+            figure("billing", "unacked")
+        ),
+        "document.querySelector('#viewBody').innerText",
+    )
+    .await;
+    let ack_time = b
+        .js(&format!("return {}", figure("billing", "ack_time")))
+        .await;
+    assert!(
+        ack_time
+            .as_str()
+            .is_some_and(|t| t.contains(" / ") && t.ends_with(" ms")),
+        "billing's ack time p50 / p99: {ack_time}"
+    );
+    let samples = b
+        .js("return document.querySelector('#viewBody .stream[data-stream=\"ORDERS\"] tr[data-figures=\"billing\"] td[data-k=\"ack_time\"] span').title")
+        .await;
+    assert!(
+        samples
+            .as_str()
+            .is_some_and(|t| t.ends_with(", 1 sample(s)")),
+        "one ack-time sample: {samples}"
+    );
+    let stored = b
+        .text("#viewBody .stream[data-stream=\"ORDERS\"] [data-n=\"stored\"] b")
+        .await;
+    assert_eq!(stored, "1", "one stored message read");
     let jobs_view = b.text("#viewBody .stream[data-stream=\"JOBS\"]").await;
     assert!(jobs_view.contains("not read"), "{jobs_view}");
     assert!(jobs_view.contains("worker"), "{jobs_view}");

@@ -33,6 +33,8 @@ pub struct Metrics {
     pub terms: AtomicU64,
     /// Settles refused because they came after their delivery's ack wait (`delivery_expired`).
     pub settles_expired: AtomicU64,
+    /// Of those, the ones JetStream showed already settled in the group (`already_settled`).
+    pub settles_already_settled: AtomicU64,
     /// Messages dead-lettered.
     pub dead_letters: AtomicU64,
     /// No-matching-message notices.
@@ -96,6 +98,7 @@ impl Metrics {
             "nacks": g(&self.nacks),
             "terms": g(&self.terms),
             "settles_expired": g(&self.settles_expired),
+            "settles_already_settled": g(&self.settles_already_settled),
             "dead_letters": g(&self.dead_letters),
             "no_match": g(&self.no_match),
             "channels_opened": g(&self.channels_opened),

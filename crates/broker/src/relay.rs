@@ -167,6 +167,7 @@ impl Relay {
                 format!("missing header {}", h::CHANNEL),
             )
         })?;
+        let budget = crate::settle::ReplyBudget::of(Some(headers))?;
         let channel = self.channels.lookup(required(headers, h::CHANNEL)?).await?;
         if msg.payload.len() > MAX_REPORT_BYTES {
             return Err(WireError::new(
@@ -183,7 +184,7 @@ impl Relay {
         let records = self.check_all(&channel, reported, &mut TokenCache::new())?;
         let n = self.relay(records);
         // A report is answered once its records are stored (a killed broker loses none).
-        let _ = self.sink.stored(crate::settle::STORED_WAIT).await;
+        let _ = self.sink.stored(budget.stored_wait()).await;
         Ok(n)
     }
 

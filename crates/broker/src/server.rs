@@ -147,9 +147,10 @@ impl Handlers {
                 ok()
             }
             Kind::Ack => {
+                let budget = crate::settle::ReplyBudget::of(msg.headers.as_ref())?;
                 let req = parse::<AckRequest>(p)?;
                 // The single form of `settle`.
-                if let Some((sub, seq)) = self.deliverer.ack(req).await? {
+                if let Some((sub, seq)) = self.deliverer.ack(req, budget).await? {
                     self.push.notify_settled(&sub, seq).await;
                 }
                 ok()

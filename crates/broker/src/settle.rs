@@ -26,9 +26,78 @@ use msgtrail_core::wire::{ItemResult, SettleKind, SettleReply, SettleRequest};
 use msgtrail_core::{ErrorCode, Role, WireError};
 use std::sync::atomic::Ordering;
 
-/// Longest a settle waits for its stage records to be stored before answering anyway (the
-/// writer keeps retrying them): about a stage-stream leader election.
-pub(crate) const STORED_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+/// Longest a settle (or a stage report) waits for its stage records to be stored before
+/// answering anyway (the writer keeps retrying them): a typical stage-stream leader election.
+///
+/// It is chosen so that the reply reaches the client before the SDK's default request
+/// timeout (5 s) even when the settle also waited the whole
+/// [`crate::consume::SETTLE_CONFIRM_WAIT`] (1.5 s) for JetStream's confirmation: 1.5 s + 3 s
+/// leaves 0.5 s for the trips. A wait as long as the client's timeout (5 s until round 11)
+/// turned every long election into client timeouts, retries after the delivery's deadline
+/// and ambiguous acks (RELIABILITY.md, findings 6 and 8). The trade-off: a settle answered
+/// after a longer election is answered before its records are stored; they are not lost
+/// unless this broker is also killed before its writer stores them (two faults at once).
+pub(crate) const STORED_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// The SDK's default request timeout (`msgtrail-client`, 5 s): a settle's longest wait must
+/// end before it, with room for the trips.
+const SDK_DEFAULT_TIMEOUT_MS: u128 = 5_000;
+const _: () = assert!(
+    crate::consume::SETTLE_CONFIRM_WAIT.as_millis() + STORED_WAIT.as_millis() + 250
+        <= SDK_DEFAULT_TIMEOUT_MS,
+    "a settle's longest wait must end before the SDK's default request timeout"
+);
+
+/// What is left of a request's reply time for waiting on its stage records: [`STORED_WAIT`],
+/// or less when the client said in `Msgtrail-Timeout-Ms` that it gives up sooner, less
+/// [`REPLY_MARGIN`] for the reply's trip and what the request already took here. A reply is
+/// worth more to a client before its timeout than after it: after it the client retries,
+/// possibly past the delivery's deadline, and cannot tell whether its first settle was applied
+/// (RELIABILITY.md, findings 6 and 8).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ReplyBudget {
+    received: std::time::Instant,
+    client_timeout: Option<std::time::Duration>,
+}
+
+/// Room left for a reply's trip back to the client.
+pub(crate) const REPLY_MARGIN: std::time::Duration = std::time::Duration::from_millis(200);
+
+impl ReplyBudget {
+    /// The budget of a request received now, from its headers; a `Msgtrail-Timeout-Ms` that is
+    /// not a whole number of milliseconds is refused (`bad_request`).
+    pub(crate) fn of(headers: Option<&async_nats::HeaderMap>) -> Result<Self, WireError> {
+        let client_timeout = match headers.and_then(|hs| hs.get(h::TIMEOUT_MS)) {
+            None => None,
+            Some(v) => Some(v.as_str().trim().parse::<u64>().map_err(|_| {
+                WireError::new(
+                    ErrorCode::BadRequest,
+                    format!(
+                        "header {} must be a whole number of milliseconds, not {:?}",
+                        h::TIMEOUT_MS,
+                        v.as_str()
+                    ),
+                )
+            })?),
+        }
+        .map(std::time::Duration::from_millis);
+        Ok(ReplyBudget {
+            received: std::time::Instant::now(),
+            client_timeout,
+        })
+    }
+
+    /// How long the reply may still wait for its stage records.
+    pub(crate) fn stored_wait(&self) -> std::time::Duration {
+        match self.client_timeout {
+            None => STORED_WAIT,
+            Some(t) => t
+                .saturating_sub(REPLY_MARGIN)
+                .saturating_sub(self.received.elapsed())
+                .min(STORED_WAIT),
+        }
+    }
+}
 
 /// Handles settle batches.
 #[derive(Debug, Clone)]
@@ -45,6 +114,7 @@ impl Settler {
     /// Handles one settle request, binary or JSON.
     #[tracing::instrument(name = "settle", skip_all, fields(entries = tracing::field::Empty))]
     pub(crate) async fn handle(&self, msg: &async_nats::Message) -> Result<Bytes, WireError> {
+        let wait = ReplyBudget::of(msg.headers.as_ref())?;
         if frame::frame_kind(&msg.payload) == Some(frame::FrameKind::SettleBatch) {
             let headers = msg.headers.as_ref().ok_or_else(|| {
                 WireError::new(
@@ -71,7 +141,7 @@ impl Settler {
                 .settle_all(&channel, &batch.entries, own, &mut tokens)
                 .await;
             reports.accepted += relayed as u32;
-            self.records_stored().await;
+            self.records_stored(wait).await;
             return Ok(SettleResults {
                 results: results.into_iter().map(Result::err).collect(),
                 reports,
@@ -97,7 +167,7 @@ impl Settler {
         let (results, _) = self
             .settle_all(&channel, &entries, Vec::new(), &mut TokenCache::new())
             .await;
-        self.records_stored().await;
+        self.records_stored(wait).await;
         let reply = SettleReply {
             results: results.iter().map(ItemResult::of).collect(),
         };
@@ -108,9 +178,9 @@ impl Settler {
 
     /// Waits until this request's records (C4/C8, R1, and what rode along) are in the stage
     /// stream, so that a broker killed right after its reply loses none of them.
-    async fn records_stored(&self) {
+    async fn records_stored(&self, budget: ReplyBudget) {
         let sink = &self.deliverer.shared.sink;
-        if !sink.stored(STORED_WAIT).await {
+        if !sink.stored(budget.stored_wait()).await {
             tracing::warn!("settle answered before its stage records were stored (the stage stream is slow or electing a leader); they are retried");
         }
     }
@@ -143,15 +213,22 @@ impl Settler {
         let d = &self.deliverer;
         let mut relayed = 0;
         own.resize_with(entries.len(), Default::default);
+        // Settles past their deadline, with their tokens: refused after JetStream is asked
+        // whether the group already settled them (`Deliverer::refuse_late`).
+        let mut late = Vec::new();
         let mut prepared: Vec<Result<Prepared, WireError>> = entries
             .iter()
             .zip(own)
-            .map(|(e, (records, invalid))| {
+            .enumerate()
+            .map(|(i, (e, (records, invalid)))| {
                 let token = tokens.decode(&e.token, &channel.client_id, &d.shared.key)?;
                 if !records.is_empty() || invalid.is_some() {
                     relayed += self.relay.relay_own(channel, &token, records, invalid);
                 }
-                d.check_in_time(&token, e.kind)?;
+                if let Err(expired) = d.check_in_time(&token, e.kind) {
+                    late.push((i, token));
+                    return Err(expired);
+                }
                 let (effective, payload) = d.jetstream_settle(&token, e.kind, e.delay_ms);
                 Ok(Prepared {
                     token,
@@ -161,6 +238,12 @@ impl Settler {
                 })
             })
             .collect();
+        for (i, token) in late {
+            if let Err(expired) = &prepared[i] {
+                let refusal = d.refuse_late(&token, expired.clone()).await;
+                prepared[i] = Err(refusal);
+            }
+        }
         // The last settle of each consumer is the confirmed one.
         let mut last_of = std::collections::HashMap::new();
         for (i, p) in prepared.iter().enumerate() {

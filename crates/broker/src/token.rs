@@ -24,6 +24,7 @@
 use crate::signing::{Mac, SigningKey};
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
+use msgtrail_core::codec;
 use msgtrail_core::{ClientId, ErrorCode, MessageId, WireError};
 use serde::{Deserialize, Serialize};
 
@@ -115,7 +116,7 @@ impl AckToken {
         b.extend_from_slice(self.m.as_bytes());
         b.extend_from_slice(&self.n.to_be_bytes());
         b.extend_from_slice(&self.q.to_be_bytes());
-        put_varint(&mut b, self.deadline_delta());
+        codec::put_varint(&mut b, self.deadline_delta());
         b.push(
             u8::from(self.p)
                 | (u8::from(self.s.is_some()) << 1)
@@ -152,7 +153,7 @@ impl AckToken {
         let q = u64::from_be_bytes(rest[20..28].try_into().ok()?);
         let (delta, deadline_len) = match version {
             BINARY_VERSION_2 => (0, 0),
-            _ => get_varint(&rest[28..])?,
+            _ => codec::get_varint(&rest[28..]).ok()?,
         };
         let e = delta
             .checked_sub(1)
@@ -231,27 +232,6 @@ impl AckToken {
         }
         Ok(token)
     }
-}
-
-/// Appends `v` as an LEB128 varint.
-fn put_varint(b: &mut Vec<u8>, mut v: u64) {
-    while v >= 0x80 {
-        b.push((v as u8) | 0x80);
-        v >>= 7;
-    }
-    b.push(v as u8);
-}
-
-/// Reads an LEB128 varint: the value and its length; `None` when truncated or too long.
-fn get_varint(b: &[u8]) -> Option<(u64, usize)> {
-    let mut v = 0u64;
-    for (i, &byte) in b.iter().enumerate().take(10) {
-        v |= u64::from(byte & 0x7f) << (7 * i);
-        if byte & 0x80 == 0 {
-            return Some((v, i + 1));
-        }
-    }
-    None
 }
 
 #[cfg(test)]

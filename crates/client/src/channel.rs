@@ -97,10 +97,11 @@ pub(crate) async fn request_raw(
 ) -> Result<async_nats::Message, ClientError> {
     // The wait is ours, not async-nats' (see `wait_for_reply`).
     let req = async_nats::Request::new().payload(body).timeout(None);
-    let req = match headers {
-        Some(hs) => req.headers(hs),
-        None => req,
-    };
+    // The broker answers before this time is up instead of after we gave up (a settle
+    // waiting for its stage records during a stage-stream election).
+    let mut headers = headers.unwrap_or_default();
+    headers.insert(h::TIMEOUT_MS, timeout.as_millis().to_string().as_str());
+    let req = req.headers(headers);
     let timed_out = || ClientError::Timeout {
         subject: subject.to_owned(),
         timeout_ms: timeout.as_millis() as u64,

@@ -152,6 +152,15 @@ impl ClientError {
         self.code() == Some(ErrorCode::DeliveryExpired)
     }
 
+    /// Whether a settle past its delivery's ack wait was refused because the message is
+    /// already settled in the group (`already_settled`): JetStream shows it acked — by an
+    /// earlier attempt of this settle whose answer was lost, or by another delivery — or
+    /// dead-lettered. Nothing is left to do for it: it is not delivered to this group again.
+    /// Not transient.
+    pub fn is_already_settled(&self) -> bool {
+        self.code() == Some(ErrorCode::AlreadySettled)
+    }
+
     /// Whether this is a settle whose outcome nobody knows: a retry refused as too late
     /// after an earlier attempt timed out ([`ClientError::SettleAmbiguous`]). Not transient:
     /// a further retry gets the same answer.

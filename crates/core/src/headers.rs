@@ -42,6 +42,11 @@ pub const STORED: &str = "Msgtrail-Stored";
 /// takes it into a recovered P2 when present; brokers do not set it today (the payload head
 /// travels in their own P2 on the stage stream, which the listener prefers).
 pub const PAYLOAD_HEAD: &str = "Msgtrail-Payload-Head";
+/// On a request, optionally: how long the client waits for the reply, in milliseconds, as a
+/// whole number. A broker whose reply would wait for something (a settle's or a stage
+/// report's records being stored) answers before that time is up rather than after the
+/// client gave up (docs/PROTOCOL.md §10).
+pub const TIMEOUT_MS: &str = "Msgtrail-Timeout-Ms";
 /// The machine-readable error code of an error reply (see [`crate::wire::ErrorCode`]).
 pub const ERROR: &str = "Msgtrail-Error";
 /// W3C trace context, passed through and linked, never required.

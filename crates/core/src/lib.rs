@@ -39,6 +39,7 @@
 
 mod backoff;
 mod chain;
+pub mod codec;
 mod config;
 pub mod frame;
 mod group;
@@ -48,6 +49,7 @@ pub mod observed;
 pub mod outcome;
 pub mod partition;
 mod record;
+pub mod record_fields;
 mod stage;
 pub mod stored;
 pub mod subjects;

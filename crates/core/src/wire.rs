@@ -54,6 +54,10 @@ pub enum ErrorCode {
     /// for this delivery (it redelivers the message, or dead-letters it after the last
     /// attempt), so the settle was not applied. Retrying the same settle cannot succeed.
     DeliveryExpired,
+    /// A settle came after the delivery's ack wait, and JetStream shows the message already
+    /// settled in the group (acked — by an earlier attempt of this settle whose answer was
+    /// lost, or by another delivery — or dead-lettered): nothing is left to do for it.
+    AlreadySettled,
     /// A bug or an unexpected failure.
     Internal,
 }
@@ -80,6 +84,7 @@ impl ErrorCode {
             ErrorCode::UnknownSubscription => "unknown_subscription",
             ErrorCode::Unavailable => "unavailable",
             ErrorCode::DeliveryExpired => "delivery_expired",
+            ErrorCode::AlreadySettled => "already_settled",
             ErrorCode::Internal => "internal",
         }
     }
@@ -106,6 +111,7 @@ impl ErrorCode {
             | ErrorCode::UnknownSubscription => 404,
             ErrorCode::PayloadTooLarge | ErrorCode::HeadersTooLarge => 413,
             ErrorCode::DeliveryExpired => 410,
+            ErrorCode::AlreadySettled => 409,
             ErrorCode::Unavailable => 503,
             ErrorCode::Internal => 500,
         }
@@ -473,6 +479,7 @@ mod tests {
             ErrorCode::BadSignature,
             ErrorCode::UnknownChannel,
             ErrorCode::DeliveryExpired,
+            ErrorCode::AlreadySettled,
         ] {
             assert_eq!(ErrorCode::parse(code.as_str()), code);
         }
@@ -480,6 +487,8 @@ mod tests {
         assert_eq!(ErrorCode::PayloadTooLarge.status(), 413);
         assert_eq!(ErrorCode::DeliveryExpired.as_str(), "delivery_expired");
         assert_eq!(ErrorCode::DeliveryExpired.status(), 410);
+        assert_eq!(ErrorCode::AlreadySettled.as_str(), "already_settled");
+        assert_eq!(ErrorCode::AlreadySettled.status(), 409);
     }
 
     #[test]

@@ -250,12 +250,25 @@ impl ListenerClient {
 
     /// The statistics, optionally of one topic.
     pub async fn stats(&self, topic: Option<&str>) -> Result<StatsSnapshot, ListenerClientError> {
-        match topic {
-            Some(t) => {
-                self.get_json(&format!("/api/stats?topic={}", encode(t)))
-                    .await
-            }
-            None => self.get_json("/api/stats").await,
+        self.stats_of(topic, None).await
+    }
+
+    /// The statistics, optionally of one topic and with observe mode's section of one
+    /// observed stream only.
+    pub async fn stats_of(
+        &self,
+        topic: Option<&str>,
+        stream: Option<&str>,
+    ) -> Result<StatsSnapshot, ListenerClientError> {
+        let params: Vec<String> = [("topic", topic), ("stream", stream)]
+            .into_iter()
+            .filter_map(|(k, v)| v.map(|v| format!("{k}={}", encode(v))))
+            .collect();
+        if params.is_empty() {
+            self.get_json("/api/stats").await
+        } else {
+            self.get_json(&format!("/api/stats?{}", params.join("&")))
+                .await
         }
     }
 

@@ -175,4 +175,8 @@ pub struct StatsSnapshot {
     pub lag: IngestLag,
     /// Latency per topic and segment, sorted by topic then segment.
     pub latency: Vec<LatencyRow>,
+    /// Observe mode: per observed stream (`?stream=`: that one only), sorted by name; empty
+    /// when the listener observes none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub observed: Vec<crate::observed::ObservedStreamStats>,
 }

@@ -3,7 +3,11 @@
 //! batch and writes each distinct counter once per transaction under its name
 //! ([`CounterKey`]'s `Display`), the form the counters table, the statistics and the API
 //! have always used: `stage.P1`, `funnel.acked`, `topic/orders/redeliveries`,
-//! `topic/orders/state.consumed`, ….
+//! `topic/orders/state.consumed`, …; observe mode's `observed/<stream>/<consumer>/acks`, ….
+//!
+//! A member of a listener group (`--group`) also keeps every counter per stage partition,
+//! under `part/<NN>/<name>` ([`partition_counter`]), so that a merged answer can take each
+//! partition from one of its owners and never count a message twice.
 
 use msgtrail_core::trajectory::MessageState;
 use msgtrail_core::Stage;
@@ -102,6 +106,32 @@ pub(crate) const TOPIC_PREFIX: &str = "topic/";
 /// Prefix of the state counters' names, after the topic (`topic/<topic>/state.<state>`).
 pub(crate) const STATE_PREFIX: &str = "state.";
 
+/// Prefix of the per-partition counters' names: `part/<NN>/<name>` (two digits).
+pub(crate) const PARTITION_PREFIX: &str = "part/";
+
+/// The name of counter `name` within stage partition `p`: `part/<NN>/<name>`.
+pub(crate) fn partition_counter(p: msgtrail_core::partition::Partition, name: &str) -> String {
+    format!("{PARTITION_PREFIX}{:02}/{name}", p.index())
+}
+
+/// The partition and the plain name of a per-partition counter's name; `None` for others.
+pub(crate) fn split_partition_counter(
+    name: &str,
+) -> Option<(msgtrail_core::partition::Partition, &str)> {
+    let rest = name.strip_prefix(PARTITION_PREFIX)?;
+    let (n, plain) = rest.split_once('/')?;
+    let p = msgtrail_core::partition::Partition::new(n.parse().ok()?)?;
+    Some((p, plain))
+}
+
+/// The topic and state a state counter's name counts (`topic/<topic>/state.<state>`);
+/// `None` for other names.
+pub(crate) fn topic_state_of(name: &str) -> Option<(String, MessageState)> {
+    let rest = name.strip_prefix(TOPIC_PREFIX)?;
+    let (topic, state) = rest.rsplit_once(&format!("/{STATE_PREFIX}"))?;
+    Some((topic.to_owned(), state.parse().ok()?))
+}
+
 /// A counter, over all topics or within one.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum CounterKey {
@@ -109,6 +139,9 @@ pub enum CounterKey {
     Global(Counter),
     /// Within one topic (`""` for messages whose topic is unknown).
     Topic(String, Counter),
+    /// Observe mode's, of an observed stream or one of its consumers
+    /// ([`crate::observe::stats`]).
+    Observed(crate::observe::stats::ObservedKey),
 }
 
 impl fmt::Display for CounterKey {
@@ -116,6 +149,7 @@ impl fmt::Display for CounterKey {
         match self {
             CounterKey::Global(c) => c.fmt(f),
             CounterKey::Topic(t, c) => write!(f, "{TOPIC_PREFIX}{t}/{c}"),
+            CounterKey::Observed(k) => k.fmt(f),
         }
     }
 }
@@ -161,5 +195,18 @@ mod tests {
                 "topic//state.consumed",
             ]
         );
+    }
+
+    #[test]
+    fn partition_names_round_trip() {
+        let p = msgtrail_core::partition::Partition::new(7).unwrap();
+        let name = partition_counter(p, "topic/orders/state.consumed");
+        assert_eq!(name, "part/07/topic/orders/state.consumed");
+        assert_eq!(
+            split_partition_counter(&name),
+            Some((p, "topic/orders/state.consumed"))
+        );
+        assert_eq!(split_partition_counter("stage.P1"), None);
+        assert_eq!(split_partition_counter("part/16/stage.P1"), None);
     }
 }

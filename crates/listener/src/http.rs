@@ -7,10 +7,12 @@
 //! | `GET /api/messages?topic=&state=&from=&to=&since_secs=&limit=&producer=&group=&min_ms=&failed=true&redelivered=true&dead_letter=true&attr=k=v` | matching [`MessageSummary`]s, newest first (`topic` may hold `*` and `>` wildcards; `min_ms` is the slowest group's end to end; `failed`, `redelivered`, `dead_letter`: at any hop) |
 //! | `GET /api/groups[?since_secs=S]` | [`GroupsOverview`]: per consumer group, its messages first seen in the last S seconds (default 900) by state, backlog, in flight, ack rate, dead letters |
 //! | `GET /api/groups/{group}[?since_secs=S]` | [`GroupDetail`]: the group's counts, and from its newest 300 trajectories its members, redeliveries and p50/p99 per hop segment; 404 when no message of the window reached it |
-//! | `GET /api/dead-letters[?limit=N]` | [`DeadLetter`]s, newest first (default 100, at most 1 000): topic, group, consumer, attempt, why |
+//! | `GET /api/share/groups?partitions=0,3,7[&since_secs=S]`, `GET /api/share/groups/{group}?partitions=…[&since_secs=S]` | [`GroupsShare`], [`GroupDetailShare`]: what this member's messages of those stage partitions give the group views, unsummarized (what a group member asks another, to merge) |
+//! | `GET /api/dead-letters[?limit=N][&partitions=0,3,7]` | [`DeadLetter`]s, newest first (default 100, at most 1 000): topic, group, consumer, attempt, why; with `partitions`, of those stage partitions' messages only (a group member's share) |
 //! | `GET /api/clients/{client-id}` | [`ClientClocks`]: the client's clock offset per broker instance, the best (smallest round trip) of its exchanges in the last 60 s of records ([`crate::clocks`]); none for a client not seen |
 //! | `GET /api/clients/{client-id}/events[?limit=N]` | [`ClientEvents`]: the client's N1 (no-match) and A1 (channel) records, newest first (default 100, at most 512; the newest 512 per client are kept, subject to the age retention) |
-//! | `GET /api/stats[?topic=T]` | [`StatsSnapshot`] |
+//! | `GET /api/stats[?topic=T][&stream=S]` | [`StatsSnapshot`] (`stream`: observe mode's section of that stream only; in a group: every partition's, merged by the fan-out layer of `crate::cluster`) |
+//! | `GET /api/share/stats?partitions=0,3,7` | [`StatsShare`]: this member's counters and latency histograms of exactly those stage partitions (what a group member asks another; a listener outside a group keeps no per-partition figures and answers zeros) |
 //! | `GET /metrics` | Prometheus text 0.0.4, or OpenMetrics 1.0 with the latency histograms' exemplars (trace IDs) when `Accept` asks for `application/openmetrics-text` ([`Exposition`]) |
 //! | `GET /healthz` | `ok`; 503 with the reason while the store cannot write (never needs the token) |
 //! | `GET /` | the page: statistics, recent messages (observed ones marked), a trajectory's timeline (an observed one with its stream, sequence and unsampled consumers), the group, dead-letter, client and observed-streams (`/api/observe`) views (static, with its scripts `/page.js`, `/page-list.js`, `/page-trace.js` and `/page-views.js`; its data calls carry the token) |
@@ -24,11 +26,14 @@
 //! [`Trajectory`]: msgtrail_core::trajectory::Trajectory
 //! [`MessageSummary`]: crate::store::MessageSummary
 //! [`StatsSnapshot`]: crate::stats::StatsSnapshot
+//! [`StatsShare`]: crate::stats::StatsShare
 //! [`ClientClocks`]: crate::clocks::ClientClocks
 //! [`Exposition`]: crate::stats::Exposition
 //! [`GroupsOverview`]: crate::views::GroupsOverview
 //! [`GroupDetail`]: crate::views::GroupDetail
 //! [`DeadLetter`]: crate::views::DeadLetter
+//! [`GroupsShare`]: crate::views::group_share::GroupsShare
+//! [`GroupDetailShare`]: crate::views::group_share::GroupDetailShare
 //! [`TrajectorySpans`]: crate::views::spans::TrajectorySpans
 
 use crate::clocks::ClockWindow;
@@ -43,6 +48,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
+use msgtrail_core::partition::Partition;
 use msgtrail_core::time::now_nanos;
 use msgtrail_core::trajectory::MessageState;
 use msgtrail_listener_client::{ApiError, ClientEvents};
@@ -51,7 +57,12 @@ use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use subtle::ConstantTimeEq;
 
-fn error(status: StatusCode, kind: &str, msg: String, producers: Vec<String>) -> Response {
+pub(crate) fn error(
+    status: StatusCode,
+    kind: &str,
+    msg: String,
+    producers: Vec<String>,
+) -> Response {
     (
         status,
         Json(ApiError {
@@ -201,6 +212,7 @@ pub(crate) fn router(
         .route("/api/config", get(ui_config))
         .route("/metrics", get(metrics))
         .route("/api/stats", get(stats_handler))
+        .route("/api/share/stats", get(stats_share))
         .route("/api/messages", get(search))
         .route("/api/messages/{id}", get(message))
         .route("/api/messages/{id}/spans", get(message_spans))
@@ -208,6 +220,8 @@ pub(crate) fn router(
         .route("/api/clients/{id}/events", get(client_events))
         .route("/api/groups", get(groups))
         .route("/api/groups/{group}", get(group))
+        .route("/api/share/groups", get(groups_share))
+        .route("/api/share/groups/{group}", get(group_share))
         .route("/api/dead-letters", get(dead_letters))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
     Router::new()
@@ -337,11 +351,61 @@ async fn client_events(
 }
 
 /// The window of the group views when the query does not say: 15 minutes.
-const GROUP_WINDOW_SECS: u64 = 900;
+pub(crate) const GROUP_WINDOW_SECS: u64 = 900;
 
 #[derive(Debug, Deserialize)]
 struct WindowParams {
     since_secs: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ShareWindowParams {
+    since_secs: Option<u64>,
+    partitions: String,
+}
+
+impl ShareWindowParams {
+    /// The window of a member's share.
+    fn window(&self) -> Result<crate::views::groups::Window, BadPartitions> {
+        Ok(crate::views::groups::Window {
+            since_secs: self.since_secs.unwrap_or(GROUP_WINDOW_SECS),
+            partitions: partitions_param(Some(&self.partitions))?,
+        })
+    }
+}
+
+/// A member's share of a group view over the window `p` names: `view` run on the store.
+async fn share_of<T: serde::Serialize + Send + 'static>(
+    st: &AppState,
+    p: &ShareWindowParams,
+    view: impl FnOnce(&Store, u64, &crate::views::groups::Window) -> Result<T, crate::StoreError>
+        + Send
+        + 'static,
+) -> Response {
+    let w = match p.window() {
+        Ok(w) => w,
+        Err(e) => return e.into_response(),
+    };
+    let store = st.store.clone();
+    json(blocking(move || Ok(view(&store, now_nanos(), &w)?)).await)
+}
+
+async fn groups_share(
+    State(st): State<AppState>,
+    ApiQuery(p): ApiQuery<ShareWindowParams>,
+) -> Response {
+    share_of(&st, &p, crate::views::groups::groups_share).await
+}
+
+async fn group_share(
+    State(st): State<AppState>,
+    Path(group): Path<String>,
+    ApiQuery(p): ApiQuery<ShareWindowParams>,
+) -> Response {
+    share_of(&st, &p, move |store, now, w| {
+        crate::views::groups::group_detail_share(store, &group, now, w)
+    })
+    .await
 }
 
 /// The window a group view covers, in seconds: the query's `since_secs` or 15 minutes.
@@ -388,12 +452,53 @@ async fn group(
 #[derive(Debug, Deserialize)]
 struct LimitParams {
     limit: Option<usize>,
+    /// Only these stage partitions' messages (`0,3,7`: a group member's share).
+    partitions: Option<String>,
+}
+
+/// A `partitions` parameter that is not a list of partition numbers (answered 400).
+#[derive(Debug)]
+struct BadPartitions(String);
+
+impl IntoResponse for BadPartitions {
+    fn into_response(self) -> Response {
+        error(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            format!("partitions: {:?} is not a list of 0 to 15", self.0),
+            vec![],
+        )
+    }
+}
+
+/// The stage partitions of an optional `partitions` parameter (`None` without it).
+fn partitions_param(list: Option<&str>) -> Result<Option<Vec<Partition>>, BadPartitions> {
+    match list {
+        None => Ok(None),
+        Some(l) => parse_partitions(l)
+            .map(Some)
+            .ok_or_else(|| BadPartitions(l.to_owned())),
+    }
 }
 
 async fn dead_letters(State(st): State<AppState>, ApiQuery(p): ApiQuery<LimitParams>) -> Response {
     let limit = p.limit.unwrap_or(100).clamp(1, 1_000);
+    let parts = match partitions_param(p.partitions.as_deref()) {
+        Ok(ps) => ps,
+        Err(e) => return e.into_response(),
+    };
     let store = st.store.clone();
-    json(blocking(move || Ok(crate::views::dead_letters(&store, now_nanos(), limit)?)).await)
+    json(
+        blocking(move || {
+            Ok(crate::views::dead_letters(
+                &store,
+                now_nanos(),
+                limit,
+                parts,
+            )?)
+        })
+        .await,
+    )
 }
 
 /// A client's clock estimates over the last minute of records, per broker instance
@@ -498,6 +603,7 @@ async fn search(State(st): State<AppState>, ApiQuery(p): ApiQuery<SearchParams>)
         state,
         from,
         to: p.to,
+        partitions: None,
         limit: Some(p.limit.unwrap_or(100).clamp(1, 10_000)),
     };
     let store = st.store.clone();
@@ -522,10 +628,36 @@ async fn not_found(uri: Uri) -> Response {
 #[derive(Debug, Deserialize)]
 struct StatsParams {
     topic: Option<String>,
+    /// Observe mode: only this stream in the `observed` section.
+    stream: Option<String>,
 }
 
 async fn stats_handler(State(st): State<AppState>, ApiQuery(p): ApiQuery<StatsParams>) -> Response {
-    Json(st.stats.snapshot(p.topic.as_deref(), now_nanos())).into_response()
+    let s = st
+        .stats
+        .snapshot_of(p.topic.as_deref(), p.stream.as_deref(), now_nanos());
+    Json(s).into_response()
+}
+
+#[derive(Debug, Deserialize)]
+struct ShareParams {
+    partitions: String,
+}
+
+/// The stage partitions of a `partitions=0,3,7` parameter; `None` when one is not a
+/// partition number.
+pub(crate) fn parse_partitions(list: &str) -> Option<Vec<Partition>> {
+    list.split(',')
+        .filter(|p| !p.is_empty())
+        .map(|p| p.trim().parse::<u16>().ok().and_then(Partition::new))
+        .collect()
+}
+
+async fn stats_share(State(st): State<AppState>, ApiQuery(p): ApiQuery<ShareParams>) -> Response {
+    match partitions_param(Some(&p.partitions)) {
+        Ok(parts) => Json(st.stats.share(&parts.unwrap_or_default(), now_nanos())).into_response(),
+        Err(e) => e.into_response(),
+    }
 }
 
 async fn metrics(State(st): State<AppState>, headers: HeaderMap) -> Response {

@@ -90,7 +90,6 @@
 mod cache;
 mod clocks;
 pub mod cluster;
-mod codec;
 mod config;
 mod counters;
 mod error;
@@ -384,7 +383,7 @@ pub async fn start_with_client(
             };
             tasks.spawn(cluster::evidence::run(g, stop.clone()));
         }
-        app = cluster::layer(app, view);
+        app = cluster::layer(app, view, stats.clone());
     }
     tasks.spawn(serve_http(listener, app, stop.clone()));
     tracing::info!(%http_addr, data_dir = %config.data_dir.display(), "listener started");
@@ -426,6 +425,7 @@ async fn open_store(config: &ListenerConfig) -> Result<Arc<Store>, ListenerError
         )
         .map(|s| {
             s.emit_trajectories(cfg.otel.is_some())
+                .partitioned(cfg.group.is_some())
                 .cache_capacity(cfg.cache_messages)
         })
     })
@@ -443,22 +443,19 @@ async fn load_stats(
 ) -> Result<Arc<Stats>, ListenerError> {
     let st = store.clone();
     let since = started_at.saturating_sub(config.stats_window.as_nanos() as u64);
-    let (counters, states, recent) = tokio::task::spawn_blocking(move || {
-        Ok::<_, StoreError>((
-            st.counters()?,
-            st.state_counts()?,
-            st.recent_summaries(since, RESEED_MAX)?,
-        ))
+    let (counters, states, recent, observed) = tokio::task::spawn_blocking(move || {
+        let recent = st.recent_summaries(since, RESEED_MAX)?;
+        let observed = observe::stats::recent_samples(&st, &recent)?;
+        Ok::<_, StoreError>((st.counters()?, st.state_counts()?, recent, observed))
     })
     .await
     .map_err(ListenerError::Task)??;
-    let stats = Arc::new(Stats::new(
-        config.stats_window,
-        started_at,
-        counters,
-        states,
-    ));
+    let stats = Arc::new(
+        Stats::new(config.stats_window, started_at, counters, states)
+            .partitioned(config.group.is_some()),
+    );
     stats.seed(&recent);
+    stats.seed_observed(&observed);
     Ok(stats)
 }
 
@@ -545,6 +542,8 @@ async fn housekeeping(
                     Ok(Ok(out)) => {
                         deadline_since = out.next_since;
                         stats.apply_state_changes(&out.state_changes);
+                        stats.add_counters(&out.counters);
+                        stats.add_partition_counters(&out.partition_counters);
                         if let Some(x) = &exporter {
                             x.offer(out.trajectories);
                         }
@@ -566,6 +565,8 @@ async fn housekeeping(
                 match tokio::task::spawn_blocking(move || st.enforce_retention(now, age, bytes, HOUSEKEEPING_BATCH)).await {
                     Ok(Ok(out)) => {
                         stats.apply_state_changes(&out.state_changes);
+                        stats.add_counters(&out.counters);
+                        stats.add_partition_counters(&out.partition_counters);
                         stats.add_counter(counters::Counter::RetentionDeleted, out.deleted);
                         if out.deleted > 0 {
                             tracing::info!(deleted = out.deleted, bytes = out.bytes_freed, "retention");

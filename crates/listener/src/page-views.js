@@ -21,7 +21,7 @@ const VIEWS = {
   group: { title: g => `Consumer group ${g}`, path: g => "/api/groups/" + enc(g), draw: groupHtml },
   dead: { title: () => "Dead letters", path: () => "/api/dead-letters", draw: deadHtml },
   client: { title: c => `Client ${c}`, load: clientData, draw: clientHtml },
-  observe: { title: () => "Observed streams", path: () => "/api/observe", draw: observeHtml },
+  observe: { title: () => "Observed streams", load: observeData, draw: observeHtml },
 };
 // A client's events, its clock offsets (as `msgtrail trace --client` gives them), and whether
 // it produced any listed message: one body for its view.
@@ -96,8 +96,35 @@ function clientHtml(c, id) {
     <h3>Clock against the broker's</h3>${clocks ? `<table id="clientClocks">${clocks}</table>` : `<p class="dim" id="clientClocks">No exchange of this client in the last ${c.window_secs || 60} s of records: no clock estimate.</p>`}
     <h3>Events</h3>${rows ? `<table id="events">${rows}</table>` : "<p>No channel event or no-match notice of this client.</p>"}`;
 }
-// Observe mode's status (GET /api/observe): per observed stream whether it exists and is
-// read, its durable consumers, and those that do not sample every ack, with the fix.
+// Observe mode's status (GET /api/observe) and its statistics (GET /api/stats, `observed`):
+// one body for its view, the statistics by stream.
+async function observeData() {
+  const [o, stats] = await Promise.all([api("/api/observe"), api("/api/stats").catch(() => null)]);
+  const figures = {};
+  for (const s of (stats && stats.observed) || []) figures[s.stream] = s;
+  return { ...o, figures, window_secs: stats ? stats.window_secs : null };
+}
+// One stream's statistics: its counts, then per consumer what nats-server showed of its
+// deliveries and what it holds now.
+function observedFiguresHtml(f, windowSecs) {
+  if (!f) return "";
+  const pct = l => l.count ? `<span title="max ${l.max_ms.toFixed(2)} ms, ${l.count} sample(s)">${l.p50_ms.toFixed(1)} / ${l.p99_ms.toFixed(1)} ms</span>` : "—";
+  const rows = (f.consumers || []).map(c => {
+    const now = c.now || {};
+    const terms = Object.entries(c.term_reasons || {}).map(([r, n]) => `${r || "no reason"}: ${n}`).join(", ");
+    return `<tr class="figures" data-figures="${esc(c.consumer)}"><td>${groupLink(c.consumer)}</td><td class="n" data-k="deliveries">${c.deliveries}</td>
+      <td class="n" data-k="redeliveries">${c.redeliveries}</td><td class="n" data-k="acks">${c.acks}</td><td class="n" data-k="naks">${c.naks}</td>
+      <td class="n" data-k="terms" title="${esc(terms)}">${c.terms}</td><td class="n" data-k="max_deliveries">${c.max_deliveries}</td>
+      <td class="n" data-k="unacked">${now.unacked ?? "—"}</td><td class="n" data-k="pending">${now.pending ?? "—"}</td>
+      <td class="n" data-k="queue_wait">${pct(c.queue_wait.window)}</td><td class="n" data-k="ack_time">${pct(c.ack_time.window)}</td></tr>`;
+  }).join("");
+  const nums = `<div class="nums">${num(["stored", f.stored], "stored")}${num(["stuck", f.stuck], "stuck", "stored, no consumer's delivery seen within the listener's delivered deadline")}${num(["unacked", f.unacked], "unacked", "delivered and not acknowledged, over its consumers (consumer info)")}</div>`;
+  return nums + (rows ? `<div class="scroll"><table class="stats"><thead><tr><th>consumer</th><th class="n">deliveries</th><th class="n" title="attempts after the first">redeliv.</th><th class="n">acks</th><th class="n">naks</th><th class="n">terms</th><th class="n" title="max deliveries reached">max dlv</th>
+    <th class="n" title="delivered, not acknowledged (consumer info)">unacked</th><th class="n" title="stored, not delivered yet (consumer info)">pending</th><th class="n" title="stored → first delivery">queue wait p50/p99</th><th class="n" title="delivery → ack">ack time p50/p99</th></tr></thead><tbody>${rows}</tbody></table></div>
+    <p class="dim">Queue wait (stored → first delivery) and ack time (delivery → ack) over the last ${windowSecs} s (the maximum and the samples on hover); unacked and pending as nats-server's consumer info said at the last look.</p>` : "");
+}
+// Per observed stream whether it exists and is read, its statistics, its durable consumers,
+// and those that do not sample every ack, with the fix.
 function observeHtml(o) {
   const streams = Object.entries(o.streams || {}).map(([name, s]) => {
     const rows = Object.entries(s.consumers || {}).map(([c, v]) => `<tr class="consumer${v.every_ack_sampled ? "" : " unsampled"}" data-consumer="${esc(c)}"><td>${groupLink(c)}</td><td>${esc(v.mode)}</td>
@@ -106,7 +133,7 @@ function observeHtml(o) {
     const state = !s.exists ? `<span class="incomplete">not there yet (picked up when it appears)</span>`
       : s.reads_messages ? `<span class="ok">exists; its stored messages are read</span>`
       : `<span class="incomplete">exists; its stored messages are not read (a work-queue stream, or refused): no store hops</span>`;
-    return `<div class="stream" data-stream="${esc(name)}"><h3>${esc(name)}</h3><p>${state}</p>${rows
+    return `<div class="stream" data-stream="${esc(name)}"><h3>${esc(name)}</h3><p>${state}</p>${observedFiguresHtml((o.figures || {})[name], o.window_secs)}${rows
       ? `<table class="consumers"><thead><tr><th>consumer</th><th>mode</th><th>filter</th><th class="n">sample_freq</th><th>acks</th></tr></thead><tbody>${rows}</tbody></table>`
       : `<p class="dim">No durable consumer yet.</p>`}</div>`;
   }).join("");

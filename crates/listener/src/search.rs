@@ -102,6 +102,9 @@ impl SearchQuery {
                 .attr
                 .as_ref()
                 .is_none_or(|(k, v)| s.attrs.get(k) == Some(v))
+            && self.partitions.as_ref().is_none_or(|ps| {
+                crate::store::MessageKey::partition_of(&s.key).is_some_and(|p| ps.contains(&p))
+            })
     }
 }
 

@@ -9,8 +9,6 @@ mod common;
 use common::scenario::Scenario;
 use common::*;
 
-use msgtrail_core::encode_batch;
-use msgtrail_core::partition;
 use msgtrail_core::trajectory::{MessageState, Trajectory};
 use msgtrail_core::{MessageId, StageRecord};
 use msgtrail_listener::{ListenerClient, ListenerConfig, SearchQuery};
@@ -51,19 +49,6 @@ fn messages(n: u64, prefix: &str) -> (Vec<MessageId>, Vec<StageRecord>) {
         all.extend(s.out);
     }
     (ids, all)
-}
-
-/// Publishes `records` in batches of eight, each split by partition onto its subject.
-async fn publish(js: &async_nats::jetstream::Context, records: &[StageRecord]) {
-    for batch in records.chunks(8) {
-        for (p, part) in partition::split(batch.iter().cloned()) {
-            js.publish(p.subject(), encode_batch(&part).into())
-                .await
-                .unwrap()
-                .await
-                .unwrap();
-        }
-    }
 }
 
 /// The message's trajectory as `c` answers it, once it is complete (consumed, all ten
@@ -133,7 +118,7 @@ async fn three_listeners_with_two_copies_answer_for_all_and_survive_a_kill_9() {
 
     // Every member answers every message, wherever its partition lives.
     let (first_ids, first) = messages(48, "first");
-    publish(&js, &first).await;
+    publish_partitioned(&js, &first).await;
     for (name, cl) in [("a", &client_a), ("b", &client_b), ("c", &client_c)] {
         all_answered(name, cl, &first_ids).await;
     }
@@ -160,7 +145,7 @@ async fn three_listeners_with_two_copies_answer_for_all_and_survive_a_kill_9() {
     child.wait().unwrap();
     let killed_at = Instant::now();
     let (second_ids, second) = messages(48, "second");
-    publish(&js, &second).await;
+    publish_partitioned(&js, &second).await;
     let all_ids: Vec<MessageId> = first_ids.iter().chain(&second_ids).copied().collect();
     for (name, cl) in [("b", &client_b), ("c", &client_c)] {
         all_answered(name, cl, &all_ids).await;

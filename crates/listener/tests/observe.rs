@@ -22,16 +22,37 @@ const TRACEPARENT: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-
 
 /// The app's pull consumer `name`: explicit acks, every ack sampled, short ack wait.
 async fn app_consumer(s: &jetstream::stream::Stream, name: &str) -> consumer::PullConsumer {
+    filtered_consumer(s, name, "", Duration::from_secs(1)).await
+}
+
+/// The app's pull consumer `name` on `filter` (`""`: every subject): explicit acks, every
+/// ack sampled, at most 3 deliveries, `ack_wait` to ack.
+async fn filtered_consumer(
+    s: &jetstream::stream::Stream,
+    name: &str,
+    filter: &str,
+    ack_wait: Duration,
+) -> consumer::PullConsumer {
     s.create_consumer(consumer::pull::Config {
         durable_name: Some(name.into()),
+        filter_subject: filter.into(),
         ack_policy: consumer::AckPolicy::Explicit,
-        ack_wait: Duration::from_secs(1),
+        ack_wait,
         max_deliver: 3,
         sample_frequency: 100,
         ..Default::default()
     })
     .await
     .unwrap()
+}
+
+/// Publishes `body` on `subject` and waits for JetStream's ack.
+async fn publish(js: &jetstream::Context, subject: &'static str, body: &'static str) {
+    js.publish(subject, body.into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
 }
 
 /// A deliver hop's events: (stage, outcome).
@@ -103,36 +124,7 @@ async fn an_unmodified_jetstream_app_is_traced() {
             .unwrap();
     }
 
-    // audit acks everything; billing naks "nak-once" once (with a delay), terms "term",
-    // never acks "poison" (its ack wait expires until max deliveries).
-    let mut a = audit.messages().await.unwrap();
-    for _ in 0..4 {
-        let m = a.next().await.unwrap().unwrap();
-        m.ack().await.unwrap();
-    }
-    let mut b = billing.messages().await.unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(8);
-    let mut poison_seen = 0;
-    while tokio::time::Instant::now() < deadline && poison_seen < 3 {
-        let Ok(Some(Ok(m))) = tokio::time::timeout(Duration::from_millis(500), b.next()).await
-        else {
-            continue;
-        };
-        let deliveries = m.info().unwrap().delivered;
-        match (&*m.payload, deliveries) {
-            (b"nak-once", 1) => m
-                .ack_with(AckKind::Nak(Some(Duration::from_millis(100))))
-                .await
-                .unwrap(),
-            (b"term", _) => m.ack_with(AckKind::Term).await.unwrap(),
-            (b"poison", _) => poison_seen += 1,
-            _ => m.ack().await.unwrap(),
-        }
-    }
-    assert_eq!(
-        poison_seen, 3,
-        "the poison message is delivered max_deliver times"
-    );
+    let _pulling = play(&js, &audit, &billing, None).await;
 
     let store = handle.store().clone();
     let get = |seq: u64| {
@@ -1072,5 +1064,304 @@ async fn a_work_queue_stream_is_traced_from_its_deliveries_alone() {
     // The queue holds nothing more: the app got and removed both messages.
     let mut s = stream.clone();
     assert_eq!(s.info().await.unwrap().state.messages, 0);
+    handle.shutdown().await.unwrap();
+}
+
+/// The app's consumers at work on the four messages "ok", "nak-once", "term", "poison":
+/// audit acks everything; billing naks "nak-once" once (with a delay) then acks it, terms
+/// "term" (with `term_reason`, if given), never acks "poison" (its ack wait expires until
+/// max deliveries), acks the rest. Returns billing's message stream: its pull request must
+/// stay for nats-server to try a fourth delivery of "poison", which it refuses with the
+/// max-deliveries advisory.
+async fn play(
+    js: &jetstream::Context,
+    audit: &consumer::PullConsumer,
+    billing: &consumer::PullConsumer,
+    term_reason: Option<&str>,
+) -> consumer::pull::Stream {
+    let mut a = audit.messages().await.unwrap();
+    for _ in 0..4 {
+        a.next().await.unwrap().unwrap().ack().await.unwrap();
+    }
+    let mut b = billing.messages().await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let mut poison_seen = 0;
+    while tokio::time::Instant::now() < deadline && poison_seen < 3 {
+        let Ok(Some(Ok(m))) = tokio::time::timeout(Duration::from_millis(500), b.next()).await
+        else {
+            continue;
+        };
+        let deliveries = m.info().unwrap().delivered;
+        match (&*m.payload, deliveries, term_reason) {
+            (b"nak-once", 1, _) => m
+                .ack_with(AckKind::Nak(Some(Duration::from_millis(100))))
+                .await
+                .unwrap(),
+            (b"term", _, None) => m.ack_with(AckKind::Term).await.unwrap(),
+            // A term with a reason: `+TERM <reason>` on the reply subject (the protocol;
+            // async-nats has no call for it).
+            (b"term", _, Some(why)) => {
+                let nats = js.client();
+                let reply = m.reply.clone().unwrap();
+                nats.publish(reply, format!("+TERM {why}").into())
+                    .await
+                    .unwrap();
+                nats.flush().await.unwrap();
+            }
+            (b"poison", _, _) => poison_seen += 1,
+            _ => m.ack().await.unwrap(),
+        }
+    }
+    assert_eq!(
+        poison_seen, 3,
+        "the poison message is delivered max_deliver times"
+    );
+    b
+}
+
+/// `observed[stream].consumers[name]` of a stats snapshot, as JSON.
+fn consumer_stats<'a>(v: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    v["observed"][0]["consumers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["consumer"] == name)
+        .unwrap_or_else(|| panic!("consumer {name} in {v}"))
+}
+
+/// The figures of a snapshot the test checks exactly: per consumer (deliveries,
+/// redeliveries, acks, naks, terms, term reasons, max deliveries, ack waits expired, queue
+/// wait and ack time sample counts since start) and the stream's stored and stuck counts.
+fn exact_figures(v: &serde_json::Value) -> serde_json::Value {
+    let per = |name: &str| {
+        let c = consumer_stats(v, name);
+        serde_json::json!([
+            c["deliveries"],
+            c["redeliveries"],
+            c["acks"],
+            c["naks"],
+            c["terms"],
+            c["term_reasons"],
+            c["max_deliveries"],
+            c["ack_wait_expired"],
+            c["queue_wait"]["total"]["count"],
+            c["ack_time"]["total"]["count"],
+        ])
+    };
+    serde_json::json!({
+        "stored": v["observed"][0]["stored"],
+        "stuck": v["observed"][0]["stuck"],
+        "billing": per("billing"),
+        "audit": per("audit"),
+        "lazy": per("lazy"),
+    })
+}
+
+/// Per-stream and per-consumer statistics of an app that knows nothing of msgtrail: exact
+/// counts per consumer (an ack, a nak then an ack, a term with a reason, a poison message
+/// redelivered until max deliveries), queue-wait and ack-time percentiles within what the
+/// test measured, the messages a consumer leaves unacked and one no consumer takes (stuck);
+/// the same figures after a restart, through `msgtrail stats --json` (the real binary) and
+/// `--stream`, and on `/metrics`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_consumer_statistics_are_exact() {
+    let server = NatsServer::start().unwrap();
+    let js = nats(&server).await;
+    let stream = orders(&js).await;
+    let eu = |name| filtered_consumer(&stream, name, "orders.eu", Duration::from_secs(1));
+    let (billing, audit) = (eu("billing").await, eu("audit").await);
+    // lazy's ack wait is long: what it takes stays unacked.
+    let lazy = filtered_consumer(&stream, "lazy", "orders.eu", Duration::from_secs(120)).await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let config = || {
+        let mut c = observing(server.url(), dir.path(), Duration::from_millis(200));
+        // Stuck: stored, and no consumer's delivery seen within 1.5 s.
+        c.deadlines.delivered_ms = 1_500;
+        c
+    };
+    let handle = msgtrail_listener::start(config()).await.unwrap();
+
+    let began = std::time::Instant::now();
+    for body in ["ok", "nak-once", "term", "poison"] {
+        publish(&js, "orders.eu", body).await;
+    }
+    // No consumer takes orders.us: stuck once the deadline passed.
+    publish(&js, "orders.us", "nobody").await;
+
+    // lazy takes two and never acks them.
+    let mut taken = lazy.fetch().max_messages(2).messages().await.unwrap();
+    let mut lazy_held = Vec::new();
+    while let Some(m) = taken.next().await {
+        lazy_held.push(m.unwrap());
+    }
+    assert_eq!(lazy_held.len(), 2);
+    let pulling = play(&js, &audit, &billing, Some("bad input")).await;
+    let measured_ms = began.elapsed().as_secs_f64() * 1000.0;
+
+    // billing: ok 1 + nak-once 2 + term 1 + poison 3 deliveries; audit 4, each acked once;
+    // lazy's deliveries are unseen (no ack), but it holds them unacked.
+    let want = serde_json::json!({
+        "stored": 5,
+        "stuck": 1,
+        "billing": [7, 3, 2, 1, 1, {"bad input": 1}, 1, 1, 1, 2],
+        "audit": [4, 0, 4, 0, 0, null, 0, 0, 4, 4],
+        "lazy": [0, 0, 0, 0, 0, null, 0, 0, 0, 0],
+    });
+    let c = client(&handle);
+    let api = |path: &'static str| {
+        let c = c.clone();
+        async move {
+            let (status, body) = c.get_raw(path).await.unwrap();
+            assert_eq!(status, 200);
+            serde_json::from_slice::<serde_json::Value>(&body).unwrap()
+        }
+    };
+    // The last figures seen, printed when they change (what a timeout left).
+    let last = std::sync::Mutex::new(serde_json::Value::Null);
+    let v = eventually("the observed figures", || async {
+        let v = api("/api/stats").await;
+        let lazy = &consumer_stats(&v, "lazy")["now"];
+        let got = serde_json::json!([exact_figures(&v), lazy]);
+        if last.lock().unwrap()[0] != got[0] {
+            eprintln!("observed figures now: {got}");
+            *last.lock().unwrap() = got;
+        }
+        // Consumer info is read every discovery interval: billing's dead letter leaves its
+        // unacked messages at the look after.
+        let unacked = &v["observed"][0]["unacked"];
+        (exact_figures(&v) == want && lazy["unacked"] == 2 && lazy["pending"] == 2 && *unacked == 2)
+            .then_some(v)
+    })
+    .await;
+    let s = &v["observed"][0];
+    assert_eq!(s["stream"], "ORDERS");
+    assert_eq!(s["unacked"], 2, "only lazy holds unacked messages: {s}");
+    assert_eq!(s["states"]["stuck"], 1);
+    let total: u64 = s["states"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|n| n.as_u64().unwrap())
+        .sum();
+    assert_eq!(total, 5, "every observed message in one state: {s}");
+    for name in ["billing", "audit"] {
+        let cs = consumer_stats(&v, name);
+        let now = &cs["now"];
+        assert_eq!(
+            (now["unacked"].as_u64(), now["pending"].as_u64()),
+            (Some(0), Some(0)),
+            "{name}: {cs}"
+        );
+        for kind in ["queue_wait", "ack_time"] {
+            for period in ["window", "total"] {
+                let l = &cs[kind][period];
+                let f = |k: &str| l[k].as_f64().unwrap();
+                assert!(
+                    f("p50_ms") <= f("p90_ms")
+                        && f("p90_ms") <= f("p99_ms")
+                        && f("p99_ms") <= f("max_ms"),
+                    "{name} {kind} {period} percentiles ordered: {l}"
+                );
+                // HDR keeps 2 significant digits: 1 % above what the test measured at most.
+                assert!(
+                    f("max_ms") <= measured_ms * 1.01,
+                    "{name} {kind} {period} within the {measured_ms} ms the test measured: {l}"
+                );
+                assert_eq!(
+                    l["count"], cs[kind]["total"]["count"],
+                    "all in the window: {l}"
+                );
+            }
+        }
+    }
+    // Only the stream asked for; none for a stream not observed.
+    let only = api("/api/stats?stream=ORDERS").await;
+    assert_eq!(exact_figures(&only), want);
+    let none = api("/api/stats?stream=PAYMENTS").await;
+    assert!(none.get("observed").is_none(), "{none}");
+    // The metrics carry them with stream and consumer labels.
+    let (_, metrics) = c.get_raw("/metrics").await.unwrap();
+    let metrics = String::from_utf8(metrics).unwrap();
+    for line in [
+        r#"msgtrail_observed_consumer_events_total{stream="ORDERS",consumer="billing",event="delivery"} 7"#,
+        r#"msgtrail_observed_consumer_events_total{stream="ORDERS",consumer="billing",event="max_deliveries"} 1"#,
+        r#"msgtrail_observed_consumer_messages{stream="ORDERS",consumer="lazy",what="unacked"} 2"#,
+        r#"msgtrail_observed_stream_messages{stream="ORDERS",state="stuck"} 1"#,
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line} in\n{metrics}");
+    }
+    handle.shutdown().await.unwrap();
+
+    // Restarted on the same store: the same counts, the window's samples refilled.
+    let handle = msgtrail_listener::start(config()).await.unwrap();
+    let c = client(&handle);
+    let v = eventually("the figures after a restart", || async {
+        let (_, body) = c.get_raw("/api/stats").await.unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        let lazy = &v["observed"][0]["consumers"];
+        let polled = lazy
+            .as_array()
+            .is_some_and(|cs| cs.iter().all(|c| !c["now"].is_null()));
+        (v["observed"][0]["consumers"]
+            .as_array()
+            .is_some_and(|cs| cs.len() == 3)
+            && polled)
+            .then_some(v)
+    })
+    .await;
+    assert_eq!(exact_figures(&v), want, "{v}");
+
+    // `msgtrail stats --json --stream ORDERS`, the real binary, prints the same; the table
+    // names every consumer.
+    let bin = msgtrail_test_support::msgtrail_binary().unwrap();
+    let url = format!("http://{}", handle.http_addr());
+    let out = tokio::process::Command::new(&bin)
+        .args([
+            "stats",
+            "--json",
+            "--stream",
+            "ORDERS",
+            "--listener-url",
+            &url,
+        ])
+        .env_remove("MSGTRAIL_LISTENER_TOKEN")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let cli: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(exact_figures(&cli), want, "{cli}");
+    assert_eq!(consumer_stats(&cli, "lazy")["now"]["unacked"], 2);
+    let out = tokio::process::Command::new(&bin)
+        .args(["stats", "--listener-url", &url])
+        .env_remove("MSGTRAIL_LISTENER_TOKEN")
+        .env("NO_COLOR", "1")
+        .output()
+        .await
+        .unwrap();
+    let table = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        table.contains("observed stream ORDERS  stored 5 · stuck 1 · unacked 2"),
+        "{table}"
+    );
+    let row = |name: &str| -> Vec<String> {
+        table
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(name))
+            .unwrap_or_else(|| panic!("a row for {name} in\n{table}"))
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect()
+    };
+    assert_eq!(
+        row("billing")[..10],
+        ["billing", "7", "3", "2", "1", "1", "1", "1", "0", "0"]
+    );
+    assert_eq!(
+        row("lazy")[..9],
+        ["lazy", "0", "0", "0", "0", "0", "0", "0", "2"]
+    );
+    drop((lazy_held, pulling));
     handle.shutdown().await.unwrap();
 }

@@ -7,7 +7,11 @@ impl Deliverer {
     /// `ack`: settles one delivery (ack, nack with optional delay, or term); returns the
     /// push subscription and sequence whose in-flight slot the settle frees, if any.
     #[tracing::instrument(name = "ack", skip_all, fields(channel = %req.channel, kind = ?req.kind))]
-    pub(crate) async fn ack(&self, req: AckRequest) -> Result<Option<(String, u64)>, WireError> {
+    pub(crate) async fn ack(
+        &self,
+        req: AckRequest,
+        budget: crate::settle::ReplyBudget,
+    ) -> Result<Option<(String, u64)>, WireError> {
         let channel = self
             .shared
             .channels
@@ -18,7 +22,7 @@ impl Deliverer {
             .settle(&token, req.kind, req.delay_ms, req.reason.as_deref())
             .await?;
         // As for settle batches: the reply waits for the settle's records to be stored.
-        let _ = self.shared.sink.stored(crate::settle::STORED_WAIT).await;
+        let _ = self.shared.sink.stored(budget.stored_wait()).await;
         Ok(freed)
     }
 
@@ -33,7 +37,9 @@ impl Deliverer {
         delay_ms: Option<u64>,
         reason: Option<&str>,
     ) -> Result<Option<(String, u64)>, WireError> {
-        self.check_in_time(token, kind)?;
+        if let Err(expired) = self.check_in_time(token, kind) {
+            return Err(self.refuse_late(token, expired).await);
+        }
         let (effective, payload) = self.jetstream_settle(token, kind, delay_ms);
         self.confirm(token, effective, payload).await?;
         self.settled(token, kind, effective, reason).await;
@@ -68,6 +74,41 @@ impl Deliverer {
                 kind.as_str(),
             ),
         ))
+    }
+
+    /// The refusal of a settle past its deadline (`expired`, from [`Self::check_in_time`]):
+    /// `already_settled` when JetStream shows the message settled in the group — its
+    /// consumer's ack floor at or past the message's stream sequence, so it was acked (by an
+    /// earlier attempt of this very settle whose answer was lost, or by another delivery) or
+    /// dead-lettered — and `expired` otherwise (still pending: it is delivered again). A
+    /// retry after a lost answer thus learns that the group is done instead of "not applied"
+    /// (RELIABILITY.md, finding 8). One consumer-info request, on this rare path only; no
+    /// answer within [`SETTLE_CONFIRM_WAIT`] keeps `expired`.
+    pub(crate) async fn refuse_late(&self, token: &AckToken, expired: WireError) -> WireError {
+        let Some(consumer) = ack_subject_consumer(&token.a) else {
+            return expired;
+        };
+        let info = tokio::time::timeout(
+            SETTLE_CONFIRM_WAIT,
+            self.shared.stream.consumer_info(consumer),
+        )
+        .await;
+        match info {
+            Ok(Ok(info)) if info.ack_floor.stream_sequence >= token.q => {
+                Metrics::inc(&self.shared.metrics.settles_already_settled);
+                WireError::new(
+                    ErrorCode::AlreadySettled,
+                    format!(
+                        "delivery attempt {} came after its ack wait, and the message (stream \
+                         sequence {}) is already settled in this group: JetStream's ack floor is \
+                         at {} (it was acked, by an earlier attempt of this settle or another \
+                         delivery, or dead-lettered); nothing is left to do",
+                        token.n, token.q, info.ack_floor.stream_sequence
+                    ),
+                )
+            }
+            _ => expired,
+        }
     }
 
     /// What to send JetStream: a nack of the last allowed attempt is a dead letter, so it is
@@ -173,5 +214,17 @@ impl Deliverer {
             )
             .await;
         }
+    }
+}
+
+/// The JetStream consumer named in an ack subject: `$JS.ACK.<stream>.<consumer>.…` (9
+/// tokens), or with a domain and account hash `$JS.ACK.<domain>.<account>.<stream>.<consumer>.…`
+/// (12 or more).
+fn ack_subject_consumer(ack_subject: &str) -> Option<&str> {
+    let tokens: Vec<&str> = ack_subject.split('.').collect();
+    match tokens.len() {
+        9 => Some(tokens[3]),
+        12.. => Some(tokens[5]),
+        _ => None,
     }
 }

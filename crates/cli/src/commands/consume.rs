@@ -115,7 +115,9 @@ async fn handle(consumer: &Consumer, m: Received, args: &ConsumeArgs) -> bool {
                 shown.message_id,
                 shown.topic,
                 msgtrail_core::ErrorChain(&e),
-                if e.is_delivery_expired() {
+                if e.is_already_settled() {
+                    "the group is already done with this message; nothing to do"
+                } else if e.is_delivery_expired() {
                     "not applied; the message is delivered again"
                 } else {
                     "it may have been applied; if not, the message is delivered again"

@@ -1,10 +1,13 @@
-//! `msgtrail stats [--topic T] [--json]`: the listener's statistics as a table.
+//! `msgtrail stats [--topic T] [--stream S] [--json]`: the listener's statistics as a table,
+//! with observe mode's per-stream and per-consumer figures when the listener observes
+//! streams.
 
 use super::trace::ListenerArgs;
 use crate::present::format_latency as ms;
 use anyhow::Context;
 use clap::Args as ClapArgs;
 use msgtrail_core::trajectory::MessageState;
+use msgtrail_listener_client::observed::ObservedStreamStats;
 use msgtrail_listener_client::LatencyStats;
 use msgtrail_listener_client::StatsSnapshot;
 
@@ -14,6 +17,9 @@ pub(crate) struct Args {
     /// Only the latencies of this topic.
     #[arg(long)]
     pub topic: Option<String>,
+    /// Observe mode: only this observed stream's figures.
+    #[arg(long)]
+    pub stream: Option<String>,
     /// Print the statistics as JSON.
     #[arg(long)]
     pub json: bool,
@@ -26,7 +32,7 @@ pub(crate) struct Args {
 pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
     let client = args.listener.client()?;
     let s = client
-        .stats(args.topic.as_deref())
+        .stats_of(args.topic.as_deref(), args.stream.as_deref())
         .await
         .context("query failed")?;
     if args.json {
@@ -73,7 +79,86 @@ pub(crate) fn render(s: &StatsSnapshot) -> String {
     render_counts(&mut o, s);
     o.push('\n');
     render_latency(&mut o, s);
+    for st in &s.observed {
+        o.push('\n');
+        render_observed(&mut o, st, s.window_secs);
+    }
     o
+}
+
+/// One observed stream: its counts, a row per consumer, then each consumer's queue wait
+/// and ack time.
+fn render_observed(o: &mut String, st: &ObservedStreamStats, window_secs: u64) {
+    let states = state_line(&st.states);
+    o.push_str(&format!(
+        "observed stream {}  stored {} · stuck {} · unacked {} · by state: {}\n",
+        st.stream,
+        st.stored,
+        st.stuck,
+        st.unacked,
+        if states.is_empty() {
+            "none yet".to_owned()
+        } else {
+            states.join(" · ")
+        }
+    ));
+    if st.consumers.is_empty() {
+        o.push_str("  no durable consumer yet\n");
+        return;
+    }
+    o.push_str(&format!(
+        "  {:<18} {:>10} {:>12} {:>6} {:>6} {:>6} {:>8} {:>9} {:>8} {:>8} {:>9}\n",
+        "consumer",
+        "deliveries",
+        "redelivered",
+        "acks",
+        "naks",
+        "terms",
+        "max-dlv",
+        "ack-wait",
+        "unacked",
+        "pending",
+        "ack-floor"
+    ));
+    let dash = || "–".to_owned();
+    for c in &st.consumers {
+        let now = c.now.as_ref();
+        o.push_str(&format!(
+            "  {:<18} {:>10} {:>12} {:>6} {:>6} {:>6} {:>8} {:>9} {:>8} {:>8} {:>9}\n",
+            c.consumer,
+            c.deliveries,
+            c.redeliveries,
+            c.acks,
+            c.naks,
+            c.terms,
+            c.max_deliveries,
+            c.ack_wait_expired,
+            now.map(|n| n.unacked.to_string()).unwrap_or_else(dash),
+            now.map(|n| n.pending.to_string()).unwrap_or_else(dash),
+            now.map(|n| n.ack_floor_stream_seq.to_string())
+                .unwrap_or_else(dash),
+        ));
+        for (why, n) in &c.term_reasons {
+            let why = if why.is_empty() { "(no reason)" } else { why };
+            o.push_str(&format!("    term {why:?} {n}\n"));
+        }
+    }
+    o.push_str(&format!(
+        "  latency over the last {window_secs} s (since start below each): queue wait = stored → first delivery, ack time = delivery → ack\n"
+    ));
+    o.push_str(&format!(
+        "{:<20} {:<22} {:>7} {:>8} {:>9} {:>9} {:>9} {:>9}\n",
+        "  consumer", "", "count", "rate/s", "p50", "p90", "p99", "max"
+    ));
+    for c in &st.consumers {
+        for (kind, l) in [("queue wait", &c.queue_wait), ("ack time", &c.ack_time)] {
+            if l.total.count == 0 {
+                continue;
+            }
+            o.push_str(&row(&format!("  {}", c.consumer), kind, &l.window));
+            o.push_str(&row("", "  since start", &l.total));
+        }
+    }
 }
 
 /// "x 3 · y 4" for the states a count map has, in lifecycle order.
@@ -210,5 +295,68 @@ mod tests {
         assert!(out.contains("stuck 1 · lost 0"), "{out}");
         assert!(out.contains("end_to_end"), "{out}");
         assert!(out.contains("12 ms"), "{out}");
+        assert!(!out.contains("observed stream"), "{out}");
+    }
+
+    #[test]
+    fn observed_streams_show_each_consumer() {
+        use msgtrail_listener_client::observed::{ConsumerNow, ObservedConsumerStats};
+        let mut c = ObservedConsumerStats {
+            consumer: "billing".into(),
+            deliveries: 7,
+            redeliveries: 3,
+            acks: 2,
+            naks: 1,
+            terms: 1,
+            max_deliveries: 1,
+            ack_wait_expired: 2,
+            now: Some(ConsumerNow {
+                unacked: 5,
+                pending: 9,
+                ack_floor_stream_seq: 4,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        c.term_reasons.insert("bad input".into(), 1);
+        c.ack_time.total.count = 2;
+        c.ack_time.total.p99_ms = 41.0;
+        let mut st = ObservedStreamStats {
+            stream: "ORDERS".into(),
+            stored: 4,
+            stuck: 1,
+            unacked: 5,
+            consumers: vec![c],
+            ..Default::default()
+        };
+        st.states.insert(MessageState::Stuck, 1);
+        let s = StatsSnapshot {
+            window_secs: 300,
+            observed: vec![st],
+            ..Default::default()
+        };
+        let out = render(&s);
+        assert!(
+            out.contains(
+                "observed stream ORDERS  stored 4 · stuck 1 · unacked 5 · by state: stuck 1"
+            ),
+            "{out}"
+        );
+        let line = out
+            .lines()
+            .find(|l| l.trim_start().starts_with("billing "))
+            .unwrap();
+        let cells: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(
+            cells,
+            ["billing", "7", "3", "2", "1", "1", "1", "2", "5", "9", "4"]
+        );
+        assert!(out.contains("term \"bad input\" 1"), "{out}");
+        assert!(out.contains("ack time"), "{out}");
+        assert!(out.contains("41 ms"), "{out}");
+        assert!(
+            !out.contains("queue wait  "),
+            "no queue-wait row without samples: {out}"
+        );
     }
 }

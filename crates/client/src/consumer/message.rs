@@ -80,6 +80,8 @@ impl Received {
     /// [`ClientError::is_delivery_expired`]: it was not applied, and the message is delivered
     /// again or was dead-lettered. A transient error ([`ClientError::is_transient`]) may be
     /// retried; a retry after a timeout that comes too late is
+    /// [`ClientError::is_already_settled`] when the group is done with the message (the
+    /// timed-out attempt was applied, or another delivery's ack, or a dead letter), or else
     /// [`ClientError::is_settle_ambiguous`]: the timed-out attempt may have been applied.
     pub async fn ack(&self) -> Result<(), ClientError> {
         self.settle(AckKind::Ack).await

@@ -24,8 +24,10 @@
 //! again (maybe to another consumer of the group) or, after the last attempt, was
 //! dead-lettered — so a handler slower than the ack wait must expect the message again.
 //! Settling again cannot help. A transient error ([`ClientError::is_transient`]) can be
-//! retried with the same delivery; if that retry comes after the deadline and is refused,
-//! the earlier attempt may still have been applied.
+//! retried with the same delivery; if that retry comes after the deadline, it is refused
+//! [`ClientError::is_already_settled`] when JetStream shows the group done with the message
+//! (nothing left to do), or else the earlier attempt may still have been applied
+//! ([`ClientError::is_settle_ambiguous`]).
 //!
 //! A [`Received`] message holds a share of its consumer's settle path, so it can be settled
 //! after the consumer handle that fetched it is dropped; the consumer's stage reporting ends

@@ -16,21 +16,9 @@ pub fn stage_byte(stage: Stage) -> u8 {
         .expect("every stage is in Stage::ALL") as u8
 }
 
-pub(super) const F_MESSAGE_ID: u16 = 1 << 0;
-pub(super) const F_REQUEST_ID: u16 = 1 << 1;
-pub(super) const F_PRODUCER: u16 = 1 << 2;
-pub(super) const F_CONSUMER: u16 = 1 << 3;
-pub(super) const F_GROUP: u16 = 1 << 4;
-pub(super) const F_TOPIC: u16 = 1 << 5;
-pub(super) const F_ATTEMPT: u16 = 1 << 6;
-pub(super) const F_STREAM_SEQ: u16 = 1 << 7;
-pub(super) const F_OUTCOME: u16 = 1 << 8;
-pub(super) const F_DETAIL: u16 = 1 << 9;
-pub(super) const F_SERVICE: u16 = 1 << 10;
-pub(super) const F_TRACEPARENT: u16 = 1 << 11;
-pub(super) const F_ATTRS: u16 = 1 << 12;
-pub(super) const F_PAYLOAD_SIZE: u16 = 1 << 13;
-pub(super) const F_PAYLOAD_HEAD: u16 = 1 << 14;
+// The field bits both compact layouts share ([`crate::record_fields`]); bit 15 is this
+// layout's own.
+use crate::record_fields as fields;
 /// A flag without a value: the record's `by_id` (a decoder that predates it ignores it).
 pub(super) const F_BY_ID: u16 = 1 << 15;
 /// Set in the stage byte when an extension byte follows the field bits: the 16 field bits
@@ -57,28 +45,7 @@ pub(super) fn extension_bits(r: &StageRecord) -> u8 {
 }
 
 pub(super) fn write_record(w: &mut Writer, r: &StageRecord) {
-    let mut present = 0u16;
-    let mut flag = |cond: bool, bit: u16| {
-        if cond {
-            present |= bit
-        }
-    };
-    flag(r.message_id.is_some(), F_MESSAGE_ID);
-    flag(r.request_id.is_some(), F_REQUEST_ID);
-    flag(r.producer.is_some(), F_PRODUCER);
-    flag(r.consumer.is_some(), F_CONSUMER);
-    flag(r.group.is_some(), F_GROUP);
-    flag(r.topic.is_some(), F_TOPIC);
-    flag(r.attempt.is_some(), F_ATTEMPT);
-    flag(r.stream_seq.is_some(), F_STREAM_SEQ);
-    flag(r.outcome.is_some(), F_OUTCOME);
-    flag(r.detail.is_some(), F_DETAIL);
-    flag(r.service.is_some(), F_SERVICE);
-    flag(r.traceparent.is_some(), F_TRACEPARENT);
-    flag(!r.attrs.is_empty(), F_ATTRS);
-    flag(r.payload_size.is_some(), F_PAYLOAD_SIZE);
-    flag(r.payload_head.is_some(), F_PAYLOAD_HEAD);
-    flag(r.by_id, F_BY_ID);
+    let present = fields::present(r) | if r.by_id { F_BY_ID } else { 0 };
     let ext = extension_bits(r);
     w.u8(stage_byte(r.stage) | if ext != 0 { STAGE_EXTENDED } else { 0 });
     w.u64(r.at);
@@ -176,7 +143,7 @@ pub(super) fn read_record(r: &mut Reader<'_>) -> Result<Result<StageRecord, Stri
         }
     };
     let mut rec = StageRecord::at(stage, at);
-    if has(F_MESSAGE_ID) {
+    if has(fields::MESSAGE_ID) {
         let raw = r.take(16)?;
         match MessageId::from_u128(u128::from_be_bytes(raw.try_into().expect("16 bytes"))) {
             Ok(m) => rec.message_id = Some(m),
@@ -191,51 +158,51 @@ pub(super) fn read_record(r: &mut Reader<'_>) -> Result<Result<StageRecord, Stri
             .map_err(|e| note(bad, e.to_string()))
             .ok())
     };
-    if has(F_REQUEST_ID) {
+    if has(fields::REQUEST_ID) {
         let text = r.str8()?;
         match crate::ids::RequestId::new(text) {
             Ok(v) => rec.request_id = Some(v),
             Err(e) => note(&mut bad, e.to_string()),
         }
     }
-    if has(F_PRODUCER) {
+    if has(fields::PRODUCER) {
         rec.producer = client_id(r, &mut bad)?;
     }
-    if has(F_CONSUMER) {
+    if has(fields::CONSUMER) {
         rec.consumer = client_id(r, &mut bad)?;
     }
-    if has(F_GROUP) {
+    if has(fields::GROUP) {
         rec.group = client_id(r, &mut bad)?;
     }
-    if has(F_TOPIC) {
+    if has(fields::TOPIC) {
         rec.topic = Some(r.str16()?);
     }
-    if has(F_ATTEMPT) {
+    if has(fields::ATTEMPT) {
         rec.attempt = Some(r.u32()?);
     }
-    if has(F_STREAM_SEQ) {
+    if has(fields::STREAM_SEQ) {
         rec.stream_seq = Some(r.u64()?);
     }
-    if has(F_OUTCOME) {
+    if has(fields::OUTCOME) {
         rec.outcome = Some(r.str8()?);
     }
-    if has(F_DETAIL) {
+    if has(fields::DETAIL) {
         rec.detail = Some(r.str16()?);
     }
-    if has(F_SERVICE) {
+    if has(fields::SERVICE) {
         rec.service = Some(r.str8()?);
     }
-    if has(F_TRACEPARENT) {
+    if has(fields::TRACEPARENT) {
         rec.traceparent = Some(r.str8()?);
     }
-    if has(F_ATTRS) {
+    if has(fields::ATTRS) {
         rec.attrs = r.attrs()?.into_iter().collect();
     }
-    if has(F_PAYLOAD_SIZE) {
+    if has(fields::PAYLOAD_SIZE) {
         rec.payload_size = Some(r.u64()?);
     }
     rec.by_id = has(F_BY_ID);
-    if has(F_PAYLOAD_HEAD) {
+    if has(fields::PAYLOAD_HEAD) {
         rec.payload_head = Some(r.str16()?);
     }
     if ext & E_BROKER != 0 {

@@ -7,10 +7,12 @@
 //!
 //! A lookup by message ID asks the partition's owners in order (ready ones first, this
 //! member answering itself when it is one) until one has it; a lookup by anything else (a
-//! request ID) asks one owner of every partition until one has it. Statistics, groups and
-//! dead letters are each member's own share (module docs of `crate::cluster`).
+//! request ID) asks one owner of every partition until one has it. Statistics
+//! (`GET /api/stats`), groups and dead letters are merged from one owner's share of each
+//! partition (`super::merged`).
 
 use super::ClusterView;
+use crate::stats::Stats;
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderValue, Method, StatusCode};
@@ -34,16 +36,22 @@ pub const PARTIAL_HEADER: &str = "x-msgtrail-partial";
 const FORWARD_TIMEOUT: Duration = Duration::from_secs(5);
 
 #[derive(Clone)]
-struct Fanout {
-    view: Arc<ClusterView>,
+pub(super) struct Fanout {
+    pub(super) view: Arc<ClusterView>,
     client: Client<HttpConnector, Empty<Bytes>>,
+    /// This member's statistics: a merged snapshot adds its ingest and lag figures.
+    pub(super) stats: Arc<Stats>,
 }
 
 /// Wraps the API router in the fan-out layer of `view`'s group.
-pub(crate) fn layer(router: Router, view: Arc<ClusterView>) -> Router {
+pub(crate) fn layer(router: Router, view: Arc<ClusterView>, stats: Arc<Stats>) -> Router {
     let client = Client::builder(TokioExecutor::new()).build_http();
     router.layer(axum::middleware::from_fn_with_state(
-        Fanout { view, client },
+        Fanout {
+            view,
+            client,
+            stats,
+        },
         fan,
     ))
 }
@@ -68,6 +76,24 @@ async fn fan(State(f): State<Fanout>, req: Request, next: Next) -> Response {
     }
     if path == "/api/messages" {
         return merged_search(&f, req, next).await;
+    }
+    if path == "/api/stats" {
+        return super::merged::stats(&f, req, next).await;
+    }
+    if path == "/api/dead-letters" {
+        return super::merged::dead_letters(&f, req, next).await;
+    }
+    if path == "/api/groups" {
+        return super::merged::groups(&f, req, next).await;
+    }
+    if let Some(group) = path
+        .strip_prefix("/api/groups/")
+        .filter(|g| !g.is_empty() && !g.contains('/'))
+    {
+        let group = percent_encoding::percent_decode_str(group)
+            .decode_utf8_lossy()
+            .into_owned();
+        return super::merged::group(&f, &group, req, next).await;
     }
     if path == "/metrics" {
         return with_partition_metrics(&f.view, next.run(req).await).await;
@@ -110,9 +136,11 @@ async fn with_partition_metrics(view: &ClusterView, r: Response) -> Response {
 }
 
 /// What a forwarded request needs of the original.
-struct Forward {
-    path_and_query: String,
-    authorization: Option<HeaderValue>,
+pub(super) struct Forward {
+    /// The path and query to ask for.
+    pub(super) path_and_query: String,
+    /// The caller's `Authorization`, passed on.
+    pub(super) authorization: Option<HeaderValue>,
 }
 
 impl Forward {
@@ -235,14 +263,14 @@ async fn merged_search(f: &Fanout, req: Request, next: Next) -> Response {
     resp
 }
 
-async fn body_json(r: Response) -> Option<serde_json::Value> {
+pub(super) async fn body_json<T: serde::de::DeserializeOwned>(r: Response) -> Option<T> {
     let bytes = r.into_body().collect().await.ok()?.to_bytes();
     serde_json::from_slice(&bytes).ok()
 }
 
 /// Why a forwarded request failed.
 #[derive(Debug, thiserror::Error)]
-enum ForwardError {
+pub(super) enum ForwardError {
     #[error("bad member url {0:?}")]
     Url(String),
     #[error("request failed")]
@@ -254,7 +282,11 @@ enum ForwardError {
 }
 
 /// Sends the request to the member at `url` with [`LOCAL_HEADER`] and returns its answer.
-async fn forward(f: &Fanout, url: &str, fwd: &Forward) -> Result<Response, ForwardError> {
+pub(super) async fn forward(
+    f: &Fanout,
+    url: &str,
+    fwd: &Forward,
+) -> Result<Response, ForwardError> {
     let uri: hyper::Uri = format!("{}{}", url.trim_end_matches('/'), fwd.path_and_query)
         .parse()
         .map_err(|_| ForwardError::Url(url.to_owned()))?;

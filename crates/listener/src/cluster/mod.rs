@@ -7,7 +7,8 @@
 //! members, computes the partitions this member holds ([`assignment`]) and starts or stops
 //! one [`partition_ingest`] worker per held partition (the primary's exports); it publishes
 //! what it knows in a [`ClusterView`], which [`fanout`] reads to route lookups to an owner
-//! and to merge searches over every member. Store evidence in a group
+//! and to merge searches over every member; [`merged`] asks one owner of each partition
+//! for its share of the statistics and the views and merges them. Store evidence in a group
 //! ([`evidence`]) reads the same view: each member applies the evidence of the partitions it
 //! holds, and replays the message stream's evidence for a partition it takes over.
 
@@ -16,6 +17,7 @@ pub(crate) mod evidence;
 pub(crate) mod export_marks;
 mod fanout;
 mod membership;
+mod merged;
 mod partition_ingest;
 
 pub use membership::{HeldPartition, MemberInfo, HEARTBEAT, MEMBER_BUCKET, MEMBER_TTL};
@@ -23,6 +25,7 @@ pub use membership::{HeldPartition, MemberInfo, HEARTBEAT, MEMBER_BUCKET, MEMBER
 pub use evidence::COVERAGE_FILE as EVIDENCE_COVERAGE_FILE;
 pub use export_marks::{EXPORT_MARKS_STREAM, EXPORT_MARKS_SUBJECT_PREFIX};
 pub use fanout::{LOCAL_HEADER, PARTIAL_HEADER};
+pub use merged::MISSING_PARTITIONS_HEADER;
 
 pub(crate) use assignment::Role;
 pub(crate) use fanout::layer;
@@ -92,6 +95,10 @@ impl GroupConfig {
         Ok(())
     }
 }
+
+/// Members picked to answer for partitions: (name, API URL) → the partitions each answers
+/// for ([`ClusterView::pick_owners`]).
+pub(crate) type Picked = BTreeMap<(String, String), Vec<Partition>>;
 
 /// What a member knows of its group, shared by the coordinator, the partition workers and
 /// the HTTP fan-out.
@@ -257,6 +264,41 @@ impl ClusterView {
             .collect();
         out.sort_by_key(|(not_ready, _, _)| *not_ready);
         out.into_iter().map(|(_, n, u)| (n, u)).collect()
+    }
+
+    /// One live owner of each of `partitions` to ask for its share of a merged answer,
+    /// skipping the members in `skip` (they failed to answer): a ready owner when there is
+    /// one, and among equals this member first, then a member already picked (fewer
+    /// requests). Returns the picked members ((name, URL) → their partitions) and the
+    /// partitions no live owner is left for.
+    pub(crate) fn pick_owners(
+        &self,
+        partitions: &[Partition],
+        skip: &[String],
+    ) -> (Picked, Vec<Partition>) {
+        let s = self.inner.read().recover();
+        let mut picked = Picked::new();
+        let mut unowned = Vec::new();
+        for &p in partitions {
+            let owners = assignment::owners(p, s.members.keys().map(String::as_str), self.copies);
+            let best = owners
+                .iter()
+                .filter(|n| !skip.iter().any(|x| x == *n))
+                .filter_map(|n| s.members.get(*n).map(|m| (*n, m)))
+                .min_by_key(|(n, m)| {
+                    let ready = m.partitions.iter().any(|h| h.partition == p && h.ready);
+                    let asked = picked.keys().any(|(k, _)| k == n);
+                    (!ready, *n != self.me, !asked)
+                });
+            match best {
+                Some((n, m)) => picked
+                    .entry((n.to_owned(), m.url.clone()))
+                    .or_default()
+                    .push(p),
+                None => unowned.push(p),
+            }
+        }
+        (picked, unowned)
     }
 
     /// Members that together hold every partition (one owner each, ready ones preferred),

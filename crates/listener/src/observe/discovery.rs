@@ -11,6 +11,7 @@ use futures::TryStreamExt;
 use msgtrail_core::observed::UnsampledConsumer;
 use msgtrail_core::outcome::SettleKind;
 use msgtrail_core::trajectory::{DeliveryMode, HopKind, Trajectory};
+use msgtrail_listener_client::observed::ConsumerNow;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::sync::RwLock;
@@ -59,6 +60,9 @@ pub(crate) struct ObservedStream {
     pub first_seq: u64,
     /// Its durable consumers (not msgtrail's own), by name.
     pub consumers: BTreeMap<String, ObservedConsumer>,
+    /// What each of them held at the look (consumer info), for the statistics.
+    #[serde(skip)]
+    pub now: BTreeMap<String, ConsumerNow>,
 }
 
 /// Where msgtrail's headers-only consumer of a stream is.
@@ -201,6 +205,39 @@ impl ObserveStatus {
     }
 }
 
+/// What a consumer holds, from its info read at `polled_at`.
+fn figures(info: &consumer::Info, polled_at: u64) -> ConsumerNow {
+    ConsumerNow {
+        pending: info.num_pending,
+        unacked: info.num_ack_pending as u64,
+        redelivered: info.num_redelivered as u64,
+        waiting: info.num_waiting as u64,
+        ack_floor_stream_seq: info.ack_floor.stream_sequence,
+        ack_floor_consumer_seq: info.ack_floor.consumer_sequence,
+        delivered_stream_seq: info.delivered.stream_sequence,
+        polled_at,
+    }
+}
+
+/// The statistics' view of discovery: every observed stream (existing or not yet), its
+/// durable consumers and what each held at the last look.
+impl crate::stats::ObservedLive for ObserveStatus {
+    fn consumers_now(&self) -> BTreeMap<String, BTreeMap<String, Option<ConsumerNow>>> {
+        let streams = self.streams.read().unwrap_or_else(|p| p.into_inner());
+        streams
+            .iter()
+            .map(|(name, s)| {
+                let cs = s
+                    .consumers
+                    .keys()
+                    .map(|c| (c.clone(), s.now.get(c).cloned()))
+                    .collect();
+                (name.clone(), cs)
+            })
+            .collect()
+    }
+}
+
 /// A consumer's filter subjects (`filter_subject` or `filter_subjects`).
 fn filters(c: &consumer::Config) -> Vec<String> {
     let mut fs = c.filter_subjects.clone();
@@ -245,7 +282,9 @@ pub(crate) async fn discover(
         reads_messages: false,
         first_seq: s.cached_info().state.first_sequence,
         consumers: BTreeMap::new(),
+        now: BTreeMap::new(),
     };
+    let polled_at = msgtrail_core::time::now_nanos();
     let infos: Vec<consumer::Info> = s.consumers().try_collect().await?;
     for info in infos {
         let Some(name) = info.config.durable_name.clone() else {
@@ -291,6 +330,7 @@ pub(crate) async fn discover(
                 None => tracing::info!(%stream, consumer = %name, mode, "observing consumer"),
             }
         }
+        now.now.insert(name.clone(), figures(&info, polled_at));
         now.consumers.insert(name, c);
     }
     status.set(stream, now);

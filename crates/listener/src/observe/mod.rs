@@ -24,6 +24,9 @@
 //!   producer's trace), set on the export with `ExportSender::hold_back`.
 //! - `event` parses nats-server's events; `records` maps both sources to stage records
 //!   with the broker's hop keys (pure).
+//! - [`stats`]: what the records new to the store change in the per-stream and
+//!   per-consumer statistics (pure; the store's apply calls it, `crate::stats` keeps the
+//!   figures); discovery adds what each consumer holds now (consumer info).
 //!
 //! Both readers end in `crate::ingest::apply`, like the stage stream: one store transaction
 //! per batch, acks after the commit, the store skipping what it already holds. Message IDs
@@ -36,6 +39,7 @@ mod events;
 mod hold;
 pub(crate) mod http;
 mod records;
+pub(crate) mod stats;
 mod stored;
 
 pub(crate) use discovery::ObserveStatus;
@@ -192,6 +196,7 @@ pub(crate) async fn spawn(
     .await
     .map_err(Box::new)?;
     let status = Arc::new(ObserveStatus::new(&config.streams));
+    sinks.stats.set_observed_live(status.clone());
     let held = Arc::new(hold::Held::default());
     if let Some(x) = &sinks.exporter {
         let (st, h) = (status.clone(), held.clone());

@@ -24,12 +24,27 @@
 //! asks for `application/openmetrics-text`, otherwise the Prometheus text format 0.0.4
 //! (no exemplars).
 //!
+//! ## A group's merged statistics
+//!
+//! A member of a listener group ([`Stats::partitioned`]) also keeps its latency histograms
+//! per stage partition, beside the per-partition counters the store keeps
+//! (`part/<NN>/<name>`). [`Stats::share`] is its answer for an exact set of partitions
+//! (counters and serialized histograms, `share`); the member that answers `GET /api/stats`
+//! for the group adds up one owner's share of every partition ([`Merged`]: counters summed,
+//! histograms merged) and [`Stats::merged_snapshot`] recomputes the percentiles from the
+//! merged histograms.
+//!
 //! The parts: `msgtrail_listener_client::stats` (the types a snapshot is made of), `window` (one sliding-window
-//! histogram), [`Stats`] here (recording and snapshots), `metrics` (the Prometheus side).
+//! histogram), `share` (a member's share of a group's statistics, and their merge), [`Stats`]
+//! here (recording and snapshots), `metrics` (the Prometheus side).
 
-use crate::counters::{topic_counter, Counter, CounterKey, FunnelStep, STAGE_PREFIX};
+use crate::counters::{
+    split_partition_counter, topic_counter, topic_state_of, Counter, CounterKey, FunnelStep,
+    STAGE_PREFIX,
+};
 use crate::store::{ApplyOutcome, TopicState};
 use hdrhistogram::Histogram;
+use msgtrail_core::partition::Partition;
 use msgtrail_core::trajectory::{MessageState, Segment};
 use msgtrail_core::MessageId;
 use msgtrail_core::Stage;
@@ -45,9 +60,13 @@ use std::sync::Mutex;
 use std::time::{Duration, UNIX_EPOCH};
 
 mod metrics;
+mod observed;
+mod share;
 mod window;
 pub(crate) use metrics::*;
 pub use msgtrail_listener_client::stats::*;
+pub(crate) use observed::ObservedLive;
+pub(crate) use share::{Merged, StatsShare};
 use window::*;
 #[cfg(test)]
 mod tests;
@@ -57,12 +76,16 @@ const SLOTS: u64 = 5;
 
 struct Inner {
     hists: BTreeMap<(String, Segment), Windowed>,
+    /// As `hists`, per stage partition (kept only when [`Stats::partitioned`]).
+    part_hists: BTreeMap<(Partition, String, Segment), Windowed>,
     states: BTreeMap<TopicState, u64>,
     counters: BTreeMap<String, u64>,
     ingest: IngestCounts,
     lag: IngestLag,
     /// Failed attempts in the current store outage (0 while the store writes).
     outage_failures: u64,
+    /// Observe mode's queue-wait and ack-time histograms.
+    observed: observed::ObservedHists,
 }
 
 /// How a store outage ended ([`Stats::store_written`]).
@@ -80,8 +103,13 @@ pub struct Stats {
     window: Duration,
     started_at: u64,
     inner: Mutex<Inner>,
+    /// Whether latencies are also kept per stage partition (a group member).
+    partitioned: bool,
     /// `msgtrail_hop_latency_seconds`: since start, with exemplars (locks of its own).
     hop_latency: HopLatency,
+    /// Observe mode's discovery, once observing: the streams, consumers and their figures
+    /// now.
+    observed_live: std::sync::OnceLock<std::sync::Arc<dyn ObservedLive>>,
 }
 
 impl std::fmt::Debug for Stats {
@@ -105,13 +133,54 @@ impl Stats {
             started_at,
             inner: Mutex::new(Inner {
                 hists: BTreeMap::new(),
+                part_hists: BTreeMap::new(),
                 states,
                 counters,
                 ingest: IngestCounts::default(),
                 lag: IngestLag::default(),
                 outage_failures: 0,
+                observed: BTreeMap::new(),
             }),
+            partitioned: false,
             hop_latency: Family::new_with_constructor(hop_histogram),
+            observed_live: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Also keeps the latency histograms per stage partition (a member of a listener group),
+    /// for [`Stats::share`].
+    pub fn partitioned(mut self, on: bool) -> Self {
+        self.partitioned = on;
+        self
+    }
+
+    /// Adds per-partition counter changes (`part/<NN>/<name>`) the store made.
+    pub fn add_partition_counters(&self, deltas: &BTreeMap<String, i64>) {
+        let mut g = self.lock();
+        for (name, by) in deltas {
+            let e = g.counters.entry(name.clone()).or_default();
+            *e = e.saturating_add_signed(*by);
+        }
+    }
+
+    /// Records one latency sample at `now` in the histograms (and in its partition's, when
+    /// kept).
+    fn record_latency(
+        &self,
+        g: &mut Inner,
+        (topic, seg, nanos, id): (&str, Segment, u64, Option<&MessageId>),
+        now: u64,
+    ) {
+        let window = self.window;
+        g.hists
+            .entry((topic.to_owned(), seg))
+            .or_insert_with(|| Windowed::new(window))
+            .record(now, nanos / 1000);
+        if let (true, Some(id)) = (self.partitioned, id) {
+            g.part_hists
+                .entry((Partition::of_message(id), topic.to_owned(), seg))
+                .or_insert_with(|| Windowed::new(window))
+                .record(now, nanos / 1000);
         }
     }
 
@@ -170,12 +239,13 @@ impl Stats {
             let e = g.counters.entry(k.to_string()).or_default();
             *e = e.saturating_add_signed(*v);
         }
-        let window = self.window;
-        for (topic, seg, nanos, _) in &outcome.latencies {
-            g.hists
-                .entry((topic.clone(), *seg))
-                .or_insert_with(|| Windowed::new(window))
-                .record(now, nanos / 1000);
+        for (k, v) in &outcome.partition_counters {
+            let e = g.counters.entry(k.clone()).or_default();
+            *e = e.saturating_add_signed(*v);
+        }
+        observed::record(&mut g.observed, self.window, &outcome.observed, now);
+        for (topic, seg, nanos, id) in &outcome.latencies {
+            self.record_latency(&mut g, (topic, *seg, *nanos, id.as_ref()), now);
         }
         drop(g);
         self.observe_latencies(&outcome.latencies, now);
@@ -204,7 +274,9 @@ impl Stats {
     /// Adds the metrics of a snapshot taken now (counters and gauges) and the live latency
     /// histograms (`msgtrail_hop_latency_seconds`, with exemplars) to `registry`.
     pub fn register_metrics(&self, registry: &mut Registry, now: u64) {
-        register_snapshot(&self.snapshot(None, now), registry);
+        let snapshot = self.snapshot(None, now);
+        register_snapshot(&snapshot, registry);
+        observed::register(&snapshot.observed, registry);
         registry.register_with_unit(
             "msgtrail_hop_latency",
             "Latency per topic and segment since the listener started; exemplars carry the trace ID (the message ID in hex) of the last sample in each bucket",
@@ -217,14 +289,11 @@ impl Stats {
     /// its message's last record time, so that a restart keeps the sliding window.
     pub fn seed(&self, summaries: &[crate::store::MessageSummary]) {
         let mut g = self.lock();
-        let window = self.window;
         for s in summaries {
-            let topic = s.topic.clone().unwrap_or_default();
+            let topic = s.topic.as_deref().unwrap_or_default();
             for (seg, nanos) in &s.segments {
-                g.hists
-                    .entry((topic.clone(), *seg))
-                    .or_insert_with(|| Windowed::new(window))
-                    .record(s.last_at, nanos / 1000);
+                let sample = (topic, *seg, *nanos, s.message_id.as_ref());
+                self.record_latency(&mut g, sample, s.last_at);
             }
         }
     }
@@ -308,10 +377,145 @@ impl Stats {
         self.lock().lag.stored_last_lag_ms = Some(lag_ms);
     }
 
+    /// Refills observe mode's histograms after a restart: each message's samples (all of
+    /// its records counted at once) at its last record time, oldest first.
+    pub(crate) fn seed_observed(
+        &self,
+        messages: &[(u64, Vec<crate::observe::stats::ObservedSample>)],
+    ) {
+        let mut g = self.lock();
+        for (at, samples) in messages {
+            observed::record(&mut g.observed, self.window, samples, *at);
+        }
+    }
+
+    /// Makes the snapshots carry the `observed` section, from `live` (discovery) and the
+    /// observed counters; set once, when observe mode starts.
+    pub(crate) fn set_observed_live(&self, live: std::sync::Arc<dyn ObservedLive>) {
+        let _ = self.observed_live.set(live);
+    }
+
+    /// Mirrors counter changes a housekeeping pass persisted (observe mode's per-stream
+    /// states).
+    pub(crate) fn add_counters(&self, deltas: &crate::store::Deltas) {
+        let mut g = self.lock();
+        for (k, v) in deltas {
+            let e = g.counters.entry(k.to_string()).or_default();
+            *e = e.saturating_add_signed(*v);
+        }
+    }
+
     /// A snapshot, optionally of one topic's latencies only.
     pub fn snapshot(&self, topic: Option<&str>, now: u64) -> StatsSnapshot {
+        self.snapshot_of(topic, None, now)
+    }
+
+    /// A snapshot, optionally of one topic's latencies only and of one observed stream only.
+    pub fn snapshot_of(
+        &self,
+        topic: Option<&str>,
+        stream: Option<&str>,
+        now: u64,
+    ) -> StatsSnapshot {
+        // Discovery's figures first, outside the statistics' lock.
+        let live = self.observed_live.get().map(|l| l.consumers_now());
         let mut g = self.lock();
-        let named = |name: &str| g.counters.get(name).copied().unwrap_or(0);
+        let periods = self.periods(now);
+        let mut latency = Vec::new();
+        for ((t, seg), w) in g.hists.iter_mut() {
+            if topic.is_some_and(|want| want != t) {
+                continue;
+            }
+            let win = w.window(now);
+            latency.push(latency_row(t, *seg, &win, &w.total, periods));
+        }
+        let inner = &mut *g;
+        let observed = match &live {
+            Some(live) => observed::snapshot(
+                &inner.counters,
+                &mut inner.observed,
+                live,
+                stream,
+                now,
+                observed::Periods {
+                    window_secs: periods.0,
+                    uptime_secs: periods.1,
+                },
+            ),
+            None => Vec::new(),
+        };
+        let (ingest, lag) = (g.ingest.clone(), g.lag.clone());
+        let mut snapshot = self.build(&g.counters, &g.states, latency, ingest, lag, topic, now);
+        snapshot.observed = observed;
+        snapshot
+    }
+
+    /// This member's share of a group's statistics for exactly `partitions`: their
+    /// counters (summed, under the plain names) and latency histograms (merged).
+    pub(crate) fn share(&self, partitions: &[Partition], now: u64) -> StatsShare {
+        let mut g = self.lock();
+        let mut merged = Merged::default();
+        for (name, v) in &g.counters {
+            if let Some((p, plain)) = split_partition_counter(name) {
+                if partitions.contains(&p) {
+                    *merged.counters.entry(plain.to_owned()).or_default() += v;
+                }
+            }
+        }
+        for ((p, t, seg), w) in g.part_hists.iter_mut() {
+            if partitions.contains(p) {
+                merged.add_histograms(t, *seg, &w.window(now), &w.total);
+            }
+        }
+        merged.into_share(partitions.to_vec())
+    }
+
+    /// The snapshot of a group's merged shares: counters, states and latencies from
+    /// `merged` (percentiles recomputed from the merged histograms); ingest and lag are
+    /// this member's own.
+    pub(crate) fn merged_snapshot(
+        &self,
+        merged: &Merged,
+        topic: Option<&str>,
+        now: u64,
+    ) -> StatsSnapshot {
+        let periods = self.periods(now);
+        let latency = merged
+            .histograms()
+            .filter(|(t, _, _, _)| topic.is_none_or(|want| want == *t))
+            .map(|(t, seg, win, total)| latency_row(t, seg, win, total, periods))
+            .collect();
+        let mut states = BTreeMap::new();
+        for (name, n) in &merged.counters {
+            if let Some(ts) = topic_state_of(name) {
+                states.insert(ts, *n);
+            }
+        }
+        let g = self.lock();
+        let (ingest, lag) = (g.ingest.clone(), g.lag.clone());
+        drop(g);
+        self.build(&merged.counters, &states, latency, ingest, lag, topic, now)
+    }
+
+    /// The seconds the window and the totals cover now: (window, since start).
+    fn periods(&self, now: u64) -> (f64, f64) {
+        let uptime = (now.saturating_sub(self.started_at) as f64 / 1e9).max(1e-9);
+        (self.window.as_secs_f64().min(uptime), uptime)
+    }
+
+    /// A snapshot of `counters` (by name) and `states`, with its latency rows.
+    #[allow(clippy::too_many_arguments)]
+    fn build(
+        &self,
+        counters: &BTreeMap<String, u64>,
+        states_by_topic: &BTreeMap<TopicState, u64>,
+        latency: Vec<LatencyRow>,
+        mut ingest: IngestCounts,
+        lag: IngestLag,
+        topic: Option<&str>,
+        now: u64,
+    ) -> StatsSnapshot {
+        let named = |name: &str| counters.get(name).copied().unwrap_or(0);
         let c = |counter: Counter| named(&CounterKey::Global(counter).to_string());
         // Funnel, duplicates, redeliveries, dead letters and states are kept per topic too.
         let scoped = |counter: Counter| match topic {
@@ -337,51 +541,27 @@ impl Stats {
             channels_refused: c(Counter::ChannelsRefused),
             retention_deleted: c(Counter::RetentionDeleted),
         };
-        let stages: BTreeMap<String, u64> = g
-            .counters
+        let stages: BTreeMap<String, u64> = counters
             .iter()
             .filter_map(|(k, v)| k.strip_prefix(STAGE_PREFIX).map(|s| (s.to_owned(), *v)))
             .collect();
-        let records = stages
+        ingest.records = stages
             .values()
             .sum::<u64>()
             .saturating_sub(c(Counter::Unkeyed));
-        let mut ingest = g.ingest.clone();
-        ingest.records = records;
         ingest.unkeyed_records = c(Counter::Unkeyed);
-        let window_secs = self.window.as_secs_f64();
-        let uptime = (now.saturating_sub(self.started_at) as f64 / 1e9).max(1e-9);
-        let wsecs = window_secs.min(uptime);
-        let mut latency = Vec::new();
         let mut states: BTreeMap<MessageState, u64> = BTreeMap::new();
-        for ((t, st), n) in &g.states {
-            if topic.is_none_or(|want| want == t) && *n > 0 {
-                *states.entry(*st).or_default() += n;
-            }
-        }
-        let topics: BTreeMap<String, BTreeMap<MessageState, u64>> = if topic.is_none() {
-            let mut m: BTreeMap<String, BTreeMap<MessageState, u64>> = BTreeMap::new();
-            for ((t, st), n) in &g.states {
-                if *n > 0 {
-                    *m.entry(t.clone()).or_default().entry(*st).or_default() += n;
-                }
-            }
-            m
-        } else {
-            BTreeMap::new()
-        };
-        let lag = g.lag.clone();
-        for ((t, seg), w) in g.hists.iter_mut() {
-            if topic.is_some_and(|want| want != t) {
+        let mut topics: BTreeMap<String, BTreeMap<MessageState, u64>> = BTreeMap::new();
+        for ((t, st), n) in states_by_topic {
+            if *n == 0 {
                 continue;
             }
-            let win = w.window(now);
-            latency.push(LatencyRow {
-                topic: t.clone(),
-                segment: *seg,
-                window: summarize(&win, wsecs),
-                total: summarize(&w.total, uptime),
-            });
+            if topic.is_none_or(|want| want == t) {
+                *states.entry(*st).or_default() += n;
+            }
+            if topic.is_none() {
+                *topics.entry(t.clone()).or_default().entry(*st).or_default() += n;
+            }
         }
         StatsSnapshot {
             topic: topic.map(str::to_owned),
@@ -396,6 +576,24 @@ impl Stats {
             ingest,
             lag,
             latency,
+            observed: Vec::new(),
         }
+    }
+}
+
+/// One latency row from a (topic, segment)'s window and since-start histograms, over the
+/// periods ([`Stats::periods`]) they cover.
+fn latency_row(
+    topic: &str,
+    segment: Segment,
+    window: &Histogram<u64>,
+    total: &Histogram<u64>,
+    (window_secs, uptime): (f64, f64),
+) -> LatencyRow {
+    LatencyRow {
+        topic: topic.to_owned(),
+        segment,
+        window: summarize(window, window_secs),
+        total: summarize(total, uptime),
     }
 }

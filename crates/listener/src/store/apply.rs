@@ -7,7 +7,8 @@
 //! 3. [`Pass::merge_orphans`] and [`Pass::regroup_requests`]: records already stored that
 //!    move to another message key.
 //! 4. [`Pass::update_message`], per touched message: insert what is new, derive the
-//!    summary, and turn the difference into counters, state changes and latencies. The
+//!    summary, and turn the difference into counters, state changes and latencies (observe
+//!    mode's per-stream and per-consumer ones through [`crate::observe::stats`]). The
 //!    summary comes from the message's folded state ([`Folded`], which each inserted record
 //!    updates); the message is assembled only when that state cannot decide it, when
 //!    records moved to or from it (passes 3a/3b), or when the store emits trajectories.
@@ -21,6 +22,7 @@ use super::{client_events, records, MessageKey, Store};
 use crate::cache::{Cache, Cached};
 use crate::counters::{Counter, CounterKey, FunnelStep};
 use crate::error::StoreError;
+use crate::observe::stats as observe_stats;
 use crate::store::ApplyOutcome;
 use crate::summary::{new_latencies, topic_state, Folded, MessageSummary};
 use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
@@ -145,6 +147,9 @@ impl<'a, 't> Pass<'a, 't> {
             CounterKey::Global(c) if by != 0 => *self.global.entry(c).or_default() += by,
             CounterKey::Global(_) => {}
             CounterKey::Topic(topic, c) => self.bump_topic(&topic, c, by)?,
+            observed @ CounterKey::Observed(_) => {
+                *self.out.counters.entry(observed).or_default() += by;
+            }
         }
         Ok(())
     }
@@ -433,6 +438,9 @@ impl<'a, 't> Pass<'a, 't> {
         if ins.count == 0 && !moves.rebuild.contains(&key) {
             return Ok((key, own));
         }
+        // Observe mode's hook: the inserted records are the last `ins.count`.
+        let (had, new) = own.records.split_at(own.records.len() - ins.count);
+        self.count_observed(observe_stats::count_records(had, new))?;
         if own.folded.is_none() {
             own.folded = Some(Folded::of(&own.records));
         }
@@ -459,6 +467,11 @@ impl<'a, 't> Pass<'a, 't> {
         };
         let prev = own.summary.take();
         let stored_summary = self.t.put_summary(prev.as_ref(), &summary)?;
+        let moved = observe_stats::state_change(prev.as_ref(), Some(&summary));
+        self.count_observed(observe_stats::Change {
+            counters: moved,
+            samples: Vec::new(),
+        })?;
         let same_ts = prev.as_ref().is_some_and(|p| {
             (p.topic.as_deref(), p.state) == (summary.topic.as_deref(), summary.state)
         });
@@ -487,6 +500,15 @@ impl<'a, 't> Pass<'a, 't> {
             self.out.trajectories.extend(traj);
         }
         Ok((key, own))
+    }
+
+    /// Adds what observed records changed (observe mode's statistics) to the outcome.
+    fn count_observed(&mut self, change: observe_stats::Change) -> Result<(), StoreError> {
+        for (k, by) in change.counters {
+            self.bump(CounterKey::Observed(k), by)?;
+        }
+        self.out.observed.extend(change.samples);
+        Ok(())
     }
 
     /// Inserts the moved and fresh records a message does not hold yet (by dedup key).

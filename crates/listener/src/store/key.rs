@@ -7,6 +7,7 @@
 //! then the message ID's 16 bytes big-endian — so stored keys sort by time as the IDs do —
 //! or the orphan's `<producer>/<request-id>`).
 
+use msgtrail_core::partition::Partition;
 use msgtrail_core::MessageId;
 use std::fmt;
 use std::str::FromStr;
@@ -35,6 +36,20 @@ impl MessageKey {
             producer: producer.to_owned(),
             request_id: request_id.to_owned(),
         }
+    }
+
+    /// The stage partition the key's records are in: its message ID's, or its request ID's
+    /// (`msgtrail_core::partition`).
+    pub(crate) fn partition(&self) -> Partition {
+        match self {
+            MessageKey::Message(m) => Partition::of_message(m),
+            MessageKey::Orphan { request_id, .. } => Partition::of_bytes(request_id.as_bytes()),
+        }
+    }
+
+    /// The stage partition of a key in its text form; `None` when it does not parse.
+    pub(crate) fn partition_of(key: &str) -> Option<Partition> {
+        key.parse::<MessageKey>().ok().map(|k| k.partition())
     }
 
     /// Whether `key` (as stored) names an orphan upload.

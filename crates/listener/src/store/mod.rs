@@ -42,6 +42,7 @@ use crate::summary::{state_code, topic_state};
 pub(crate) use crate::summary::{MessageSummary, StateDelta, TopicState};
 use base64::Engine as _;
 pub(crate) use key::MessageKey;
+use msgtrail_core::partition::Partition;
 use msgtrail_core::trajectory::{AssembleOptions, Deadlines, MessageState, Segment, Trajectory};
 use msgtrail_core::{MessageId, StageRecord};
 use serde::{Deserialize, Serialize};
@@ -101,6 +102,9 @@ pub struct SearchQuery {
     /// Only messages with this attribute (key, value).
     #[serde(default)]
     pub attr: Option<(String, String)>,
+    /// Only messages of these stage partitions (a group member's share of a merged view).
+    #[serde(default)]
+    pub partitions: Option<Vec<Partition>>,
 }
 
 /// What applying one batch changed, for the statistics.
@@ -119,9 +123,30 @@ pub struct ApplyOutcome {
     pub latencies: Vec<(String, Segment, u64, Option<MessageId>)>,
     /// Counter increments (also persisted).
     pub counters: Deltas,
+    /// Observe mode's latencies completed by this batch (queue wait, ack time per consumer).
+    pub(crate) observed: Vec<crate::observe::stats::ObservedSample>,
+    /// The same increments per stage partition, by name (`part/<NN>/<name>`), when the
+    /// store keeps them ([`Store::partitioned`]); empty otherwise.
+    pub partition_counters: BTreeMap<String, i64>,
     /// The trajectories this batch changed, when the store was opened to emit them (for
     /// trace export).
     pub trajectories: Vec<Trajectory>,
+}
+
+impl ApplyOutcome {
+    /// Adds what another pass of the same transaction changed.
+    fn absorb(&mut self, o: ApplyOutcome) {
+        self.new_records += o.new_records;
+        self.repeated_records += o.repeated_records;
+        self.unkeyed_records += o.unkeyed_records;
+        self.state_changes.extend(o.state_changes);
+        self.latencies.extend(o.latencies);
+        self.observed.extend(o.observed);
+        for (k, v) in o.counters {
+            *self.counters.entry(k).or_default() += v;
+        }
+        self.trajectories.extend(o.trajectories);
+    }
 }
 
 /// Counter increments by counter, gathered while a transaction works and written once.
@@ -136,6 +161,12 @@ pub struct DeadlineOutcome {
     pub trajectories: Vec<Trajectory>,
     /// The `since` to pass to the next pass.
     pub next_since: u64,
+    /// Counter changes besides the state counts (observe mode's per-stream states), also
+    /// persisted, for the statistics.
+    pub counters: Deltas,
+    /// The state counters' changes per stage partition, by name, when the store keeps them
+    /// ([`Store::partitioned`]).
+    pub partition_counters: BTreeMap<String, i64>,
 }
 
 /// What a retention run deleted.
@@ -147,6 +178,12 @@ pub struct RetentionOutcome {
     pub bytes_freed: u64,
     /// The states of the deleted messages, for the state counts.
     pub state_changes: Vec<StateDelta>,
+    /// Counter changes besides the state counts (observe mode's per-stream states), also
+    /// persisted, for the statistics.
+    pub counters: Deltas,
+    /// The state counters' changes per stage partition, by name, when the store keeps them
+    /// ([`Store::partitioned`]).
+    pub partition_counters: BTreeMap<String, i64>,
 }
 
 /// One keyspace's share of the store ([`Store::storage`]).
@@ -189,6 +226,8 @@ pub struct Store {
     payload_head_bytes: usize,
     deadlines: Deadlines,
     emit_trajectories: bool,
+    /// Whether counters are also kept per stage partition ([`Store::partitioned`]).
+    partitioned: bool,
     /// In-flight messages as committed. Every write transaction holds this lock from before
     /// it begins until the cache reflects its commit, so the cache never lags the store.
     cache: Mutex<Cache>,
@@ -247,6 +286,7 @@ impl Store {
             payload_head_bytes,
             deadlines,
             emit_trajectories: false,
+            partitioned: false,
             cache: Mutex::new(cache),
         })
     }
@@ -255,6 +295,16 @@ impl Store {
     /// changed (the listener turns this on when it exports traces).
     pub fn emit_trajectories(mut self, on: bool) -> Self {
         self.emit_trajectories = on;
+        self
+    }
+
+    /// Makes every write also keep its counters per stage partition (`part/<NN>/<name>`,
+    /// beside the plain names), as a member of a listener group does, so that a merged
+    /// answer takes each partition's figures from one owner. Counters written while this
+    /// was off (a single listener's, an older version's) stay in the plain names only: they
+    /// are no partition's ("unpartitioned").
+    pub fn partitioned(mut self, on: bool) -> Self {
+        self.partitioned = on;
         self
     }
 
@@ -405,21 +455,72 @@ impl Store {
     fn apply_inner(&self, records: Vec<StageRecord>, now: u64) -> Result<ApplyOutcome, StoreError> {
         let mut cache = self.lock_cache();
         let db = self.db()?;
-        // A plain batch unless a client event's ring must read back this write's own
-        // changes (`store/tables.rs` says what the batch gives up).
-        let mut t = if records.iter().any(client_events::is_client_event) {
+        // A partitioned store applies each partition's records in a pass of its own, so
+        // that its counters are that partition's (a group's stage batches hold one).
+        let parts = self.split_by_partition(records);
+        // A plain batch unless a client event's ring, or a later pass, must read back this
+        // write's own changes (`store/tables.rs` says what the batch gives up).
+        let mut t = if parts.len() > 1
+            || parts
+                .iter()
+                .any(|(_, rs)| rs.iter().any(client_events::is_client_event))
+        {
             Tables::begin(&db)
         } else {
             Tables::begin_batch(&db)
         };
-        let (staged, out) = {
+        let mut out = ApplyOutcome::default();
+        let mut staged = Vec::new();
+        for (p, records) in parts {
+            t.partition = p;
             let mut pass = apply::Pass::new(self, &mut t, &mut cache, now);
-            let staged = pass.run(records)?;
-            (staged, std::mem::take(&mut pass.out))
-        };
+            staged.extend(pass.run(records)?);
+            out.absorb(std::mem::take(&mut pass.out));
+        }
+        out.partition_counters = std::mem::take(&mut t.partition_deltas);
         t.commit()?;
         cache.put_all(staged);
         Ok(out)
+    }
+
+    /// The records by stage partition when the store is partitioned; else all of them as
+    /// one group of no partition.
+    fn split_by_partition(
+        &self,
+        records: Vec<StageRecord>,
+    ) -> Vec<(Option<Partition>, Vec<StageRecord>)> {
+        if !self.partitioned {
+            return vec![(None, records)];
+        }
+        let mut by: BTreeMap<Partition, Vec<StageRecord>> = BTreeMap::new();
+        for r in records {
+            by.entry(Partition::of_record(&r)).or_default().push(r);
+        }
+        by.into_iter().map(|(p, rs)| (Some(p), rs)).collect()
+    }
+
+    /// Writes the state counts of `changes` (each with its message key) under each key's
+    /// partition, when the store is partitioned; returns the changes by name.
+    fn count_partition_states(
+        &self,
+        t: &mut Tables<'_>,
+        changes: &[(String, StateDelta)],
+    ) -> Result<BTreeMap<String, i64>, StoreError> {
+        if !self.partitioned {
+            return Ok(BTreeMap::new());
+        }
+        let mut by: BTreeMap<Partition, Vec<StateDelta>> = BTreeMap::new();
+        for (key, change) in changes {
+            if let Some(p) = MessageKey::partition_of(key) {
+                by.entry(p).or_default().push(change.clone());
+            }
+        }
+        for (p, changes) in by {
+            let mut deltas = BTreeMap::new();
+            t.count_states(&changes, &mut deltas)?;
+            t.flush_partition(p, &deltas)?;
+        }
+        Ok(std::mem::take(&mut t.partition_deltas))
     }
 
     /// Re-examines open messages whose last record is older than the shortest deadline and
@@ -460,18 +561,26 @@ impl Store {
                 now.saturating_sub(longest)
             };
             let opts = self.options(now);
+            let mut keyed = Vec::new();
             for key in candidates {
                 let (old, recs) = match cache.peek(&key) {
                     Some(c) => (c.summary, c.records),
                     None => (t.summary(&key)?, t.load_records(&key)?),
                 };
+                let before = out.state_changes.len();
                 if let Some(new) = self.recheck(&mut t, &key, old, recs, &opts, &mut out)? {
-                    changed.push((key, new));
+                    changed.push((key.clone(), new));
                 }
+                keyed.extend(
+                    out.state_changes[before..]
+                        .iter()
+                        .map(|c| (key.clone(), c.clone())),
+                );
             }
-            let mut deltas = BTreeMap::new();
+            let mut deltas = out.counters.clone();
             t.count_states(&out.state_changes, &mut deltas)?;
             t.flush(&deltas)?;
+            out.partition_counters = self.count_partition_states(&mut t, &keyed)?;
         }
         t.commit()?;
         for (key, new) in changed {
@@ -502,6 +611,9 @@ impl Store {
             return Ok(None);
         }
         t.put_summary(Some(&old), &new)?;
+        for (k, by) in crate::observe::stats::state_change(Some(&old), Some(&new)) {
+            *out.counters.entry(CounterKey::Observed(k)).or_default() += by;
+        }
         if topic_state(&new) != topic_state(&old) {
             out.state_changes
                 .push((Some(topic_state(&old)), Some(topic_state(&new))));
@@ -542,6 +654,7 @@ impl Store {
             let mut bytes = t.counter(COUNTER_BYTES)?;
             let target = max_bytes.map(|m| m / 10 * 9);
             let over = max_bytes.is_some_and(|m| bytes > m);
+            let mut keyed = Vec::new();
             while (out.deleted as usize) < max {
                 let Some((at, stored)) = t.oldest()? else {
                     break;
@@ -564,13 +677,17 @@ impl Store {
                 out.deleted += 1;
                 out.bytes_freed += freed;
                 if let Some(s) = summary {
+                    for (k, by) in crate::observe::stats::state_change(Some(&s), None) {
+                        *out.counters.entry(CounterKey::Observed(k)).or_default() += by;
+                    }
                     out.state_changes.push((Some(topic_state(&s)), None));
+                    keyed.push((key, (Some(topic_state(&s)), None)));
                 }
             }
             if let Some(c) = cutoff {
                 client_events::prune(&mut t, c)?;
             }
-            let mut ignored = BTreeMap::new();
+            let mut ignored = out.counters.clone();
             t.count_states(&out.state_changes, &mut ignored)?;
             t.bump(
                 Counter::RetentionDeleted.into(),
@@ -578,6 +695,7 @@ impl Store {
                 &mut ignored,
             )?;
             t.flush(&ignored)?;
+            out.partition_counters = self.count_partition_states(&mut t, &keyed)?;
             t.flush_requests()?;
         }
         t.commit()?;

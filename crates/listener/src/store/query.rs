@@ -4,12 +4,12 @@
 use super::requests::RequestEntry;
 use super::tables::{corrupt, counter_value, key_text, keys, stored};
 use super::{records, SearchQuery, Store};
-use crate::counters::{STATE_PREFIX, TOPIC_PREFIX};
+use crate::counters::{topic_state_of, TOPIC_PREFIX};
 use crate::error::{QueryError, StoreError};
 use crate::summary::{state_code, MessageSummary, TopicState};
 use fjall::Readable;
 use msgtrail_core::trajectory::{MessageState, Trajectory};
-use msgtrail_core::{MessageId, RequestId};
+use msgtrail_core::{MessageId, RequestId, StageRecord};
 use std::collections::BTreeMap;
 
 /// Most summaries one search reads before it answers with what it found.
@@ -20,22 +20,15 @@ impl Store {
     /// naming the other messages stored under its producer and request ID
     /// ([`Trajectory::same_request`]).
     pub fn trajectory(&self, key: &str, now: u64) -> Result<Option<Trajectory>, StoreError> {
-        let db = self.db()?;
-        let tx = db.db.read_tx();
-        let sk = stored(key)?;
-        let mut recs = Vec::new();
-        for item in tx.prefix(&db.ks.records, sk.as_bytes()) {
-            let (k, v) = item.into_inner()?;
-            if keys::is_chunk_of(&k, sk.as_bytes()) {
-                recs.extend(records::decode(&v).map_err(corrupt)?);
-            }
-        }
+        let recs = self.records_of(key)?;
         if recs.is_empty() {
             return Ok(None);
         }
         let Some(mut t) = Trajectory::assemble(recs, &self.options(now)) else {
             return Ok(None);
         };
+        let db = self.db()?;
+        let tx = db.db.read_tx();
         if let (Some(m), Some(p), Some(q)) = (t.message_id, &t.producer, &t.request_id) {
             let row = tx.get(&db.ks.requests, keys::request(q.as_str(), p.as_str()))?;
             let others: Vec<MessageId> = match row {
@@ -204,6 +197,21 @@ impl Store {
         Ok(out)
     }
 
+    /// Every record stored under a message key (none: no such message).
+    pub(crate) fn records_of(&self, key: &str) -> Result<Vec<StageRecord>, StoreError> {
+        let db = self.db()?;
+        let tx = db.db.read_tx();
+        let sk = stored(key)?;
+        let mut recs = Vec::new();
+        for item in tx.prefix(&db.ks.records, sk.as_bytes()) {
+            let (k, v) = item.into_inner()?;
+            if keys::is_chunk_of(&k, sk.as_bytes()) {
+                recs.extend(records::decode(&v).map_err(corrupt)?);
+            }
+        }
+        Ok(recs)
+    }
+
     /// The summaries of messages whose last record is at or after `since`, oldest first (to
     /// refill the latency window after a restart).
     pub fn recent_summaries(
@@ -250,18 +258,14 @@ impl Store {
         let db = self.db()?;
         let tx = db.db.read_tx();
         let mut out = BTreeMap::new();
-        let marker = format!("/{STATE_PREFIX}");
         for item in tx.prefix(&db.ks.counters, TOPIC_PREFIX) {
             let (k, v) = item.into_inner()?;
             let name = counter_name(&k)?;
-            let Some(rest) = name.strip_prefix(TOPIC_PREFIX) else {
+            if !name.starts_with(TOPIC_PREFIX) {
                 break;
-            };
-            let Some((topic, state)) = rest.rsplit_once(&marker) else {
-                continue;
-            };
-            if let (Ok(st), n @ 1..) = (state.parse::<MessageState>(), counter_value(&v)?) {
-                out.insert((topic.to_owned(), st), n);
+            }
+            if let (Some(ts), n @ 1..) = (topic_state_of(&name), counter_value(&v)?) {
+                out.insert(ts, n);
             }
         }
         Ok(out)

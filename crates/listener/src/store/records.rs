@@ -16,27 +16,15 @@
 //! Decoding checks every index, length and ID, and fails with [`CodecError`] rather than
 //! guess: a value that does not decode is corruption, which the store reports as such.
 
-use crate::codec::{CodecError, Reader as Bytes, Writer as Out};
+use msgtrail_core::codec::{CodecError, Reader as Bytes, Writer as Out};
 use msgtrail_core::{BrokerInstance, ClientId, MessageId, RequestId, Stage, StageRecord};
 
 /// The version byte of the stored form.
 const VERSION: u8 = 1;
 
-const F_MESSAGE_ID: u32 = 1 << 0;
-const F_REQUEST_ID: u32 = 1 << 1;
-const F_PRODUCER: u32 = 1 << 2;
-const F_CONSUMER: u32 = 1 << 3;
-const F_GROUP: u32 = 1 << 4;
-const F_TOPIC: u32 = 1 << 5;
-const F_ATTEMPT: u32 = 1 << 6;
-const F_STREAM_SEQ: u32 = 1 << 7;
-const F_OUTCOME: u32 = 1 << 8;
-const F_DETAIL: u32 = 1 << 9;
-const F_SERVICE: u32 = 1 << 10;
-const F_TRACEPARENT: u32 = 1 << 11;
-const F_ATTRS: u32 = 1 << 12;
-const F_PAYLOAD_SIZE: u32 = 1 << 13;
-const F_PAYLOAD_HEAD: u32 = 1 << 14;
+// The field bits both compact layouts share ([`msgtrail_core::record_fields`], bits 0–14);
+// the ones above are this layout's own.
+use msgtrail_core::record_fields as fields;
 /// The record's message ID differs from the value's (written in full after the bits).
 const F_OTHER_MESSAGE_ID: u32 = 1 << 15;
 /// A delivery fetched by message ID (no value bytes).
@@ -104,31 +92,16 @@ pub(crate) fn encode(records: &[StageRecord]) -> Vec<u8> {
 }
 
 fn write_record<'a>(w: &mut Writer<'a>, r: &'a StageRecord, id: Option<MessageId>, base: u64) {
-    let mut bits = 0u32;
+    let mut bits = u32::from(fields::present(r));
     let mut set = |cond: bool, bit: u32| {
         if cond {
             bits |= bit;
         }
     };
-    set(r.message_id.is_some(), F_MESSAGE_ID);
     set(
         r.message_id.is_some() && r.message_id != id,
         F_OTHER_MESSAGE_ID,
     );
-    set(r.request_id.is_some(), F_REQUEST_ID);
-    set(r.producer.is_some(), F_PRODUCER);
-    set(r.consumer.is_some(), F_CONSUMER);
-    set(r.group.is_some(), F_GROUP);
-    set(r.topic.is_some(), F_TOPIC);
-    set(r.attempt.is_some(), F_ATTEMPT);
-    set(r.stream_seq.is_some(), F_STREAM_SEQ);
-    set(r.outcome.is_some(), F_OUTCOME);
-    set(r.detail.is_some(), F_DETAIL);
-    set(r.service.is_some(), F_SERVICE);
-    set(r.traceparent.is_some(), F_TRACEPARENT);
-    set(!r.attrs.is_empty(), F_ATTRS);
-    set(r.payload_size.is_some(), F_PAYLOAD_SIZE);
-    set(r.payload_head.is_some(), F_PAYLOAD_HEAD);
     set(r.by_id, F_BY_ID);
     set(r.broker.is_some(), F_BROKER);
     set(r.stored_at.is_some(), F_STORED_AT);
@@ -259,7 +232,7 @@ fn read_record(
     let bits = u32::try_from(r.bytes.varint()?).or_else(|_| r.fail("field bits past 32"))?;
     let has = |bit: u32| bits & bit != 0;
     rec.by_id = has(F_BY_ID);
-    if has(F_MESSAGE_ID) {
+    if has(u32::from(fields::MESSAGE_ID)) {
         rec.message_id = if has(F_OTHER_MESSAGE_ID) {
             Some(r.bytes.message_id()?)
         } else {
@@ -269,42 +242,42 @@ fn read_record(
             }
         };
     }
-    if has(F_REQUEST_ID) {
+    if has(u32::from(fields::REQUEST_ID)) {
         let s = r.string()?;
         rec.request_id = Some(RequestId::new(s).or_else(|e| r.fail(e.to_string()))?);
     }
-    if has(F_PRODUCER) {
+    if has(u32::from(fields::PRODUCER)) {
         rec.producer = Some(r.client()?);
     }
-    if has(F_CONSUMER) {
+    if has(u32::from(fields::CONSUMER)) {
         rec.consumer = Some(r.client()?);
     }
-    if has(F_GROUP) {
+    if has(u32::from(fields::GROUP)) {
         rec.group = Some(r.client()?);
     }
-    if has(F_TOPIC) {
+    if has(u32::from(fields::TOPIC)) {
         rec.topic = Some(r.string()?.to_owned());
     }
-    if has(F_ATTEMPT) {
+    if has(u32::from(fields::ATTEMPT)) {
         rec.attempt =
             Some(u32::try_from(r.bytes.varint()?).or_else(|_| r.fail("attempt past 32 bits"))?);
     }
-    if has(F_STREAM_SEQ) {
+    if has(u32::from(fields::STREAM_SEQ)) {
         rec.stream_seq = Some(r.bytes.varint()?);
     }
-    if has(F_OUTCOME) {
+    if has(u32::from(fields::OUTCOME)) {
         rec.outcome = Some(r.string()?.to_owned());
     }
-    if has(F_DETAIL) {
+    if has(u32::from(fields::DETAIL)) {
         rec.detail = Some(r.string()?.to_owned());
     }
-    if has(F_SERVICE) {
+    if has(u32::from(fields::SERVICE)) {
         rec.service = Some(r.string()?.to_owned());
     }
-    if has(F_TRACEPARENT) {
+    if has(u32::from(fields::TRACEPARENT)) {
         rec.traceparent = Some(r.string()?.to_owned());
     }
-    if has(F_ATTRS) {
+    if has(u32::from(fields::ATTRS)) {
         let n = r.bytes.varint()? as usize;
         for _ in 0..n {
             let k = r.string()?.to_owned();
@@ -312,10 +285,10 @@ fn read_record(
             rec.attrs.insert(k, v);
         }
     }
-    if has(F_PAYLOAD_SIZE) {
+    if has(u32::from(fields::PAYLOAD_SIZE)) {
         rec.payload_size = Some(r.bytes.varint()?);
     }
-    if has(F_PAYLOAD_HEAD) {
+    if has(u32::from(fields::PAYLOAD_HEAD)) {
         rec.payload_head = Some(r.string()?.to_owned());
     }
     if has(F_BROKER) {

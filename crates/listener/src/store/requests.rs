@@ -10,8 +10,8 @@
 //! The usual row — one message, linked — is 18 bytes.
 
 use super::key::StoredKey;
-use crate::codec::{Reader, Writer};
 use crate::error::StoreError;
+use msgtrail_core::codec::{Reader, Writer};
 use msgtrail_core::MessageId;
 use std::collections::BTreeSet;
 
@@ -59,7 +59,7 @@ impl RequestEntry {
 
     /// Reads what [`RequestEntry::encode`] wrote.
     pub(super) fn decode(bytes: &[u8]) -> Result<RequestEntry, StoreError> {
-        let corrupt = |e: crate::codec::CodecError| {
+        let corrupt = |e: msgtrail_core::codec::CodecError| {
             StoreError::corrupt(format!("request row {bytes:02x?}"), e)
         };
         let mut r = Reader::new(bytes);
@@ -114,7 +114,10 @@ mod tests {
             "store holds an undecodable request row []"
         );
         let source = truncated.source().expect("the codec error is the source");
-        assert!(source.is::<crate::codec::CodecError>(), "{source:?}");
+        assert!(
+            source.is::<msgtrail_core::codec::CodecError>(),
+            "{source:?}"
+        );
 
         let bad_kind = RequestEntry::decode(&[9]).unwrap_err();
         assert_eq!(

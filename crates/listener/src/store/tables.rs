@@ -21,7 +21,7 @@ use super::key::StoredKey;
 use super::requests::RequestEntry;
 use super::{records, Deltas, MessageKey};
 use crate::cache::Cached;
-use crate::counters::{Counter, CounterKey};
+use crate::counters::{partition_counter, Counter, CounterKey};
 use crate::error::StoreError;
 use crate::summary::{state_code, MessageSummary, StateDelta};
 use fjall::{
@@ -29,8 +29,9 @@ use fjall::{
     SingleWriterWriteTx, Snapshot, UserValue,
 };
 use foldhash::HashMap;
+use msgtrail_core::partition::Partition;
 use msgtrail_core::{MessageId, StageRecord};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// Counter name: bytes of stored records (keys and values), what size retention measures.
 pub(crate) const COUNTER_BYTES: &str = "bytes";
@@ -274,6 +275,12 @@ pub(super) struct Tables<'t> {
     /// [`Tables::flush_requests`], which every transaction that changes them calls before
     /// it commits (applying a batch, retention).
     request_rows: HashMap<(String, String), RequestRow>,
+    /// The stage partition the counters flushed now belong to (a group member's store,
+    /// [`super::Store::partitioned`]): [`Tables::flush`] then also writes them under
+    /// `part/<NN>/` and notes the change in `partition_deltas`.
+    pub(super) partition: Option<Partition>,
+    /// The per-partition counter changes this write made, by name, for the statistics.
+    pub(super) partition_deltas: BTreeMap<String, i64>,
 }
 
 impl<'t> Tables<'t> {
@@ -305,6 +312,8 @@ impl<'t> Tables<'t> {
             ks: &engine.ks,
             counters: HashMap::default(),
             request_rows: HashMap::default(),
+            partition: None,
+            partition_deltas: BTreeMap::new(),
         }
     }
 
@@ -408,6 +417,24 @@ impl<'t> Tables<'t> {
             let name = key.to_string();
             let cur = self.counter(&name)?;
             self.set_counter(&name, cur.saturating_add_signed(*by));
+        }
+        match self.partition {
+            Some(p) => self.flush_partition(p, deltas),
+            None => Ok(()),
+        }
+    }
+
+    /// Writes `deltas` under partition `p`'s names only (`part/<NN>/<name>`).
+    pub(super) fn flush_partition(
+        &mut self,
+        p: Partition,
+        deltas: &Deltas,
+    ) -> Result<(), StoreError> {
+        for (key, by) in deltas {
+            let name = partition_counter(p, &key.to_string());
+            let cur = self.counter(&name)?;
+            self.set_counter(&name, cur.saturating_add_signed(*by));
+            *self.partition_deltas.entry(name).or_default() += by;
         }
         Ok(())
     }

@@ -3,7 +3,7 @@
 //! reads it, the first version and JSON.
 
 use super::MessageSummary;
-use crate::codec::{CodecError, Reader, Writer};
+use msgtrail_core::codec::{CodecError, CodecFault, Reader, Writer};
 use msgtrail_core::trajectory::{MessageState, Segment};
 use msgtrail_core::{ClientId, MessageId, RequestId};
 use std::collections::BTreeMap;
@@ -193,7 +193,7 @@ impl MessageSummary {
         if bytes.first() == Some(&b'{') {
             let mut s: MessageSummary = serde_json::from_slice(bytes).map_err(|e| CodecError {
                 at: e.column(),
-                what: format!("first-version summary: {e}"),
+                fault: CodecFault::Invalid(format!("first-version summary: {e}")),
             })?;
             s.derive_missing_flags();
             return Ok(s);

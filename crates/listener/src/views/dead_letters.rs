@@ -4,6 +4,7 @@
 use crate::error::StoreError;
 use crate::store::{SearchQuery, Store};
 use msgtrail_core::outcome::RedeliveryOutcome;
+use msgtrail_core::partition::Partition;
 use msgtrail_core::trajectory::{MessageState, Trajectory};
 use msgtrail_core::{ClientId, MessageId, RequestId, Stage, StageRecord};
 use serde::{Deserialize, Serialize};
@@ -29,32 +30,62 @@ pub(crate) struct DeadLetter {
     pub attempt: Option<u32>,
     /// When the broker dead-lettered it (Unix nanoseconds, the broker's clock).
     pub at: u64,
+    /// The message's first record time (Unix nanoseconds): which messages a list of `limit`
+    /// covers (the newest `limit` dead-lettered messages by this time).
+    #[serde(default)]
+    pub first_at: u64,
     /// Why, as the broker recorded it (the R1 record's detail).
     pub reason: Option<String>,
     /// The group's last processing error, when the consumer reported one.
     pub last_error: Option<String>,
 }
 
-/// The newest `limit` dead letters (one per message and group).
+/// The newest `limit` dead letters (one per message and group), of the messages of
+/// `partitions` only when given (a group member's share).
 pub(crate) fn dead_letters(
     store: &Store,
     now: u64,
     limit: usize,
+    partitions: Option<Vec<Partition>>,
 ) -> Result<Vec<DeadLetter>, StoreError> {
     let found = store.search(&SearchQuery {
         dead_lettered: true,
         limit: Some(limit),
+        partitions,
         ..Default::default()
     })?;
     let mut out = Vec::new();
     for s in found {
         if let Some(t) = store.trajectory(&s.key, now)? {
-            out.extend(of_trajectory(&s.key, &t));
+            out.extend(of_trajectory(&s.key, &t).into_iter().map(|d| DeadLetter {
+                first_at: s.first_at,
+                ..d
+            }));
         }
     }
+    newest_first(&mut out, limit);
+    Ok(out)
+}
+
+/// Sorts dead letters newest first and keeps the first `limit`.
+fn newest_first(out: &mut Vec<DeadLetter>, limit: usize) {
     out.sort_by(|a, b| (b.at, &b.key).cmp(&(a.at, &a.key)));
     out.truncate(limit);
-    Ok(out)
+}
+
+/// Several members' dead letters (each message in one of them) as one listener holding them
+/// all would list them: those of the newest `limit` messages by first record time (what its
+/// search keeps), newest dead letter first, at most `limit`.
+pub(crate) fn merge(mut all: Vec<DeadLetter>, limit: usize) -> Vec<DeadLetter> {
+    let mut messages: Vec<(u64, &str)> = all.iter().map(|d| (d.first_at, d.key.as_str())).collect();
+    messages.sort_by(|a, b| b.cmp(a));
+    messages.dedup();
+    messages.truncate(limit);
+    let kept: std::collections::BTreeSet<String> =
+        messages.into_iter().map(|(_, k)| k.to_owned()).collect();
+    all.retain(|d| kept.contains(&d.key));
+    newest_first(&mut all, limit);
+    all
 }
 
 fn is_dead_letter(r: &StageRecord) -> bool {
@@ -89,6 +120,7 @@ pub(crate) fn of_trajectory(key: &str, t: &Trajectory) -> Vec<DeadLetter> {
                 consumer: r1.and_then(|r| r.consumer.clone()),
                 attempt: r1.and_then(|r| r.attempt).or(Some(g.attempts)),
                 at: r1.map_or(t.last_at, |r| r.at),
+                first_at: t.first_at,
                 reason: r1.and_then(|r| r.detail.clone()),
                 last_error: g.last_error.clone(),
             }

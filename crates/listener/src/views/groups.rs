@@ -5,10 +5,12 @@
 //! percentiles per hop segment — comes from the trajectories of the group's newest
 //! [`SAMPLE_MAX`] messages, assembled on demand (about a millisecond each).
 
+use super::group_share::{GroupDetailShare, GroupsShare, SampleParts, Tally};
 use super::Percentiles;
 use crate::error::StoreError;
 use crate::store::{SearchQuery, Store};
 use crate::summary::MessageSummary;
+use msgtrail_core::partition::Partition;
 use msgtrail_core::trajectory::{HopKind, MessageState, Trajectory};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
@@ -90,15 +92,22 @@ pub(crate) struct GroupDetail {
     pub segments: Vec<Percentiles>,
 }
 
-fn window(
-    store: &Store,
-    now: u64,
-    since_secs: u64,
-) -> Result<(u64, Vec<MessageSummary>), StoreError> {
-    let from = now.saturating_sub(since_secs.saturating_mul(1_000_000_000));
+/// Which messages a view reads: those first seen in the last `since_secs` seconds, of
+/// `partitions` only when given (a group member's share).
+#[derive(Debug, Clone)]
+pub(crate) struct Window {
+    /// The window's length, seconds.
+    pub since_secs: u64,
+    /// Only these stage partitions' messages.
+    pub partitions: Option<Vec<Partition>>,
+}
+
+fn window(store: &Store, now: u64, w: &Window) -> Result<(u64, Vec<MessageSummary>), StoreError> {
+    let from = now.saturating_sub(w.since_secs.saturating_mul(1_000_000_000));
     let found = store.search(&SearchQuery {
         from: Some(from),
         limit: Some(SCAN_MAX),
+        partitions: w.partitions.clone(),
         ..Default::default()
     })?;
     Ok((from, found))
@@ -110,13 +119,21 @@ pub(crate) fn groups(
     now: u64,
     since_secs: u64,
 ) -> Result<GroupsOverview, StoreError> {
-    let (from, found) = window(store, now, since_secs)?;
-    Ok(GroupsOverview {
+    let w = Window {
+        since_secs,
+        partitions: None,
+    };
+    Ok(groups_share(store, now, &w)?.overview(now))
+}
+
+/// The counts of a window's messages, as a share a group merges ([`GroupsShare`]).
+pub(crate) fn groups_share(store: &Store, now: u64, w: &Window) -> Result<GroupsShare, StoreError> {
+    let (from, found) = window(store, now, w)?;
+    Ok(GroupsShare {
         from,
-        generated_at: now,
         scanned: found.len(),
         truncated: found.len() >= SCAN_MAX,
-        groups: count(&found, now),
+        tally: Tally::of(&found),
     })
 }
 
@@ -128,14 +145,33 @@ pub(crate) fn group_detail(
     now: u64,
     since_secs: u64,
 ) -> Result<Option<GroupDetail>, StoreError> {
-    let (from, found) = window(store, now, since_secs)?;
-    let Some(counts) = count(&found, now).into_iter().find(|c| c.group == group) else {
-        return Ok(None);
+    let w = Window {
+        since_secs,
+        partitions: None,
     };
+    Ok(group_detail_share(store, group, now, &w)?.detail(group, now))
+}
+
+/// One group's share of a window ([`GroupDetailShare`]): the window's counts and the
+/// group's sample, unsummarized.
+pub(crate) fn group_detail_share(
+    store: &Store,
+    group: &str,
+    now: u64,
+    w: &Window,
+) -> Result<GroupDetailShare, StoreError> {
+    let groups = groups_share(store, now, w)?;
+    if !groups.tally.groups.contains_key(group) {
+        return Ok(GroupDetailShare {
+            groups,
+            sample: SampleParts::default(),
+        });
+    }
     let newest = store.search(&SearchQuery {
-        from: Some(from),
+        from: Some(groups.from),
         group: Some(group.to_owned()),
         limit: Some(SAMPLE_MAX),
+        partitions: w.partitions.clone(),
         ..Default::default()
     })?;
     let mut sample = Vec::with_capacity(newest.len());
@@ -144,47 +180,19 @@ pub(crate) fn group_detail(
             sample.push(t);
         }
     }
-    let mut detail = of_sample(group, &sample);
-    detail.counts = counts;
-    Ok(Some(detail))
+    Ok(GroupDetailShare {
+        groups,
+        sample: SampleParts::of(group, &sample),
+    })
 }
 
 /// The counts per group of a window's summaries.
+#[cfg(test)]
 pub(crate) fn count(summaries: &[MessageSummary], now: u64) -> Vec<GroupCounts> {
-    let mut by: BTreeMap<&str, GroupCounts> = BTreeMap::new();
-    for s in summaries {
-        for (g, st) in &s.groups {
-            let c = by.entry(g).or_insert_with(|| empty(g));
-            c.messages += 1;
-            *c.states.entry(*st).or_default() += 1;
-            c.topics.extend(s.topic.clone());
-        }
-    }
-    for s in summaries.iter().filter(|s| s.funnel[1]) {
-        let Some(topic) = &s.topic else { continue };
-        for (g, c) in by.iter_mut() {
-            if c.topics.contains(topic) && !s.groups.contains_key(*g) {
-                c.not_delivered += 1;
-            }
-        }
-    }
-    let first = summaries.iter().map(|s| s.first_at).min().unwrap_or(now);
-    let secs = (now.saturating_sub(first) as f64 / 1e9).max(1.0);
-    by.into_values()
-        .map(|mut c| {
-            let n = |st: MessageState| c.states.get(&st).copied().unwrap_or(0);
-            c.in_flight = n(MessageState::Delivered) + n(MessageState::Consuming);
-            c.unsettled = c.in_flight + n(MessageState::Failed);
-            c.backlog = c.unsettled + c.not_delivered;
-            c.consumed = n(MessageState::Consumed);
-            c.dead_letters = n(MessageState::DeadLettered);
-            c.ack_rate_per_sec = c.consumed as f64 / secs;
-            c
-        })
-        .collect()
+    Tally::of(summaries).counts(now)
 }
 
-fn empty(group: &str) -> GroupCounts {
+pub(super) fn empty(group: &str) -> GroupCounts {
     GroupCounts {
         group: group.to_owned(),
         messages: 0,
@@ -202,69 +210,92 @@ fn empty(group: &str) -> GroupCounts {
 
 /// Members, redeliveries and latencies of `group` in sampled trajectories (the counts are
 /// left empty).
+#[cfg(test)]
 pub(crate) fn of_sample(group: &str, sample: &[Trajectory]) -> GroupDetail {
-    let mut redeliveries = 0u64;
-    let mut members: BTreeMap<String, Member> = BTreeMap::new();
-    let (mut wait, mut deliver, mut process, mut e2e) = (vec![], vec![], vec![], vec![]);
-    for t in sample {
-        for g in t
-            .groups
-            .iter()
-            .filter(|g| g.group.as_str() == group && !g.by_id)
-        {
-            redeliveries += u64::from(g.attempts.saturating_sub(1));
-            e2e.extend(g.end_to_end_nanos);
-        }
-        let hops = t
-            .hops
-            .iter()
-            .filter(|h| !h.by_id && h.group.as_ref().is_some_and(|g| g.as_str() == group));
-        let mut first_delivery: Option<u64> = None;
-        for h in hops {
-            match h.kind {
-                HopKind::Deliver => {
-                    deliver.extend(h.latency_nanos);
-                    first_delivery = Some(first_delivery.map_or(h.start, |f| f.min(h.start)));
-                    let consumer = h.consumer.as_ref().map_or("?", |c| c.as_str());
-                    let m = members
-                        .entry(consumer.to_owned())
-                        .or_insert_with(|| Member {
-                            consumer: consumer.to_owned(),
-                            deliveries: 0,
-                            last_seen: 0,
-                        });
-                    m.deliveries += 1;
-                    m.last_seen = m.last_seen.max(h.end.unwrap_or(h.start));
+    SampleParts::of(group, sample).detail(empty(group))
+}
+
+impl SampleParts {
+    /// What sampled trajectories say of `group`: members, redeliveries, latency samples.
+    pub(crate) fn of(group: &str, sample: &[Trajectory]) -> SampleParts {
+        let mut redeliveries = 0u64;
+        let mut members: BTreeMap<String, Member> = BTreeMap::new();
+        let (mut wait, mut deliver, mut process, mut e2e) = (vec![], vec![], vec![], vec![]);
+        for t in sample {
+            for g in t
+                .groups
+                .iter()
+                .filter(|g| g.group.as_str() == group && !g.by_id)
+            {
+                redeliveries += u64::from(g.attempts.saturating_sub(1));
+                e2e.extend(g.end_to_end_nanos);
+            }
+            let hops = t
+                .hops
+                .iter()
+                .filter(|h| !h.by_id && h.group.as_ref().is_some_and(|g| g.as_str() == group));
+            let mut first_delivery: Option<u64> = None;
+            for h in hops {
+                match h.kind {
+                    HopKind::Deliver => {
+                        deliver.extend(h.latency_nanos);
+                        first_delivery = Some(first_delivery.map_or(h.start, |f| f.min(h.start)));
+                        let consumer = h.consumer.as_ref().map_or("?", |c| c.as_str());
+                        let m = members
+                            .entry(consumer.to_owned())
+                            .or_insert_with(|| Member {
+                                consumer: consumer.to_owned(),
+                                deliveries: 0,
+                                last_seen: 0,
+                            });
+                        m.deliveries += 1;
+                        m.last_seen = m.last_seen.max(h.end.unwrap_or(h.start));
+                    }
+                    HopKind::Process => process.extend(h.latency_nanos),
+                    HopKind::Send | HopKind::Store => {}
                 }
-                HopKind::Process => process.extend(h.latency_nanos),
-                HopKind::Send | HopKind::Store => {}
+            }
+            let stored = t.hop("store").filter(|h| !h.inferred).and_then(|h| h.end);
+            if let (Some(s), Some(d)) = (stored, first_delivery) {
+                wait.push(d.saturating_sub(s));
             }
         }
-        let stored = t.hop("store").filter(|h| !h.inferred).and_then(|h| h.end);
-        if let (Some(s), Some(d)) = (stored, first_delivery) {
-            wait.push(d.saturating_sub(s));
+        SampleParts {
+            sample: sample.len(),
+            redeliveries,
+            members: members.into_values().collect(),
+            segments: [
+                ("queue_wait", wait),
+                ("deliver", deliver),
+                ("process", process),
+                ("end_to_end", e2e),
+            ]
+            .into_iter()
+            .map(|(n, v)| (n.to_owned(), v))
+            .collect(),
         }
     }
-    let mut members: Vec<Member> = members.into_values().collect();
-    members.sort_by(|a, b| {
-        b.last_seen
-            .cmp(&a.last_seen)
-            .then(a.consumer.cmp(&b.consumer))
-    });
-    let segments = [
-        ("queue_wait", wait),
-        ("deliver", deliver),
-        ("process", process),
-        ("end_to_end", e2e),
-    ]
-    .into_iter()
-    .filter_map(|(name, v)| Percentiles::of(name, v))
-    .collect();
-    GroupDetail {
-        counts: empty(group),
-        sample: sample.len(),
-        redeliveries,
-        members,
-        segments,
+
+    /// The group's detail with `counts`: members most recently seen first, percentiles of
+    /// the latency samples.
+    pub(crate) fn detail(self, counts: GroupCounts) -> GroupDetail {
+        let mut members = self.members;
+        members.sort_by(|a, b| {
+            b.last_seen
+                .cmp(&a.last_seen)
+                .then(a.consumer.cmp(&b.consumer))
+        });
+        let segments = self
+            .segments
+            .into_iter()
+            .filter_map(|(name, v)| Percentiles::of(&name, v))
+            .collect();
+        GroupDetail {
+            counts,
+            sample: self.sample,
+            redeliveries: self.redeliveries,
+            members,
+            segments,
+        }
     }
 }

@@ -7,10 +7,13 @@
 //!   (`GET /api/groups`, `GET /api/groups/{group}`).
 //! - [`dead_letters`]: the dead-lettered messages, newest first, with the group, the
 //!   consumer and why, as the broker's R1 record says (`GET /api/dead-letters`).
+//! - [`group_share`]: the group views as shares a listener group merges (what a member
+//!   answers for some stage partitions: tallies and raw latency samples).
 //! - [`spans`]: a trajectory's hops as the trace exporter maps them, with their exported
 //!   attributes (`GET /api/messages/{id}/spans`).
 
 pub(crate) mod dead_letters;
+pub(crate) mod group_share;
 pub(crate) mod groups;
 pub(crate) mod spans;
 

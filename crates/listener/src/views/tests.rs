@@ -92,6 +92,48 @@ fn group_counts_backlog_rates_and_dead_letters() {
     assert!((g.ack_rate_per_sec - 2.0 / 11.0).abs() < 1e-9, "{g:?}");
 }
 
+/// The counts of messages split over members (each message in one share) are those of all
+/// of them: a share whose only message of the topic the group did not get (message 3) still
+/// counts in the group's backlog once merged, and the ack rate is over the oldest message.
+#[test]
+fn group_tallies_of_a_split_add_up_to_the_whole() {
+    use super::group_share::Tally;
+    let ts = [
+        message(0, &[("c1", false), ("c2", true)], None),
+        message(1, &[("c1", false)], Some("3 attempts")),
+        message(2, &[("c2", false)], None),
+        message(3, &[], None),
+        message(4, &[("c1", true)], None),
+    ];
+    let all = summaries(&ts);
+    let now = T0 + 11 * 1_000 * MS;
+    let mut merged = Tally::of(&[all[3].clone(), all[4].clone()]);
+    merged.add(&Tally::of(&all[..3]));
+    assert_eq!(merged.counts(now), count(&all, now));
+    // Alone, the share of messages 3 and 4 would not know message 3 is the group's topic's.
+    let lone = Tally::of(&[all[3].clone()]).counts(now);
+    assert!(lone.is_empty(), "{lone:?}");
+}
+
+/// A sample split over members gives the members, redeliveries and percentiles of the
+/// whole.
+#[test]
+fn sample_parts_of_a_split_add_up_to_the_whole() {
+    use super::group_share::SampleParts;
+    let ts = [
+        message(0, &[("c1", false), ("c2", true)], None),
+        message(1, &[("c1", false)], Some("3 attempts")),
+        message(4, &[("c1", true)], None),
+    ];
+    let mut merged = SampleParts::of("g", &ts[1..]);
+    merged.add(SampleParts::of("g", &ts[..1]));
+    assert_eq!(merged.detail(empty_counts()), of_sample("g", &ts));
+}
+
+fn empty_counts() -> super::groups::GroupCounts {
+    super::groups::empty("g")
+}
+
 #[test]
 fn members_redeliveries_and_segments_of_a_sample() {
     let ts = [

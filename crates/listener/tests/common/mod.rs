@@ -115,6 +115,24 @@ pub(crate) async fn child_client(addr_file: &std::path::Path) -> ListenerClient 
     ListenerClient::new(&format!("http://{addr}"), None).unwrap()
 }
 
+/// A single listener (no group) on the nats-server at `url`, with the short intervals the
+/// tests need.
+pub(crate) fn single_listener(
+    url: &str,
+    dir: &std::path::Path,
+) -> msgtrail_listener::ListenerConfig {
+    msgtrail_listener::ListenerConfig {
+        nats: msgtrail_nats::NatsOptions::url(url),
+        data_dir: dir.to_path_buf(),
+        http_addr: "127.0.0.1:0".parse().unwrap(),
+        batch_size: 16,
+        ack_wait: Duration::from_secs(1),
+        watchdog_interval: Duration::from_millis(100),
+        retention_interval: Duration::from_millis(100),
+        ..Default::default()
+    }
+}
+
 /// A member `instance` of listener group `group` on the nats-server at `url`, holding each
 /// partition `copies` times, with the short intervals the group tests need.
 pub(crate) fn group_member(
@@ -125,20 +143,30 @@ pub(crate) fn group_member(
     copies: usize,
 ) -> msgtrail_listener::ListenerConfig {
     msgtrail_listener::ListenerConfig {
-        nats: msgtrail_nats::NatsOptions::url(url),
-        data_dir: dir.to_path_buf(),
-        http_addr: "127.0.0.1:0".parse().unwrap(),
-        batch_size: 16,
-        ack_wait: Duration::from_secs(1),
-        watchdog_interval: Duration::from_millis(100),
-        retention_interval: Duration::from_millis(100),
         group: Some(msgtrail_listener::cluster::GroupConfig {
             name: group.into(),
             instance: instance.into(),
             copies,
             advertise_url: None,
         }),
-        ..Default::default()
+        ..single_listener(url, dir)
+    }
+}
+
+/// Publishes `records` in batches of eight, each split by partition onto its subject (as
+/// brokers with `--stage-partitions` do).
+pub(crate) async fn publish_partitioned(
+    js: &async_nats::jetstream::Context,
+    records: &[msgtrail_core::StageRecord],
+) {
+    for batch in records.chunks(8) {
+        for (p, part) in msgtrail_core::partition::split(batch.iter().cloned()) {
+            js.publish(p.subject(), msgtrail_core::encode_batch(&part).into())
+                .await
+                .unwrap()
+                .await
+                .unwrap();
+        }
     }
 }
 
