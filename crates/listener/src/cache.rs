@@ -105,7 +105,6 @@ struct Entry {
     bytes: u64,
     chunks: u32,
     summary: Option<Box<[u8]>>,
-    folded: Option<Box<Folded>>,
     /// Whether the summary's state is final (evicted first).
     done: bool,
     /// When it was last used (the cache's clock).
@@ -131,20 +130,19 @@ impl Entry {
                 (Some(s), None) => Some(s.encode().into_boxed_slice()),
                 (None, _) => None,
             },
-            folded: c.folded.map(Box::new),
             used,
         }
     }
 
-    /// The working form, taking the entry apart (its folded state moves rather than being
-    /// copied); `None` if what it holds no longer decodes (then the store is read instead).
+    /// The working form; `None` if what it holds no longer decodes (then the store is read
+    /// instead). The folded state is not kept between batches: a touched message folds its
+    /// records again (cheap, and it keeps a cached message at its compact bytes; kept, the
+    /// folded state cost ~435 B more per in-flight message, BENCHMARKS round 11).
     fn into_open(self, key: &str) -> Option<Cached> {
-        let mut c = self.open_records(key)?;
-        c.folded = self.folded.map(|f| *f);
-        Some(c)
+        self.open_records(key)
     }
 
-    /// The working form but the folded state (for reading: nothing is derived from it).
+    /// The working form (for reading, or to take apart).
     fn open_records(&self, key: &str) -> Option<Cached> {
         let records = records::decode(&self.records).ok()?;
         let summary = match &self.summary {
@@ -168,10 +166,6 @@ impl Entry {
         self.records.len()
             + self.dedup.len() * std::mem::size_of::<u64>()
             + self.summary.as_ref().map_or(0, |s| s.len())
-            + self
-                .folded
-                .as_ref()
-                .map_or(0, |f| std::mem::size_of::<Folded>() + f.heap_bytes())
     }
 }
 

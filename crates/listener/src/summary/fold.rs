@@ -336,41 +336,6 @@ impl Folded {
         self.attempts.entry(d).or_default().fold(r);
     }
 
-    /// Heap bytes it owns, roughly (for the cache's byte count).
-    pub(crate) fn heap_bytes(&self) -> usize {
-        let strings = |s: &Option<First<String>>| s.as_ref().map_or(0, |f| f.value.len());
-        let attrs = self.p2.as_ref().map_or(0, |f| {
-            f.value.0.as_ref().map_or(0, String::len)
-                + f.value
-                    .1
-                    .iter()
-                    .map(|(k, v)| k.len() + v.len() + 64)
-                    .sum::<usize>()
-        });
-        let attempts: usize = self
-            .attempts
-            .iter()
-            .map(|(d, a)| {
-                std::mem::size_of::<(DeliveryId, Attempt)>()
-                    + d.group.len()
-                    + d.consumer.len()
-                    + a.failed_x2.as_ref().map_or(0, |l| l.value.len())
-                    + a.r1
-                        .as_ref()
-                        .and_then(|l| l.value.1.as_ref())
-                        .map_or(0, String::len)
-            })
-            .sum();
-        strings(&self.topic)
-            + self
-                .request_id
-                .as_ref()
-                .map_or(0, |f| f.value.as_str().len())
-            + self.producer.as_ref().map_or(0, |f| f.value.as_str().len())
-            + attrs
-            + attempts
-    }
-
     fn tied(&self) -> bool {
         fn tie<T>(f: &Option<First<T>>) -> bool {
             f.as_ref().is_some_and(|f| f.tie)
