@@ -439,6 +439,26 @@ mod tests {
         }
         let leader = cluster.meta_leader(Duration::from_secs(60)).unwrap();
         let i = cluster.index_of(&leader).unwrap();
+        // Cut only once the leader sees both followers current: followers that have not yet
+        // caught up with the meta log were seen (twice, on a loaded machine) to elect no one
+        // for a whole minute after the cut — a cluster just started, not the fault tested.
+        let settled = Instant::now() + Duration::from_secs(60);
+        loop {
+            let jsz = cluster.nodes[i].jsz().unwrap_or_default();
+            let replicas = jsz["meta_cluster"]["replicas"].as_array().cloned();
+            let current = replicas.as_ref().is_some_and(|r| {
+                r.len() == 2 && r.iter().all(|p| p["current"].as_bool() == Some(true))
+            });
+            if current {
+                break;
+            }
+            assert!(
+                Instant::now() < settled,
+                "the meta leader's followers are not current: {:?}",
+                jsz["meta_cluster"]
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
         net.cut_off(&[&format!("n{}", i + 1)]).unwrap();
         assert!(
             cluster.nodes[i].jsz().is_err(),
