@@ -17,7 +17,7 @@
 //! used, down to 90 % of the capacity, and counts what it evicted.
 
 use crate::store::records;
-use crate::summary::{Folded, MessageSummary};
+use crate::summary::MessageSummary;
 use foldhash::{HashMap, HashMapExt, HashSet};
 use msgtrail_core::{MessageId, StageRecord};
 use serde::{Deserialize, Serialize};
@@ -72,10 +72,6 @@ pub(crate) struct Cached {
     /// `summary` as stored, when the transaction wrote it ([`Cached::set_summary`]): the
     /// cache keeps these bytes instead of encoding the summary again.
     pub summary_encoded: Option<Vec<u8>>,
-    /// `records` folded ([`Folded`]), when known: what the summary is derived from without
-    /// assembling them. Kept in memory only (a message read from the store folds its
-    /// records once); `None` after records were taken away.
-    pub folded: Option<Folded>,
 }
 
 impl Cached {
@@ -157,7 +153,6 @@ impl Entry {
             summary,
             encoded: Some(self.records.to_vec()),
             summary_encoded: None,
-            folded: None,
         })
     }
 

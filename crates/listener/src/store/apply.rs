@@ -393,8 +393,6 @@ impl<'a, 't> Pass<'a, 't> {
                 }
                 c.records = kept;
                 c.encoded = None;
-                // Records left: fold what remains again when it is next needed.
-                c.folded = None;
                 moves.taken.insert(key, c);
             }
         }
@@ -441,14 +439,12 @@ impl<'a, 't> Pass<'a, 't> {
         // Observe mode's hook: the inserted records are the last `ins.count`.
         let (had, new) = own.records.split_at(own.records.len() - ins.count);
         self.count_observed(observe_stats::count_records(had, new))?;
-        if own.folded.is_none() {
-            own.folded = Some(Folded::of(&own.records));
-        }
-        let folded = match own.folded.as_ref() {
-            Some(f) if !self.store.emit_trajectories && !moves.rebuild.contains(&key) => {
-                f.summary(&key, self.now, &self.store.deadlines)
-            }
-            _ => None,
+        // The folded state is built only where it is used: export needs the assembled
+        // trajectory anyway, and moved records always take the assembly.
+        let folded = if self.store.emit_trajectories || moves.rebuild.contains(&key) {
+            None
+        } else {
+            Folded::of(&own.records).summary(&key, self.now, &self.store.deadlines)
         };
         self.cache.count_summary(folded.is_some());
         let (summary, traj) = match folded {
@@ -533,9 +529,6 @@ impl<'a, 't> Pass<'a, 't> {
             if !moved_keys.contains(&dk) {
                 let dead = r.redelivery_outcome() == Some(RedeliveryOutcome::DeadLetter);
                 ins.fresh.push((r.stage, r.is_recovered(), dead));
-            }
-            if let Some(f) = own.folded.as_mut() {
-                f.fold(&r);
             }
             own.records.push(r);
             own.encoded = None;
