@@ -257,7 +257,20 @@ function render(t) {
   // The ticks again at the axis's real width, now that it is laid out: the same for every
   // render of the same range, whatever was drawn before.
   const axisEl = out.querySelector("table.wf .axis");
-  if (axisEl && axisEl.clientWidth) axisEl.innerHTML = axisHtml(t0 - first, end - first, span, axisEl.clientWidth);
+  if (axisEl && axisEl.clientWidth) {
+    axisEl.innerHTML = axisHtml(t0 - first, end - first, span, axisEl.clientWidth);
+    dropTouchingTicks(axisEl);
+  }
+}
+// The labels as the browser laid them out: one that would touch the label kept before it is
+// dropped (the 7 px-a-character estimate above is only an estimate: fonts differ, and µs is
+// wider than ms). The first label is always kept.
+function dropTouchingTicks(axisEl) {
+  let keptRight = -Infinity;
+  for (const label of [...axisEl.children]) {
+    const r = label.getBoundingClientRect();
+    if (r.left < keptRight + 6) label.remove(); else keptRight = r.right;
+  }
 }
 // What a deliver hop's bar is marked with: a dead letter (the broker's R1 says why) or a
 // redelivery (a later attempt of the same group; why: the attempt's failure).
