@@ -1,7 +1,9 @@
 //! Ingests a synthetic workload into a fresh listener store once, for profilers
 //! (`perf record`, `valgrind --tool=callgrind`): `cargo run --release -p msgtrail-bench
-//! --example ingest_once -- [messages] [stage messages per transaction] [plain]`;
-//! `plain` ingests plain successes of exactly ten records each instead of the production mix.
+//! --example ingest_once -- [messages] [stage messages per transaction] [plain|mix]
+//! [bytes per transaction]`; `plain` ingests plain successes of exactly ten records each
+//! instead of the production mix; transactions are cut as the listener cuts them
+//! (`BatchLimits`), with no byte bound when the last argument is left out.
 
 use msgtrail_bench::{stage_messages, Mix};
 use std::time::Instant;
@@ -16,6 +18,13 @@ fn main() {
     let mix = match args.next().as_deref() {
         Some("plain") => Mix::plain(messages),
         _ => Mix::realistic(messages),
+    };
+    let limits = msgtrail_listener::BatchLimits {
+        messages: per_tx,
+        bytes: args
+            .next()
+            .and_then(|a| a.parse().ok())
+            .unwrap_or(usize::MAX),
     };
     let t0 = msgtrail_core::time::now_nanos();
     let decoded = stage_messages(&mix, t0);
@@ -33,7 +42,9 @@ fn main() {
         .expect("open")
         .cache_capacity(messages as usize);
     let start = Instant::now();
-    for chunk in set.chunks(per_tx) {
+    let mut transactions = 0usize;
+    for chunk in limits.split(&set) {
+        transactions += 1;
         let mut records = Vec::new();
         for m in chunk {
             records.extend(msgtrail_core::decode_batch(m).expect("decodes"));
@@ -44,7 +55,7 @@ fn main() {
     }
     let secs = start.elapsed().as_secs_f64();
     println!(
-        "{total} records of {messages} messages in {secs:.2} s: {:.0} records/s",
+        "{total} records of {messages} messages in {secs:.2} s: {:.0} records/s ({transactions} transactions)",
         total as f64 / secs
     );
     let cache = store.cache_stats();

@@ -1,6 +1,7 @@
 //! S4P's ingest figure once, for profilers and for looking at thread placement
 //! (`/proc/<pid>/task/*/status`) while it runs: `cargo run --release -p msgtrail-bench
-//! --example s4p_once -- [messages] [stage messages per transaction] [repetitions]`.
+//! --example s4p_once -- [messages] [stage messages per transaction] [repetitions]
+//! [bytes per transaction]` (the listener's default `--batch-bytes` when left out).
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -10,9 +11,17 @@ fn main() {
     let messages: u64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(100_000);
     let per_tx: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(64);
     let reps: u32 = args.next().and_then(|a| a.parse().ok()).unwrap_or(1);
+    let bytes: usize = args
+        .next()
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(msgtrail_listener::DEFAULT_BATCH_BYTES);
+    let limits = msgtrail_listener::BatchLimits {
+        messages: per_tx,
+        bytes,
+    };
     let r = msgtrail_bench::ingest_scaling(
         messages,
-        per_tx,
+        limits,
         reps,
         &msgtrail_bench::Progress::new(false),
     )

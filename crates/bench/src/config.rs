@@ -12,6 +12,10 @@ fn search_default() -> u64 {
     BenchConfig::default().search_queries
 }
 
+fn batch_bytes_default() -> usize {
+    msgtrail_listener::DEFAULT_BATCH_BYTES
+}
+
 fn replay_default() -> usize {
     BenchConfig::default().replay_stage_messages
 }
@@ -62,6 +66,10 @@ pub struct BenchConfig {
     pub ingest_copies: u64,
     /// S4: stage-stream messages applied per store transaction (the listener's batch size).
     pub ingest_batch: usize,
+    /// S4: stage-record bytes applied per store transaction at most (the listener's
+    /// `--batch-bytes`); whichever of this and `ingest_batch` comes first ends a transaction.
+    #[serde(default = "batch_bytes_default")]
+    pub ingest_batch_bytes: usize,
     /// S5: messages stored before lookups.
     pub lookup_messages: u64,
     /// S5: lookups timed.
@@ -98,6 +106,7 @@ impl Default for BenchConfig {
             ingest_messages: 100_000,
             ingest_copies: 4,
             ingest_batch: 512,
+            ingest_batch_bytes: msgtrail_listener::DEFAULT_BATCH_BYTES,
             lookup_messages: 200_000,
             lookup_queries: 10_000,
             export_spans: 100_000,
@@ -110,6 +119,15 @@ impl Default for BenchConfig {
 }
 
 impl BenchConfig {
+    /// How S4, its paced run and S4P cut the stage messages into store transactions: the
+    /// listener's rule with `ingest_batch` and `ingest_batch_bytes`.
+    pub fn batch_limits(&self) -> msgtrail_listener::BatchLimits {
+        msgtrail_listener::BatchLimits {
+            messages: self.ingest_batch,
+            bytes: self.ingest_batch_bytes,
+        }
+    }
+
     /// `--quick`: every scenario with small counts and 300 ms windows after 100 ms of
     /// warm-up, twice: about a minute (CI runs it).
     pub fn quick() -> Self {
@@ -218,7 +236,11 @@ impl BenchConfig {
         {
             return bad("latency messages and rate must be positive");
         }
-        if self.ingest_messages == 0 || self.ingest_copies == 0 || self.ingest_batch == 0 {
+        if self.ingest_messages == 0
+            || self.ingest_copies == 0
+            || self.ingest_batch == 0
+            || self.ingest_batch_bytes == 0
+        {
             return bad("ingest messages, copies and batch must be at least 1");
         }
         if self.lookup_messages == 0 || self.lookup_queries == 0 || self.export_spans == 0 {

@@ -29,6 +29,7 @@ use crate::synth::{stage_messages, Mix};
 use bytes::Bytes;
 use msgtrail_core::{decode_batch, encode_batch};
 use msgtrail_core::{MessageId, RequestId, StageRecord};
+use msgtrail_listener::BatchLimits;
 use msgtrail_listener::Stats;
 use msgtrail_listener::Store;
 use msgtrail_listener::DEFAULT_CACHE_MESSAGES;
@@ -152,7 +153,7 @@ pub(crate) fn replay_set(recorded: &[Vec<StageRecord>], copies: u64) -> Vec<Vec<
 fn paced_run(
     messages: u64,
     rate: f64,
-    batch: usize,
+    batch: BatchLimits,
     progress: &Progress,
 ) -> Result<crate::queryable::Paced, BenchError> {
     let dir = tempfile::Builder::new()
@@ -164,7 +165,11 @@ fn paced_run(
 
 /// Ingests `messages` plain successes (ten records each, payload heads off) into a fresh
 /// store and returns its pages in use per message.
-fn ten_record_bytes(messages: u64, batch: usize, progress: &Progress) -> Result<f64, BenchError> {
+fn ten_record_bytes(
+    messages: u64,
+    batch: BatchLimits,
+    progress: &Progress,
+) -> Result<f64, BenchError> {
     let set: Vec<Vec<u8>> = stage_messages(&Mix::plain(messages), msgtrail_core::time::now_nanos())
         .iter()
         .map(msgtrail_core::frame::encode_stage_batch)
@@ -215,19 +220,19 @@ pub(crate) struct Ingested {
     pub(crate) per_transaction: Latency,
 }
 
-/// Ingests encoded stage messages into `store`, `batch` per transaction, as the listener
-/// does: decode, apply, statistics.
+/// Ingests encoded stage messages into `store`, cut into transactions by `batch` as the listener
+/// cuts them ([`BatchLimits`]), and as it does: decode, apply, statistics.
 pub(crate) fn ingest(
     store: &Store,
     set: &[Vec<u8>],
-    batch: usize,
+    batch: BatchLimits,
     progress: &crate::measure::Phase,
 ) -> Ingested {
     let stats = new_stats();
     let mut out = Ingested::default();
     let mut per_tx = Recorder::default();
     let start = Instant::now();
-    for chunk in set.chunks(batch) {
+    for chunk in batch.split(set) {
         let tx_start = Instant::now();
         let mut records = Vec::new();
         for m in chunk {
@@ -279,7 +284,7 @@ pub(crate) fn synthetic_set(messages: u64) -> Vec<Vec<u8>> {
 
 /// Counts the bytes a fresh store holds per in-flight message: the first `n` messages of
 /// the synthetic mix, uploaded and stored (P1–P3) but not delivered.
-fn counted_inflight(n: u64, batch: usize) -> Result<(u64, f64), BenchError> {
+fn counted_inflight(n: u64, batch: BatchLimits) -> Result<(u64, f64), BenchError> {
     let inflight: Vec<Vec<StageRecord>> =
         stage_messages(&Mix::narrow(n), msgtrail_core::time::now_nanos())
             .into_iter()
@@ -299,7 +304,7 @@ fn counted_inflight(n: u64, batch: usize) -> Result<(u64, f64), BenchError> {
         .prefix("msgtrail-bench-inflight-")
         .tempdir()?;
     let store = open_store(dir.path(), 0)?.cache_capacity(n as usize);
-    for chunk in inflight.chunks(batch) {
+    for chunk in inflight.chunks(batch.messages) {
         let records: Vec<StageRecord> = chunk.iter().flatten().cloned().collect();
         store
             .apply(records, msgtrail_core::time::now_nanos())
@@ -317,7 +322,7 @@ pub(crate) fn run(
     recorded: &[Bytes],
     messages: u64,
     copies: u64,
-    batch: usize,
+    batch: BatchLimits,
     progress: &Progress,
 ) -> Result<IngestResult, BenchError> {
     let peak = crate::procfs::PeakRss::start();

@@ -3,7 +3,8 @@
 //! A feeder thread releases the synthetic workload's stage messages on a schedule (records
 //! at `rate` per second, each stage message due when its records are); the ingesting thread
 //! does what the listener's ingest loop does: wait for the first pending message, take every
-//! message already pending up to the batch size, decode, apply in one transaction. A record
+//! message already pending while the listener's batch limits admit it (messages and bytes,
+//! `msgtrail_listener::BatchLimits`), decode, apply in one transaction. A record
 //! is queryable when its transaction commits, so each stage message's latency is its commit
 //! time less the time it was *due* (not the time it was taken: a slow transaction delays
 //! the messages queued behind it, and they count that wait).
@@ -11,7 +12,7 @@
 use crate::error::BenchError;
 use crate::measure::{Latency, Progress, Recorder};
 use msgtrail_core::decode_batch;
-use msgtrail_listener::Store;
+use msgtrail_listener::{BatchLimits, Store};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -26,13 +27,13 @@ pub(crate) struct Paced {
     pub(crate) drops: u64,
 }
 
-/// Feeds `set` into `store` at `rate` records per second, `batch` stage messages per
-/// transaction at most, and measures arrival to commit.
+/// Feeds `set` into `store` at `rate` records per second, transactions cut by `batch` as
+/// the listener cuts them, and measures arrival to commit.
 pub(crate) fn run(
     store: &Store,
     set: Vec<Vec<u8>>,
     rate: f64,
-    batch: usize,
+    batch: BatchLimits,
     progress: &Progress,
 ) -> Result<Paced, BenchError> {
     if !(rate.is_finite() && rate > 0.0) {
@@ -66,9 +67,19 @@ pub(crate) fn run(
         ..Paced::default()
     };
     let mut latency = Recorder::default();
-    while let Ok(first) = rx.recv() {
+    // The first pending message the limits refused, for the next transaction.
+    let mut held = None;
+    while let Some(first) = held.take().or_else(|| rx.recv().ok()) {
+        let mut bytes = first.1.len();
         let mut taken = vec![first];
-        taken.extend(rx.try_iter().take(batch.saturating_sub(1)));
+        for next in rx.try_iter() {
+            if !batch.admits(taken.len(), bytes, next.1.len()) {
+                held = Some(next);
+                break;
+            }
+            bytes += next.1.len();
+            taken.push(next);
+        }
         let mut records = Vec::new();
         for (_, m) in &taken {
             match decode_batch(m) {
@@ -105,7 +116,11 @@ mod tests {
         let store = Store::open(dir.path(), 0, Default::default()).expect("opens");
         let set = synthetic_set(300);
         let stage_messages = set.len() as u64;
-        let got = run(&store, set, 200_000.0, 4, &Progress::new(false)).expect("runs");
+        let limits = BatchLimits {
+            messages: 4,
+            bytes: usize::MAX,
+        };
+        let got = run(&store, set, 200_000.0, limits, &Progress::new(false)).expect("runs");
         assert_eq!(got.drops, 0);
         assert_eq!(got.latency.count, stage_messages);
         assert!(got.latency.max_ms >= got.latency.p50_ms);
@@ -117,8 +132,9 @@ mod tests {
     fn a_rate_that_is_not_positive_is_refused() {
         let dir = tempfile::tempdir().expect("temp dir");
         let store = Store::open(dir.path(), 0, Default::default()).expect("opens");
+        let limits = crate::BenchConfig::default().batch_limits();
         for rate in [0.0, -1.0, f64::NAN] {
-            let err = run(&store, Vec::new(), rate, 4, &Progress::new(false)).unwrap_err();
+            let err = run(&store, Vec::new(), rate, limits, &Progress::new(false)).unwrap_err();
             assert!(err.to_string().contains("positive rate"), "{err}");
         }
     }

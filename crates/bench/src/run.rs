@@ -159,7 +159,7 @@ async fn replay_scenarios(
     let (messages, copies, batch) = (
         config.ingest_messages,
         config.ingest_copies,
-        config.ingest_batch,
+        config.batch_limits(),
     );
     let s4 = tokio::task::spawn_blocking(move || {
         ingest::run(&recorded, messages, copies, batch, &progress)
@@ -192,7 +192,7 @@ async fn scale_out_scenario(
     progress: &Progress,
 ) -> Result<crate::ScaleOutResult, BenchError> {
     let progress = *progress;
-    let (messages, batch, reps) = (config.ingest_messages, config.ingest_batch, config.reps);
+    let (messages, batch, reps) = (config.ingest_messages, config.batch_limits(), config.reps);
     let mut r = tokio::task::spawn_blocking(move || {
         crate::scaleout::ingest_scaling(messages, batch, reps, &progress)
     })

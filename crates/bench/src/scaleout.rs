@@ -20,6 +20,7 @@ use crate::ingest::{ingest, open_store, synthetic_set};
 use crate::measure::{Latency, Progress, Recorder};
 use msgtrail_core::decode_batch;
 use msgtrail_core::partition::{self, Partition, PARTITIONS};
+use msgtrail_listener::BatchLimits;
 use serde::{Deserialize, Serialize};
 use std::time::{Duration, Instant};
 
@@ -115,7 +116,7 @@ fn pin_to(cpu: usize) -> bool {
 fn ingest_on(
     cpu: usize,
     set: &[Vec<u8>],
-    batch: usize,
+    batch: BatchLimits,
     phase: &crate::measure::Phase,
 ) -> Result<(u64, f64, bool), BenchError> {
     let pinned = pin_to(cpu);
@@ -134,11 +135,10 @@ fn ingest_on(
 }
 
 /// S4P's ingest figure: S4's mix of `messages` split by partition, ingested by one store on
-/// one core, then by two stores at once on a core each (`batch` stage messages per
-/// transaction), `reps` times (at least once); blocking. The fan-out figure is left default.
+/// one core, then by two stores at once on a core each (transactions cut by `batch`), `reps` times (at least once); blocking. The fan-out figure is left default.
 pub fn ingest_scaling(
     messages: u64,
-    batch: usize,
+    batch: BatchLimits,
     reps: u32,
     progress: &Progress,
 ) -> Result<ScaleOutResult, BenchError> {
@@ -213,7 +213,7 @@ impl Repetition {
 fn one_repetition(
     all: &[Vec<u8>],
     halves: &[Vec<Vec<u8>>; 2],
-    batch: usize,
+    batch: BatchLimits,
     cores: usize,
     progress: &Progress,
 ) -> Result<Repetition, BenchError> {
@@ -437,7 +437,13 @@ mod tests {
 
     #[test]
     fn ingest_scaling_runs_on_a_small_mix() {
-        let r = ingest_scaling(200, 64, 3, &Progress::new(false)).unwrap();
+        let r = ingest_scaling(
+            200,
+            crate::BenchConfig::default().batch_limits(),
+            3,
+            &Progress::new(false),
+        )
+        .unwrap();
         eprintln!("S4P smoke (debug, 200 messages): {r:?}");
         assert!(r.records > 0);
         assert!(r.one_listener_records_per_sec > 0.0 && r.two_listeners_records_per_sec > 0.0);

@@ -73,6 +73,7 @@ fn listener_options_default_to_the_listener_config() {
     assert_eq!(got.http_addr, d.http_addr);
     assert_eq!(got.durable_name, d.durable_name);
     assert_eq!(got.batch_size, d.batch_size);
+    assert_eq!(got.batch_bytes, d.batch_bytes);
     assert_eq!(got.payload_head_bytes, d.payload_head_bytes);
     assert_eq!(got.cache_messages, d.cache_messages);
     assert_eq!(got.store_cache_bytes, d.store_cache_bytes);
@@ -103,6 +104,11 @@ fn listener_options_default_to_the_listener_config() {
     );
     shows(&help, "ack-wait", humantime::format_duration(d.ack_wait));
     shows(&help, "batch-size", d.batch_size);
+    shows(
+        &help,
+        "batch-bytes",
+        bytesize::ByteSize(d.batch_bytes as u64),
+    );
     shows(&help, "data-dir", d.data_dir.display());
     let stored = Duration::from_millis(d.deadlines.stored_ms);
     shows(&help, "deadline-stored", humantime::format_duration(stored));

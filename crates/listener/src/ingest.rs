@@ -8,6 +8,7 @@
 //! a [`Batch`], [`crate::evidence`] turns stored messages of the message stream into one
 //! (their recovered P2/P3), and each batch is one store transaction followed by the acks.
 
+use crate::batch_limits::{BatchLimits, Chunks};
 use crate::clocks::ClockWindow;
 use crate::error::ListenerError;
 use crate::error::StoreError;
@@ -17,7 +18,6 @@ use crate::store::{ApplyOutcome, Store};
 use async_nats::jetstream::consumer::FromConsumer;
 use async_nats::jetstream::stream::{ConsumerError, ConsumerErrorKind};
 use async_nats::jetstream::{self, consumer, AckKind};
-use futures::StreamExt;
 use msgtrail_core::decode_batch;
 use msgtrail_core::subjects::STAGE_STREAM;
 use msgtrail_core::StageRecord;
@@ -153,7 +153,7 @@ pub(crate) struct Sinks {
 pub(crate) async fn run(
     consumer: consumer::PullConsumer,
     sinks: Sinks,
-    batch_size: usize,
+    limits: BatchLimits,
     stop: CancellationToken,
 ) -> Result<(), ListenerError> {
     let Sinks {
@@ -164,13 +164,13 @@ pub(crate) async fn run(
     } = sinks;
     let messages = consumer
         .stream()
-        .max_messages_per_batch(batch_size)
+        .max_messages_per_batch(limits.messages)
         .heartbeat(Duration::from_secs(5))
         .expires(Duration::from_secs(30))
         .messages()
         .await
         .map_err(|e| ListenerError::nats("stage stream consumer", e))?;
-    let mut chunks = messages.ready_chunks(batch_size);
+    let mut chunks = Chunks::new(messages, limits);
     loop {
         let chunk = tokio::select! {
             _ = stop.cancelled() => break,

@@ -87,6 +87,7 @@
 //!
 //! Trajectory assembly itself is pure and lives in `msgtrail_core::trajectory`.
 
+mod batch_limits;
 mod cache;
 mod clocks;
 pub mod cluster;
@@ -104,11 +105,12 @@ mod store;
 mod summary;
 mod views;
 
+pub use batch_limits::BatchLimits;
 pub use cache::{CacheStats, DEFAULT_CACHE_MESSAGES};
 pub use clocks::{ClientClocks, WindowEstimate};
 pub use config::{
-    ListenerConfig, DEFAULT_DURABLE, DEFAULT_HTTP_ADDR, ENV_DATA_DIR, ENV_DURABLE, ENV_HTTP_ADDR,
-    ENV_TOKEN,
+    ListenerConfig, DEFAULT_BATCH_BYTES, DEFAULT_DURABLE, DEFAULT_HTTP_ADDR, ENV_DATA_DIR,
+    ENV_DURABLE, ENV_HTTP_ADDR, ENV_TOKEN,
 };
 pub use error::{BoxedCause, ConfigError, ListenerError, QueryError, StoreError};
 pub use evidence::consumer_name as evidence_consumer_name;
@@ -294,7 +296,7 @@ pub async fn start_with_client(
                 exporter: exporter.clone(),
                 clocks: clocks.clone(),
             },
-            config.batch_size,
+            config.batch_limits(),
             stop.clone(),
         ));
     }
@@ -365,7 +367,7 @@ pub async fn start_with_client(
             ingest: cluster::PartitionIngestDeps {
                 js: js.clone(),
                 replicas: config.replicas,
-                batch_size: config.batch_size,
+                limits: config.batch_limits(),
                 ack_wait: config.ack_wait,
                 store: store.clone(),
                 stats: stats.clone(),

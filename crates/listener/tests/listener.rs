@@ -1269,3 +1269,43 @@ async fn a_full_disk_loses_nothing_and_recovers_when_space_is_freed() {
     assert_eq!(floor, last_seq, "everything acknowledged once stored");
     handle.shutdown().await.unwrap();
 }
+
+/// `batch_bytes` bounds a store transaction by the bytes of its stage messages: on the same
+/// backlog, a listener whose bound is smaller than any stage message applies one message
+/// per transaction, and one with the default bound takes several at once. Both store every
+/// record.
+#[tokio::test]
+async fn the_byte_bound_cuts_a_backlog_into_transactions_of_one_message() {
+    let (server, dir, js) = setup().await;
+    let mut rng = TestRng(7);
+    let all = successes(40, "bb", &mut rng);
+    let total = all.len() as u64;
+    publish(&js, &all, &mut rng).await;
+    let mut counts = Vec::new();
+    for (name, batch_bytes) in [
+        ("tiny", 1),
+        ("default", ListenerConfig::default().batch_bytes),
+    ] {
+        let mut cfg = config(&server, &dir.path().join(name));
+        cfg.durable_name = format!("listener-{name}");
+        cfg.batch_bytes = batch_bytes;
+        let handle = msgtrail_listener::start(cfg).await.unwrap();
+        let c = client(&handle);
+        wait_for_records(&c, total).await;
+        wait_until_idle(&c).await;
+        let s = c.stats(None).await.unwrap();
+        assert_eq!(s.ingest.records, total, "{name}");
+        assert_eq!(s.states.get(&MessageState::Consumed), Some(&40), "{name}");
+        counts.push((s.ingest.batches, s.ingest.transactions));
+        handle.shutdown().await.unwrap();
+    }
+    let [(tiny_batches, tiny_tx), (default_batches, default_tx)] = counts[..] else {
+        unreachable!("two listeners ran")
+    };
+    assert_eq!(tiny_batches, default_batches, "the same backlog");
+    assert_eq!(tiny_tx, tiny_batches, "one stage message per transaction");
+    assert!(
+        default_tx < default_batches,
+        "the default bound takes several messages per transaction: {default_tx} of {default_batches}"
+    );
+}

@@ -49,6 +49,10 @@ pub(crate) struct Args {
     /// Most stage-stream messages applied per store transaction.
     #[arg(long, default_value_t = defaults().batch_size)]
     pub batch_size: usize,
+    /// Most stage-record bytes applied per store transaction (bounds how long a record waits
+    /// to be queryable, whatever the brokers' batches look like).
+    #[arg(long, default_value_t = ByteSize(defaults().batch_bytes as u64), value_parser = size_arg)]
+    pub batch_bytes: ByteSize,
     /// Payload bytes kept per message (0 keeps none).
     #[arg(long, default_value_t = defaults().payload_head_bytes)]
     pub payload_head_bytes: usize,
@@ -138,6 +142,7 @@ impl Args {
             token: self.token.as_deref().map(Into::into),
             durable_name: self.durable.clone(),
             batch_size: self.batch_size,
+            batch_bytes: usize::try_from(self.batch_bytes.as_u64()).unwrap_or(usize::MAX),
             payload_head_bytes: self.payload_head_bytes,
             cache_messages: self.cache_messages,
             store_cache_bytes: usize::try_from(self.store_cache.as_u64()).unwrap_or(usize::MAX),

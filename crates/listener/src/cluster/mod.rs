@@ -343,8 +343,8 @@ pub(crate) struct PartitionIngestDeps {
     pub js: async_nats::jetstream::Context,
     /// Replicas of the stage stream and the membership bucket, as configured.
     pub replicas: Option<usize>,
-    /// Most messages per store transaction.
-    pub batch_size: usize,
+    /// Most messages and bytes per store transaction.
+    pub limits: crate::batch_limits::BatchLimits,
     /// The consumers' ack wait.
     pub ack_wait: std::time::Duration,
     /// The store.
@@ -400,7 +400,7 @@ pub(crate) async fn start(
     let worker = PartitionIngest {
         stream,
         durable_base: c.group.durable_base(),
-        batch_size: c.ingest.batch_size,
+        limits: c.ingest.limits,
         ack_wait: c.ingest.ack_wait,
         store: c.ingest.store.clone(),
         stats: c.ingest.stats.clone(),

@@ -11,13 +11,13 @@
 //! subject, each keeps its own share).
 
 use super::ClusterView;
+use crate::batch_limits::{BatchLimits, Chunks};
 use crate::error::ListenerError;
 use crate::export::ExportSender;
 use crate::ingest::{self, Batch, Source};
 use crate::stats::Stats;
 use crate::store::Store;
 use async_nats::jetstream::{self, consumer, AckKind};
-use futures::StreamExt;
 use msgtrail_core::partition::{self, Partition, PARTITIONS};
 use msgtrail_core::subjects::STAGE_SUBJECT;
 use msgtrail_core::{decode_batch, StageRecord};
@@ -39,8 +39,8 @@ pub(crate) struct PartitionIngest {
     pub stream: jetstream::stream::Stream,
     /// `<group>-<instance>`: the durables are `<base>-p<NN>`.
     pub durable_base: String,
-    /// Most stage-stream messages per store transaction.
-    pub batch_size: usize,
+    /// Most stage-stream messages and bytes per store transaction.
+    pub limits: BatchLimits,
     /// The consumers' ack wait.
     pub ack_wait: Duration,
     /// The store.
@@ -131,7 +131,7 @@ impl PartitionIngest {
             description: Some(format!("msgtrail listener, stage partition {partition}")),
             ack_policy: consumer::AckPolicy::Explicit,
             ack_wait: self.ack_wait,
-            max_ack_pending: (self.batch_size * 8).max(1024) as i64,
+            max_ack_pending: (self.limits.messages * 8).max(1024) as i64,
             deliver_policy: consumer::DeliverPolicy::All,
             filter_subjects: vec![partition.subject(), STAGE_SUBJECT.to_owned()],
             inactive_threshold: INACTIVE_THRESHOLD,
@@ -150,13 +150,13 @@ impl PartitionIngest {
         let mut info_consumer = consumer.clone();
         let messages = consumer
             .stream()
-            .max_messages_per_batch(self.batch_size)
+            .max_messages_per_batch(self.limits.messages)
             .heartbeat(Duration::from_secs(5))
             .expires(Duration::from_secs(30))
             .messages()
             .await
             .map_err(|e| ListenerError::nats("partition consumer", e))?;
-        let mut chunks = messages.ready_chunks(self.batch_size);
+        let mut chunks = Chunks::new(messages, self.limits);
         let mut progress = tokio::time::interval(PROGRESS_EVERY);
         progress.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut rebuilding_logged = false;
