@@ -7,7 +7,7 @@ fn full_record() -> StageRecord {
     r.request_id = Some(RequestId::new("order-1").unwrap());
     r.producer = Some(ClientId::new("shop").unwrap());
     r.consumer = Some(ClientId::new("billing-1").unwrap());
-    r.group = Some(ClientId::new("billing").unwrap());
+    r.group = Some(crate::GroupId::new("billing").unwrap());
     r.topic = Some("orders.eu".into());
     r.attempt = Some(2);
     r.stream_seq = Some(77);
@@ -334,7 +334,7 @@ fn documented_c5() -> StageRecord {
     let mut r = StageRecord::at(Stage::PullSent, 1_796_129_311_004_043_022);
     r.message_id = Some("01a231a6-491c-76c3-aae6-cb02704bf130".parse().unwrap());
     r.consumer = Some(ClientId::new("billing-1").unwrap());
-    r.group = Some(ClientId::new("billing").unwrap());
+    r.group = Some(crate::GroupId::new("billing").unwrap());
     r.attempt = Some(1);
     r.stream_seq = Some(6);
     r.broker = Some(crate::ids::BrokerInstance::new("b-1a2b").unwrap());
