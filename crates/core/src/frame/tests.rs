@@ -464,3 +464,16 @@ fn a_bad_record_refuses_its_settles_records_only_and_unknown_versions_fail() {
     upload[3] = 2;
     assert!(UploadBatch::decode(&Bytes::from(upload)).is_err());
 }
+
+#[test]
+fn a_group_that_is_not_a_group_name_is_refused_with_an_offset_not_a_panic() {
+    let mut r = StageRecord::at(Stage::ProcessStarted, 7);
+    r.group = Some(crate::GroupId::new("billing").unwrap());
+    let mut bytes = encode_stage_batch(&[r.clone()]).to_vec();
+    assert_eq!(decode_stage_batch(&bytes).unwrap(), vec![r]);
+    // The same length, a space: the bytes read on, the name breaks the grammar.
+    let pos = bytes.windows(7).position(|w| w == b"billing").unwrap();
+    bytes[pos + 3] = b' ';
+    let e = decode_stage_batch(&bytes).unwrap_err();
+    assert!(e.to_string().contains("bil ing"), "{e}");
+}

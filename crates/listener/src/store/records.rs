@@ -404,6 +404,18 @@ mod tests {
     }
 
     #[test]
+    fn a_stored_group_that_is_not_a_group_name_is_an_error() {
+        let mut r = StageRecord::at(Stage::ProcessStarted, 1_000_000_000_000_000);
+        r.message_id = Some(MessageId::new());
+        r.group = Some(GroupId::new("billing").unwrap());
+        let mut bytes = encode(std::slice::from_ref(&r));
+        assert_eq!(decode(&bytes).unwrap(), vec![r]);
+        let pos = bytes.windows(7).position(|w| w == b"billing").unwrap();
+        bytes[pos + 3] = b' ';
+        assert!(decode(&bytes).is_err());
+    }
+
+    #[test]
     fn dedup_hash_follows_the_dedup_key() {
         let recs = sample();
         let mut again = recs[0].clone();
