@@ -541,4 +541,14 @@ mod tests {
         bytes[pos + 2] = b' ';
         assert!(MessageSummary::decode("k", &bytes).is_err());
     }
+
+    #[test]
+    fn as_json_the_groups_are_keyed_by_their_names() {
+        let s = sample();
+        let json = serde_json::to_string(&s).unwrap();
+        assert!(json.contains(r#""groups":{"audit":"#), "{json}");
+        assert_eq!(serde_json::from_str::<MessageSummary>(&json).unwrap(), s);
+        let bad = json.replace(r#""audit":"#, r#""au it":"#);
+        assert!(serde_json::from_str::<MessageSummary>(&bad).is_err());
+    }
 }
