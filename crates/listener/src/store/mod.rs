@@ -656,10 +656,10 @@ impl Store {
             let over = max_bytes.is_some_and(|m| bytes > m);
             let mut keyed = Vec::new();
             while (out.deleted as usize) < max {
-                let Some((at, stored)) = t.oldest()? else {
+                let Some((at, message)) = t.oldest()? else {
                     break;
                 };
-                let key = tables::key_text(&stored)?;
+                let key = message.to_string();
                 let too_old = cutoff.is_some_and(|c| at < c);
                 let too_big = over && target.is_some_and(|tg| bytes > tg);
                 if !too_old && !too_big {
@@ -671,7 +671,7 @@ impl Store {
                 let (freed, summary) = t.delete_message(&key)?;
                 if summary.is_none() {
                     // An index entry without a summary: drop it so the loop advances.
-                    t.remove_by_time(at, &stored);
+                    t.remove_by_time(at, &message);
                 }
                 bytes = bytes.saturating_sub(freed);
                 out.deleted += 1;
