@@ -563,6 +563,8 @@ impl Store {
             let opts = self.options(now);
             let mut keyed = Vec::new();
             for key in candidates {
+                // The cache and the summaries name a message by its key's text form.
+                let key = key.to_string();
                 let (old, recs) = match cache.peek(&key) {
                     Some(c) => (c.summary, c.records),
                     None => (t.summary(&key)?, t.load_records(&key)?),
@@ -737,7 +739,7 @@ fn open_candidates(
     since: u64,
     cutoff: u64,
     max: usize,
-) -> Result<(Vec<String>, bool), StoreError> {
+) -> Result<(Vec<MessageKey>, bool), StoreError> {
     const OPEN: [MessageState; 5] = [
         MessageState::Sent,
         MessageState::Enqueued,

@@ -779,7 +779,7 @@ impl<'t> Tables<'t> {
         since: u64,
         cutoff: u64,
         max: usize,
-    ) -> Result<Vec<String>, StoreError> {
+    ) -> Result<Vec<MessageKey>, StoreError> {
         let mut out = Vec::new();
         let range = keys::state_bound(code, since)..keys::state_bound(code, cutoff);
         for item in self.tx.range(&self.ks.by_state, range) {
@@ -789,7 +789,7 @@ impl<'t> Tables<'t> {
             let k = item.key()?;
             let (_, key) = keys::timed(&k, 1)
                 .ok_or_else(|| StoreError::bad_value(format!("by_state {k:02x?}")))?;
-            out.push(key_text(key)?);
+            out.push(MessageKey::from_stored(key).map_err(corrupt)?);
         }
         Ok(out)
     }
