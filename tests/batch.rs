@@ -908,7 +908,7 @@ async fn a_settles_own_records_are_checked_against_its_token_per_settle() {
         if tag.starts_with('A') { "B" } else { "A" }.repeat(tag.len())
     );
     let mut other_group = rec(Stage::ProcessStarted, 2);
-    other_group.group = Some(msgtrail_core::ClientId::new("elsewhere").unwrap());
+    other_group.group = Some(msgtrail_core::GroupId::new("elsewhere").unwrap());
     let reply = consumer
         .settle(&SettleBatch {
             entries: vec![

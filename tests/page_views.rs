@@ -440,7 +440,7 @@ async fn an_impossible_hop_shows_a_question_mark_and_why() {
         r.message_id = Some(m);
         r.topic = Some("orders.eu".into());
         if !matches!(stage, Stage::UploadReceived | Stage::Stored) {
-            r.group = Some(ClientId::new("billing").unwrap());
+            r.group = Some(msgtrail_core::GroupId::new("billing").unwrap());
             r.consumer = Some(ClientId::new("billing-1").unwrap());
             r.attempt = Some(1);
         }

@@ -243,7 +243,7 @@ fn deliver(
 ) {
     const MAX_ATTEMPTS: u32 = 3;
     let consumer = id(format!("{group}-{}", rng.below(3)));
-    let group_id = id(group.to_owned());
+    let group_id = msgtrail_core::GroupId::from(id(group.to_owned()));
     let stages = if push {
         [
             Stage::PushSent,

@@ -25,7 +25,7 @@ use crate::signing::{Mac, SigningKey};
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use msgtrail_core::codec;
-use msgtrail_core::{ClientId, ErrorCode, MessageId, WireError};
+use msgtrail_core::{ClientId, ErrorCode, GroupId, MessageId, WireError};
 use serde::{Deserialize, Serialize};
 
 /// The first byte of a binary token body: the layout of version 3, signed with keyed BLAKE3.
@@ -43,7 +43,7 @@ pub(crate) struct AckToken {
     /// Message ID.
     pub m: MessageId,
     /// Consumer group.
-    pub g: ClientId,
+    pub g: GroupId,
     /// Consumer the delivery went to.
     pub c: ClientId,
     /// Delivery attempt.
@@ -178,7 +178,7 @@ impl AckToken {
         };
         Some(AckToken {
             m,
-            g: ClientId::new(g).ok()?,
+            g: GroupId::new(g).ok()?,
             c: ClientId::new(c).ok()?,
             n,
             q,
@@ -241,7 +241,7 @@ mod tests {
     fn token() -> AckToken {
         AckToken {
             m: MessageId::new(),
-            g: ClientId::new("billing").unwrap(),
+            g: GroupId::new("billing").unwrap(),
             c: ClientId::new("b-1").unwrap(),
             n: 1,
             q: 7,

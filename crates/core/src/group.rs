@@ -4,6 +4,7 @@
 use crate::wire::Subscription;
 use crate::{ClientId, IdError};
 use serde::{Deserialize, Serialize};
+use std::borrow::Borrow;
 use std::fmt;
 
 /// The name of a consumer group: consumers of one group share its messages, and every group
@@ -67,6 +68,14 @@ impl From<ClientId> for GroupId {
 impl From<GroupId> for ClientId {
     fn from(g: GroupId) -> Self {
         g.0
+    }
+}
+
+/// A group borrows as its name, so maps keyed by group can be looked up by a name as text
+/// (a [`GroupId`] orders, compares and hashes as its name does).
+impl Borrow<str> for GroupId {
+    fn borrow(&self) -> &str {
+        self.as_str()
     }
 }
 

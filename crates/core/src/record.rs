@@ -8,6 +8,7 @@
 
 use crate::ids::{BrokerInstance, ClientId, MessageId, RequestId};
 use crate::stage::Stage;
+use crate::GroupId;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -32,7 +33,7 @@ pub struct StageRecord {
     pub consumer: Option<ClientId>,
     /// The consumer group.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub group: Option<ClientId>,
+    pub group: Option<GroupId>,
     /// The topic of the message, or the topic filter of a subscription (N1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub topic: Option<String>,

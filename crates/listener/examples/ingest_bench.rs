@@ -23,7 +23,7 @@ fn trajectory(t0: u64, i: u64) -> (MessageId, Vec<StageRecord>) {
     let id = MessageId::new();
     let req = RequestId::new(format!("req-{i}")).unwrap();
     let producer = ClientId::new("bench-producer").unwrap();
-    let group = ClientId::new("billing").unwrap();
+    let group = msgtrail_core::GroupId::new("billing").unwrap();
     let consumer = ClientId::new("b-1").unwrap();
     let mk = |stage: Stage, us: u64| {
         let mut r = StageRecord::at(stage, t0 + i * 1_000 + us * 1_000);

@@ -28,7 +28,7 @@
 //! same, the count a little higher.
 
 use msgtrail_core::trajectory::ClockEstimate;
-use msgtrail_core::{BrokerInstance, ClientId, MessageId, RequestId, Stage, StageRecord};
+use msgtrail_core::{BrokerInstance, ClientId, GroupId, MessageId, RequestId, Stage, StageRecord};
 pub use msgtrail_listener_client::{ClientClocks, WindowEstimate};
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
@@ -53,7 +53,7 @@ enum ExchangeKey {
     /// A delivery attempt: C1–C4 or C5–C8.
     Delivery {
         message: MessageId,
-        group: ClientId,
+        group: GroupId,
         consumer: ClientId,
         attempt: u32,
         by_id: bool,
@@ -369,7 +369,7 @@ mod tests {
         let mk = |stage, at: u64, by_broker: bool| {
             let mut r = StageRecord::at(stage, at);
             r.message_id = Some(message);
-            r.group = Some(id("g"));
+            r.group = Some(GroupId::new("g").unwrap());
             r.consumer = Some(id("c-1"));
             r.attempt = Some(attempt);
             if by_broker {

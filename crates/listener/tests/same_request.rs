@@ -76,7 +76,7 @@ fn upload(t0: u64, producer: &str, req: &str, topic: &str) -> Upload {
     ] {
         let mut r = base(stage, ms);
         r.message_id = Some(id);
-        r.group = Some(ClientId::new("billing").unwrap());
+        r.group = Some(msgtrail_core::GroupId::new("billing").unwrap());
         r.consumer = Some(ClientId::new("b-1").unwrap());
         r.attempt = Some(1);
         r.outcome = outcome.map(Into::into);

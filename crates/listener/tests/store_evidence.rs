@@ -126,7 +126,7 @@ impl Stored {
             }
             out.push(r);
         }
-        let group = ClientId::new("billing").unwrap();
+        let group = msgtrail_core::GroupId::new("billing").unwrap();
         let consumer = ClientId::new("b-1").unwrap();
         for (i, (stage, outcome)) in [
             (Stage::PullSent, None),

@@ -8,7 +8,7 @@ impl Deliverer {
     pub(crate) async fn dead_letter(
         &self,
         seq: u64,
-        group: &ClientId,
+        group: &GroupId,
         consumer: Option<&ClientId>,
         attempt: u32,
         by_id: bool,
@@ -87,7 +87,7 @@ impl Deliverer {
             else {
                 continue;
             };
-            let Some(group) = group_of_durable(consumer).and_then(|g| ClientId::new(g).ok()) else {
+            let Some(group) = group_of_durable(consumer).and_then(|g| GroupId::new(g).ok()) else {
                 continue;
             };
             let attempt = v["deliveries"].as_u64().unwrap_or(0) as u32;
@@ -109,7 +109,7 @@ impl Deliverer {
 /// them with the `nats` CLI).
 pub(super) fn dead_letter_headers(
     original: &async_nats::HeaderMap,
-    group: &ClientId,
+    group: &GroupId,
     seq: u64,
     why: &str,
 ) -> async_nats::HeaderMap {

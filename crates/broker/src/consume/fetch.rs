@@ -86,7 +86,7 @@ impl Deliverer {
         Metrics::inc(&self.shared.metrics.no_match);
         let mut n1 = StageRecord::now(Stage::NoMatch);
         n1.consumer = Some(channel.client_id.clone());
-        n1.group = Some(sub.group.as_client_id().clone());
+        n1.group = Some(sub.group.clone());
         n1.topic = Some(sub.topic.clone());
         n1.message_id = sub.message_id;
         if !sub.filter.is_empty() {

@@ -254,7 +254,7 @@ impl Deliverer {
         Metrics::inc(&self.shared.metrics.deliveries);
         let token = AckToken {
             m: t.message_id,
-            g: group.as_client_id().clone(),
+            g: group.clone(),
             c: consumer.clone(),
             n: t.attempt,
             q: t.stream_seq,

@@ -77,7 +77,7 @@ fn a_delivery_needs_a_producer_and_ignores_msgtrail_stored() {
 
 #[test]
 fn a_dead_letter_keeps_the_producer_of_both_layouts() {
-    let group = ClientId::new("billing").unwrap();
+    let group = GroupId::new("billing").unwrap();
     for compact in [true, false] {
         let original = stored_message(MessageId::new(), compact);
         let dead = dead_letter::dead_letter_headers(&original, &group, 7, "poison\r\npill");

@@ -133,7 +133,7 @@ pub(crate) fn proven_by_token(mut r: StageRecord) -> StageRecord {
 fn delivery_record(stage: Stage, d: &DeliveryInfo, at: u64) -> StageRecord {
     let mut r = StageRecord::at(stage, at);
     r.message_id = Some(d.message_id);
-    r.group = Some(d.group.as_client_id().clone());
+    r.group = Some(d.group.clone());
     r.attempt = Some(d.attempt);
     r.topic = Some(d.topic.as_str().to_owned());
     r

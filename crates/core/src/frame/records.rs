@@ -172,7 +172,11 @@ pub(super) fn read_record(r: &mut Reader<'_>) -> Result<Result<StageRecord, Stri
         rec.consumer = client_id(r, &mut bad)?;
     }
     if has(fields::GROUP) {
-        rec.group = client_id(r, &mut bad)?;
+        let text = r.str8()?;
+        match crate::GroupId::new(text) {
+            Ok(v) => rec.group = Some(v),
+            Err(e) => note(&mut bad, e.to_string()),
+        }
     }
     if has(fields::TOPIC) {
         rec.topic = Some(r.str16()?);

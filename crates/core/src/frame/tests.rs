@@ -7,7 +7,7 @@ fn full_record() -> StageRecord {
     r.request_id = Some(RequestId::new("order-1").unwrap());
     r.producer = Some(ClientId::new("shop").unwrap());
     r.consumer = Some(ClientId::new("billing-1").unwrap());
-    r.group = Some(ClientId::new("billing").unwrap());
+    r.group = Some(crate::GroupId::new("billing").unwrap());
     r.topic = Some("orders.eu".into());
     r.attempt = Some(2);
     r.stream_seq = Some(77);
@@ -334,7 +334,7 @@ fn documented_c5() -> StageRecord {
     let mut r = StageRecord::at(Stage::PullSent, 1_796_129_311_004_043_022);
     r.message_id = Some("01a231a6-491c-76c3-aae6-cb02704bf130".parse().unwrap());
     r.consumer = Some(ClientId::new("billing-1").unwrap());
-    r.group = Some(ClientId::new("billing").unwrap());
+    r.group = Some(crate::GroupId::new("billing").unwrap());
     r.attempt = Some(1);
     r.stream_seq = Some(6);
     r.broker = Some(crate::ids::BrokerInstance::new("b-1a2b").unwrap());
@@ -463,4 +463,17 @@ fn a_bad_record_refuses_its_settles_records_only_and_unknown_versions_fail() {
     let mut upload = UploadBatch::default().encode().to_vec();
     upload[3] = 2;
     assert!(UploadBatch::decode(&Bytes::from(upload)).is_err());
+}
+
+#[test]
+fn a_group_that_is_not_a_group_name_is_refused_with_an_offset_not_a_panic() {
+    let mut r = StageRecord::at(Stage::ProcessStarted, 7);
+    r.group = Some(crate::GroupId::new("billing").unwrap());
+    let mut bytes = encode_stage_batch(&[r.clone()]).to_vec();
+    assert_eq!(decode_stage_batch(&bytes).unwrap(), vec![r]);
+    // The same length, a space: the bytes read on, the name breaks the grammar.
+    let pos = bytes.windows(7).position(|w| w == b"billing").unwrap();
+    bytes[pos + 3] = b' ';
+    let e = decode_stage_batch(&bytes).unwrap_err();
+    assert!(e.to_string().contains("bil ing"), "{e}");
 }

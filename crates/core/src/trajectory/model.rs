@@ -5,6 +5,7 @@
 use crate::ids::{BrokerInstance, ClientId, MessageId, RequestId};
 use crate::record::StageRecord;
 use crate::trace_ids::{self, Hop, HopKeyError};
+use crate::GroupId;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
@@ -106,7 +107,7 @@ pub struct HopSpan {
     /// The span ID (16 hex digits) when the message ID is known.
     pub span_id: Option<String>,
     /// The consumer group (deliver and process hops).
-    pub group: Option<ClientId>,
+    pub group: Option<GroupId>,
     /// The consumer (deliver and process hops).
     pub consumer: Option<ClientId>,
     /// The delivery attempt, from 1 (deliver and process hops).
@@ -277,7 +278,7 @@ pub struct StateChange {
     /// When, Unix nanoseconds.
     pub at: u64,
     /// The consumer group, for per-group states.
-    pub group: Option<ClientId>,
+    pub group: Option<GroupId>,
     /// The consumer, for per-group states.
     pub consumer: Option<ClientId>,
     /// For per-group states: of the group's fetches by message ID rather than of its
@@ -293,7 +294,7 @@ pub struct StateChange {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GroupSummary {
     /// The group.
-    pub group: ClientId,
+    pub group: GroupId,
     /// The group's fetches by message ID, summarized apart: a fetch by ID is not the
     /// group's consumption (its subscriptions deliver the message all the same,
     /// docs/PROTOCOL.md §8.2).

@@ -10,6 +10,7 @@ use crate::ids::ClientId;
 use crate::outcome::{Outcome, ProcessOutcome, RedeliveryOutcome, SettleOutcome};
 use crate::record::StageRecord;
 use crate::stage::Stage;
+use crate::GroupId;
 use std::collections::{BTreeMap, BTreeSet};
 
 /// Whether a settle record (C4/C8) acked: an ack, or no outcome at all.
@@ -49,7 +50,7 @@ pub(super) fn derive(
         .map(|h| h.start);
     let e2e_from = first_send.or(times.p2_at);
     // A group's fetches by message ID are a consumption of their own (PROTOCOL.md §8.2).
-    let consumptions: BTreeSet<(&ClientId, bool)> = t
+    let consumptions: BTreeSet<(&GroupId, bool)> = t
         .hops
         .iter()
         .filter_map(|h| Some((h.group.as_ref()?, h.by_id)))
@@ -72,7 +73,7 @@ pub(super) fn derive(
 /// a stuck delivery adds its failure point.
 fn group_summary(
     hops: &[HopSpan],
-    group: &ClientId,
+    group: &GroupId,
     by_id: bool,
     e2e_from: Option<u64>,
     failures: &mut Vec<String>,
@@ -249,7 +250,7 @@ fn state_history(ctx: &Ctx<'_>, t: &Trajectory, times: &UploadTimes) -> Vec<Stat
         .chain(enqueued_at(t, times).map(|at| message(MessageState::Enqueued, at)))
         .collect();
     // One forward-only sequence per consumption (group, by ID or not).
-    let mut per_consumption: BTreeMap<(ClientId, bool), Vec<StateChange>> = BTreeMap::new();
+    let mut per_consumption: BTreeMap<(GroupId, bool), Vec<StateChange>> = BTreeMap::new();
     for h in &t.hops {
         let Some(group) = h.group.clone() else {
             continue;

@@ -35,7 +35,7 @@ pub(super) fn dl(
 ) -> StageRecord {
     let mut r = rec(stage, at_ms);
     r.message_id = Some(id());
-    r.group = Some(ClientId::new(group).unwrap());
+    r.group = Some(crate::GroupId::new(group).unwrap());
     r.consumer = Some(ClientId::new(consumer).unwrap());
     r.attempt = Some(attempt);
     r
@@ -675,7 +675,7 @@ fn the_invariant_check_finds_regressions() {
     let change = |state, at, group: Option<&str>, attempt| StateChange {
         state,
         at,
-        group: group.map(|g| ClientId::new(g).unwrap()),
+        group: group.map(|g| crate::GroupId::new(g).unwrap()),
         consumer: None,
         by_id: false,
         attempt,

@@ -22,7 +22,7 @@ use async_nats::HeaderMap;
 use msgtrail_core::observed::{observed_message_id, OBSERVED_SERVICE};
 use msgtrail_core::outcome::{RedeliveryOutcome, SettleKind, StoreOutcome};
 use msgtrail_core::trajectory::DeliveryMode;
-use msgtrail_core::{headers as h, ClientId, MessageId, RequestId, Stage, StageRecord};
+use msgtrail_core::{headers as h, ClientId, GroupId, MessageId, RequestId, Stage, StageRecord};
 
 /// A stored message of an observed stream, as the headers-only consumer sees it.
 #[derive(Debug, Clone, Copy)]
@@ -94,7 +94,7 @@ fn delivery(
     r.message_id = Some(id);
     r.producer = Some(stream.clone());
     r.consumer = Some(c.clone());
-    r.group = Some(c.clone());
+    r.group = Some(GroupId::from(c.clone()));
     r.attempt = Some(attempt);
     r.stream_seq = Some(e.stream_seq);
     r.service = Some(OBSERVED_SERVICE.to_owned());

@@ -782,7 +782,7 @@ mod tests {
                 let deliver = |stage: Stage, at: u64| {
                     let mut r = StageRecord::at(stage, at);
                     r.message_id = Some(m);
-                    r.group = Some(ClientId::new("g").unwrap());
+                    r.group = Some(msgtrail_core::GroupId::new("g").unwrap());
                     r.consumer = Some(ClientId::new("c").unwrap());
                     r.attempt = Some(a);
                     r

@@ -563,6 +563,8 @@ impl Store {
             let opts = self.options(now);
             let mut keyed = Vec::new();
             for key in candidates {
+                // The cache and the summaries name a message by its key's text form.
+                let key = key.to_string();
                 let (old, recs) = match cache.peek(&key) {
                     Some(c) => (c.summary, c.records),
                     None => (t.summary(&key)?, t.load_records(&key)?),
@@ -656,10 +658,10 @@ impl Store {
             let over = max_bytes.is_some_and(|m| bytes > m);
             let mut keyed = Vec::new();
             while (out.deleted as usize) < max {
-                let Some((at, stored)) = t.oldest()? else {
+                let Some((at, message)) = t.oldest()? else {
                     break;
                 };
-                let key = tables::key_text(&stored)?;
+                let key = message.to_string();
                 let too_old = cutoff.is_some_and(|c| at < c);
                 let too_big = over && target.is_some_and(|tg| bytes > tg);
                 if !too_old && !too_big {
@@ -671,7 +673,7 @@ impl Store {
                 let (freed, summary) = t.delete_message(&key)?;
                 if summary.is_none() {
                     // An index entry without a summary: drop it so the loop advances.
-                    t.remove_by_time(at, &stored);
+                    t.remove_by_time(at, &message);
                 }
                 bytes = bytes.saturating_sub(freed);
                 out.deleted += 1;
@@ -737,7 +739,7 @@ fn open_candidates(
     since: u64,
     cutoff: u64,
     max: usize,
-) -> Result<(Vec<String>, bool), StoreError> {
+) -> Result<(Vec<MessageKey>, bool), StoreError> {
     const OPEN: [MessageState; 5] = [
         MessageState::Sent,
         MessageState::Enqueued,

@@ -17,7 +17,7 @@
 //! guess: a value that does not decode is corruption, which the store reports as such.
 
 use msgtrail_core::codec::{CodecError, Reader as Bytes, Writer as Out};
-use msgtrail_core::{BrokerInstance, ClientId, MessageId, RequestId, Stage, StageRecord};
+use msgtrail_core::{BrokerInstance, ClientId, GroupId, MessageId, RequestId, Stage, StageRecord};
 
 /// The version byte of the stored form.
 const VERSION: u8 = 1;
@@ -186,6 +186,11 @@ impl<'a> Reader<'a> {
         let s = self.string()?;
         ClientId::new(s).or_else(|e| self.fail(e.to_string()))
     }
+
+    fn group(&mut self) -> Result<GroupId, CodecError> {
+        let s = self.string()?;
+        GroupId::new(s).or_else(|e| self.fail(e.to_string()))
+    }
 }
 
 /// Decodes what [`encode`] wrote.
@@ -253,7 +258,7 @@ fn read_record(
         rec.consumer = Some(r.client()?);
     }
     if has(u32::from(fields::GROUP)) {
-        rec.group = Some(r.client()?);
+        rec.group = Some(r.group()?);
     }
     if has(u32::from(fields::TOPIC)) {
         rec.topic = Some(r.string()?.to_owned());
@@ -351,7 +356,7 @@ mod tests {
         let mut x2 = StageRecord::at(Stage::ProcessFinished, u64::MAX);
         x2.message_id = Some(m);
         x2.consumer = Some(ClientId::new("billing-1").unwrap());
-        x2.group = Some(ClientId::new("billing").unwrap());
+        x2.group = Some(GroupId::new("billing").unwrap());
         x2.attempt = Some(3);
         x2.outcome = Some("failed".into());
         x2.detail = Some("timeout ✗".into());
@@ -396,6 +401,18 @@ mod tests {
             b[i] ^= 0xff;
             let _ = decode(&b);
         }
+    }
+
+    #[test]
+    fn a_stored_group_that_is_not_a_group_name_is_an_error() {
+        let mut r = StageRecord::at(Stage::ProcessStarted, 1_000_000_000_000_000);
+        r.message_id = Some(MessageId::new());
+        r.group = Some(GroupId::new("billing").unwrap());
+        let mut bytes = encode(std::slice::from_ref(&r));
+        assert_eq!(decode(&bytes).unwrap(), vec![r]);
+        let pos = bytes.windows(7).position(|w| w == b"billing").unwrap();
+        bytes[pos + 3] = b' ';
+        assert!(decode(&bytes).is_err());
     }
 
     #[test]

@@ -752,20 +752,23 @@ impl<'t> Tables<'t> {
         Ok((freed, summary))
     }
 
-    /// The oldest `by_time` entry: (first time, stored key).
-    pub(super) fn oldest(&self) -> Result<Option<(u64, Vec<u8>)>, StoreError> {
+    /// The oldest `by_time` entry: (first time, message key); a stored key that is not one
+    /// is a corrupt value.
+    pub(super) fn oldest(&self) -> Result<Option<(u64, MessageKey)>, StoreError> {
         let Some(g) = self.tx.first_key_value(&self.ks.by_time) else {
             return Ok(None);
         };
         let k = g.key()?;
         let (at, key) =
             keys::timed(&k, 0).ok_or_else(|| StoreError::bad_value(format!("by_time {k:02x?}")))?;
-        Ok(Some((at, key.to_vec())))
+        Ok(Some((at, MessageKey::from_stored(key).map_err(corrupt)?)))
     }
 
-    /// Removes a `by_time` entry.
-    pub(super) fn remove_by_time(&mut self, at: u64, key: &[u8]) {
-        self.tx.remove(&self.ks.by_time, keys::by_time(at, key));
+    /// Removes a `by_time` entry: `key`'s, first seen `at`.
+    pub(super) fn remove_by_time(&mut self, at: u64, key: &MessageKey) {
+        let key = key.to_stored();
+        self.tx
+            .remove(&self.ks.by_time, keys::by_time(at, key.as_bytes()));
     }
 
     /// The keys of messages in state `code` whose last record is in `[since, cutoff)`, in
@@ -776,7 +779,7 @@ impl<'t> Tables<'t> {
         since: u64,
         cutoff: u64,
         max: usize,
-    ) -> Result<Vec<String>, StoreError> {
+    ) -> Result<Vec<MessageKey>, StoreError> {
         let mut out = Vec::new();
         let range = keys::state_bound(code, since)..keys::state_bound(code, cutoff);
         for item in self.tx.range(&self.ks.by_state, range) {
@@ -786,7 +789,7 @@ impl<'t> Tables<'t> {
             let k = item.key()?;
             let (_, key) = keys::timed(&k, 1)
                 .ok_or_else(|| StoreError::bad_value(format!("by_state {k:02x?}")))?;
-            out.push(key_text(key)?);
+            out.push(MessageKey::from_stored(key).map_err(corrupt)?);
         }
         Ok(out)
     }

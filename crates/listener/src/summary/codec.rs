@@ -5,7 +5,7 @@
 use super::MessageSummary;
 use msgtrail_core::codec::{CodecError, CodecFault, Reader, Writer};
 use msgtrail_core::trajectory::{MessageState, Segment};
-use msgtrail_core::{ClientId, MessageId, RequestId};
+use msgtrail_core::{ClientId, GroupId, MessageId, RequestId};
 use std::collections::BTreeMap;
 
 /// The version byte of the first compact form: states and segments by name.
@@ -132,7 +132,7 @@ impl MessageSummary {
         w.u8(state_code(self.state));
         w.varint(self.groups.len() as u64);
         for (g, st) in &self.groups {
-            w.str(g);
+            w.str(g.as_str());
             w.u8(state_code(*st));
         }
         w.varint(self.first_at);
@@ -225,7 +225,8 @@ impl MessageSummary {
         let n = r.count()?;
         let mut groups = BTreeMap::new();
         for _ in 0..n {
-            let g = r.str()?.to_owned();
+            let g = r.str()?;
+            let g = GroupId::new(g).or_else(|e| r.fail(e.to_string()))?;
             groups.insert(g, naming.state(&mut r)?);
         }
         let first_at = r.varint()?;
@@ -318,8 +319,8 @@ mod tests {
             topic: Some("orders.created".into()),
             state: MessageState::Consumed,
             groups: [
-                ("billing".to_owned(), MessageState::Consumed),
-                ("audit".to_owned(), MessageState::Failed),
+                (GroupId::new("billing").unwrap(), MessageState::Consumed),
+                (GroupId::new("audit").unwrap(), MessageState::Failed),
             ]
             .into(),
             first_at: 1_700_000_000_000_000_000,
@@ -353,7 +354,7 @@ mod tests {
         w.str(s.state.as_str());
         w.varint(s.groups.len() as u64);
         for (g, st) in &s.groups {
-            w.str(g);
+            w.str(g.as_str());
             w.str(st.as_str());
         }
         w.varint(s.first_at);
@@ -413,7 +414,7 @@ mod tests {
         );
         let mut clean = sample();
         clean.failure = None;
-        clean.groups = [("billing".to_owned(), MessageState::DeadLettered)].into();
+        clean.groups = [(GroupId::new("billing").unwrap(), MessageState::DeadLettered)].into();
         clean.state = MessageState::DeadLettered;
         let got = MessageSummary::decode("k", &version_1(&clean)).unwrap();
         assert!(got.failed && got.dead_lettered, "{got:?}");
@@ -530,5 +531,24 @@ mod tests {
         for n in 0..bytes.len() {
             assert!(MessageSummary::decode("k", &bytes[..n]).is_err(), "at {n}");
         }
+    }
+
+    #[test]
+    fn a_stored_group_that_is_not_a_group_name_is_an_error() {
+        let mut bytes = sample().encode();
+        // The groups come before the failure text that names a group too.
+        let pos = bytes.windows(5).position(|w| w == b"audit").unwrap();
+        bytes[pos + 2] = b' ';
+        assert!(MessageSummary::decode("k", &bytes).is_err());
+    }
+
+    #[test]
+    fn as_json_the_groups_are_keyed_by_their_names() {
+        let s = sample();
+        let json = serde_json::to_string(&s).unwrap();
+        assert!(json.contains(r#""groups":{"audit":"#), "{json}");
+        assert_eq!(serde_json::from_str::<MessageSummary>(&json).unwrap(), s);
+        let bad = json.replace(r#""audit":"#, r#""au it":"#);
+        assert!(serde_json::from_str::<MessageSummary>(&bad).is_err());
     }
 }

@@ -17,7 +17,7 @@ use crate::summary::MessageSummary;
 use msgtrail_core::outcome::StoreOutcome;
 use msgtrail_core::outcome::{Outcome, ProcessOutcome, RedeliveryOutcome, SettleOutcome};
 use msgtrail_core::trajectory::{Deadlines, DeliveryId, HopId, MessageState, Segment};
-use msgtrail_core::{ClientId, MessageId, RequestId, Stage, StageRecord};
+use msgtrail_core::{ClientId, GroupId, MessageId, RequestId, Stage, StageRecord};
 use std::collections::BTreeMap;
 
 /// The value of the earliest record (by time, then stage) that has one; `tie` when two
@@ -444,7 +444,8 @@ impl Folded {
         let failure = failures.into_iter().next();
         let mut group_states = BTreeMap::new();
         for g in &groups {
-            group_states.insert(g.group.to_owned(), g.state);
+            // Always a group name: the delivery IDs were made of the records' groups.
+            group_states.insert(GroupId::new(g.group).ok()?, g.state);
         }
         let p2 = self.p2.as_ref().map(|f| &f.value);
         let any_topic = self.topic.as_ref().map(|f| f.value.clone());

@@ -114,7 +114,7 @@ fn message(s: &Shape) -> (String, Vec<StageRecord>) {
         out.push(d1);
     }
     for (gi, g) in s.groups.iter().enumerate() {
-        let group = ClientId::new(format!("g{gi}")).unwrap();
+        let group = msgtrail_core::GroupId::new(format!("g{gi}")).unwrap();
         let consumer = ClientId::new(format!("c{gi}")).unwrap();
         let stages = if g.push {
             [

@@ -18,7 +18,7 @@ mod fold_tests;
 pub(crate) use codec::state_code;
 pub(crate) use fold::Folded;
 use msgtrail_core::trajectory::{MessageState, Segment, Trajectory};
-use msgtrail_core::{ClientId, MessageId, RequestId};
+use msgtrail_core::{ClientId, GroupId, MessageId, RequestId};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -38,7 +38,7 @@ pub struct MessageSummary {
     /// The overall state.
     pub state: MessageState,
     /// The state per consumer group.
-    pub groups: BTreeMap<String, MessageState>,
+    pub groups: BTreeMap<GroupId, MessageState>,
     /// Earliest record time, Unix nanoseconds.
     pub first_at: u64,
     /// Latest record time, Unix nanoseconds.
@@ -85,7 +85,7 @@ impl MessageSummary {
             groups: t
                 .groups
                 .iter()
-                .map(|g| (g.group.as_str().to_owned(), g.state))
+                .map(|g| (g.group.clone(), g.state))
                 .collect(),
             first_at: t.first_at,
             last_at: t.last_at,

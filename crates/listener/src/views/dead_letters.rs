@@ -6,7 +6,7 @@ use crate::store::{SearchQuery, Store};
 use msgtrail_core::outcome::RedeliveryOutcome;
 use msgtrail_core::partition::Partition;
 use msgtrail_core::trajectory::{MessageState, Trajectory};
-use msgtrail_core::{ClientId, MessageId, RequestId, Stage, StageRecord};
+use msgtrail_core::{ClientId, GroupId, MessageId, RequestId, Stage, StageRecord};
 use serde::{Deserialize, Serialize};
 
 /// One dead letter: a message one group gave up on.
@@ -23,7 +23,7 @@ pub(crate) struct DeadLetter {
     /// The topic.
     pub topic: Option<String>,
     /// The group that gave up.
-    pub group: Option<ClientId>,
+    pub group: Option<GroupId>,
     /// The consumer of the last attempt.
     pub consumer: Option<ClientId>,
     /// The last attempt.

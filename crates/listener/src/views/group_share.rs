@@ -37,7 +37,8 @@ impl Tally {
         let mut t = Tally::default();
         for s in summaries {
             for (g, st) in &s.groups {
-                let c = t.groups.entry(g.clone()).or_insert_with(|| empty(g));
+                let g = g.as_str();
+                let c = t.groups.entry(g.to_owned()).or_insert_with(|| empty(g));
                 c.messages += 1;
                 *c.states.entry(*st).or_default() += 1;
                 c.topics.extend(s.topic.clone());
@@ -49,7 +50,7 @@ impl Tally {
             *t.stored.entry(topic.clone()).or_default() += 1;
             for g in s.groups.keys() {
                 *t.got
-                    .entry(g.clone())
+                    .entry(g.as_str().to_owned())
                     .or_default()
                     .entry(topic.clone())
                     .or_default() += 1;

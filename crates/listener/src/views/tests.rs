@@ -35,7 +35,7 @@ fn message(i: u64, attempts: &[(&str, bool)], dead: Option<&str>) -> Trajectory 
         let at = t + 10 * MS * (a as u64 + 1);
         let d = |stage: Stage, at: u64| {
             let mut r = rec(stage, m, at);
-            r.group = Some(ClientId::new("g").unwrap());
+            r.group = Some(msgtrail_core::GroupId::new("g").unwrap());
             r.consumer = Some(ClientId::new(*consumer).unwrap());
             r.attempt = Some(a as u32 + 1);
             r

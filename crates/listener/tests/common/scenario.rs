@@ -66,7 +66,7 @@ impl Scenario {
     ) -> &mut Self {
         let mut r = self.rec(stage, ms);
         r.message_id = Some(self.id);
-        r.group = Some(ClientId::new(group).unwrap());
+        r.group = Some(msgtrail_core::GroupId::new(group).unwrap());
         r.consumer = Some(ClientId::new(consumer).unwrap());
         r.attempt = Some(attempt);
         r.outcome = outcome.map(Into::into);

@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use msgtrail_core::trajectory::{AssembleOptions, Trajectory};
-use msgtrail_core::{BrokerInstance, ClientId, MessageId, RequestId, Stage, StageRecord};
+use msgtrail_core::{BrokerInstance, ClientId, GroupId, MessageId, RequestId, Stage, StageRecord};
 
 /// The broker instance on the broker's records.
 pub(crate) const BROKER: &str = "b-1a2b3c4d";
@@ -74,7 +74,7 @@ pub(crate) fn delivery(attempt: u32, at: u64, ok: bool) -> Vec<StageRecord> {
     let mk = |stage, dt: u64, consumer_side: bool| {
         let mut r = rec(stage, at + dt);
         r.message_id = Some(id);
-        r.group = Some(ClientId::new("billing").unwrap());
+        r.group = Some(GroupId::new("billing").unwrap());
         r.consumer = Some(ClientId::new("billing-1").unwrap());
         r.attempt = Some(attempt);
         if consumer_side {

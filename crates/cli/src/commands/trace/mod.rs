@@ -201,7 +201,7 @@ mod tests {
         };
         let dl = |stage, ms: u64, outcome: Option<&str>| {
             let mut r = mk(stage, ms);
-            r.group = Some(ClientId::new("billing").unwrap());
+            r.group = Some(msgtrail_core::GroupId::new("billing").unwrap());
             r.consumer = Some(ClientId::new("b-1").unwrap());
             r.attempt = Some(1);
             r.outcome = outcome.map(Into::into);
@@ -337,7 +337,7 @@ mod tests {
     #[test]
     fn client_events_read_newest_first() {
         let mut n1 = StageRecord::at(Stage::NoMatch, 1_796_126_401_000_000_000);
-        n1.group = Some(ClientId::new("billing").unwrap());
+        n1.group = Some(msgtrail_core::GroupId::new("billing").unwrap());
         n1.topic = Some("orders.*".into());
         let out = render_client_events("billing-1", &[n1]);
         assert!(out.contains("client billing-1: 1 event(s)"), "{out}");

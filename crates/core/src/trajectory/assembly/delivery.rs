@@ -33,7 +33,7 @@ pub(super) fn attempt_hop(
     let d = id.delivery().expect("an attempt hop names its delivery");
     HopSpan {
         parent: Some(parent.key()),
-        group: ClientId::new(d.group.clone()).ok(),
+        group: crate::GroupId::new(&d.group).ok(),
         consumer: ClientId::new(d.consumer.clone()).ok(),
         attempt: Some(d.attempt),
         mode,
