@@ -463,9 +463,20 @@ mod tests {
         c
     }
 
+    /// The fixtures' first time (2026-05-28 20:26:40 UTC, nanoseconds): every record they
+    /// hold is at or after it, so they stay the same whenever the tests run.
+    const T0: u64 = 1_780_000_000_000_000_000;
+
+    /// A broker-assigned (UUIDv7) message ID of time `at` (nanoseconds) and number `n`.
+    fn message_id(at: u64, n: u64) -> MessageId {
+        let at_ms = at / 1_000_000;
+        MessageId::from_u128((u128::from(at_ms) << 80) | (0x7 << 76) | (2 << 62) | u128::from(n))
+            .unwrap()
+    }
+
     fn records_of_one_message() -> Vec<StageRecord> {
-        let m = MessageId::new();
-        let t0 = msgtrail_core::time::now_nanos();
+        let t0 = T0;
+        let m = message_id(t0, 1);
         let mut out = Vec::new();
         for (i, stage) in [Stage::UploadSent, Stage::UploadReceived, Stage::Stored]
             .into_iter()
@@ -629,6 +640,91 @@ mod tests {
         tx.delete_table(BY_STATE).unwrap();
         tx.delete_table(BY_TIME).unwrap();
         tx.commit().unwrap();
+    }
+
+    /// The second-version fixture's input: [`records_of_one_message`] and an upload of
+    /// another request ID the broker never answered (stored under an orphan key).
+    fn second_version_records() -> Vec<StageRecord> {
+        let mut recs = records_of_one_message();
+        let mut orphan = recs[0].clone();
+        orphan.request_id = Some(RequestId::new("order-2").unwrap());
+        recs.push(orphan);
+        recs
+    }
+
+    /// One-off: writes the fixture stores (`tests/fixtures/store-v*.redb`) with the legacy
+    /// redb store. Run with `cargo test -p msgtrail-listener --lib generate_fixtures -- --ignored`.
+    #[test]
+    #[ignore]
+    fn generate_fixtures() {
+        let out = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+        std::fs::create_dir_all(&out).unwrap();
+        let save = |dir: &std::path::Path, name: &str| {
+            let path = dir.join("listener.redb");
+            let mut db = Database::create(&path).unwrap();
+            while db.compact().unwrap() {}
+            drop(db);
+            std::fs::copy(&path, out.join(name)).unwrap();
+        };
+        // Version 1: records_of_one_message, records as JSON rows, summaries as JSON.
+        {
+            let dir = tempfile::tempdir().unwrap();
+            let recs = records_of_one_message();
+            let m = recs[1].message_id.unwrap();
+            let store = legacy::Store::open(dir.path(), 0, Deadlines::default()).unwrap();
+            store.apply(recs.clone(), recs[2].at).unwrap();
+            drop(store);
+            let db = Database::create(dir.path().join("listener.redb")).unwrap();
+            let tx = db.begin_write().unwrap();
+            {
+                let mut v1 = tx.open_table(RECORDS_V1).unwrap();
+                for r in &recs {
+                    v1.insert(
+                        (m.to_string().as_str(), r.dedup_key().as_str()),
+                        r.to_json().as_str(),
+                    )
+                    .unwrap();
+                }
+            }
+            tx.delete_table(RECORDS).unwrap();
+            let summary = {
+                let t = tx.open_table(SUMMARIES).unwrap();
+                let v = t.get(StoredKey::of_message(m).as_bytes()).unwrap().unwrap();
+                MessageSummary::decode(&m.to_string(), v.value()).unwrap()
+            };
+            tx.delete_table(SUMMARIES).unwrap();
+            let json = serde_json::to_string(&summary).unwrap();
+            tx.open_table(SUMMARIES_V1)
+                .unwrap()
+                .insert(m.to_string().as_str(), json.as_str())
+                .unwrap();
+            tx.commit().unwrap();
+            drop(db);
+            save(dir.path(), "store-v1.redb");
+        }
+        // Version 2: second_version_records, text keys.
+        {
+            let dir = tempfile::tempdir().unwrap();
+            let recs = second_version_records();
+            let store = legacy::Store::open(dir.path(), 0, Deadlines::default()).unwrap();
+            store.apply(recs.clone(), recs[2].at).unwrap();
+            drop(store);
+            rewrite_as_second_version(dir.path());
+            save(dir.path(), "store-v2.redb");
+        }
+        // Version 3: mixed_workload(T0) in batches of 17.
+        {
+            let dir = tempfile::tempdir().unwrap();
+            let recs = mixed_workload(T0);
+            let now = T0 + 7_200_000_000_000;
+            let store = legacy::Store::open(dir.path(), 0, Deadlines::default()).unwrap();
+            for batch in recs.chunks(17) {
+                store.apply(batch.to_vec(), now).unwrap();
+            }
+            eprintln!("v3 counters {:?}", store.counters().unwrap());
+            drop(store);
+            save(dir.path(), "store-v3.redb");
+        }
     }
 
     /// A store written by the second version (text keys) opens with its trajectories,
@@ -893,7 +989,7 @@ mod tests {
     fn a_redb_store_is_migrated_into_fjall() {
         let dir = tempfile::tempdir().unwrap();
         let fresh_dir = tempfile::tempdir().unwrap();
-        let t0 = msgtrail_core::time::now_nanos() - 3_600_000_000_000;
+        let t0 = T0;
         let recs = mixed_workload(t0);
         let now = t0 + 7_200_000_000_000;
         let old = legacy::Store::open(dir.path(), 0, Deadlines::default()).unwrap();
