@@ -452,10 +452,11 @@ fn move_indexes_v2(tx: &WriteTransaction) -> Result<(), StoreError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{legacy, SearchQuery, Store};
+    use crate::store::{SearchQuery, Store};
     use msgtrail_core::trajectory::Deadlines;
     use msgtrail_core::{ClientId, RequestId, Stage};
     use redb::ReadableDatabase;
+    use tempfile::TempDir;
 
     /// The counters but the byte count (fjall's record keys are 4 bytes longer than redb's).
     fn without_bytes(mut c: BTreeMap<String, u64>) -> BTreeMap<String, u64> {
@@ -463,9 +464,22 @@ mod tests {
         c
     }
 
+    /// The fixtures' first time (2026-05-28 20:26:40 UTC, nanoseconds): every record they
+    /// hold is at or after it, so they stay the same whenever the tests run.
+    const T0: u64 = 1_780_000_000_000_000_000;
+
+    /// A broker-assigned (UUIDv7) message ID of time `at` (nanoseconds) and number `n`.
+    fn message_id(at: u64, n: u64) -> MessageId {
+        let at_ms = at / 1_000_000;
+        MessageId::from_u128((u128::from(at_ms) << 80) | (0x7 << 76) | (2 << 62) | u128::from(n))
+            .unwrap()
+    }
+
+    /// Three records (P1, P2, P3) of request `order-1` from `shop`, topic `orders`, of one
+    /// message, from [`T0`]: the first-version fixture's input.
     fn records_of_one_message() -> Vec<StageRecord> {
-        let m = MessageId::new();
-        let t0 = msgtrail_core::time::now_nanos();
+        let t0 = T0;
+        let m = message_id(t0, 1);
         let mut out = Vec::new();
         for (i, stage) in [Stage::UploadSent, Stage::UploadReceived, Stage::Stored]
             .into_iter()
@@ -481,49 +495,57 @@ mod tests {
         out
     }
 
-    /// A store written by the first version (JSON rows in `records`) opens with its
-    /// trajectories intact, the old table gone and the byte count redone.
+    /// A temporary data directory holding the fixture `name` (`tests/fixtures`, see its
+    /// README: a redb store an earlier version wrote) as its `listener.redb`.
+    fn fixture(name: &str) -> TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        let from = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures")
+            .join(name);
+        std::fs::copy(&from, dir.path().join(REDB_FILE)).unwrap();
+        dir
+    }
+
+    /// The names of the tables of the redb file `path`.
+    fn tables_of(path: &Path) -> Vec<String> {
+        let db = Database::create(path).unwrap();
+        let tx = db.begin_read().unwrap();
+        tx.list_tables()
+            .unwrap()
+            .map(|t| t.name().to_owned())
+            .collect()
+    }
+
+    /// A fresh fjall store fed `recs` in batches of `batch` at `now`: what a store migrated
+    /// from a fixture written from the same records must answer.
+    fn fed(recs: &[StageRecord], batch: usize, now: u64) -> (TempDir, Store) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), 0, Deadlines::default()).unwrap();
+        for b in recs.chunks(batch) {
+            store.apply(b.to_vec(), now).unwrap();
+        }
+        (dir, store)
+    }
+
+    /// A store written by the first version (JSON rows in `records`, JSON `summaries`:
+    /// `store-v1.redb`, of [`records_of_one_message`]) opens with its trajectories intact,
+    /// the old tables gone and the byte count redone.
     #[test]
     fn a_first_version_store_is_migrated() {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = fixture("store-v1.redb");
+        let before = tables_of(&dir.path().join(REDB_FILE));
+        assert!(
+            before.iter().any(|t| t == "records") && before.iter().any(|t| t == "summaries"),
+            "{before:?}"
+        );
         let recs = records_of_one_message();
         let m = recs[1].message_id.unwrap();
-        // Write the store the way the first version did: the summaries through `apply` (of
-        // the last redb version), then the records moved back into JSON rows.
-        let store = legacy::Store::open(dir.path(), 0, Deadlines::default()).unwrap();
-        store.apply(recs.clone(), recs[2].at).unwrap();
-        let want = store
+        let (_fresh_dir, fresh) = fed(&recs, recs.len(), recs[2].at);
+        let want = fresh
             .trajectory(&m.to_string(), recs[2].at)
             .unwrap()
             .unwrap();
-        drop(store);
-        {
-            let db = Database::create(dir.path().join("listener.redb")).unwrap();
-            let tx = db.begin_write().unwrap();
-            {
-                let mut v1 = tx.open_table(RECORDS_V1).unwrap();
-                for r in &recs {
-                    v1.insert(
-                        (m.to_string().as_str(), r.dedup_key().as_str()),
-                        r.to_json().as_str(),
-                    )
-                    .unwrap();
-                }
-            }
-            tx.delete_table(RECORDS).unwrap();
-            let summary = {
-                let t = tx.open_table(SUMMARIES).unwrap();
-                let v = t.get(StoredKey::of_message(m).as_bytes()).unwrap().unwrap();
-                MessageSummary::decode(&m.to_string(), v.value()).unwrap()
-            };
-            tx.delete_table(SUMMARIES).unwrap();
-            let json = serde_json::to_string(&summary).unwrap();
-            tx.open_table(SUMMARIES_V1)
-                .unwrap()
-                .insert(m.to_string().as_str(), json.as_str())
-                .unwrap();
-            tx.commit().unwrap();
-        }
+
         let store = Store::open(dir.path(), 0, Deadlines::default()).unwrap();
         let got = store
             .trajectory(&m.to_string(), recs[2].at)
@@ -540,118 +562,40 @@ mod tests {
         assert_eq!((again.new_records, again.repeated_records), (0, 3));
         drop(store);
         assert!(!dir.path().join(REDB_FILE).exists());
-        let db = Database::create(dir.path().join(REDB_MIGRATED)).unwrap();
-        let tx = db.begin_read().unwrap();
-        let names: Vec<String> = tx
-            .list_tables()
-            .unwrap()
-            .map(|t| t.name().to_owned())
-            .collect();
+        let names = tables_of(&dir.path().join(REDB_MIGRATED));
         assert!(
             !names.iter().any(|t| t == "records" || t == "summaries"),
             "{names:?}"
         );
     }
 
-    /// Rewrites the current tables in the second version's form (text keys, states by name,
-    /// message IDs as text) and drops them: what a second-version listener left behind.
-    fn rewrite_as_second_version(dir: &std::path::Path) {
-        let db = Database::create(dir.join("listener.redb")).unwrap();
-        let tx = db.begin_write().unwrap();
-        let text = |b: &[u8]| StoredKey::text(b).unwrap();
-        {
-            let (old, mut new) = (
-                tx.open_table(RECORDS).unwrap(),
-                tx.open_table(RECORDS_V2).unwrap(),
-            );
-            for item in old.iter().unwrap() {
-                let (k, v) = item.unwrap();
-                new.insert(text(k.value()).as_str(), v.value()).unwrap();
-            }
-            let (old, mut new) = (
-                tx.open_table(SUMMARIES).unwrap(),
-                tx.open_table(SUMMARIES_V2).unwrap(),
-            );
-            for item in old.iter().unwrap() {
-                let (k, v) = item.unwrap();
-                new.insert(text(k.value()).as_str(), v.value()).unwrap();
-            }
-            let old = tx.open_table(REQUESTS).unwrap();
-            let mut links = tx.open_table(REQUESTS_V2).unwrap();
-            let mut sets = tx.open_table(REQUEST_MESSAGES_V2).unwrap();
-            for item in old.iter().unwrap() {
-                let (k, v) = item.unwrap();
-                let (q, p) = k.value();
-                let row = RequestEntry::decode(v.value()).unwrap();
-                if let Some(link) = &row.link {
-                    links.insert((q, p), link.as_str()).unwrap();
-                }
-                for m in &row.messages {
-                    sets.insert((q, p, m.to_string().as_str()), ()).unwrap();
-                }
-            }
-            let (old, mut new) = (
-                tx.open_table(BY_TOPIC).unwrap(),
-                tx.open_table(BY_TOPIC_V2).unwrap(),
-            );
-            for item in old.iter().unwrap() {
-                let (k, _) = item.unwrap();
-                let (topic, at, k) = k.value();
-                new.insert((topic, at, text(k).as_str()), ()).unwrap();
-            }
-            let (old, mut new) = (
-                tx.open_table(BY_STATE).unwrap(),
-                tx.open_table(BY_STATE_V2).unwrap(),
-            );
-            for item in old.iter().unwrap() {
-                let (k, _) = item.unwrap();
-                let (code, at, k) = k.value();
-                let st = MessageState::ALL
-                    .iter()
-                    .find(|s| state_code(**s) == code)
-                    .unwrap();
-                new.insert((st.as_str(), at, text(k).as_str()), ()).unwrap();
-            }
-            let (old, mut new) = (
-                tx.open_table(BY_TIME).unwrap(),
-                tx.open_table(BY_TIME_V2).unwrap(),
-            );
-            for item in old.iter().unwrap() {
-                let (k, _) = item.unwrap();
-                let (at, k) = k.value();
-                new.insert((at, text(k).as_str()), ()).unwrap();
-            }
-        }
-        tx.delete_table(RECORDS).unwrap();
-        tx.delete_table(SUMMARIES).unwrap();
-        tx.delete_table(REQUESTS).unwrap();
-        tx.delete_table(BY_TOPIC).unwrap();
-        tx.delete_table(BY_STATE).unwrap();
-        tx.delete_table(BY_TIME).unwrap();
-        tx.commit().unwrap();
-    }
-
-    /// A store written by the second version (text keys) opens with its trajectories,
-    /// searches, request links and counters as they were, and the old tables gone.
-    #[test]
-    fn a_second_version_store_is_migrated() {
-        let dir = tempfile::tempdir().unwrap();
+    /// The second-version fixture's input: [`records_of_one_message`] and an upload of
+    /// another request ID the broker never answered (stored under an orphan key).
+    fn second_version_records() -> Vec<StageRecord> {
         let mut recs = records_of_one_message();
-        let m = recs[1].message_id.unwrap();
-        // An upload the broker never answered: stored under an orphan key.
         let mut orphan = recs[0].clone();
         orphan.request_id = Some(RequestId::new("order-2").unwrap());
         recs.push(orphan);
+        recs
+    }
+
+    /// A store written by the second version (text keys: `store-v2.redb`, of
+    /// [`second_version_records`]) opens with its trajectories, searches, request links and
+    /// counters as a store fed the same records has them, and the old tables gone.
+    #[test]
+    fn a_second_version_store_is_migrated() {
+        let dir = fixture("store-v2.redb");
+        let before = tables_of(&dir.path().join(REDB_FILE));
+        assert!(before.iter().any(|t| t == "message_records"), "{before:?}");
+        let recs = second_version_records();
+        let m = recs[1].message_id.unwrap();
         let now = recs[2].at;
-        let store = legacy::Store::open(dir.path(), 0, Deadlines::default()).unwrap();
-        store.apply(recs.clone(), now).unwrap();
-        let want_m = store.lookup(&m.to_string(), None, now).unwrap();
-        let want_o = store.lookup("order-2", Some("shop"), now).unwrap();
-        let want_found = store.search(&SearchQuery::default()).unwrap();
-        let want_counters = store.counters().unwrap();
+        let (_fresh_dir, fresh) = fed(&recs, recs.len(), now);
+        let want_m = fresh.lookup(&m.to_string(), None, now).unwrap();
+        let want_o = fresh.lookup("order-2", Some("shop"), now).unwrap();
+        let want_found = fresh.search(&SearchQuery::default()).unwrap();
+        let want_counters = fresh.counters().unwrap();
         assert_eq!(want_found.len(), 2);
-        drop(store);
-        rewrite_as_second_version(dir.path());
 
         let store = Store::open(dir.path(), 0, Deadlines::default()).unwrap();
         assert_eq!(store.lookup(&m.to_string(), None, now).unwrap(), want_m);
@@ -671,13 +615,7 @@ mod tests {
         assert_eq!((again.new_records, again.repeated_records), (0, 4));
         drop(store);
         assert!(!dir.path().join(REDB_FILE).exists());
-        let db = Database::create(dir.path().join(REDB_MIGRATED)).unwrap();
-        let tx = db.begin_read().unwrap();
-        let names: Vec<String> = tx
-            .list_tables()
-            .unwrap()
-            .map(|t| t.name().to_owned())
-            .collect();
+        let names = tables_of(&dir.path().join(REDB_MIGRATED));
         for old in [
             "message_records",
             "message_summaries",
@@ -693,9 +631,8 @@ mod tests {
     #[test]
     fn a_corrupt_second_version_key_fails_the_open() {
         let dir = tempfile::tempdir().unwrap();
-        drop(legacy::Store::open(dir.path(), 0, Deadlines::default()).unwrap());
         {
-            let db = Database::create(dir.path().join("listener.redb")).unwrap();
+            let db = Database::create(dir.path().join(REDB_FILE)).unwrap();
             let tx = db.begin_write().unwrap();
             tx.open_table(RECORDS_V2)
                 .unwrap()
@@ -712,9 +649,8 @@ mod tests {
     #[test]
     fn a_corrupt_first_version_row_fails_the_open() {
         let dir = tempfile::tempdir().unwrap();
-        drop(legacy::Store::open(dir.path(), 0, Deadlines::default()).unwrap());
         {
-            let db = Database::create(dir.path().join("listener.redb")).unwrap();
+            let db = Database::create(dir.path().join(REDB_FILE)).unwrap();
             let tx = db.begin_write().unwrap();
             tx.open_table(RECORDS_V1)
                 .unwrap()
@@ -885,39 +821,33 @@ mod tests {
         seen
     }
 
+    /// The byte counter of `store-v3.redb` (the records as redb held them), as the legacy
+    /// store counted it when it wrote the fixture.
+    const V3_FIXTURE_BYTES: u64 = 3_641;
+
     /// Issue 26: a store written by the last redb version (its own `apply`, several
-    /// batches) opens on fjall with every trajectory, summary, index, counter, request link
-    /// and client event as the redb store had them — the same as a fjall store fed the same
-    /// batches — and the redb file renamed aside.
+    /// batches: `store-v3.redb`, of [`mixed_workload`]`(T0)` in batches of 17) opens on
+    /// fjall with every trajectory, summary, index, counter, request link and client event
+    /// as a fjall store fed the same batches has them, and the redb file renamed aside.
     #[test]
     fn a_redb_store_is_migrated_into_fjall() {
-        let dir = tempfile::tempdir().unwrap();
-        let fresh_dir = tempfile::tempdir().unwrap();
-        let t0 = msgtrail_core::time::now_nanos() - 3_600_000_000_000;
-        let recs = mixed_workload(t0);
-        let now = t0 + 7_200_000_000_000;
-        let old = legacy::Store::open(dir.path(), 0, Deadlines::default()).unwrap();
-        let fresh = Store::open(fresh_dir.path(), 0, Deadlines::default()).unwrap();
-        for batch in recs.chunks(17) {
-            old.apply(batch.to_vec(), now).unwrap();
-            fresh.apply(batch.to_vec(), now).unwrap();
-        }
-        let old_bytes = old.counters().unwrap()[COUNTER_BYTES];
-        let old_messages = old
+        let dir = fixture("store-v3.redb");
+        let recs = mixed_workload(T0);
+        let now = T0 + 7_200_000_000_000;
+        let (_fresh_dir, fresh) = fed(&recs, 17, now);
+        let want_messages = fresh
             .search(&SearchQuery {
                 limit: Some(10_000),
                 ..SearchQuery::default()
             })
             .unwrap();
-        assert!(old_messages.len() > 20, "{}", old_messages.len());
-        // What the redb store answers, through the same (shared) read code on its side.
+        assert!(want_messages.len() > 20, "{}", want_messages.len());
         let mut want = Vec::new();
-        for s in &old_messages {
-            want.push((s.key.clone(), old.trajectory(&s.key, now).unwrap()));
+        for s in &want_messages {
+            want.push((s.key.clone(), fresh.trajectory(&s.key, now).unwrap()));
         }
-        let want_counters = without_bytes(old.counters().unwrap());
-        let want_events = old.client_events("p1", 100).unwrap();
-        drop(old);
+        let want_counters = without_bytes(fresh.counters().unwrap());
+        let want_events = fresh.client_events("p1", 100).unwrap();
 
         let store = Store::open(dir.path(), 0, Deadlines::default()).unwrap();
         assert!(!dir.path().join(REDB_FILE).exists());
@@ -928,7 +858,7 @@ mod tests {
                 ..SearchQuery::default()
             })
             .unwrap();
-        assert_eq!(found, old_messages);
+        assert_eq!(found, want_messages);
         for (key, t) in &want {
             assert_eq!(&store.trajectory(key, now).unwrap(), t, "{key}");
         }
@@ -939,7 +869,7 @@ mod tests {
         let messages = store.storage().unwrap().tables[0].entries;
         assert_eq!(
             store.counters().unwrap()[COUNTER_BYTES],
-            old_bytes + 4 * messages
+            V3_FIXTURE_BYTES + 4 * messages
         );
         // Everything a reader sees equals a fjall store fed the same batches.
         same(observe(&store, &recs, now), observe(&fresh, &recs, now));

@@ -58,8 +58,6 @@ mod apply;
 pub(crate) mod client_events;
 mod engine;
 pub(crate) mod key;
-#[cfg(test)]
-mod legacy;
 mod migrate;
 mod query;
 pub(crate) mod records;
