@@ -70,16 +70,8 @@ pub(crate) fn run(
     // The first pending message the limits refused, for the next transaction.
     let mut held = None;
     while let Some(first) = held.take().or_else(|| rx.recv().ok()) {
-        let mut bytes = first.1.len();
-        let mut taken = vec![first];
-        for next in rx.try_iter() {
-            if !batch.admits(taken.len(), bytes, next.1.len()) {
-                held = Some(next);
-                break;
-            }
-            bytes += next.1.len();
-            taken.push(next);
-        }
+        let (taken, refused) = batch.gather(first, || rx.try_recv().ok(), |(_, m)| m.len());
+        held = refused;
         let mut records = Vec::new();
         for (_, m) in &taken {
             match decode_batch(m) {

@@ -135,7 +135,8 @@ fn ingest_on(
 }
 
 /// S4P's ingest figure: S4's mix of `messages` split by partition, ingested by one store on
-/// one core, then by two stores at once on a core each (transactions cut by `batch`), `reps` times (at least once); blocking. The fan-out figure is left default.
+/// one core, then by two stores at once on a core each (transactions cut by `batch`),
+/// `reps` times (at least once); blocking. The fan-out figure is left default.
 pub fn ingest_scaling(
     messages: u64,
     batch: BatchLimits,

@@ -52,11 +52,6 @@ impl GroupId {
             message_id: None,
         }
     }
-
-    /// The name as a client ID, as stage records carry a group.
-    pub fn as_client_id(&self) -> &ClientId {
-        &self.0
-    }
 }
 
 impl From<ClientId> for GroupId {

@@ -48,6 +48,29 @@ impl BatchLimits {
         taken
     }
 
+    /// One transaction of messages arriving one by one: `first`, then each message `more`
+    /// has at hand (`None`: nothing more now) while the limits admit it, `size` giving its
+    /// payload bytes. Returns the transaction and the first message refused, to start the
+    /// next one.
+    pub fn gather<T>(
+        &self,
+        first: T,
+        mut more: impl FnMut() -> Option<T>,
+        size: impl Fn(&T) -> usize,
+    ) -> (Vec<T>, Option<T>) {
+        let mut bytes = size(&first);
+        let mut taken = vec![first];
+        while let Some(next) = more() {
+            let n = size(&next);
+            if !self.admits(taken.len(), bytes, n) {
+                return (taken, Some(next));
+            }
+            bytes += n;
+            taken.push(next);
+        }
+        (taken, None)
+    }
+
     /// `set` cut into transactions by [`Self::take`], in order.
     pub fn split<'a, T: AsRef<[u8]>>(&self, set: &'a [T]) -> Vec<&'a [T]> {
         let mut out = Vec::new();
@@ -87,22 +110,17 @@ where
     /// The next transaction's messages (a consumer error counts no bytes); `None` once the
     /// consumer ended. Cancel-safe: it waits only while it holds nothing.
     pub(crate) async fn next(&mut self) -> Option<Vec<Result<jetstream::Message, E>>> {
-        let size = |m: &Result<jetstream::Message, E>| m.as_ref().map_or(0, |m| m.payload.len());
         let first = match self.held.take() {
             Some(m) => m,
             None => self.messages.next().await?,
         };
-        let mut bytes = size(&first);
-        let mut chunk = vec![first];
-        while let Some(Some(m)) = self.messages.next().now_or_never() {
-            let n = size(&m);
-            if !self.limits.admits(chunk.len(), bytes, n) {
-                self.held = Some(m);
-                break;
-            }
-            bytes += n;
-            chunk.push(m);
-        }
+        let messages = &mut self.messages;
+        let (chunk, held) = self.limits.gather(
+            first,
+            || messages.next().now_or_never().flatten(),
+            |m| m.as_ref().map_or(0, |m| m.payload.len()),
+        );
+        self.held = held;
         Some(chunk)
     }
 }
@@ -130,6 +148,18 @@ mod tests {
             LIMITS.take([40, 60, 1]),
             2,
             "exactly the byte bound is taken"
+        );
+    }
+
+    #[test]
+    fn gathering_hands_back_the_first_message_refused() {
+        let mut arriving = vec![30, 40, 50, 1].into_iter();
+        let (taken, held) = LIMITS.gather(20, || arriving.next(), |&n| n);
+        assert_eq!((taken, held), (vec![20, 30, 40], Some(50)));
+        assert_eq!(
+            arriving.next(),
+            Some(1),
+            "nothing past the refused one is taken"
         );
     }
 

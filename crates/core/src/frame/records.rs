@@ -172,11 +172,8 @@ pub(super) fn read_record(r: &mut Reader<'_>) -> Result<Result<StageRecord, Stri
         rec.consumer = client_id(r, &mut bad)?;
     }
     if has(fields::GROUP) {
-        let text = r.str8()?;
-        match crate::GroupId::new(text) {
-            Ok(v) => rec.group = Some(v),
-            Err(e) => note(&mut bad, e.to_string()),
-        }
+        // A group name has a client ID's grammar.
+        rec.group = client_id(r, &mut bad)?.map(crate::GroupId::from);
     }
     if has(fields::TOPIC) {
         rec.topic = Some(r.str16()?);
